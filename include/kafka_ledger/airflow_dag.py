@@ -1,0 +1,209 @@
+"""Builds one Airflow DAG per declared pipeline: plan -> Spark read and stage -> commit -> drain backlog."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pendulum
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG, task
+from airflow.sdk.exceptions import AirflowSkipException
+from airflow.timetables.interval import CronDataIntervalTimetable
+
+from kafka_ledger.config import PipelineConfig, config_path
+from kafka_ledger.settings import bootstrap_servers, ledger_dsn
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SPARK_APPLICATION = PROJECT_ROOT / "spark_jobs" / "ingest_batch.py"
+SPARK_POOL = "kafka_ledger_spark"
+
+# Fixed settings every Spark job gets; a pipeline's spark_conf may override them.
+BASE_SPARK_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.ui.enabled": "false",
+    "spark.driver.memory": "1g",
+    "spark.sql.shuffle.partitions": "8",
+}
+
+
+def spark_jars() -> str:
+    """Comma-separated local jars for spark-submit: the Kafka connector and the JDBC driver."""
+    jars_dir = Path(os.environ.get("KAFKA_LEDGER_SPARK_JARS_DIR") or PROJECT_ROOT / ".stack" / "cache" / "spark-jars")
+    jars = sorted(str(p) for p in jars_dir.glob("*.jar"))
+    if not jars:
+        raise FileNotFoundError(
+            f"no Spark connector jars in {jars_dir}: run scripts/stack.sh install (or set KAFKA_LEDGER_SPARK_JARS_DIR)"
+        )
+    return ",".join(jars)
+
+
+def _pipeline(name: str) -> PipelineConfig:
+    from kafka_ledger.config import get_pipeline
+
+    return get_pipeline(name)
+
+
+def plan_batch(pipeline_name: str, dag_id: str, run_id: str | None = None) -> dict[str, Any]:
+    """Plan (or resume) the pipeline's batch; skip the rest of the run when there is nothing to read.
+
+    `run_id` comes from the task context: the ledger records which DAG run owns the batch.
+    """
+    from kafka_ledger.batches import plan_next_batch
+
+    planned = plan_next_batch(ledger_dsn(), bootstrap_servers(), _pipeline(pipeline_name), dag_id, run_id)
+    if planned.batch_id is None:
+        raise AirflowSkipException("no new data since the last committed batch: no Spark job launched")
+    return {
+        "batch_id": planned.batch_id,
+        "resumed": planned.resumed,
+        "partitions": len(planned.ranges),
+        "offsets": planned.offsets,
+        "backlog_after": planned.backlog_after,
+    }
+
+
+def commit_batch(pipeline_name: str, plan: dict[str, Any]) -> dict[str, Any]:
+    """Publish the staged batch and advance its offsets in one Postgres transaction."""
+    from kafka_ledger.batches import commit_batch as commit
+
+    result = commit(ledger_dsn(), _pipeline(pipeline_name), plan["batch_id"])
+    return {
+        "batch_id": result.batch_id,
+        "already_committed": result.already_committed,
+        "records_written": result.records_written,
+        "records_dead_lettered": result.records_dead_lettered,
+    }
+
+
+def record_spark_failure(context: dict[str, Any]) -> None:
+    """on_failure_callback of the Spark task: the batch stays open and is resumed by the next run."""
+    from kafka_ledger.batches import fail_batch
+
+    plan = context["ti"].xcom_pull(task_ids="plan_batch") or {}
+    if plan.get("batch_id") is not None:
+        error = f"Spark task failed after {context['ti'].try_number} tries: {context.get('exception')}"
+        fail_batch(ledger_dsn(), plan["batch_id"], error)
+        log.error("batch %s marked failed; the next run resumes it with the same ranges", plan["batch_id"])
+
+
+def _timetable(schedule: str | None) -> Any:
+    # An interval timetable makes each hourly run cover the hour before it (a cron string alone gives a
+    # zero-length data interval in Airflow 3).
+    if schedule is None:
+        return None
+    cron = {"@hourly": "0 * * * *", "@daily": "0 0 * * *"}.get(schedule, schedule)
+    return CronDataIntervalTimetable(cron, timezone="UTC")
+
+
+def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
+    """The DAG of one pipeline. Building it does no I/O: every look-up happens inside the tasks."""
+    with DAG(
+        dag_id=pipeline.dag_id,
+        description=pipeline.description or f"Exactly-once ingest of {', '.join(pipeline.topics)}",
+        schedule=_timetable(pipeline.schedule),
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        tags=["kafka-ledger", pipeline.name],
+        doc_md=(
+            f"### kafka-ledger pipeline `{pipeline.name}`\n\n"
+            f"Topics {', '.join(f'`{t}`' for t in pipeline.topics)} -> `{pipeline.qualified_output_table}`, "
+            f"at most {pipeline.max_records_per_partition} records per partition per batch.\n\n"
+            "`plan_batch` records the exact offset ranges in the ledger before anything is read (or resumes the "
+            "unfinished batch), `read_and_stage` reads exactly those ranges with Spark and stages the rows, "
+            "`commit_batch` publishes them and advances the offsets in one Postgres transaction, and "
+            "`drain_backlog` starts another run at once when the per-partition cap left data unread."
+        ),
+        default_args={
+            "owner": pipeline.owner,
+            "retries": pipeline.retries,
+            "retry_delay": timedelta(seconds=pipeline.retry_delay_seconds),
+            "retry_exponential_backoff": 2.0,
+            "max_retry_delay": timedelta(minutes=30),
+        },
+        user_defined_macros={
+            "spark_jars": spark_jars,
+            "ledger_dsn": ledger_dsn,
+            "bootstrap_servers": bootstrap_servers,
+            "pipelines_path": lambda: str(config_path()),
+        },
+    ) as dag:
+        plan = task(
+            plan_batch, task_id="plan_batch", execution_timeout=timedelta(minutes=10)
+        )(pipeline.name, pipeline.dag_id)
+
+        read_and_stage = SparkSubmitOperator(
+            task_id="read_and_stage",
+            application=str(SPARK_APPLICATION),
+            conn_id="spark_default",
+            name=f"kafka-ledger-{pipeline.name}",
+            application_args=[
+                "--pipeline", pipeline.name,
+                "--batch-id", "{{ ti.xcom_pull(task_ids='plan_batch')['batch_id'] }}",
+            ],
+            jars="{{ spark_jars() }}",
+            conf={**BASE_SPARK_CONF, **pipeline.spark_conf},
+            # Resolved in the worker when the task runs (env first, then Airflow connections).
+            env_vars={
+                "KAFKA_LEDGER_DB_URL": "{{ ledger_dsn() }}",
+                "KAFKA_LEDGER_BOOTSTRAP_SERVERS": "{{ bootstrap_servers() }}",
+                "KAFKA_LEDGER_PIPELINES": "{{ pipelines_path() }}",
+            },
+            pool=SPARK_POOL,
+            execution_timeout=timedelta(minutes=pipeline.spark_timeout_minutes),
+            on_failure_callback=record_spark_failure,
+        )
+
+        commit = task(
+            commit_batch, task_id="commit_batch", execution_timeout=timedelta(minutes=30)
+        )(pipeline.name, plan)
+
+        @task.short_circuit(task_id="backlog_remains", ignore_downstream_trigger_rules=True)
+        def backlog_remains(plan: dict[str, Any]) -> bool:
+            """True when the cap left offsets unread: another run starts right away to drain them."""
+            if plan["backlog_after"] > 0:
+                log.info("%d offsets remain beyond this batch's cap: starting another run", plan["backlog_after"])
+                return True
+            log.info("caught up: no offsets left beyond this batch")
+            return False
+
+        drain = TriggerDagRunOperator(
+            task_id="drain_backlog",
+            trigger_dag_id=pipeline.dag_id,
+            logical_date=None,
+            conf={"reason": "drain backlog left by the per-partition cap"},
+        )
+
+        plan >> read_and_stage >> commit >> backlog_remains(plan) >> drain
+    return dag
+
+
+@dataclass(frozen=True)
+class DagRunOutcome:
+    """How one in-process DAG run ended, with the final state of each task."""
+
+    run_id: str
+    state: str
+    tasks: dict[str, str]
+
+
+def run_pipeline_dag(pipeline: PipelineConfig, conf: dict[str, Any] | None = None) -> DagRunOutcome:
+    """Run the pipeline's DAG once in this process with dag.test(): real tasks, real spark-submit.
+
+    The DAG must also be generated by the dags folder (dag.test() registers it from there), which is
+    the case for every pipeline of the pipelines file in use.
+    """
+    dag = build_pipeline_dag(pipeline)
+    run = dag.test(run_conf=conf)
+    tasks = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+    return DagRunOutcome(run_id=run.run_id, state=str(run.state), tasks=tasks)

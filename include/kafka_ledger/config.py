@@ -1,0 +1,185 @@
+"""Pipeline declarations: the YAML file that lists every pipeline, validated on load."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Names end up in SQL identifiers, DAG ids and pool names: keep them to a safe, portable alphabet.
+IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+ColumnType = Literal["string", "long", "int", "double", "boolean", "timestamp"]
+
+# The Postgres type each declared column type is stored as.
+POSTGRES_TYPES: dict[str, str] = {
+    "string": "text",
+    "long": "bigint",
+    "int": "integer",
+    "double": "double precision",
+    "boolean": "boolean",
+    "timestamp": "timestamptz",
+}
+
+# Columns every output row carries in addition to the declared ones; declared names may not reuse them.
+RESERVED_COLUMNS = frozenset(
+    {"kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "batch_id", "attempt",
+     "kafka_key", "kafka_value", "error"}
+)
+
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "config" / "pipelines.yaml"
+
+
+class ConfigError(ValueError):
+    """The pipelines file is missing, unreadable or does not validate."""
+
+
+class ColumnSpec(BaseModel):
+    """One field of the JSON value, stored as one column of the output table."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    type: ColumnType
+    required: bool = False
+    description: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_identifier(cls, name: str) -> str:
+        if not IDENTIFIER.match(name):
+            raise ValueError(f"column name {name!r} must match {IDENTIFIER.pattern}")
+        if name in RESERVED_COLUMNS:
+            raise ValueError(f"column name {name!r} is reserved (the ledger adds it to every row)")
+        return name
+
+
+class PipelineConfig(BaseModel):
+    """One pipeline: Kafka topics in, one Postgres table out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    topics: list[str] = Field(min_length=1)
+    output_table: str
+    output_schema: str = "public"
+    columns: list[ColumnSpec] = Field(min_length=1)
+    max_records_per_partition: int = Field(default=100_000, ge=1)
+    start_position: Literal["earliest", "latest"] = "earliest"
+    schedule: str | None = "@hourly"
+    owner: str = "data-engineering"
+    retries: int = Field(default=2, ge=0)
+    retry_delay_seconds: int = Field(default=60, ge=0)
+    spark_timeout_minutes: int = Field(default=60, ge=1)
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name", "output_table", "output_schema")
+    @classmethod
+    def _is_identifier(cls, value: str) -> str:
+        if not IDENTIFIER.match(value):
+            raise ValueError(f"{value!r} must match {IDENTIFIER.pattern} (lower-case letters, digits, _)")
+        return value
+
+    @field_validator("topics")
+    @classmethod
+    def _topics_are_valid(cls, topics: list[str]) -> list[str]:
+        for topic in topics:
+            if not TOPIC_NAME.match(topic):
+                raise ValueError(f"{topic!r} is not a valid Kafka topic name")
+        if len(set(topics)) != len(topics):
+            raise ValueError("topics are listed more than once")
+        return topics
+
+    @model_validator(mode="after")
+    def _columns_are_unique(self) -> PipelineConfig:
+        names = [column.name for column in self.columns]
+        duplicated = sorted({name for name in names if names.count(name) > 1})
+        if duplicated:
+            raise ValueError(f"columns declared more than once: {', '.join(duplicated)}")
+        return self
+
+    @property
+    def dag_id(self) -> str:
+        return f"kafka_ledger__{self.name}"
+
+    @property
+    def qualified_output_table(self) -> str:
+        return f"{self.output_schema}.{self.output_table}"
+
+
+class PipelinesFile(BaseModel):
+    """The whole pipelines file: a mapping of pipeline name to its declaration."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pipelines: dict[str, PipelineConfig]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inject_names(cls, data: object) -> object:
+        # Pipelines are keyed by name in YAML; copy the key into each body so a pipeline knows its name.
+        if isinstance(data, dict) and isinstance(data.get("pipelines"), dict):
+            data = dict(data)
+            data["pipelines"] = {
+                name: {**body, "name": name} if isinstance(body, dict) else body
+                for name, body in data["pipelines"].items()
+            }
+        return data
+
+    @model_validator(mode="after")
+    def _output_tables_are_unique(self) -> PipelinesFile:
+        seen: dict[str, str] = {}
+        for pipeline in self.pipelines.values():
+            table = pipeline.qualified_output_table
+            if table in seen:
+                raise ValueError(f"pipelines {seen[table]!r} and {pipeline.name!r} both write {table}")
+            seen[table] = pipeline.name
+        return self
+
+
+def config_path() -> Path:
+    """The pipelines file in use: $KAFKA_LEDGER_PIPELINES, else config/pipelines.yaml in the project."""
+    return Path(os.environ.get("KAFKA_LEDGER_PIPELINES") or DEFAULT_CONFIG_PATH)
+
+
+def parse_pipelines(text: str, source: str = "<string>") -> dict[str, PipelineConfig]:
+    """Validate pipelines YAML text; raise ConfigError naming the file and every bad field."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if data is None:
+        data = {"pipelines": {}}
+    try:
+        return PipelinesFile.model_validate(data).pipelines
+    except ValidationError as exc:
+        problems = "\n".join(
+            f"  - {'.'.join(str(part) for part in error['loc']) or '(top level)'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ConfigError(f"{source}: invalid pipeline configuration:\n{problems}") from exc
+
+
+def load_pipelines(path: Path | str | None = None) -> dict[str, PipelineConfig]:
+    """Load and validate the pipelines file (default: config_path())."""
+    path = Path(path) if path else config_path()
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read pipelines file {path}: {exc.strerror}") from exc
+    return parse_pipelines(text, str(path))
+
+
+def get_pipeline(name: str, path: Path | str | None = None) -> PipelineConfig:
+    """One pipeline by name, with a helpful error when it is not declared."""
+    pipelines = load_pipelines(path)
+    if name not in pipelines:
+        known = ", ".join(sorted(pipelines)) or "none"
+        raise ConfigError(f"pipeline {name!r} is not declared in {path or config_path()} (declared: {known})")
+    return pipelines[name]

@@ -1,0 +1,148 @@
+"""The demo: produce ad impressions (some malformed), run the pipeline's DAG, produce more, run it again.
+
+`python -m kafka_ledger.demo` ends with one JSON line counted from Kafka and Postgres:
+{"produced": N, "output_rows": M, "dead_letters": D, "duplicates": 0, "lag": 0, ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from kafka_ledger.config import PipelineConfig, get_pipeline
+from kafka_ledger.settings import bootstrap_servers, ledger_dsn
+
+log = logging.getLogger("kafka_ledger.demo")
+
+DEMO_PIPELINE = "impressions"
+DEMO_PARTITIONS = 18  # the reference deployment in the Spark + Kafka integration talk
+COUNTRIES = ["ES", "FR", "DE", "GB", "US", "BR", "MX", "IN", "JP", "IT"]
+DEVICES = ["android", "ios", "desktop", "tablet"]
+
+
+def ensure_topic(servers: str, topic: str, partitions: int) -> None:
+    """Create the topic if it does not exist (idempotent)."""
+    admin = AdminClient({"bootstrap.servers": servers})
+    if topic in admin.list_topics(timeout=10).topics:
+        return
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result()
+    log.info("created topic %s with %d partitions", topic, partitions)
+
+
+def impression_events(count: int, rng: random.Random, malformed_ratio: float = 0.02) -> Iterator[
+    tuple[bytes | None, bytes | None]
+]:
+    """(key, value) pairs of JSON ad impressions; about `malformed_ratio` of them are bad on purpose."""
+    start = datetime.now(UTC) - timedelta(hours=1)
+    for _ in range(count):
+        user = f"user-{rng.randrange(50_000)}"
+        event = {
+            "impression_id": uuid.UUID(int=rng.getrandbits(128)).hex,
+            "ad_id": f"ad-{rng.randrange(2_000)}",
+            "campaign_id": rng.randrange(1, 300),
+            "user_id": user,
+            "country": rng.choice(COUNTRIES),
+            "device": rng.choice(DEVICES),
+            "bid_price": round(rng.uniform(0.01, 3.0), 4),
+            "clicked": rng.random() < 0.03,
+            "event_time": (start + timedelta(milliseconds=rng.randrange(3_600_000))).isoformat(),
+        }
+        key = user.encode()
+        if rng.random() >= malformed_ratio:
+            yield key, json.dumps(event).encode()
+            continue
+        kind = rng.randrange(5)
+        if kind == 0:
+            yield key, json.dumps(event).encode()[:-7]  # truncated JSON
+        elif kind == 1:
+            del event["impression_id"]
+            yield key, json.dumps(event).encode()  # required field missing
+        elif kind == 2:
+            event["bid_price"] = "cheap"
+            yield key, json.dumps(event).encode()  # wrong type
+        elif kind == 3:
+            yield key, b"\xff\xfe" + json.dumps(event).encode()  # not UTF-8
+        else:
+            yield key, None  # tombstone
+
+
+def produce_impressions(servers: str, topic: str, count: int, seed: int) -> None:
+    """Produce `count` impressions with an idempotent producer (no duplicates from producer retries)."""
+    producer = Producer({"bootstrap.servers": servers, "enable.idempotence": True, "linger.ms": 20})
+    failures: list[str] = []
+
+    def on_delivery(err, _msg) -> None:  # noqa: ANN001 - confluent-kafka callback
+        if err is not None:
+            failures.append(str(err))
+
+    for key, value in impression_events(count, random.Random(seed)):
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.5)
+        producer.poll(0)
+    producer.flush(60)
+    if failures:
+        raise RuntimeError(f"{len(failures)} impressions were not delivered: {failures[0]}")
+    log.info("produced %d impressions to %s", count, topic)
+
+
+def run_until_caught_up(pipeline: PipelineConfig, max_runs: int = 20) -> int:
+    """Run the pipeline's DAG (dag.test: real tasks, real Spark) until its lag is 0; returns runs made."""
+    from kafka_ledger.airflow_dag import run_pipeline_dag
+    from kafka_ledger.audit import lag
+
+    dsn, servers = ledger_dsn(), bootstrap_servers()
+    for run in range(1, max_runs + 1):
+        outcome = run_pipeline_dag(pipeline)
+        if outcome.state != "success":
+            raise RuntimeError(f"DAG run {outcome.run_id} of {pipeline.dag_id} ended {outcome.state}: {outcome.tasks}")
+        remaining = lag(dsn, servers, pipeline)
+        log.info("run %d (%s): tasks %s; lag now %d", run, outcome.run_id, outcome.tasks, remaining)
+        if remaining == 0:
+            return run
+    raise RuntimeError(f"{pipeline.dag_id} still lags after {max_runs} runs")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the kafka-ledger demo end to end.")
+    parser.add_argument("--first", type=int, default=40_000, help="impressions produced before the first run")
+    parser.add_argument("--second", type=int, default=25_000, help="impressions produced before the second run")
+    parser.add_argument("--seed", type=int, default=None, help="random seed of the generator")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from kafka_ledger.audit import reconcile
+
+    pipeline = get_pipeline(DEMO_PIPELINE)
+    servers, dsn = bootstrap_servers(), ledger_dsn()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    topic = pipeline.topics[0]
+    ensure_topic(servers, topic, DEMO_PARTITIONS)
+
+    produce_impressions(servers, topic, args.first, seed)
+    first_runs = run_until_caught_up(pipeline)
+    produce_impressions(servers, topic, args.second, seed + 1)
+    second_runs = run_until_caught_up(pipeline)
+
+    report = reconcile(dsn, servers, pipeline)
+    summary = {**report.as_dict(), "pipeline": pipeline.name, "dag_runs": first_runs + second_runs, "seed": seed}
+    sys.stdout.flush()
+    print(json.dumps(summary), flush=True)
+    exact = report.exact and report.produced == report.output_rows + report.dead_letters and report.lag == 0
+    return 0 if exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""The offset ledger in Postgres: batches, their ranges and the committed positions of each pipeline."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
+
+from kafka_ledger import sql
+from kafka_ledger.config import ConfigError, PipelineConfig
+from kafka_ledger.planning import OffsetRange, PartitionReadStats, TopicPartition
+
+log = logging.getLogger(__name__)
+
+Cursor = psycopg2.extensions.cursor
+
+
+class LedgerError(RuntimeError):
+    """The ledger refuses an operation; the transaction was rolled back."""
+
+
+@dataclass
+class Batch:
+    """One batch of a pipeline as recorded in the ledger."""
+
+    batch_id: int
+    pipeline: str
+    status: str
+    attempts: int
+    staged_attempt: int | None
+    dag_id: str | None
+    run_id: str | None
+    planned_at: datetime
+    started_at: datetime | None = None
+    written_at: datetime | None = None
+    committed_at: datetime | None = None
+    failed_at: datetime | None = None
+    records_read: int | None = None
+    records_written: int | None = None
+    records_dead_lettered: int | None = None
+    read_seconds: float | None = None
+    commit_seconds: float | None = None
+    last_error: str | None = None
+    ranges: list[OffsetRange] = field(default_factory=list)
+
+
+def connect(dsn: str) -> psycopg2.extensions.connection:
+    """A connection to the ledger database; every `with conn:` block is one transaction."""
+    return psycopg2.connect(dsn, application_name="kafka-ledger", connect_timeout=10)
+
+
+@contextmanager
+def pipeline_transaction(conn: psycopg2.extensions.connection, pipeline: str) -> Iterator[Cursor]:
+    """One transaction holding the pipeline's lock: no other plan or commit of it runs meanwhile."""
+    with conn, conn.cursor() as cur:
+        cur.execute(sql.LOCK_PIPELINE, {"pipeline": pipeline})
+        yield cur
+
+
+def _load_ranges(cur: Cursor, batch: Batch) -> Batch:
+    cur.execute(sql.SELECT_BATCH_RANGES, {"batch_id": batch.batch_id})
+    batch.ranges = [OffsetRange(*row) for row in cur.fetchall()]
+    return batch
+
+
+def get_batch(cur: Cursor, batch_id: int, for_update: bool = False) -> Batch:
+    cur.execute(sql.SELECT_BATCH_FOR_UPDATE if for_update else sql.SELECT_BATCH, {"batch_id": batch_id})
+    row = cur.fetchone()
+    if row is None:
+        raise LedgerError(f"batch {batch_id} does not exist in the ledger")
+    return _load_ranges(cur, Batch(*row))
+
+
+def open_batch(cur: Cursor, pipeline: str) -> Batch | None:
+    """The pipeline's unfinished batch (planned, written or failed), if any: there is at most one."""
+    cur.execute(sql.SELECT_OPEN_BATCH, {"pipeline": pipeline})
+    row = cur.fetchone()
+    return _load_ranges(cur, Batch(*row)) if row else None
+
+
+def create_batch(
+    cur: Cursor, pipeline: str, ranges: list[OffsetRange], dag_id: str | None, run_id: str | None
+) -> Batch:
+    """Record a new batch and its exact ranges: this happens BEFORE anything is read."""
+    cur.execute(sql.INSERT_BATCH, {"pipeline": pipeline, "dag_id": dag_id, "run_id": run_id})
+    batch_id = cur.fetchone()[0]
+    psycopg2.extras.execute_batch(
+        cur,
+        sql.INSERT_BATCH_RANGE,
+        [
+            {"batch_id": batch_id, "topic": r.topic, "partition": r.partition,
+             "from_offset": r.from_offset, "until_offset": r.until_offset}
+            for r in ranges
+        ],
+    )
+    return get_batch(cur, batch_id)
+
+
+def set_batch_owner(cur: Cursor, batch_id: int, dag_id: str | None, run_id: str | None) -> None:
+    cur.execute(sql.UPDATE_BATCH_OWNER, {"batch_id": batch_id, "dag_id": dag_id, "run_id": run_id})
+
+
+def positions(cur: Cursor, pipeline: str) -> dict[TopicPartition, int]:
+    """The committed position of each partition the pipeline has seen."""
+    cur.execute(sql.SELECT_POSITIONS, {"pipeline": pipeline})
+    return {TopicPartition(topic, partition): position for topic, partition, position in cur.fetchall()}
+
+
+def insert_start_positions(cur: Cursor, pipeline: str, starts: dict[TopicPartition, int]) -> None:
+    psycopg2.extras.execute_batch(
+        cur,
+        sql.INSERT_START_POSITION,
+        [{"pipeline": pipeline, "topic": tp.topic, "partition": tp.partition, "position": pos}
+         for tp, pos in starts.items()],
+    )
+
+
+def begin_attempt(cur: Cursor, batch_id: int) -> int:
+    """Start a new read attempt of a planned or failed batch; returns its attempt number."""
+    cur.execute(sql.BEGIN_ATTEMPT, {"batch_id": batch_id})
+    row = cur.fetchone()
+    if row is None:
+        batch = get_batch(cur, batch_id)
+        raise LedgerError(f"batch {batch_id} is {batch.status}: there is nothing to read")
+    return row[0]
+
+
+def mark_written(
+    cur: Cursor, batch_id: int, attempt: int, stats: list[PartitionReadStats], read_seconds: float
+) -> None:
+    """Declare the batch's staged rows complete; refused if a newer attempt has started since."""
+    records_read = sum(s.records for s in stats)
+    cur.execute(
+        sql.MARK_WRITTEN,
+        {"batch_id": batch_id, "attempt": attempt, "records_read": records_read, "read_seconds": read_seconds},
+    )
+    if cur.rowcount != 1:
+        batch = get_batch(cur, batch_id)
+        raise LedgerError(
+            f"batch {batch_id} attempt {attempt} may not be marked written: the batch is {batch.status} "
+            f"with {batch.attempts} attempts (superseded by a newer attempt?)"
+        )
+    by_partition = {(s.topic, s.partition): s.records for s in stats}
+    psycopg2.extras.execute_batch(
+        cur,
+        sql.UPDATE_RANGE_RECORDS_READ,
+        [{"batch_id": batch_id, "topic": r.topic, "partition": r.partition,
+          "records_read": by_partition.get((r.topic, r.partition), 0)}
+         for r in get_batch(cur, batch_id).ranges],
+    )
+
+
+def mark_failed(cur: Cursor, batch_id: int, error: str) -> None:
+    """Record that the batch's read failed; it stays open and the next run resumes it unchanged."""
+    cur.execute(sql.MARK_FAILED, {"batch_id": batch_id, "error": error[:4000]})
+    if cur.rowcount == 0:
+        cur.execute(sql.RECORD_ERROR, {"batch_id": batch_id, "error": error[:4000]})
+
+
+def staged_read_stats(cur: Cursor, pipeline: PipelineConfig, batch_id: int, attempt: int) -> list[PartitionReadStats]:
+    cur.execute(
+        sql.STAGED_READ_STATS.format(staging=sql.staging_table(pipeline)),
+        {"batch_id": batch_id, "attempt": attempt},
+    )
+    return [PartitionReadStats(*row) for row in cur.fetchall()]
+
+
+def delete_older_staged(cur: Cursor, pipeline: PipelineConfig, batch_id: int, attempt: int) -> int:
+    cur.execute(
+        sql.DELETE_OLDER_STAGED.format(staging=sql.staging_table(pipeline)),
+        {"batch_id": batch_id, "attempt": attempt},
+    )
+    return cur.rowcount
+
+
+def _table_columns(cur: Cursor, schema: str, table: str) -> list[str]:
+    cur.execute(sql.SELECT_TABLE_COLUMNS, {"schema": schema, "table": table})
+    return [row[0] for row in cur.fetchall()]
+
+
+def ensure_pipeline_tables(cur: Cursor, pipeline: PipelineConfig) -> None:
+    """Create the output and staging tables if missing; refuse an output table lacking declared columns."""
+    cur.execute(sql.create_output_table(pipeline))
+    existing = set(_table_columns(cur, pipeline.output_schema, pipeline.output_table))
+    missing = [c.name for c in pipeline.columns if c.name not in existing]
+    if missing:
+        raise ConfigError(
+            f"pipeline {pipeline.name!r}: output table {pipeline.qualified_output_table} lacks declared "
+            f"column(s) {', '.join(missing)}; add them with ALTER TABLE before running the pipeline"
+        )
+    wanted = ["batch_id", "attempt", "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp",
+              "kafka_key", "kafka_value", "error"] + [c.name for c in pipeline.columns]
+    staged = _table_columns(cur, sql.STAGING_SCHEMA, pipeline.name)
+    if staged and sorted(staged) != sorted(wanted):
+        # The declared columns changed: staging is ours to rebuild, but a batch whose staged rows
+        # disappear with it must be read again rather than committed from nothing.
+        log.warning("staging table for %s does not match the declared columns: rebuilding it", pipeline.name)
+        cur.execute(sql.drop_staging_table(pipeline))
+        cur.execute(sql.REOPEN_WRITTEN_BATCHES, {"pipeline": pipeline.name})
+    cur.execute(sql.create_staging_table(pipeline))

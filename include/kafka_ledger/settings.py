@@ -1,0 +1,85 @@
+"""Where the ledger database and Kafka are: environment first, then Airflow connections."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+LEDGER_DB_CONN_ID = "kafka_ledger_db"
+KAFKA_CONN_ID = "kafka_ledger_kafka"
+
+
+class SettingsError(RuntimeError):
+    """A service address is not configured."""
+
+
+def _airflow_connection(conn_id: str):  # noqa: ANN202 - airflow's Connection type, imported lazily
+    try:
+        from airflow.sdk import BaseHook
+    except ImportError as exc:  # pragma: no cover - airflow is always installed by set-up
+        raise SettingsError(f"Airflow is not importable to look up connection {conn_id!r}") from exc
+    return BaseHook.get_connection(conn_id)
+
+
+def ledger_dsn() -> str:
+    """The ledger database URL: $KAFKA_LEDGER_DB_URL, else the Airflow connection `kafka_ledger_db`."""
+    dsn = os.environ.get("KAFKA_LEDGER_DB_URL")
+    if dsn:
+        return dsn
+    try:
+        return _airflow_connection(LEDGER_DB_CONN_ID).get_uri()
+    except Exception as exc:
+        raise SettingsError(
+            f"no ledger database configured: set KAFKA_LEDGER_DB_URL or the Airflow connection "
+            f"{LEDGER_DB_CONN_ID!r} (scripts/env.sh does both for the local stack)"
+        ) from exc
+
+
+def bootstrap_servers() -> str:
+    """Kafka bootstrap servers: $KAFKA_LEDGER_BOOTSTRAP_SERVERS, else the `kafka_ledger_kafka` connection."""
+    servers = os.environ.get("KAFKA_LEDGER_BOOTSTRAP_SERVERS")
+    if servers:
+        return servers
+    try:
+        conn = _airflow_connection(KAFKA_CONN_ID)
+    except Exception as exc:
+        raise SettingsError(
+            f"no Kafka configured: set KAFKA_LEDGER_BOOTSTRAP_SERVERS or the Airflow connection {KAFKA_CONN_ID!r} "
+            "with extra {\"bootstrap.servers\": \"host:port\"}"
+        ) from exc
+    servers = conn.extra_dejson.get("bootstrap.servers") or (f"{conn.host}:{conn.port}" if conn.host else "")
+    if not servers:
+        raise SettingsError(f"Airflow connection {KAFKA_CONN_ID!r} has no bootstrap.servers in its extra")
+    return servers
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    """The same database as a SQLAlchemy URL with the psycopg2 driver."""
+    scheme, _, rest = dsn.partition("://")
+    if scheme not in ("postgres", "postgresql", "postgresql+psycopg2"):
+        raise SettingsError(f"unsupported ledger database URL scheme {scheme!r} (expected postgresql://)")
+    return f"postgresql+psycopg2://{rest}"
+
+
+@dataclass(frozen=True)
+class JdbcTarget:
+    """A Postgres URL split the way Spark's JDBC writer wants it."""
+
+    url: str
+    user: str
+    password: str
+
+
+def jdbc_target(dsn: str) -> JdbcTarget:
+    """Split a postgresql:// URL into a JDBC URL plus credentials (kept out of the URL)."""
+    parts = urlsplit(dsn)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or 5432
+    database = parts.path.lstrip("/") or "postgres"
+    query = f"?{parts.query}&reWriteBatchedInserts=true" if parts.query else "?reWriteBatchedInserts=true"
+    return JdbcTarget(
+        url=f"jdbc:postgresql://{host}:{port}/{database}{query}",
+        user=unquote(parts.username or ""),
+        password=unquote(parts.password or ""),
+    )

@@ -1,0 +1,236 @@
+"""Every SQL statement kafka-ledger runs, in one place (the schema itself is in migrations/)."""
+
+from __future__ import annotations
+
+from psycopg2 import sql
+
+from kafka_ledger.config import POSTGRES_TYPES, PipelineConfig
+
+STAGING_SCHEMA = "kafka_ledger_staging"
+
+# Serialises planning and committing of one pipeline across processes, held to the end of the transaction.
+LOCK_PIPELINE = "SELECT pg_advisory_xact_lock(hashtextextended('kafka_ledger:' || %(pipeline)s, 0))"
+
+BATCH_COLUMNS = """
+    batch_id, pipeline, status, attempts, staged_attempt, dag_id, run_id, planned_at, started_at,
+    written_at, committed_at, failed_at, records_read, records_written, records_dead_lettered,
+    read_seconds, commit_seconds, last_error
+"""
+
+SELECT_OPEN_BATCH = f"""
+    SELECT {BATCH_COLUMNS} FROM kafka_ledger.batches
+    WHERE pipeline = %(pipeline)s AND status <> 'committed'
+"""
+
+SELECT_BATCH = f"SELECT {BATCH_COLUMNS} FROM kafka_ledger.batches WHERE batch_id = %(batch_id)s"
+SELECT_BATCH_FOR_UPDATE = SELECT_BATCH + " FOR UPDATE"
+
+SELECT_BATCH_RANGES = """
+    SELECT topic, partition, from_offset, until_offset FROM kafka_ledger.batch_ranges
+    WHERE batch_id = %(batch_id)s ORDER BY topic, partition
+"""
+
+INSERT_BATCH = """
+    INSERT INTO kafka_ledger.batches (pipeline, dag_id, run_id)
+    VALUES (%(pipeline)s, %(dag_id)s, %(run_id)s)
+    RETURNING batch_id
+"""
+
+INSERT_BATCH_RANGE = """
+    INSERT INTO kafka_ledger.batch_ranges (batch_id, topic, partition, from_offset, until_offset)
+    VALUES (%(batch_id)s, %(topic)s, %(partition)s, %(from_offset)s, %(until_offset)s)
+"""
+
+UPDATE_BATCH_OWNER = """
+    UPDATE kafka_ledger.batches SET dag_id = %(dag_id)s, run_id = %(run_id)s WHERE batch_id = %(batch_id)s
+"""
+
+SELECT_POSITIONS = """
+    SELECT topic, partition, position FROM kafka_ledger.positions WHERE pipeline = %(pipeline)s
+"""
+
+# New partitions get their start position once; an existing position is never overwritten here.
+INSERT_START_POSITION = """
+    INSERT INTO kafka_ledger.positions (pipeline, topic, partition, position)
+    VALUES (%(pipeline)s, %(topic)s, %(partition)s, %(position)s)
+    ON CONFLICT (pipeline, topic, partition) DO NOTHING
+"""
+
+# A new attempt of the Spark job: it stages rows tagged with this attempt number.
+BEGIN_ATTEMPT = """
+    UPDATE kafka_ledger.batches
+    SET attempts = attempts + 1, status = 'planned', started_at = now(), last_error = NULL
+    WHERE batch_id = %(batch_id)s AND status IN ('planned', 'failed')
+    RETURNING attempts
+"""
+
+# Only the newest attempt may declare the batch written: a zombie attempt's update matches no row.
+MARK_WRITTEN = """
+    UPDATE kafka_ledger.batches
+    SET status = 'written', staged_attempt = %(attempt)s, written_at = now(),
+        records_read = %(records_read)s, read_seconds = %(read_seconds)s
+    WHERE batch_id = %(batch_id)s AND attempts = %(attempt)s AND status = 'planned'
+"""
+
+UPDATE_RANGE_RECORDS_READ = """
+    UPDATE kafka_ledger.batch_ranges SET records_read = %(records_read)s
+    WHERE batch_id = %(batch_id)s AND topic = %(topic)s AND partition = %(partition)s
+"""
+
+# A batch that was never written goes to failed; a written one keeps its staged rows for the commit.
+MARK_FAILED = """
+    UPDATE kafka_ledger.batches SET status = 'failed', failed_at = now(), last_error = %(error)s
+    WHERE batch_id = %(batch_id)s AND status = 'planned'
+"""
+
+RECORD_ERROR = "UPDATE kafka_ledger.batches SET last_error = %(error)s WHERE batch_id = %(batch_id)s"
+
+INSERT_COMMITTED_RANGES = """
+    INSERT INTO kafka_ledger.committed_ranges (pipeline, topic, partition, from_offset, until_offset, batch_id)
+    SELECT %(pipeline)s, topic, partition, from_offset, until_offset, batch_id
+    FROM kafka_ledger.batch_ranges WHERE batch_id = %(batch_id)s
+"""
+
+# Compare-and-set: a position advances only from exactly the offset the batch started at.
+ADVANCE_POSITIONS = """
+    UPDATE kafka_ledger.positions p
+    SET position = r.until_offset, last_batch_id = r.batch_id, updated_at = now()
+    FROM kafka_ledger.batch_ranges r
+    WHERE r.batch_id = %(batch_id)s AND p.pipeline = %(pipeline)s
+      AND p.topic = r.topic AND p.partition = r.partition AND p.position = r.from_offset
+    RETURNING p.topic, p.partition
+"""
+
+SELECT_POSITION_MISMATCHES = """
+    SELECT r.topic, r.partition, r.from_offset, p.position
+    FROM kafka_ledger.batch_ranges r
+    LEFT JOIN kafka_ledger.positions p
+      ON p.pipeline = %(pipeline)s AND p.topic = r.topic AND p.partition = r.partition
+    WHERE r.batch_id = %(batch_id)s AND p.position IS DISTINCT FROM r.from_offset
+    ORDER BY r.topic, r.partition
+"""
+
+MARK_COMMITTED = """
+    UPDATE kafka_ledger.batches
+    SET status = 'committed', committed_at = now(), records_written = %(records_written)s,
+        records_dead_lettered = %(records_dead_lettered)s, commit_seconds = %(commit_seconds)s,
+        last_error = NULL
+    WHERE batch_id = %(batch_id)s AND status = 'written'
+"""
+
+INSERT_DEAD_LETTERS = sql.SQL(
+    """
+    INSERT INTO kafka_ledger.dead_letters
+        (pipeline, kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, kafka_key, kafka_value,
+         error, batch_id)
+    SELECT %(pipeline)s, kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, kafka_key, kafka_value,
+           error, batch_id
+    FROM {staging}
+    WHERE batch_id = %(batch_id)s AND attempt = %(attempt)s AND error IS NOT NULL
+    """
+)
+
+STAGED_READ_STATS = sql.SQL(
+    """
+    SELECT kafka_topic, kafka_partition, count(*), count(DISTINCT kafka_offset),
+           min(kafka_offset), max(kafka_offset), count(*) FILTER (WHERE error IS NOT NULL)
+    FROM {staging}
+    WHERE batch_id = %(batch_id)s AND attempt = %(attempt)s
+    GROUP BY kafka_topic, kafka_partition
+    """
+)
+
+# Rows of earlier attempts (killed or superseded) are removed before a new attempt stages its own.
+DELETE_OLDER_STAGED = sql.SQL("DELETE FROM {staging} WHERE batch_id = %(batch_id)s AND attempt < %(attempt)s")
+DELETE_STAGED = sql.SQL("DELETE FROM {staging} WHERE batch_id = %(batch_id)s")
+
+SELECT_TABLE_COLUMNS = """
+    SELECT column_name FROM information_schema.columns
+    WHERE table_schema = %(schema)s AND table_name = %(table)s
+"""
+
+# Any batch of the pipeline that is 'written' but whose staged rows are gone must be read again.
+REOPEN_WRITTEN_BATCHES = """
+    UPDATE kafka_ledger.batches SET status = 'planned', staged_attempt = NULL
+    WHERE pipeline = %(pipeline)s AND status = 'written'
+"""
+
+
+def staging_table(pipeline: PipelineConfig) -> sql.Composed:
+    return sql.Identifier(STAGING_SCHEMA, pipeline.name)
+
+
+def output_table(pipeline: PipelineConfig) -> sql.Composed:
+    return sql.Identifier(pipeline.output_schema, pipeline.output_table)
+
+
+def _declared_columns(pipeline: PipelineConfig) -> list[sql.Composed]:
+    return [
+        sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(POSTGRES_TYPES[c.type])) for c in pipeline.columns
+    ]
+
+
+def create_output_table(pipeline: PipelineConfig) -> sql.Composed:
+    """The published table: declared columns plus the Kafka coordinates, unique per record."""
+    return sql.SQL(
+        """
+        CREATE SCHEMA IF NOT EXISTS {schema};
+        CREATE TABLE IF NOT EXISTS {table} (
+            {columns},
+            kafka_topic     text        NOT NULL,
+            kafka_partition integer     NOT NULL,
+            kafka_offset    bigint      NOT NULL,
+            kafka_timestamp timestamptz,
+            batch_id        bigint      NOT NULL,
+            PRIMARY KEY (kafka_topic, kafka_partition, kafka_offset)
+        )
+        """
+    ).format(
+        schema=sql.Identifier(pipeline.output_schema),
+        table=output_table(pipeline),
+        columns=sql.SQL(",\n            ").join(_declared_columns(pipeline)),
+    )
+
+
+def create_staging_table(pipeline: PipelineConfig) -> sql.Composed:
+    """Where the Spark job stages one attempt's rows: decoded columns, or the raw record and its error."""
+    return sql.SQL(
+        """
+        CREATE TABLE IF NOT EXISTS {table} (
+            batch_id        bigint  NOT NULL,
+            attempt         integer NOT NULL,
+            kafka_topic     text    NOT NULL,
+            kafka_partition integer NOT NULL,
+            kafka_offset    bigint  NOT NULL,
+            kafka_timestamp timestamptz,
+            kafka_key       bytea,
+            kafka_value     bytea,
+            error           text,
+            {columns}
+        );
+        CREATE INDEX IF NOT EXISTS {index} ON {table} (batch_id, attempt)
+        """
+    ).format(
+        table=staging_table(pipeline),
+        index=sql.Identifier(f"{pipeline.name}_batch_attempt"),
+        columns=sql.SQL(",\n            ").join(_declared_columns(pipeline)),
+    )
+
+
+def drop_staging_table(pipeline: PipelineConfig) -> sql.Composed:
+    return sql.SQL("DROP TABLE IF EXISTS {}").format(staging_table(pipeline))
+
+
+def publish_output(pipeline: PipelineConfig) -> sql.Composed:
+    """Copy one attempt's decoded rows from staging into the output table."""
+    names = [sql.Identifier(c.name) for c in pipeline.columns]
+    kafka = [sql.Identifier(n) for n in ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp",
+                                         "batch_id")]
+    columns = sql.SQL(", ").join(names + kafka)
+    return sql.SQL(
+        """
+        INSERT INTO {output} ({columns})
+        SELECT {columns} FROM {staging}
+        WHERE batch_id = %(batch_id)s AND attempt = %(attempt)s AND error IS NULL
+        """
+    ).format(output=output_table(pipeline), staging=staging_table(pipeline), columns=columns)

@@ -1,0 +1,46 @@
+# Environment shared by every kafka-ledger script: paths, ports and service addresses.
+# Source it (". scripts/env.sh"). Every value can be set beforehand to point the project at external
+# services or other ports; nothing here overrides what is already in the environment.
+
+KL_HOME=${KL_HOME:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+KL_STATE=${KL_STATE:-$KL_HOME/.stack}           # data, logs, pids and downloaded artifacts (git-ignored)
+KL_VENV=${KL_VENV:-$KL_HOME/.venv}
+
+KL_KAFKA_PORT=${KL_KAFKA_PORT:-19092}
+KL_KAFKA_CONTROLLER_PORT=${KL_KAFKA_CONTROLLER_PORT:-19093}
+KL_PG_PORT=${KL_PG_PORT:-15432}
+KL_AIRFLOW_PORT=${KL_AIRFLOW_PORT:-18080}
+
+# Where the project's own services are. Set these to use external ones: `scripts/stack.sh start`
+# then skips starting the local service whose address you replaced.
+[ -n "${KAFKA_LEDGER_BOOTSTRAP_SERVERS:-}" ] && KL_LOCAL_KAFKA=${KL_LOCAL_KAFKA:-0}
+[ -n "${KAFKA_LEDGER_DB_URL:-}" ] && KL_LOCAL_POSTGRES=${KL_LOCAL_POSTGRES:-0}
+KL_LOCAL_KAFKA=${KL_LOCAL_KAFKA:-1}
+KL_LOCAL_POSTGRES=${KL_LOCAL_POSTGRES:-1}
+KAFKA_LEDGER_BOOTSTRAP_SERVERS=${KAFKA_LEDGER_BOOTSTRAP_SERVERS:-127.0.0.1:$KL_KAFKA_PORT}
+KAFKA_LEDGER_DB_URL=${KAFKA_LEDGER_DB_URL:-postgresql://kafka_ledger:kafka_ledger@127.0.0.1:$KL_PG_PORT/kafka_ledger}
+KAFKA_LEDGER_SPARK_MASTER=${KAFKA_LEDGER_SPARK_MASTER:-local[*]}
+KAFKA_LEDGER_SPARK_JARS_DIR=${KAFKA_LEDGER_SPARK_JARS_DIR:-$KL_STATE/cache/spark-jars}
+KAFKA_LEDGER_PIPELINES=${KAFKA_LEDGER_PIPELINES:-$KL_HOME/config/pipelines.yaml}
+
+# Airflow: Postgres metadata DB, the project's dags/ and plugins/, and every connection defined
+# explicitly (a missing spark_default silently means master "yarn").
+export AIRFLOW_HOME=${AIRFLOW_HOME:-$KL_STATE/airflow}
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN:-postgresql+psycopg2://airflow:airflow@127.0.0.1:$KL_PG_PORT/airflow}
+export AIRFLOW__CORE__DAGS_FOLDER=${AIRFLOW__CORE__DAGS_FOLDER:-$KL_HOME/dags}
+export AIRFLOW__CORE__PLUGINS_FOLDER=${AIRFLOW__CORE__PLUGINS_FOLDER:-$KL_HOME/plugins}
+export AIRFLOW__CORE__LOAD_EXAMPLES=${AIRFLOW__CORE__LOAD_EXAMPLES:-False}
+export AIRFLOW__CORE__EXECUTOR=${AIRFLOW__CORE__EXECUTOR:-LocalExecutor}
+export AIRFLOW__API__PORT=${AIRFLOW__API__PORT:-$KL_AIRFLOW_PORT}
+export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL=${AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL:-30}
+export AIRFLOW_CONN_SPARK_DEFAULT=${AIRFLOW_CONN_SPARK_DEFAULT:-"{\"conn_type\": \"spark\", \"host\": \"$KAFKA_LEDGER_SPARK_MASTER\"}"}
+export AIRFLOW_CONN_KAFKA_LEDGER_DB=${AIRFLOW_CONN_KAFKA_LEDGER_DB:-$KAFKA_LEDGER_DB_URL}
+export AIRFLOW_CONN_KAFKA_LEDGER_KAFKA=${AIRFLOW_CONN_KAFKA_LEDGER_KAFKA:-"{\"conn_type\": \"generic\", \"extra\": {\"bootstrap.servers\": \"$KAFKA_LEDGER_BOOTSTRAP_SERVERS\"}}"}
+
+export KL_HOME KL_STATE KL_VENV KL_LOCAL_KAFKA KL_LOCAL_POSTGRES KL_KAFKA_PORT KL_KAFKA_CONTROLLER_PORT KL_PG_PORT KL_AIRFLOW_PORT
+export KAFKA_LEDGER_BOOTSTRAP_SERVERS KAFKA_LEDGER_DB_URL KAFKA_LEDGER_SPARK_MASTER
+export KAFKA_LEDGER_SPARK_JARS_DIR KAFKA_LEDGER_PIPELINES
+# spark-submit is called by bare name by the Spark provider, and the driver must use the venv's Python.
+export PATH="$KL_VENV/bin:$PATH"
+export PYSPARK_PYTHON=${PYSPARK_PYTHON:-$KL_VENV/bin/python}
+export PYSPARK_DRIVER_PYTHON=${PYSPARK_DRIVER_PYTHON:-$KL_VENV/bin/python}

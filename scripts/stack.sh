@@ -1,0 +1,235 @@
+#!/usr/bin/env bash
+# The local kafka-ledger stack: install, start, stop and inspect Kafka (KRaft), PostgreSQL and Airflow.
+#
+#   scripts/stack.sh up         install what is missing, start Kafka + Postgres, migrate both databases
+#   scripts/stack.sh install    OS packages, Python venv, Kafka broker jars, Spark connector jars
+#   scripts/stack.sh start      start Kafka and Postgres (idempotent) and wait until they answer
+#   scripts/stack.sh migrate    create roles/databases, run the ledger migrations and `airflow db migrate`
+#   scripts/stack.sh airflow    start Airflow (api-server, scheduler, dag-processor, triggerer) on KL_AIRFLOW_PORT
+#   scripts/stack.sh stop       stop everything this script started
+#   scripts/stack.sh status     one line per service
+#
+# Everything lives under $KL_STATE (.stack/ by default): data, logs, pid files and downloaded jars.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+
+LOGS=$KL_STATE/logs
+RUN=$KL_STATE/run
+STAMPS=$KL_STATE/stamps
+KAFKA_LIBS=$KL_STATE/cache/kafka-libs
+PG_DATA=$KL_STATE/postgres/data
+PG_SUPERUSER_PASSWORD=postgres
+mkdir -p "$LOGS" "$RUN" "$STAMPS" "$KL_STATE/cache"
+
+say() { printf '[stack] %s\n' "$*"; }
+die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# A stamp records the hash of the inputs of a step, so a second run skips work that is already done.
+stamp_ok() { [ -f "$STAMPS/$1" ] && [ "$(cat "$STAMPS/$1")" = "$2" ]; }
+stamp_set() { printf '%s' "$2" >"$STAMPS/$1"; }
+hash_files() { cat "$@" | sha256sum | cut -c1-16; }
+
+pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# Postgres refuses to run as root: run its binaries as the unprivileged "postgres" user when we are root.
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
+
+install_os_packages() {
+  local need=()
+  if [ "$KL_LOCAL_POSTGRES" = 1 ] && { [ -z "$(pg_bin)" ] || [ ! -f "$(ls -d /usr/share/postgresql/*/extension 2>/dev/null | sort -V | tail -n 1)/btree_gist.control" ]; }; then
+    need+=(postgresql postgresql-contrib)
+  fi
+  command -v java >/dev/null || need+=(openjdk-17-jre-headless)
+  command -v mvn >/dev/null || need+=(maven)
+  if [ ${#need[@]} -gt 0 ]; then
+    [ "$(id -u)" = 0 ] || die "missing OS packages (${need[*]}); install them or run as root"
+    say "installing OS packages: ${need[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+}
+
+install_python() {
+  local key
+  key=$(hash_files "$KL_HOME/requirements.txt" "$KL_HOME/requirements.lock" "$KL_HOME/pyproject.toml")
+  if [ -x "$KL_VENV/bin/python" ] && stamp_ok python "$key"; then return; fi
+  say "installing Python packages into $KL_VENV (frozen in requirements.lock)"
+  [ -x "$KL_VENV/bin/python" ] || python3 -m venv "$KL_VENV"
+  "$KL_VENV/bin/pip" install -q uv==0.13.8
+  "$KL_VENV/bin/uv" pip install -q --python "$KL_VENV/bin/python" -r "$KL_HOME/requirements.txt" -c "$KL_HOME/requirements.lock"
+  "$KL_VENV/bin/uv" pip install -q --python "$KL_VENV/bin/python" --no-deps -e "$KL_HOME"
+  stamp_set python "$key"
+}
+
+mvn_copy() {  # mvn_copy <pom dir> <output dir>
+  mvn -q -B -s "$KL_HOME/stack/maven/settings.xml" -f "$1/pom.xml" \
+    dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$2" >"$LOGS/maven.log" 2>&1 \
+    || { tail -n 20 "$LOGS/maven.log" >&2; die "Maven could not resolve $1/pom.xml (log: $LOGS/maven.log)"; }
+}
+
+install_jars() {
+  local key tmp pyspark_jars jar artifact
+  key=$(hash_files "$KL_HOME/stack/maven/kafka/pom.xml")
+  if ! stamp_ok kafka-libs "$key"; then
+    say "resolving the Kafka broker from Maven Central"
+    rm -rf "$KAFKA_LIBS"; mvn_copy "$KL_HOME/stack/maven/kafka" "$KAFKA_LIBS"
+    stamp_set kafka-libs "$key"
+  fi
+  key=$(hash_files "$KL_HOME/stack/maven/spark-jars/pom.xml" "$KL_HOME/requirements.lock")
+  if ! stamp_ok spark-jars "$key"; then
+    say "resolving the Spark Kafka connector and the Postgres JDBC driver from Maven Central"
+    tmp=$(mktemp -d); mvn_copy "$KL_HOME/stack/maven/spark-jars" "$tmp"
+    pyspark_jars=$("$KL_VENV/bin/python" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')
+    rm -rf "$KAFKA_LEDGER_SPARK_JARS_DIR"; mkdir -p "$KAFKA_LEDGER_SPARK_JARS_DIR"
+    # Only the jars PySpark lacks: a second copy of a jar at another version breaks the classpath.
+    for jar in "$tmp"/*.jar; do
+      artifact=$(basename "$jar" | sed -E 's/-[0-9][^-]*(-[A-Za-z0-9.]+)?\.jar$//')
+      compgen -G "$pyspark_jars/$artifact-[0-9]*.jar" >/dev/null || cp "$jar" "$KAFKA_LEDGER_SPARK_JARS_DIR/"
+    done
+    rm -rf "$tmp"
+    stamp_set spark-jars "$key"
+  fi
+}
+
+install() { install_os_packages; install_python; install_jars; }
+
+# --- Postgres --------------------------------------------------------------------------------------
+pg_ready() { "$(pg_bin)/pg_isready" -q -h 127.0.0.1 -p "$KL_PG_PORT"; }
+
+start_postgres() {
+  [ "$KL_LOCAL_POSTGRES" = 1 ] || { say "postgres: external ($KAFKA_LEDGER_DB_URL), not started"; return; }
+  local bin; bin=$(pg_bin)
+  if [ ! -f "$PG_DATA/PG_VERSION" ]; then
+    say "initialising a Postgres cluster in $PG_DATA"
+    mkdir -p "$PG_DATA"; chmod 700 "$PG_DATA"
+    [ "$(id -u)" = 0 ] && chown -R postgres: "$KL_STATE/postgres"
+    printf '%s\n' "$PG_SUPERUSER_PASSWORD" >"$KL_STATE/postgres/pwfile"
+    [ "$(id -u)" = 0 ] && chown postgres: "$KL_STATE/postgres/pwfile"
+    as_pg "$bin/initdb" -D "$PG_DATA" -U postgres --pwfile="$KL_STATE/postgres/pwfile" \
+      --auth-host=scram-sha-256 --auth-local=peer -E UTF8 >"$LOGS/initdb.log" 2>&1 \
+      || { cat "$LOGS/initdb.log" >&2; die "initdb failed"; }
+    rm -f "$STAMPS/databases" "$STAMPS/airflow-db"
+  fi
+  if pg_ready; then say "postgres: already running on 127.0.0.1:$KL_PG_PORT"; return; fi
+  touch "$LOGS/postgres.log"; [ "$(id -u)" = 0 ] && chown postgres: "$LOGS/postgres.log"
+  as_pg "$bin/pg_ctl" -D "$PG_DATA" -l "$LOGS/postgres.log" -w -t 60 start \
+    -o "-c listen_addresses=127.0.0.1 -p $KL_PG_PORT -c unix_socket_directories='' -c max_connections=200 -c shared_buffers=256MB -c fsync=on" >/dev/null \
+    || { tail -n 20 "$LOGS/postgres.log" >&2; die "postgres did not start (log: $LOGS/postgres.log)"; }
+  say "postgres: started on 127.0.0.1:$KL_PG_PORT"
+}
+
+stop_postgres() {
+  [ -f "$PG_DATA/postmaster.pid" ] || return 0
+  as_pg "$(pg_bin)/pg_ctl" -D "$PG_DATA" -m fast -w stop >/dev/null && say "postgres: stopped"
+}
+
+psql_super() { PGPASSWORD=$PG_SUPERUSER_PASSWORD psql -v ON_ERROR_STOP=1 -q -h 127.0.0.1 -p "$KL_PG_PORT" -U postgres "$@"; }
+
+create_databases() {
+  [ "$KL_LOCAL_POSTGRES" = 1 ] || return 0
+  stamp_ok databases v1 && return 0
+  say "creating roles and databases (kafka_ledger, airflow)"
+  local name
+  for name in kafka_ledger airflow; do
+    psql_super -d postgres -c "DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$name') THEN CREATE ROLE $name LOGIN PASSWORD '$name'; END IF; END \$\$;"
+    psql_super -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$name'" | grep -q 1 \
+      || psql_super -d postgres -c "CREATE DATABASE $name OWNER $name"
+  done
+  stamp_set databases v1
+}
+
+# --- Kafka -----------------------------------------------------------------------------------------
+KAFKA_DIR=$KL_STATE/kafka
+KAFKA_PID=$RUN/kafka.pid
+
+kafka_java() { java -Xms256m -Xmx768m -cp "$KAFKA_LIBS/*" -Dlog4j2.configurationFile="$KL_HOME/stack/kafka/log4j2.properties" -Dkafka.logs.dir="$LOGS" "$@"; }
+
+kafka_ready() {
+  "$KL_VENV/bin/python" - "$KAFKA_LEDGER_BOOTSTRAP_SERVERS" <<'PY' 2>/dev/null
+import sys
+from confluent_kafka.admin import AdminClient
+AdminClient({"bootstrap.servers": sys.argv[1]}).list_topics(timeout=2)
+PY
+}
+
+start_kafka() {
+  [ "$KL_LOCAL_KAFKA" = 1 ] || { say "kafka: external ($KAFKA_LEDGER_BOOTSTRAP_SERVERS), not started"; return; }
+  if pid_alive "$KAFKA_PID"; then say "kafka: already running (pid $(cat "$KAFKA_PID"))"; return; fi
+  mkdir -p "$KAFKA_DIR"
+  sed -e "s#@KAFKA_PORT@#$KL_KAFKA_PORT#g" -e "s#@CONTROLLER_PORT@#$KL_KAFKA_CONTROLLER_PORT#g" \
+      -e "s#@DATA_DIR@#$KAFKA_DIR/data#g" "$KL_HOME/stack/kafka/server.properties" >"$KAFKA_DIR/server.properties"
+  if [ ! -f "$KAFKA_DIR/data/meta.properties" ]; then
+    say "formatting Kafka storage (KRaft, standalone controller)"
+    local cluster_id; cluster_id=$(kafka_java kafka.tools.StorageTool random-uuid)
+    kafka_java kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$KAFKA_DIR/server.properties" >"$LOGS/kafka-format.log" 2>&1 \
+      || { cat "$LOGS/kafka-format.log" >&2; die "Kafka storage format failed"; }
+  fi
+  nohup java -Xms256m -Xmx1g -cp "$KAFKA_LIBS/*" -Dlog4j2.configurationFile="$KL_HOME/stack/kafka/log4j2.properties" \
+    -Dkafka.logs.dir="$LOGS" kafka.Kafka "$KAFKA_DIR/server.properties" >"$LOGS/kafka.out" 2>&1 &
+  echo $! >"$KAFKA_PID"
+  local i
+  for i in $(seq 1 90); do
+    if kafka_ready; then say "kafka: started on $KAFKA_LEDGER_BOOTSTRAP_SERVERS (pid $(cat "$KAFKA_PID"))"; return; fi
+    pid_alive "$KAFKA_PID" || { tail -n 30 "$LOGS/kafka.out" "$LOGS/kafka.log" >&2 2>/dev/null; die "kafka exited during start"; }
+    sleep 1
+  done
+  die "kafka did not answer within 90 s (logs: $LOGS/kafka.log, $LOGS/kafka.out)"
+}
+
+stop_pidfile() {  # stop_pidfile <name> <pidfile>: SIGTERM (a controlled shutdown for Kafka), then wait
+  pid_alive "$2" || { rm -f "$2"; return 0; }
+  local pid i; pid=$(cat "$2")
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
+  for i in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+  rm -f "$2"; say "$1: stopped"
+}
+
+# --- Airflow + ledger migrations -------------------------------------------------------------------
+migrate() {
+  create_databases
+  say "ledger: applying migrations"
+  "$KL_VENV/bin/python" -m kafka_ledger.migrations
+  local key; key=$(printf '%s|%s' "$("$KL_VENV/bin/python" -c 'import airflow; print(airflow.__version__)')" "$AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" | sha256sum | cut -c1-16)
+  if ! stamp_ok airflow-db "$key"; then
+    say "airflow: migrating the metadata database"
+    mkdir -p "$AIRFLOW_HOME"
+    "$KL_VENV/bin/airflow" db migrate >"$LOGS/airflow-migrate.log" 2>&1 || { tail -n 30 "$LOGS/airflow-migrate.log" >&2; die "airflow db migrate failed"; }
+    "$KL_VENV/bin/airflow" pools set kafka_ledger_spark 1 "One Spark batch at a time on the local machine" >>"$LOGS/airflow-migrate.log" 2>&1
+    stamp_set airflow-db "$key"
+  fi
+}
+
+AIRFLOW_PID=$RUN/airflow.pid
+start_airflow() {
+  if pid_alive "$AIRFLOW_PID"; then say "airflow: already running (pid $(cat "$AIRFLOW_PID"))"; return; fi
+  setsid nohup "$KL_VENV/bin/airflow" standalone >"$LOGS/airflow.log" 2>&1 &
+  echo $! >"$AIRFLOW_PID"
+  local i
+  for i in $(seq 1 120); do
+    if curl -sf "http://127.0.0.1:$KL_AIRFLOW_PORT/api/v2/monitor/health" >/dev/null; then
+      say "airflow: UI and REST API on http://127.0.0.1:$KL_AIRFLOW_PORT (user admin, password in $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated)"
+      return
+    fi
+    pid_alive "$AIRFLOW_PID" || { tail -n 30 "$LOGS/airflow.log" >&2; die "airflow exited during start"; }
+    sleep 1
+  done
+  die "airflow did not answer within 120 s (log: $LOGS/airflow.log)"
+}
+
+status() {
+  if pg_ready 2>/dev/null; then echo "postgres  up    127.0.0.1:$KL_PG_PORT  data $PG_DATA"; else echo "postgres  down"; fi
+  if pid_alive "$KAFKA_PID"; then echo "kafka     up    $KAFKA_LEDGER_BOOTSTRAP_SERVERS  pid $(cat "$KAFKA_PID")"; else echo "kafka     down"; fi
+  if pid_alive "$AIRFLOW_PID"; then echo "airflow   up    http://127.0.0.1:$KL_AIRFLOW_PORT  pid $(cat "$AIRFLOW_PID")"; else echo "airflow   down"; fi
+}
+
+case "${1:-}" in
+  install) install ;;
+  start) start_postgres; start_kafka ;;
+  migrate) migrate ;;
+  up) install; start_postgres; start_kafka; migrate ;;
+  airflow) start_airflow ;;
+  stop) stop_pidfile airflow "$AIRFLOW_PID"; stop_pidfile kafka "$KAFKA_PID"; stop_postgres ;;
+  status) status ;;
+  *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac

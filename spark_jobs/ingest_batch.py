@@ -1,0 +1,141 @@
+"""Spark batch job: read one ledger batch's exact Kafka ranges, decode them and stage the rows in Postgres.
+
+Launched by spark-submit (the pipeline DAG's Spark task):
+
+    spark-submit ... spark_jobs/ingest_batch.py --pipeline impressions --batch-id 42
+
+The ledger is the only source of truth for what to read: the job takes a batch id, never offsets.
+It needs KAFKA_LEDGER_DB_URL and KAFKA_LEDGER_BOOTSTRAP_SERVERS in its environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+from kafka_ledger import failpoints, kafka_offsets, ledger
+from kafka_ledger.config import get_pipeline
+from kafka_ledger.planning import LostDataError, OffsetRange, check_read_coverage
+from kafka_ledger.settings import bootstrap_servers, jdbc_target, ledger_dsn
+
+log = logging.getLogger("kafka_ledger.ingest_batch")
+
+
+def kafka_read_options(ranges: list[OffsetRange], servers: str) -> dict[str, str]:
+    """Options of a bounded Kafka read of exactly `ranges` (ends exclusive), committed records only."""
+    assign: dict[str, list[int]] = {}
+    starting: dict[str, dict[str, int]] = {}
+    ending: dict[str, dict[str, int]] = {}
+    for r in ranges:
+        assign.setdefault(r.topic, []).append(r.partition)
+        starting.setdefault(r.topic, {})[str(r.partition)] = r.from_offset
+        ending.setdefault(r.topic, {})[str(r.partition)] = r.until_offset
+    return {
+        "kafka.bootstrap.servers": servers,
+        "assign": json.dumps(assign),
+        "startingOffsets": json.dumps(starting),
+        "endingOffsets": json.dumps(ending),
+        "kafka.isolation.level": "read_committed",
+        # Offsets deleted under our feet must fail the read, never be skipped silently.
+        "failOnDataLoss": "true",
+        "includeHeaders": "false",
+    }
+
+
+def check_not_deleted(servers: str, ranges: list[OffsetRange]) -> None:
+    """Fail if retention deleted any offset of the ranges (the log start moved past a from-offset)."""
+    offsets = kafka_offsets.partition_offsets(servers, sorted({r.topic for r in ranges}))
+    lost = [
+        OffsetRange(r.topic, r.partition, r.from_offset, min(offsets[r.topic_partition].log_start, r.until_offset))
+        for r in ranges
+        if offsets[r.topic_partition].log_start > r.from_offset
+    ]
+    if lost:
+        raise LostDataError(lost)
+
+
+def run(pipeline_name: str, batch_id: int, config_path: str | None) -> int:
+    pipeline = get_pipeline(pipeline_name, config_path)
+    dsn, servers = ledger_dsn(), bootstrap_servers()
+    conn = ledger.connect(dsn)
+    with conn, conn.cursor() as cur:
+        batch = ledger.get_batch(cur, batch_id)
+    if batch.pipeline != pipeline.name:
+        raise ledger.LedgerError(f"batch {batch_id} belongs to pipeline {batch.pipeline!r}, not {pipeline.name!r}")
+    if batch.status in ("committed", "written"):
+        log.info("batch %s is already %s (attempt %s staged it): nothing to read", batch_id, batch.status,
+                 batch.staged_attempt)
+        return 0
+    with conn, conn.cursor() as cur:
+        attempt = ledger.begin_attempt(cur, batch_id)
+        removed = ledger.delete_older_staged(cur, pipeline, batch_id, attempt)
+    log.info(
+        "batch %s of %s, attempt %d: reading %d range(s), %d offsets%s",
+        batch_id, pipeline.name, attempt, len(batch.ranges), sum(r.span for r in batch.ranges),
+        f" (removed {removed} rows staged by earlier attempts)" if removed else "",
+    )
+    check_not_deleted(servers, batch.ranges)
+    failpoints.hit("before_read")
+
+    from kafka_ledger.decode import to_staging_rows
+    from pyspark.sql import SparkSession  # heavy: only once we know there is work
+
+    spark = SparkSession.builder.appName(f"kafka-ledger {pipeline.name} batch {batch_id}").getOrCreate()
+    started = time.monotonic()
+    records = spark.read.format("kafka").options(**kafka_read_options(batch.ranges, servers)).load()
+    staged = to_staging_rows(records, pipeline, batch_id, attempt)
+    target = jdbc_target(dsn)
+    (
+        staged.write.format("jdbc")
+        .option("url", target.url)
+        .option("dbtable", f"kafka_ledger_staging.{pipeline.name}")
+        .option("user", target.user)
+        .option("password", target.password)
+        .option("driver", "org.postgresql.Driver")
+        .option("batchsize", "10000")
+        .mode("append")
+        .save()
+    )
+    read_seconds = time.monotonic() - started
+    failpoints.hit("after_staging")
+    # failOnDataLoss covers deletions during the read; this covers deletions racing its start.
+    check_not_deleted(servers, batch.ranges)
+
+    with conn, conn.cursor() as cur:
+        stats = ledger.staged_read_stats(cur, pipeline, batch_id, attempt)
+        problems = check_read_coverage(batch.ranges, stats)
+        if problems:
+            raise ledger.LedgerError(f"batch {batch_id} was not read completely: " + "; ".join(problems))
+        ledger.mark_written(cur, batch_id, attempt, stats, read_seconds)
+    conn.close()
+
+    total = sum(s.records for s in stats)
+    dead = sum(s.dead_letters for s in stats)
+    gaps = sum(r.span for r in batch.ranges) - total
+    log.info(
+        "batch %s staged: %d records read in %.1fs (%.0f records/s), %d to dead letters, %d offset gap(s) "
+        "(transaction markers, aborted or compacted records)",
+        batch_id, total, read_seconds, total / read_seconds if read_seconds else 0.0, dead, gaps,
+    )
+    print(json.dumps({"batch_id": batch_id, "attempt": attempt, "records_read": total,
+                      "read_seconds": round(read_seconds, 3), "offset_gaps": gaps}))
+    spark.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Read one kafka-ledger batch and stage its rows.")
+    parser.add_argument("--pipeline", required=True, help="pipeline name, as declared in the pipelines file")
+    parser.add_argument("--batch-id", required=True, type=int, help="ledger batch id to read")
+    parser.add_argument("--config", default=os.environ.get("KAFKA_LEDGER_PIPELINES"), help="pipelines file")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    return run(args.pipeline, args.batch_id, args.config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
