@@ -110,7 +110,10 @@ start_postgres() {
       || { cat "$LOGS/initdb.log" >&2; die "initdb failed"; }
     rm -f "$STAMPS/databases" "$STAMPS/airflow-db"
   fi
-  if pg_ready; then say "postgres: already running on 127.0.0.1:$KL_PG_PORT"; return; fi
+  if pg_ready; then
+    [ -f "$PG_DATA/postmaster.pid" ] || die "port $KL_PG_PORT is taken by another Postgres (not the one in $PG_DATA): stop it or set KL_PG_PORT"
+    say "postgres: already running on 127.0.0.1:$KL_PG_PORT"; return
+  fi
   touch "$LOGS/postgres.log"; [ "$(id -u)" = 0 ] && chown postgres: "$LOGS/postgres.log"
   as_pg "$bin/pg_ctl" -D "$PG_DATA" -l "$LOGS/postgres.log" -w -t 60 start \
     -o "-c listen_addresses=127.0.0.1 -p $KL_PG_PORT -c unix_socket_directories='' -c max_connections=200 -c shared_buffers=256MB -c fsync=on" >/dev/null \
@@ -155,6 +158,7 @@ PY
 start_kafka() {
   [ "$KL_LOCAL_KAFKA" = 1 ] || { say "kafka: external ($KAFKA_LEDGER_BOOTSTRAP_SERVERS), not started"; return; }
   if pid_alive "$KAFKA_PID"; then say "kafka: already running (pid $(cat "$KAFKA_PID"))"; return; fi
+  kafka_ready && die "another Kafka already answers on $KAFKA_LEDGER_BOOTSTRAP_SERVERS: stop it or set KL_KAFKA_PORT"
   mkdir -p "$KAFKA_DIR"
   sed -e "s#@KAFKA_PORT@#$KL_KAFKA_PORT#g" -e "s#@CONTROLLER_PORT@#$KL_KAFKA_CONTROLLER_PORT#g" \
       -e "s#@DATA_DIR@#$KAFKA_DIR/data#g" "$KL_HOME/stack/kafka/server.properties" >"$KAFKA_DIR/server.properties"

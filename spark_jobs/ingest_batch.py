@@ -19,7 +19,7 @@ import time
 
 from kafka_ledger import failpoints, kafka_offsets, ledger
 from kafka_ledger.config import get_pipeline
-from kafka_ledger.planning import LostDataError, OffsetRange, check_read_coverage
+from kafka_ledger.planning import LostDataError, OffsetRange, check_read_coverage, lost_ranges
 from kafka_ledger.settings import bootstrap_servers, jdbc_target, ledger_dsn
 
 log = logging.getLogger("kafka_ledger.ingest_batch")
@@ -48,12 +48,7 @@ def kafka_read_options(ranges: list[OffsetRange], servers: str) -> dict[str, str
 
 def check_not_deleted(servers: str, ranges: list[OffsetRange]) -> None:
     """Fail if retention deleted any offset of the ranges (the log start moved past a from-offset)."""
-    offsets = kafka_offsets.partition_offsets(servers, sorted({r.topic for r in ranges}))
-    lost = [
-        OffsetRange(r.topic, r.partition, r.from_offset, min(offsets[r.topic_partition].log_start, r.until_offset))
-        for r in ranges
-        if offsets[r.topic_partition].log_start > r.from_offset
-    ]
+    lost = lost_ranges(ranges, kafka_offsets.partition_offsets(servers, sorted({r.topic for r in ranges})))
     if lost:
         raise LostDataError(lost)
 

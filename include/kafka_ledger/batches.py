@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from kafka_ledger import kafka_offsets, ledger, sql
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import (
+    LostDataError,
     OffsetRange,
     PartitionOffsets,
     TopicPartition,
     backlog,
     check_read_coverage,
+    lost_ranges,
     plan_ranges,
     start_positions,
 )
@@ -60,6 +62,9 @@ def plan_next_batch(
             offsets = kafka_offsets.partition_offsets(bootstrap_servers, pipeline.topics)
             known = ledger.positions(cur, pipeline.name)
             if unfinished is not None:
+                lost = lost_ranges(unfinished.ranges, offsets)
+                if lost:
+                    raise LostDataError(lost)
                 ledger.set_batch_owner(cur, unfinished.batch_id, dag_id, run_id)
                 remaining = _backlog_after(known, offsets, unfinished.ranges)
                 log.info(

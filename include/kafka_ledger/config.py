@@ -79,6 +79,14 @@ class PipelineConfig(BaseModel):
     spark_timeout_minutes: int = Field(default=60, ge=1)
     spark_conf: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("name")
+    @classmethod
+    def _name_is_short(cls, value: str) -> str:
+        # Derived identifiers (the staging index, the DAG id) add a suffix to the name; Postgres cuts at 63.
+        if len(value) > 48:
+            raise ValueError(f"pipeline name {value!r} is longer than 48 characters")
+        return value
+
     @field_validator("name", "output_table", "output_schema")
     @classmethod
     def _is_identifier(cls, value: str) -> str:
@@ -90,7 +98,7 @@ class PipelineConfig(BaseModel):
     @classmethod
     def _topics_are_valid(cls, topics: list[str]) -> list[str]:
         for topic in topics:
-            if not TOPIC_NAME.match(topic):
+            if not TOPIC_NAME.match(topic) or topic in (".", ".."):
                 raise ValueError(f"{topic!r} is not a valid Kafka topic name")
         if len(set(topics)) != len(topics):
             raise ValueError("topics are listed more than once")
@@ -126,6 +134,9 @@ class PipelinesFile(BaseModel):
         # Pipelines are keyed by name in YAML; copy the key into each body so a pipeline knows its name.
         if isinstance(data, dict) and isinstance(data.get("pipelines"), dict):
             data = dict(data)
+            for name, body in data["pipelines"].items():
+                if isinstance(body, dict) and "name" in body and body["name"] != name:
+                    raise ValueError(f"pipeline {name!r} sets name {body['name']!r}: the key is the pipeline's name")
             data["pipelines"] = {
                 name: {**body, "name": name} if isinstance(body, dict) else body
                 for name, body in data["pipelines"].items()

@@ -34,6 +34,8 @@ def hit(name: str) -> None:
     action = armed().get(name)
     if action is None:
         return
+    if action not in ("kill", "raise"):
+        raise ValueError(f"fail point {name}: unknown action {action!r} (use kill or raise)")
     once_dir = os.environ.get("KAFKA_LEDGER_FAILPOINTS_ONCE_DIR")
     if once_dir:
         marker = Path(once_dir) / name

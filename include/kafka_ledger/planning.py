@@ -124,6 +124,18 @@ def plan_ranges(
     return ranges
 
 
+def lost_ranges(ranges: Iterable[OffsetRange], offsets: Mapping[TopicPartition, PartitionOffsets]) -> list[OffsetRange]:
+    """The parts of planned ranges that Kafka no longer holds (log start moved past their from-offset)."""
+    gone = sorted(str(r) for r in ranges if r.topic_partition not in offsets)
+    if gone:
+        raise PlanError(f"partitions of the batch no longer exist in Kafka: {', '.join(gone)}")
+    return [
+        OffsetRange(r.topic, r.partition, r.from_offset, min(offsets[r.topic_partition].log_start, r.until_offset))
+        for r in ranges
+        if offsets[r.topic_partition].log_start > r.from_offset
+    ]
+
+
 def backlog(positions: Mapping[TopicPartition, int], offsets: Mapping[TopicPartition, PartitionOffsets]) -> int:
     """Offsets between the positions and the end offsets: the lag, in offsets (gaps included)."""
     return sum(max(0, offsets[tp].end - position) for tp, position in positions.items() if tp in offsets)

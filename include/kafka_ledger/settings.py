@@ -48,7 +48,7 @@ def bootstrap_servers() -> str:
             f"no Kafka configured: set KAFKA_LEDGER_BOOTSTRAP_SERVERS or the Airflow connection {KAFKA_CONN_ID!r} "
             "with extra {\"bootstrap.servers\": \"host:port\"}"
         ) from exc
-    servers = conn.extra_dejson.get("bootstrap.servers") or (f"{conn.host}:{conn.port}" if conn.host else "")
+    servers = conn.extra_dejson.get("bootstrap.servers") or (f"{conn.host}:{conn.port or 9092}" if conn.host else "")
     if not servers:
         raise SettingsError(f"Airflow connection {KAFKA_CONN_ID!r} has no bootstrap.servers in its extra")
     return servers
@@ -75,6 +75,8 @@ def jdbc_target(dsn: str) -> JdbcTarget:
     """Split a postgresql:// URL into a JDBC URL plus credentials (kept out of the URL)."""
     parts = urlsplit(dsn)
     host = parts.hostname or "127.0.0.1"
+    if ":" in host:  # an IPv6 literal keeps its brackets in a URL
+        host = f"[{host}]"
     port = parts.port or 5432
     database = parts.path.lstrip("/") or "postgres"
     query = f"?{parts.query}&reWriteBatchedInserts=true" if parts.query else "?reWriteBatchedInserts=true"

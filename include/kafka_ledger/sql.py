@@ -212,7 +212,8 @@ def create_staging_table(pipeline: PipelineConfig) -> sql.Composed:
         """
     ).format(
         table=staging_table(pipeline),
-        index=sql.Identifier(f"{pipeline.name}_batch_attempt"),
+        # "$" cannot appear in a pipeline name, so this index name never collides with a staging table.
+        index=sql.Identifier(f"{pipeline.name}$batch_attempt"),
         columns=sql.SQL(",\n            ").join(_declared_columns(pipeline)),
     )
 

@@ -1,0 +1,120 @@
+"""Fixtures for integration tests: the real local stack, and per-test pipelines with their own topics.
+
+The pipeline DAGs are generated from the pipelines file, so the session writes one test pipelines file
+(a pipeline and a fresh topic per test) and points KAFKA_LEDGER_PIPELINES at it before Airflow parses
+anything. Run `scripts/stack.sh up` first (scripts/test.sh does).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import psycopg2
+import pytest
+import yaml
+from confluent_kafka.admin import AdminClient, NewTopic
+from integration_support import RecordedProducer
+
+RUN = uuid.uuid4().hex[:8]
+
+COLUMNS = [
+    {"name": "event_id", "type": "string", "required": True},
+    {"name": "amount", "type": "long"},
+    {"name": "price", "type": "double"},
+    {"name": "ok", "type": "boolean"},
+    {"name": "event_time", "type": "timestamp"},
+]
+
+# Every test that runs a DAG gets its own pipeline (and topic); overrides tune caps and retries.
+PIPELINES = {
+    "exact": {},
+    "drain": {"max_records_per_partition": 50},
+    "kill": {"retries": 1},
+    "resume": {"retries": 0},
+    "lost": {},
+    "grow": {},
+    "noop": {},
+    "latest": {"start_position": "latest"},
+    "partitions": {},
+    "cas": {},
+    "unwritten": {},
+}
+
+
+def pipeline_name(key: str) -> str:
+    return f"it_{RUN}_{key}"
+
+
+def topic_name(key: str) -> str:
+    return f"it-{RUN}-{key}"
+
+
+@pytest.fixture(scope="session")
+def servers() -> str:
+    value = os.environ.get("KAFKA_LEDGER_BOOTSTRAP_SERVERS")
+    if not value or not os.environ.get("KAFKA_LEDGER_DB_URL"):
+        pytest.fail("the stack's environment is not set: run `scripts/stack.sh up` and `. scripts/env.sh` first")
+    try:
+        AdminClient({"bootstrap.servers": value}).list_topics(timeout=10)
+    except Exception as exc:  # noqa: BLE001 - any failure means the same thing here
+        pytest.fail(f"Kafka at {value} does not answer ({exc}): run `scripts/stack.sh up`")
+    return value
+
+
+@pytest.fixture(scope="session")
+def dsn() -> str:
+    value = os.environ["KAFKA_LEDGER_DB_URL"]
+    try:
+        psycopg2.connect(value, connect_timeout=5).close()
+    except psycopg2.OperationalError as exc:
+        pytest.fail(f"the ledger database does not answer ({exc}): run `scripts/stack.sh up`")
+    return value
+
+
+@pytest.fixture(scope="session", autouse=True)
+def test_pipelines_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pipelines file of this test session, in force before any DAG is parsed."""
+    pipelines = {}
+    for key, overrides in PIPELINES.items():
+        pipelines[pipeline_name(key)] = {
+            "topics": [topic_name(key)],
+            "output_table": pipeline_name(key),
+            "output_schema": "it_output",
+            "columns": COLUMNS,
+            "max_records_per_partition": 10_000,
+            "retries": 1,
+            "retry_delay_seconds": 1,
+            "schedule": None,
+            "spark_conf": {"spark.sql.shuffle.partitions": "2"},
+            **overrides,
+        }
+    path = tmp_path_factory.mktemp("config") / "pipelines.yaml"
+    path.write_text(yaml.safe_dump({"pipelines": pipelines}))
+    previous = os.environ.get("KAFKA_LEDGER_PIPELINES")
+    os.environ["KAFKA_LEDGER_PIPELINES"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("KAFKA_LEDGER_PIPELINES", None)
+    else:
+        os.environ["KAFKA_LEDGER_PIPELINES"] = previous
+
+
+@pytest.fixture
+def pipeline_factory(servers: str):
+    """Create the topic of one test pipeline and return its validated config."""
+    from kafka_ledger.config import get_pipeline
+
+    def make(key: str, partitions: int = 3):
+        topic = topic_name(key)
+        admin = AdminClient({"bootstrap.servers": servers})
+        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result()
+        return get_pipeline(pipeline_name(key))
+
+    return make
+
+
+@pytest.fixture
+def producer(servers: str) -> RecordedProducer:
+    return RecordedProducer(servers)

@@ -1,0 +1,162 @@
+"""Planning and committing against the real Kafka and Postgres, and the rules the database itself enforces."""
+
+from __future__ import annotations
+
+import psycopg2
+import psycopg2.errors
+import pytest
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
+from integration_support import RecordedProducer, good_value
+from kafka_ledger import ledger
+from kafka_ledger.batches import CommitError, commit_batch, plan_next_batch
+from kafka_ledger.planning import LostDataError, OffsetRange, PartitionReadStats
+
+pytestmark = pytest.mark.integration
+
+
+def test_plan_fails_naming_the_lost_ranges_when_retention_deleted_unread_data(dsn, servers, pipeline_factory, producer):
+    pipeline = pipeline_factory("lost", partitions=2)
+    topic = pipeline.topics[0]
+    producer.send(topic, [good_value(i) for i in range(100)], partition=0)
+    producer.send(topic, [good_value(i) for i in range(10)], partition=1)
+    planned = plan_next_batch(dsn, servers, pipeline)
+    assert planned.ranges == [OffsetRange(topic, 0, 0, 100), OffsetRange(topic, 1, 0, 10)]
+    # Retention deletes offsets 0..39 of partition 0 before the batch is read.
+    deleted = KafkaTopicPartition(topic, 0, 40)
+    admin = AdminClient({"bootstrap.servers": servers})  # keep a reference until the future resolves
+    admin.delete_records([deleted])[deleted].result(timeout=30)
+
+    with pytest.raises(LostDataError) as raised:
+        plan_next_batch(dsn, servers, pipeline)
+
+    assert raised.value.lost == [OffsetRange(topic, 0, 0, 40)]
+    assert f"{topic}-0 [0, 40)" in str(raised.value)
+    with ledger.connect(dsn) as conn, conn.cursor() as cur:
+        assert set(ledger.positions(cur, pipeline.name).values()) == {0}  # no offset moved
+
+
+def test_latest_start_position_skips_history_and_reads_what_follows(dsn, servers, pipeline_factory, producer):
+    pipeline = pipeline_factory("latest", partitions=2)
+    topic = pipeline.topics[0]
+    producer.send(topic, [good_value(i) for i in range(20)], partition=0)
+
+    assert plan_next_batch(dsn, servers, pipeline).batch_id is None
+    with ledger.connect(dsn) as conn, conn.cursor() as cur:
+        assert {tp.partition: pos for tp, pos in ledger.positions(cur, pipeline.name).items()} == {0: 20, 1: 0}
+
+    producer.send(topic, [good_value(i) for i in range(5)], partition=0)
+    planned = plan_next_batch(dsn, servers, pipeline)
+    assert planned.ranges == [OffsetRange(topic, 0, 20, 25)]
+
+
+def test_partitions_added_between_runs_start_at_the_log_start(dsn, servers, pipeline_factory, producer):
+    pipeline = pipeline_factory("partitions", partitions=1)
+    topic = pipeline.topics[0]
+    producer.send(topic, [good_value(i) for i in range(3)], partition=0)
+    first = plan_next_batch(dsn, servers, pipeline)
+    assert first.ranges == [OffsetRange(topic, 0, 0, 3)]
+    with ledger.connect(dsn) as conn, conn.cursor() as cur:  # forget it: this test is about planning only
+        cur.execute("DELETE FROM kafka_ledger.batches WHERE batch_id = %s", (first.batch_id,))
+
+    admin = AdminClient({"bootstrap.servers": servers})  # keep a reference until the future resolves
+    admin.create_partitions([NewPartitions(topic, 3)])[topic].result(timeout=30)
+    RecordedProducer(servers).send(topic, [good_value(i) for i in range(4)], partition=2)  # fresh metadata
+
+    planned = plan_next_batch(dsn, servers, pipeline)
+    assert planned.ranges == [OffsetRange(topic, 0, 0, 3), OffsetRange(topic, 2, 0, 4)]
+
+
+def stage_rows(cur, pipeline, batch_id: int, attempt: int, ranges: list[OffsetRange]) -> None:
+    """Stage one decoded row per offset, as the Spark job would, and declare the attempt written."""
+    for r in ranges:
+        for offset in range(r.from_offset, r.until_offset):
+            cur.execute(
+                f"INSERT INTO kafka_ledger_staging.{pipeline.name} "
+                "(batch_id, attempt, kafka_topic, kafka_partition, kafka_offset, event_id) "
+                "VALUES (%s, %s, %s, %s, %s, %s)",
+                (batch_id, attempt, r.topic, r.partition, offset, f"e{offset}"),
+            )
+    stats = [
+        PartitionReadStats(r.topic, r.partition, r.span, r.span, r.from_offset, r.until_offset - 1) for r in ranges
+    ]
+    ledger.mark_written(cur, batch_id, attempt, stats, read_seconds=0.1)
+
+
+def output_count(cur, pipeline) -> int:
+    cur.execute(f"SELECT count(*) FROM it_output.{pipeline.name}")
+    return cur.fetchone()[0]
+
+
+def test_commit_refuses_a_moved_position_and_writes_nothing(dsn, servers, pipeline_factory, producer):
+    pipeline = pipeline_factory("cas", partitions=1)
+    topic = pipeline.topics[0]
+    producer.send(topic, [good_value(i) for i in range(10)])
+    planned = plan_next_batch(dsn, servers, pipeline)
+    with ledger.connect(dsn) as conn, conn.cursor() as cur:
+        attempt = ledger.begin_attempt(cur, planned.batch_id)
+        stage_rows(cur, pipeline, planned.batch_id, attempt, planned.ranges)
+        # Someone else (a zombie run, a hand-made fix) moved the position since the batch was planned.
+        cur.execute("UPDATE kafka_ledger.positions SET position = 4 WHERE pipeline = %s", (pipeline.name,))
+
+    with pytest.raises(CommitError, match=rf"compare-and-set.*{topic}-0: ledger position 4, batch starts at 0"):
+        commit_batch(dsn, pipeline, planned.batch_id)
+
+    with ledger.connect(dsn) as conn, conn.cursor() as cur:
+        assert output_count(cur, pipeline) == 0
+        batch = ledger.get_batch(cur, planned.batch_id)
+        assert batch.status == "written" and "compare-and-set" in batch.last_error
+        cur.execute("SELECT count(*) FROM kafka_ledger.committed_ranges WHERE pipeline = %s", (pipeline.name,))
+        assert cur.fetchone()[0] == 0
+        cur.execute("UPDATE kafka_ledger.positions SET position = 0 WHERE pipeline = %s", (pipeline.name,))
+
+    result = commit_batch(dsn, pipeline, planned.batch_id)  # with the position restored, it commits
+    assert (result.already_committed, result.records_written) == (False, 10)
+    with ledger.connect(dsn) as conn, conn.cursor() as cur:
+        assert output_count(cur, pipeline) == 10
+        assert ledger.positions(cur, pipeline.name)[planned.ranges[0].topic_partition] == 10
+
+
+def test_commit_refuses_a_batch_that_was_not_written(dsn, servers, pipeline_factory, producer):
+    pipeline = pipeline_factory("unwritten", partitions=1)
+    producer.send(pipeline.topics[0], [good_value(0)])
+    planned = plan_next_batch(dsn, servers, pipeline)
+    with pytest.raises(CommitError, match="is planned, not written"):
+        commit_batch(dsn, pipeline, planned.batch_id)
+
+
+@pytest.fixture
+def ledger_cursor(dsn):
+    """A cursor in a transaction that is rolled back after the test."""
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            yield cur
+    finally:
+        conn.rollback()
+        conn.close()
+
+
+def test_database_refuses_overlapping_committed_ranges(ledger_cursor):
+    cur = ledger_cursor
+    cur.execute("INSERT INTO kafka_ledger.batches (pipeline, status) VALUES ('db_rules', 'planned') RETURNING batch_id")
+    batch_id = cur.fetchone()[0]
+    insert = (
+        "INSERT INTO kafka_ledger.committed_ranges (pipeline, topic, partition, from_offset, until_offset, batch_id) "
+        "VALUES ('db_rules', 't', 0, %s, %s, %s)"
+    )
+    cur.execute(insert, (0, 100, batch_id))
+    cur.execute(insert, (100, 200, batch_id))  # adjacent: fine
+    cur.execute("SAVEPOINT s")
+    with pytest.raises(psycopg2.errors.ExclusionViolation):
+        cur.execute(insert, (150, 250, batch_id))
+    cur.execute("ROLLBACK TO SAVEPOINT s")
+    with pytest.raises(psycopg2.errors.ExclusionViolation):
+        cur.execute(insert, (50, 60, batch_id))
+
+
+def test_database_allows_one_unfinished_batch_per_pipeline(ledger_cursor):
+    cur = ledger_cursor
+    cur.execute("INSERT INTO kafka_ledger.batches (pipeline, status) VALUES ('db_rules', 'failed')")
+    with pytest.raises(psycopg2.errors.UniqueViolation):
+        cur.execute("INSERT INTO kafka_ledger.batches (pipeline, status) VALUES ('db_rules', 'planned')")

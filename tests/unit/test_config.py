@@ -1,0 +1,311 @@
+"""Pipeline declarations: YAML parsing, defaults, and ConfigError messages naming the source and the bad field."""
+
+import textwrap
+
+import pytest
+from kafka_ledger import config
+from kafka_ledger.config import ConfigError, get_pipeline, load_pipelines, parse_pipelines
+
+VALID = textwrap.dedent(
+    """
+    pipelines:
+      clicks:
+        topics: [clicks, clicks.v2]
+        output_table: clicks
+        columns:
+          - {name: click_id, type: string, required: true}
+          - {name: amount, type: double}
+      views:
+        description: page views
+        topics: [views]
+        output_table: page_views
+        output_schema: analytics
+        max_records_per_partition: 500
+        start_position: latest
+        schedule: null
+        spark_conf: {spark.executor.memory: 2g}
+        columns:
+          - {name: view_id, type: long}
+    """
+)
+
+
+def pipeline_yaml(**overrides: str) -> str:
+    """A one-pipeline file named `p`, with top-level fields of the pipeline replaced by raw YAML snippets."""
+    fields = {
+        "topics": "[events]",
+        "output_table": "events",
+        "columns": "[{name: event_id, type: string}]",
+    }
+    fields.update(overrides)
+    body = "\n".join(f"    {key}: {value}" for key, value in fields.items())
+    return f"pipelines:\n  p:\n{body}\n"
+
+
+def config_error(text: str, source: str = "pipelines.yaml") -> str:
+    with pytest.raises(ConfigError) as exc_info:
+        parse_pipelines(text, source)
+    message = str(exc_info.value)
+    assert message.startswith(f"{source}: ")
+    return message
+
+
+# --- valid files ------------------------------------------------------------------------------------------------
+
+
+def test_parse_valid_pipelines_applies_defaults():
+    pipelines = parse_pipelines(VALID)
+    assert list(pipelines) == ["clicks", "views"]
+    clicks = pipelines["clicks"]
+    assert clicks.name == "clicks"
+    assert clicks.topics == ["clicks", "clicks.v2"]
+    assert clicks.max_records_per_partition == 100_000
+    assert clicks.start_position == "earliest"
+    assert clicks.schedule == "@hourly"
+    assert clicks.output_schema == "public"
+    assert clicks.description == ""
+    assert clicks.spark_conf == {}
+    assert [(c.name, c.type, c.required) for c in clicks.columns] == [
+        ("click_id", "string", True),
+        ("amount", "double", False),
+    ]
+
+
+def test_parse_valid_pipelines_keeps_explicit_values():
+    views = parse_pipelines(VALID)["views"]
+    assert views.name == "views"
+    assert views.description == "page views"
+    assert views.output_schema == "analytics"
+    assert views.max_records_per_partition == 500
+    assert views.start_position == "latest"
+    assert views.schedule is None
+    assert views.spark_conf == {"spark.executor.memory": "2g"}
+
+
+def test_dag_id_and_qualified_output_table():
+    pipelines = parse_pipelines(VALID)
+    assert pipelines["clicks"].dag_id == "kafka_ledger__clicks"
+    assert pipelines["views"].dag_id == "kafka_ledger__views"
+    assert pipelines["clicks"].qualified_output_table == "public.clicks"
+    assert pipelines["views"].qualified_output_table == "analytics.page_views"
+
+
+@pytest.mark.parametrize("column_type", ["string", "long", "int", "double", "boolean", "timestamp"])
+def test_every_column_type_is_accepted_and_mapped_to_postgres(column_type):
+    (pipeline,) = parse_pipelines(pipeline_yaml(columns=f"[{{name: c, type: {column_type}}}]")).values()
+    assert pipeline.columns[0].type == column_type
+    assert column_type in config.POSTGRES_TYPES
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# only a comment\n"])
+def test_empty_file_declares_no_pipelines(text):
+    assert parse_pipelines(text) == {}
+
+
+def test_same_table_name_in_different_schemas_is_allowed():
+    text = pipeline_yaml() + (
+        "  q:\n    topics: [events]\n    output_table: events\n    output_schema: other\n"
+        "    columns: [{name: event_id, type: string}]\n"
+    )
+    pipelines = parse_pipelines(text)
+    assert sorted(pipelines) == ["p", "q"]
+    assert pipelines["q"].qualified_output_table == "other.events"
+
+
+# --- errors -------------------------------------------------------------------------------------------------------
+
+
+def test_unknown_pipeline_key_is_rejected_with_its_path():
+    message = config_error(pipeline_yaml(max_record_per_partition="10"))
+    assert "invalid pipeline configuration" in message
+    assert "pipelines.p.max_record_per_partition" in message
+    assert "Extra inputs are not permitted" in message
+
+
+def test_unknown_column_key_is_rejected_with_its_path():
+    message = config_error(pipeline_yaml(columns="[{name: a, type: string, nullable: true}]"))
+    assert "pipelines.p.columns.0.nullable" in message
+
+
+def test_unknown_top_level_key_is_rejected():
+    message = config_error(pipeline_yaml() + "version: 2\n")
+    assert "version" in message
+    assert "Extra inputs are not permitted" in message
+
+
+def test_bad_column_type_is_rejected_with_its_path():
+    message = config_error(pipeline_yaml(columns="[{name: a, type: varchar}]"))
+    assert "pipelines.p.columns.0.type" in message
+
+
+@pytest.mark.parametrize("reserved", sorted(config.RESERVED_COLUMNS))
+def test_reserved_column_names_are_rejected(reserved):
+    message = config_error(pipeline_yaml(columns=f"[{{name: ok, type: string}}, {{name: {reserved}, type: long}}]"))
+    assert "pipelines.p.columns.1.name" in message
+    assert f"column name {reserved!r} is reserved" in message
+
+
+def test_kafka_offset_column_name_is_rejected():
+    message = config_error(pipeline_yaml(columns="[{name: kafka_offset, type: long}]"))
+    assert "pipelines.p.columns.0.name" in message
+    assert "'kafka_offset' is reserved" in message
+
+
+@pytest.mark.parametrize("name", ["Bad", "1abc", "a-b", "a b", "", "x" * 64])
+def test_column_name_must_be_an_identifier(name):
+    message = config_error(pipeline_yaml(columns=f"[{{name: '{name}', type: long}}]"))
+    assert "pipelines.p.columns.0.name" in message
+
+
+def test_duplicate_columns_are_rejected():
+    message = config_error(
+        pipeline_yaml(columns="[{name: a, type: long}, {name: b, type: long}, {name: a, type: string}]")
+    )
+    assert "pipelines.p" in message
+    assert "columns declared more than once: a" in message
+
+
+def test_empty_columns_are_rejected():
+    message = config_error(pipeline_yaml(columns="[]"))
+    assert "pipelines.p.columns" in message
+
+
+def test_empty_topics_are_rejected():
+    message = config_error(pipeline_yaml(topics="[]"))
+    assert "pipelines.p.topics" in message
+
+
+@pytest.mark.parametrize("topic", ["bad topic", "bad/topic", "t" * 250, "'ünïcode'"])
+def test_invalid_topic_name_is_rejected(topic):
+    message = config_error(pipeline_yaml(topics=f"[ok, {topic}]"))
+    assert "pipelines.p.topics" in message
+    assert "is not a valid Kafka topic name" in message
+
+
+def test_topic_listed_twice_is_rejected():
+    message = config_error(pipeline_yaml(topics="[a, b, a]"))
+    assert "pipelines.p.topics" in message
+    assert "more than once" in message
+
+
+def test_invalid_pipeline_name_is_rejected():
+    text = pipeline_yaml().replace("  p:", "  Bad-Name:")
+    message = config_error(text)
+    assert "pipelines.Bad-Name.name" in message
+    assert "'Bad-Name' must match" in message
+
+
+@pytest.mark.parametrize("field", ["output_table", "output_schema"])
+def test_invalid_table_identifiers_are_rejected(field):
+    message = config_error(pipeline_yaml(**{field: "Bad-Name"}))
+    assert f"pipelines.p.{field}" in message
+    assert "'Bad-Name' must match" in message
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_max_records_per_partition_below_one_is_rejected(value):
+    message = config_error(pipeline_yaml(max_records_per_partition=value))
+    assert "pipelines.p.max_records_per_partition" in message
+
+
+def test_bad_start_position_is_rejected():
+    message = config_error(pipeline_yaml(start_position="middle"))
+    assert "pipelines.p.start_position" in message
+
+
+def test_missing_required_fields_are_all_reported():
+    message = config_error("pipelines:\n  p:\n    description: nothing else\n")
+    for field in ("topics", "output_table", "columns"):
+        assert f"pipelines.p.{field}: Field required" in message
+
+
+def test_two_pipelines_writing_the_same_output_table_are_rejected():
+    text = pipeline_yaml() + (
+        "  q:\n    topics: [other]\n    output_table: events\n    columns: [{name: x, type: int}]\n"
+    )
+    message = config_error(text)
+    assert "pipelines 'p' and 'q' both write public.events" in message
+
+
+def test_invalid_yaml_is_a_config_error_naming_the_source():
+    message = config_error("pipelines:\n  p: [unclosed\n", source="/etc/pipelines.yaml")
+    assert "not valid YAML" in message
+
+
+def test_non_mapping_top_level_is_a_config_error():
+    message = config_error("- just\n- a list\n")
+    assert "invalid pipeline configuration" in message
+
+
+def test_default_source_is_string_marker():
+    with pytest.raises(ConfigError, match=r"^<string>: "):
+        parse_pipelines(pipeline_yaml(topics="[]"))
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+# --- files ---------------------------------------------------------------------------------------------------------
+
+
+def test_load_pipelines_missing_path_is_config_error(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="cannot read pipelines file") as exc_info:
+        load_pipelines(missing)
+    assert str(missing) in str(exc_info.value)
+
+
+def test_load_pipelines_error_names_the_file(tmp_path):
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(pipeline_yaml(columns="[{name: a, type: varchar}]"))
+    with pytest.raises(ConfigError) as exc_info:
+        load_pipelines(path)
+    assert str(exc_info.value).startswith(f"{path}: ")
+
+
+def test_load_pipelines_uses_env_path(tmp_path, monkeypatch):
+    path = tmp_path / "custom.yaml"
+    path.write_text(pipeline_yaml())
+    monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", str(path))
+    assert config.config_path() == path
+    assert list(load_pipelines()) == ["p"]
+
+
+def test_config_path_defaults_to_repo_file():
+    assert config.config_path() == config.DEFAULT_CONFIG_PATH
+    assert config.DEFAULT_CONFIG_PATH.parts[-2:] == ("config", "pipelines.yaml")
+
+
+def test_get_pipeline_returns_the_named_pipeline(tmp_path):
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(VALID)
+    assert get_pipeline("views", path).output_table == "page_views"
+
+
+def test_get_pipeline_unknown_name_lists_declared_names(tmp_path):
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(VALID)
+    with pytest.raises(ConfigError) as exc_info:
+        get_pipeline("orders", path)
+    message = str(exc_info.value)
+    assert "pipeline 'orders' is not declared" in message
+    assert str(path) in message
+    assert "(declared: clicks, views)" in message
+
+
+def test_get_pipeline_in_empty_file_says_none_declared(tmp_path):
+    path = tmp_path / "pipelines.yaml"
+    path.write_text("")
+    with pytest.raises(ConfigError, match=r"\(declared: none\)"):
+        get_pipeline("orders", path)
+
+
+def test_repo_pipelines_file_declares_impressions():
+    pipelines = load_pipelines(config.DEFAULT_CONFIG_PATH)
+    assert "impressions" in pipelines
+    impressions = pipelines["impressions"]
+    assert impressions.topics == ["impressions"]
+    assert impressions.dag_id == "kafka_ledger__impressions"
+    assert impressions.qualified_output_table == "public.impressions"
+    assert get_pipeline("impressions") == impressions

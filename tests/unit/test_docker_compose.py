@@ -1,0 +1,239 @@
+"""Static checks of docker-compose.yaml, the optional Docker version of the local stack.
+
+Docker does not run where the tests run, so the file is checked as data: the services exist and are wired
+together (dependencies, addresses, mounts), every Airflow service gets the same settings, and the names and
+versions stay in sync with the Docker-less stack (scripts/env.sh, requirements.txt, the Maven poms).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "docker-compose.yaml"
+DOCKERFILE = REPO / "docker" / "airflow.Dockerfile"
+
+AIRFLOW_SERVICES = [
+    "airflow-init",
+    "airflow-apiserver",
+    "airflow-scheduler",
+    "airflow-dag-processor",
+    "airflow-triggerer",
+]
+SERVICES = ["kafka", "postgres", "spark-master", "spark-worker", *AIRFLOW_SERVICES]
+
+# Settings both stacks must define under the same names (values differ: container vs 127.0.0.1 addresses).
+SHARED_ENV_NAMES = [
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+    "AIRFLOW__CORE__EXECUTOR",
+    "AIRFLOW__CORE__DAGS_FOLDER",
+    "AIRFLOW__CORE__PLUGINS_FOLDER",
+    "AIRFLOW__CORE__LOAD_EXAMPLES",
+    "AIRFLOW_CONN_SPARK_DEFAULT",
+    "AIRFLOW_CONN_KAFKA_LEDGER_DB",
+    "AIRFLOW_CONN_KAFKA_LEDGER_KAFKA",
+    "KAFKA_LEDGER_BOOTSTRAP_SERVERS",
+    "KAFKA_LEDGER_DB_URL",
+    "KAFKA_LEDGER_SPARK_MASTER",
+    "KAFKA_LEDGER_PIPELINES",
+    "KAFKA_LEDGER_SPARK_JARS_DIR",
+    "PYSPARK_PYTHON",
+]
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE_FILE.read_text())  # safe_load resolves the anchors and `<<` merges
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    return compose["services"]
+
+
+def env(service: dict[str, Any]) -> dict[str, str]:
+    environment = service.get("environment") or {}
+    if isinstance(environment, list):  # the KEY=VALUE list form
+        environment = dict(item.split("=", 1) for item in environment)
+    return {key: str(value) for key, value in environment.items()}
+
+
+def depends_on(service: dict[str, Any]) -> dict[str, str]:
+    """Dependency -> condition; the short list form means service_started."""
+    deps = service.get("depends_on") or {}
+    if isinstance(deps, list):
+        return dict.fromkeys(deps, "service_started")
+    return {name: (spec or {}).get("condition", "service_started") for name, spec in deps.items()}
+
+
+def bind_sources(service: dict[str, Any]) -> list[str]:
+    """Host paths of the service's bind mounts (short `./src:/dst[:mode]` or long `type: bind` syntax)."""
+    sources = []
+    for volume in service.get("volumes") or []:
+        if isinstance(volume, str):
+            source = volume.split(":", 1)[0]
+            if source.startswith((".", "/")):
+                sources.append(source)
+        elif volume.get("type") == "bind":
+            sources.append(volume["source"])
+    return sources
+
+
+def mount_targets(service: dict[str, Any]) -> set[str]:
+    targets = set()
+    for volume in service.get("volumes") or []:
+        targets.add(volume.split(":")[1] if isinstance(volume, str) else volume["target"])
+    return targets
+
+
+def pinned(requirement: str) -> str:
+    match = re.search(rf"^{re.escape(requirement)}==(\S+)", (REPO / "requirements.txt").read_text(), re.M)
+    assert match, f"{requirement} is not pinned in requirements.txt"
+    return match.group(1)
+
+
+def test_all_services_exist(services):
+    assert sorted(set(SERVICES) - set(services)) == []
+
+
+def test_every_dependency_is_a_service(services):
+    for name, service in services.items():
+        for dependency in depends_on(service):
+            assert dependency in services, f"{name} depends on unknown service {dependency}"
+            assert dependency != name
+
+
+def test_airflow_services_share_one_environment(services):
+    reference = env(services["airflow-init"])
+    for name in AIRFLOW_SERVICES:
+        assert env(services[name]) == reference, f"{name} does not use the x-airflow-common environment"
+
+
+@pytest.mark.parametrize("name", AIRFLOW_SERVICES)
+def test_airflow_service_reaches_the_other_services(services, name):
+    service = services[name]
+    variables = env(service)
+    assert variables["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith(
+        "postgresql+psycopg2://airflow:airflow@postgres:"
+    )
+    assert variables["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert variables["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-apiserver:8080/execution/"
+    assert variables["AIRFLOW__API_AUTH__JWT_SECRET"]
+
+    spark = json.loads(variables["AIRFLOW_CONN_SPARK_DEFAULT"])
+    assert spark == {"conn_type": "spark", "host": "spark://spark-master:7077"}
+    assert variables["KAFKA_LEDGER_SPARK_MASTER"] == spark["host"]
+
+    assert variables["KAFKA_LEDGER_BOOTSTRAP_SERVERS"] == "kafka:9092"
+    kafka_conn = json.loads(variables["AIRFLOW_CONN_KAFKA_LEDGER_KAFKA"])
+    assert kafka_conn["extra"]["bootstrap.servers"] == "kafka:9092"
+
+    ledger = "postgresql://kafka_ledger:kafka_ledger@postgres:5432/kafka_ledger"
+    assert variables["KAFKA_LEDGER_DB_URL"] == ledger
+    assert variables["AIRFLOW_CONN_KAFKA_LEDGER_DB"] == ledger
+
+    # The folders Airflow and kafka-ledger read are the ones the host's files are mounted on.
+    targets = mount_targets(service)
+    pipelines = Path(variables["KAFKA_LEDGER_PIPELINES"])
+    assert pipelines.name == "pipelines.yaml" and str(pipelines.parent) in targets
+    assert variables["AIRFLOW__CORE__DAGS_FOLDER"] in targets
+    assert variables["AIRFLOW__CORE__PLUGINS_FOLDER"] in targets
+    assert {"/opt/kafka-ledger/include", "/opt/kafka-ledger/spark_jobs"} <= targets
+
+
+@pytest.mark.parametrize("name", AIRFLOW_SERVICES)
+def test_airflow_service_waits_for_its_dependencies(services, name):
+    deps = depends_on(services[name])
+    assert deps.get("postgres") == "service_healthy"
+    if name == "airflow-init":
+        assert "airflow-init" not in deps
+    else:
+        assert deps.get("kafka") == "service_healthy"
+        assert deps.get("airflow-init") == "service_completed_successfully"
+
+
+def test_services_waited_on_as_healthy_have_a_healthcheck(services):
+    for name, service in services.items():
+        for dependency, condition in depends_on(service).items():
+            if condition == "service_healthy":
+                assert "healthcheck" in services[dependency], f"{name} waits for {dependency}, which has no healthcheck"
+
+
+def test_airflow_init_migrates_both_databases_and_creates_the_pool(services):
+    script = " ".join(services["airflow-init"]["command"])
+    assert "airflow db migrate" in script
+    assert "python -m kafka_ledger.migrations" in script
+    assert "airflow pools set kafka_ledger_spark 1" in script
+
+
+def test_bind_mounted_host_paths_exist(services):
+    for name, service in services.items():
+        for source in bind_sources(service):
+            path = (REPO / source).resolve()
+            assert REPO in path.parents, f"{name} mounts {source}, outside the repository"
+            assert path.exists(), f"{name} mounts {source}, which does not exist"
+
+
+def test_kafka_listeners(services):
+    variables = env(services["kafka"])
+    advertised = dict(listener.split("://", 1) for listener in variables["KAFKA_ADVERTISED_LISTENERS"].split(","))
+    # Containers (and the broker itself) use the inter-broker listener; the host gets the local stack's port.
+    assert advertised[variables["KAFKA_INTER_BROKER_LISTENER_NAME"]] == "kafka:9092"
+    external = [address for address in advertised.values() if address.startswith("localhost:")]
+    assert external == ["localhost:19092"]
+    assert "19092:19092" in services["kafka"]["ports"]
+    assert variables["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert variables["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == "1"
+    assert variables["KAFKA_LOG_RETENTION_MS"] == "-1"
+
+
+def test_postgres_creates_both_databases(services):
+    postgres = services["postgres"]
+    assert "15432:5432" in postgres["ports"]
+    assert "pg_isready" in " ".join(postgres["healthcheck"]["test"])
+    init_sql = "\n".join((REPO / source).read_text() for source in bind_sources(postgres) if source.endswith(".sql"))
+    for name in ("kafka_ledger", "airflow"):
+        assert f"CREATE ROLE {name} LOGIN PASSWORD '{name}'" in init_sql
+        assert f"CREATE DATABASE {name} OWNER {name}" in init_sql
+
+
+def test_spark_worker_connects_to_the_master_service(services):
+    master_command = [str(arg) for arg in services["spark-master"]["command"]]
+    worker_command = [str(arg) for arg in services["spark-worker"]["command"]]
+    master_urls = [arg for arg in worker_command if arg.startswith("spark://")]
+    assert master_urls == ["spark://spark-master:7077"]
+    assert master_command[master_command.index("--host") + 1] == "spark-master"
+    assert master_command[master_command.index("--port") + 1] == "7077"
+    assert "spark-master" in depends_on(services["spark-worker"])
+
+
+def test_image_versions_match_the_pins(services):
+    assert services["spark-master"]["image"] == services["spark-worker"]["image"] == f"apache/spark:{pinned('pyspark')}"
+    kafka_pom = (REPO / "stack" / "maven" / "kafka" / "pom.xml").read_text()
+    assert f"<kafka.version>{services['kafka']['image'].split(':')[1]}</kafka.version>" in kafka_pom
+    assert re.search(rf"^FROM apache/airflow:{re.escape(pinned('apache-airflow'))}-", DOCKERFILE.read_text(), re.M)
+
+
+def test_env_names_match_the_local_stack(services):
+    env_sh = (REPO / "scripts" / "env.sh").read_text()
+    compose_env = env(services["airflow-scheduler"])
+    for name in SHARED_ENV_NAMES:
+        assert name in compose_env, f"{name} is missing from docker-compose.yaml"
+        assert re.search(rf"\b{name}=", env_sh), f"{name} is missing from scripts/env.sh"
+
+
+def test_airflow_image_is_built_from_the_locked_requirements(services):
+    for name in AIRFLOW_SERVICES:
+        build = services[name]["build"]
+        assert (REPO / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE
+    dockerfile = DOCKERFILE.read_text()
+    assert re.search(r"pip install .*-r requirements\.txt -c requirements\.lock", dockerfile)
+    assert "pip install --no-cache-dir --no-deps -e ." in dockerfile
+    assert "stack/maven/spark-jars/pom.xml" in dockerfile
+    assert "ENV KAFKA_LEDGER_SPARK_JARS_DIR=/opt/kafka-ledger/spark-jars" in dockerfile
+    assert env(services["airflow-scheduler"])["KAFKA_LEDGER_SPARK_JARS_DIR"] == "/opt/kafka-ledger/spark-jars"

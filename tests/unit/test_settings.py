@@ -1,0 +1,140 @@
+"""Service settings: environment look-ups, Airflow connection fallback, SQLAlchemy and JDBC URL conversions."""
+
+from types import SimpleNamespace
+
+import pytest
+from kafka_ledger import settings
+from kafka_ledger.settings import JdbcTarget, SettingsError, jdbc_target, sqlalchemy_url
+
+
+@pytest.fixture
+def no_airflow(monkeypatch):
+    """Airflow has no such connection (never touch a real Airflow metadata DB or API)."""
+
+    def missing(conn_id):
+        raise LookupError(f"connection {conn_id} not defined")
+
+    monkeypatch.setattr(settings, "_airflow_connection", missing)
+
+
+def airflow_returns(monkeypatch, conn):
+    calls = []
+
+    def lookup(conn_id):
+        calls.append(conn_id)
+        return conn
+
+    monkeypatch.setattr(settings, "_airflow_connection", lookup)
+    return calls
+
+
+# --- ledger_dsn / bootstrap_servers -----------------------------------------------------------------------------
+
+
+def test_ledger_dsn_from_environment(monkeypatch, no_airflow):
+    monkeypatch.setenv("KAFKA_LEDGER_DB_URL", "postgresql://u:p@db:5432/ledger")
+    assert settings.ledger_dsn() == "postgresql://u:p@db:5432/ledger"
+
+
+def test_ledger_dsn_falls_back_to_airflow_connection(monkeypatch):
+    calls = airflow_returns(monkeypatch, SimpleNamespace(get_uri=lambda: "postgres://a:b@h:1/d"))
+    assert settings.ledger_dsn() == "postgres://a:b@h:1/d"
+    assert calls == [settings.LEDGER_DB_CONN_ID]
+
+
+def test_ledger_dsn_empty_env_falls_back_to_airflow(monkeypatch):
+    monkeypatch.setenv("KAFKA_LEDGER_DB_URL", "")
+    airflow_returns(monkeypatch, SimpleNamespace(get_uri=lambda: "postgres://x@h/d"))
+    assert settings.ledger_dsn() == "postgres://x@h/d"
+
+
+def test_ledger_dsn_unconfigured_raises_settings_error(no_airflow):
+    with pytest.raises(SettingsError, match="KAFKA_LEDGER_DB_URL") as exc_info:
+        settings.ledger_dsn()
+    assert "kafka_ledger_db" in str(exc_info.value)
+
+
+def test_bootstrap_servers_from_environment(monkeypatch, no_airflow):
+    monkeypatch.setenv("KAFKA_LEDGER_BOOTSTRAP_SERVERS", "k1:9092,k2:9092")
+    assert settings.bootstrap_servers() == "k1:9092,k2:9092"
+
+
+def test_bootstrap_servers_from_airflow_connection_extra(monkeypatch):
+    conn = SimpleNamespace(extra_dejson={"bootstrap.servers": "k:9094"}, host="ignored", port=1)
+    calls = airflow_returns(monkeypatch, conn)
+    assert settings.bootstrap_servers() == "k:9094"
+    assert calls == [settings.KAFKA_CONN_ID]
+
+
+def test_bootstrap_servers_from_airflow_connection_host_and_port(monkeypatch):
+    airflow_returns(monkeypatch, SimpleNamespace(extra_dejson={}, host="kafka", port=29092))
+    assert settings.bootstrap_servers() == "kafka:29092"
+
+
+def test_bootstrap_servers_connection_without_address_raises(monkeypatch):
+    airflow_returns(monkeypatch, SimpleNamespace(extra_dejson={}, host=None, port=None))
+    with pytest.raises(SettingsError, match="has no bootstrap.servers"):
+        settings.bootstrap_servers()
+
+
+def test_bootstrap_servers_unconfigured_raises_settings_error(no_airflow):
+    with pytest.raises(SettingsError, match="KAFKA_LEDGER_BOOTSTRAP_SERVERS"):
+        settings.bootstrap_servers()
+
+
+# --- sqlalchemy_url -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        ("postgres://u:p@h:5432/db", "postgresql+psycopg2://u:p@h:5432/db"),
+        ("postgresql://u:p@h:5432/db", "postgresql+psycopg2://u:p@h:5432/db"),
+        ("postgresql+psycopg2://u:p@h/db?sslmode=require", "postgresql+psycopg2://u:p@h/db?sslmode=require"),
+        ("postgresql://u:p%40ss@h/db", "postgresql+psycopg2://u:p%40ss@h/db"),
+    ],
+)
+def test_sqlalchemy_url_uses_psycopg2_driver(dsn, expected):
+    assert sqlalchemy_url(dsn) == expected
+
+
+@pytest.mark.parametrize("dsn", ["mysql://u:p@h/db", "sqlite:///x.db", "postgresql+asyncpg://h/db", "host=h dbname=d"])
+def test_sqlalchemy_url_rejects_other_schemes(dsn):
+    with pytest.raises(SettingsError, match="unsupported ledger database URL scheme"):
+        sqlalchemy_url(dsn)
+
+
+# --- jdbc_target --------------------------------------------------------------------------------------------------
+
+
+def test_jdbc_target_splits_credentials_out_of_the_url():
+    assert jdbc_target("postgresql://ledger:secret@db.local:6543/kafka_ledger") == JdbcTarget(
+        url="jdbc:postgresql://db.local:6543/kafka_ledger?reWriteBatchedInserts=true",
+        user="ledger",
+        password="secret",
+    )
+
+
+def test_jdbc_target_decodes_percent_encoded_credentials():
+    target = jdbc_target("postgres://us%40er:p%40ss%3Aw%2Ford%25@h:5432/db")
+    assert target.user == "us@er"
+    assert target.password == "p@ss:w/ord%"
+    assert target.url == "jdbc:postgresql://h:5432/db?reWriteBatchedInserts=true"
+    assert "p@ss" not in target.url and "p%40ss" not in target.url
+
+
+def test_jdbc_target_preserves_existing_query_params():
+    target = jdbc_target("postgresql://u:p@h:5432/db?sslmode=require&connectTimeout=5")
+    assert target.url == "jdbc:postgresql://h:5432/db?sslmode=require&connectTimeout=5&reWriteBatchedInserts=true"
+
+
+def test_jdbc_target_defaults_host_port_database_and_empty_credentials():
+    assert jdbc_target("postgresql://") == JdbcTarget(
+        url="jdbc:postgresql://127.0.0.1:5432/postgres?reWriteBatchedInserts=true", user="", password=""
+    )
+
+
+def test_jdbc_target_user_without_password():
+    target = jdbc_target("postgresql://alice@h/db")
+    assert (target.user, target.password) == ("alice", "")
+    assert target.url == "jdbc:postgresql://h:5432/db?reWriteBatchedInserts=true"

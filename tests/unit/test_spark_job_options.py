@@ -1,0 +1,89 @@
+"""Spark job's Kafka read options: exact assign/starting/ending JSON, read_committed, failOnDataLoss."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kafka_ledger.planning import OffsetRange
+
+JOB_PATH = Path(__file__).resolve().parents[2] / "spark_jobs" / "ingest_batch.py"
+
+
+@pytest.fixture(scope="module")
+def ingest_batch():
+    spec = importlib.util.spec_from_file_location("ingest_batch_under_test", JOB_PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_importing_the_job_does_not_import_pyspark():
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('ingest_batch', {str(JOB_PATH)!r})\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "assert callable(module.kafka_read_options)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark'))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_read_options_exact_offsets_for_two_topics(ingest_batch):
+    ranges = [
+        OffsetRange("clicks", 0, 0, 100),
+        OffsetRange("clicks", 2, 50, 75),
+        OffsetRange("clicks", 5, 1000, 1001),
+        OffsetRange("views", 1, 7, 9),
+        OffsetRange("views", 3, 0, 40),
+    ]
+    options = ingest_batch.kafka_read_options(ranges, "k1:9092,k2:9092")
+    assert set(options) == {
+        "kafka.bootstrap.servers",
+        "assign",
+        "startingOffsets",
+        "endingOffsets",
+        "kafka.isolation.level",
+        "failOnDataLoss",
+        "includeHeaders",
+    }
+    assert options["kafka.bootstrap.servers"] == "k1:9092,k2:9092"
+    assert json.loads(options["assign"]) == {"clicks": [0, 2, 5], "views": [1, 3]}
+    assert json.loads(options["startingOffsets"]) == {
+        "clicks": {"0": 0, "2": 50, "5": 1000},
+        "views": {"1": 7, "3": 0},
+    }
+    assert json.loads(options["endingOffsets"]) == {
+        "clicks": {"0": 100, "2": 75, "5": 1001},
+        "views": {"1": 9, "3": 40},
+    }
+
+
+def test_read_options_commit_only_and_fail_on_data_loss(ingest_batch):
+    options = ingest_batch.kafka_read_options([OffsetRange("t", 0, 1, 2)], "k:9092")
+    assert options["kafka.isolation.level"] == "read_committed"
+    assert options["failOnDataLoss"] == "true"
+    assert options["includeHeaders"] == "false"
+    assert all(isinstance(v, str) for v in options.values())
+
+
+def test_read_options_ending_offsets_are_the_exclusive_until_offsets(ingest_batch):
+    r = OffsetRange("t", 4, 10, 20)
+    options = ingest_batch.kafka_read_options([r], "k:9092")
+    assert json.loads(options["startingOffsets"]) == {"t": {"4": r.from_offset}}
+    assert json.loads(options["endingOffsets"]) == {"t": {"4": r.until_offset}}
+    assert json.loads(options["assign"]) == {"t": [4]}
+
+
+def test_read_options_unsorted_ranges_give_same_offsets(ingest_batch):
+    ranges = [OffsetRange("b", 1, 0, 3), OffsetRange("a", 0, 5, 6), OffsetRange("b", 0, 2, 4)]
+    forward = ingest_batch.kafka_read_options(ranges, "k:9092")
+    backward = ingest_batch.kafka_read_options(list(reversed(ranges)), "k:9092")
+    for key in ("startingOffsets", "endingOffsets"):
+        assert json.loads(forward[key]) == json.loads(backward[key])
+    assert {t: sorted(ps) for t, ps in json.loads(forward["assign"]).items()} == {"a": [0], "b": [0, 1]}

@@ -1,0 +1,149 @@
+"""SQL builders: output and staging table DDL, publish statement; rendered without a database connection."""
+
+import re
+
+import pytest
+from kafka_ledger import sql
+from kafka_ledger.config import POSTGRES_TYPES, parse_pipelines
+from psycopg2 import sql as pgsql
+
+PIPELINE_YAML = """
+pipelines:
+  clicks:
+    topics: [clicks]
+    output_table: click_events
+    output_schema: analytics
+    columns:
+      - {name: click_id, type: string, required: true}
+      - {name: campaign_id, type: long}
+      - {name: slot, type: int}
+      - {name: price, type: double}
+      - {name: converted, type: boolean}
+      - {name: event_time, type: timestamp}
+"""
+
+
+@pytest.fixture
+def pipeline():
+    return parse_pipelines(PIPELINE_YAML)["clicks"]
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def render(node) -> str:
+    """psycopg2's as_string() needs a connection; walk the composable instead (enough for these builders)."""
+    if isinstance(node, pgsql.Composed):
+        return "".join(render(part) for part in node.seq)
+    if isinstance(node, pgsql.SQL):
+        return node.string
+    if isinstance(node, pgsql.Identifier):
+        return ".".join(quote_ident(s) for s in node.strings)
+    if isinstance(node, pgsql.Placeholder):
+        return f"%({node.name})s" if node.name else "%s"
+    raise TypeError(f"cannot render {node!r} without a connection")
+
+
+def normalise(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def test_render_helper_matches_quoting_rules():
+    composed = pgsql.SQL("SELECT {} FROM {}").format(pgsql.Identifier('we"ird'), pgsql.Identifier("s", "t"))
+    assert render(composed) == 'SELECT "we""ird" FROM "s"."t"'
+
+
+def test_output_and_staging_table_identifiers(pipeline):
+    assert render(sql.output_table(pipeline)) == '"analytics"."click_events"'
+    assert render(sql.staging_table(pipeline)) == f'"{sql.STAGING_SCHEMA}"."clicks"'
+
+
+def test_create_output_table_has_declared_columns_with_postgres_types(pipeline):
+    ddl = normalise(render(sql.create_output_table(pipeline)))
+    assert ddl.startswith(
+        'CREATE SCHEMA IF NOT EXISTS "analytics"; CREATE TABLE IF NOT EXISTS "analytics"."click_events" ('
+    )
+    expected_columns = ", ".join(f'"{c.name}" {POSTGRES_TYPES[c.type]}' for c in pipeline.columns)
+    assert (
+        '"click_id" text, "campaign_id" bigint, "slot" integer, "price" double precision, '
+        '"converted" boolean, "event_time" timestamptz'
+    ) == expected_columns
+    assert f'"analytics"."click_events" ( {expected_columns}, kafka_topic text NOT NULL,' in ddl
+
+
+def test_create_output_table_has_kafka_coordinates_and_primary_key(pipeline):
+    ddl = normalise(render(sql.create_output_table(pipeline)))
+    for column in (
+        "kafka_topic text NOT NULL",
+        "kafka_partition integer NOT NULL",
+        "kafka_offset bigint NOT NULL",
+        "kafka_timestamp timestamptz",
+        "batch_id bigint NOT NULL",
+    ):
+        assert column in ddl
+    assert ddl.endswith("PRIMARY KEY (kafka_topic, kafka_partition, kafka_offset) )")
+
+
+def test_create_staging_table_has_batch_attempt_raw_record_and_declared_columns(pipeline):
+    ddl = normalise(render(sql.create_staging_table(pipeline)))
+    assert ddl.startswith(f'CREATE TABLE IF NOT EXISTS "{sql.STAGING_SCHEMA}"."clicks" (')
+    for column in (
+        "batch_id bigint NOT NULL",
+        "attempt integer NOT NULL",
+        "kafka_topic text NOT NULL",
+        "kafka_partition integer NOT NULL",
+        "kafka_offset bigint NOT NULL",
+        "kafka_timestamp timestamptz",
+        "kafka_key bytea",
+        "kafka_value bytea",
+        "error text",
+    ):
+        assert column in ddl
+    for c in pipeline.columns:
+        assert f'"{c.name}" {POSTGRES_TYPES[c.type]}' in ddl
+    assert "PRIMARY KEY" not in ddl  # attempts of a batch may stage the same offsets
+    assert ddl.endswith(
+        f'CREATE INDEX IF NOT EXISTS "clicks$batch_attempt" ON "{sql.STAGING_SCHEMA}"."clicks" (batch_id, attempt)'
+    )
+
+
+def test_drop_staging_table(pipeline):
+    assert render(sql.drop_staging_table(pipeline)) == f'DROP TABLE IF EXISTS "{sql.STAGING_SCHEMA}"."clicks"'
+
+
+def test_publish_output_copies_only_decoded_rows_of_one_batch_attempt(pipeline):
+    statement = normalise(render(sql.publish_output(pipeline)))
+    columns = (
+        '"click_id", "campaign_id", "slot", "price", "converted", "event_time", '
+        '"kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "batch_id"'
+    )
+    assert statement == (
+        f'INSERT INTO "analytics"."click_events" ({columns}) '
+        f'SELECT {columns} FROM "{sql.STAGING_SCHEMA}"."clicks" '
+        "WHERE batch_id = %(batch_id)s AND attempt = %(attempt)s AND error IS NULL"
+    )
+
+
+def test_staging_statements_are_scoped_to_batch_and_attempt(pipeline):
+    staging = sql.staging_table(pipeline)
+    dead = normalise(render(sql.INSERT_DEAD_LETTERS.format(staging=staging)))
+    assert dead.endswith(
+        f'FROM "{sql.STAGING_SCHEMA}"."clicks" '
+        "WHERE batch_id = %(batch_id)s AND attempt = %(attempt)s AND error IS NOT NULL"
+    )
+    read_stats = normalise(render(sql.STAGED_READ_STATS.format(staging=staging)))
+    assert "WHERE batch_id = %(batch_id)s AND attempt = %(attempt)s GROUP BY kafka_topic, kafka_partition" in read_stats
+    older = render(sql.DELETE_OLDER_STAGED.format(staging=staging))
+    assert older == (
+        f'DELETE FROM "{sql.STAGING_SCHEMA}"."clicks" WHERE batch_id = %(batch_id)s AND attempt < %(attempt)s'
+    )
+
+
+def test_every_declared_type_has_a_postgres_type():
+    assert set(POSTGRES_TYPES) == {"string", "long", "int", "double", "boolean", "timestamp"}
+
+
+def test_position_advance_is_compare_and_set():
+    assert "p.position = r.from_offset" in normalise(sql.ADVANCE_POSITIONS)
+    assert "attempts = %(attempt)s AND status = 'planned'" in normalise(sql.MARK_WRITTEN)
