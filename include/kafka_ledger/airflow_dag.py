@@ -24,11 +24,12 @@ log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SPARK_APPLICATION = PROJECT_ROOT / "spark_jobs" / "ingest_batch.py"
 SPARK_POOL = "kafka_ledger_spark"
+SPARK_LOG_CONFIG = PROJECT_ROOT / "spark_jobs" / "log4j2.properties"
 
 # Fixed settings every Spark job gets; a pipeline's spark_conf may override them.
 BASE_SPARK_CONF = {
     "spark.sql.session.timeZone": "UTC",
-    "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.driver.extraJavaOptions": f"-Duser.timezone=UTC -Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG}",
     "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     "spark.ui.enabled": "false",
     "spark.driver.memory": "1g",
