@@ -17,7 +17,6 @@ LOGS=$KL_STATE/logs
 RUN=$KL_STATE/run
 STAMPS=$KL_STATE/stamps
 KAFKA_LIBS=$KL_STATE/cache/kafka-libs
-PG_DATA=$KL_STATE/postgres/data
 PG_SUPERUSER_PASSWORD=postgres
 mkdir -p "$LOGS" "$RUN" "$STAMPS" "$KL_STATE/cache"
 
@@ -32,8 +31,25 @@ hash_files() { cat "$@" | sha256sum | cut -c1-16; }
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 # Postgres refuses to run as root: run its binaries as the unprivileged "postgres" user when we are root.
-as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+as_pg() { if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi; }
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
+
+# The cluster lives in $KL_STATE/postgres, unless we are root and the postgres user cannot reach that
+# folder (a clone under a private directory): then under ~postgres, linked from $KL_STATE/postgres.
+pg_dir() {
+  local home
+  # Already linked: use the real path, the postgres user may not traverse the link's folder.
+  if [ -L "$KL_STATE/postgres" ]; then readlink -f "$KL_STATE/postgres"; return; fi
+  if [ "$(id -u)" != 0 ] || ! id postgres >/dev/null 2>&1 \
+     || runuser -u postgres -- test -x "$KL_STATE" 2>/dev/null; then
+    echo "$KL_STATE/postgres"; return
+  fi
+  home=$(getent passwd postgres | cut -d: -f6)
+  echo "$home/kafka-ledger/$(printf '%s' "$KL_STATE" | sha256sum | cut -c1-12)"
+}
+PG_DIR=$(pg_dir)
+PG_DATA=$PG_DIR/data
+PG_LOG=$PG_DIR/postgres.log
 
 install_os_packages() {
   local need=()
@@ -102,10 +118,10 @@ start_postgres() {
   if [ ! -f "$PG_DATA/PG_VERSION" ]; then
     say "initialising a Postgres cluster in $PG_DATA"
     mkdir -p "$PG_DATA"; chmod 700 "$PG_DATA"
-    [ "$(id -u)" = 0 ] && chown -R postgres: "$KL_STATE/postgres"
-    printf '%s\n' "$PG_SUPERUSER_PASSWORD" >"$KL_STATE/postgres/pwfile"
-    [ "$(id -u)" = 0 ] && chown postgres: "$KL_STATE/postgres/pwfile"
-    as_pg "$bin/initdb" -D "$PG_DATA" -U postgres --pwfile="$KL_STATE/postgres/pwfile" \
+    [ "$PG_DIR" = "$KL_STATE/postgres" ] || ln -sfn "$PG_DIR" "$KL_STATE/postgres"
+    printf '%s\n' "$PG_SUPERUSER_PASSWORD" >"$PG_DIR/pwfile"
+    [ "$(id -u)" = 0 ] && chown -R postgres: "$PG_DIR"
+    as_pg "$bin/initdb" -D "$PG_DATA" -U postgres --pwfile="$PG_DIR/pwfile" \
       --auth-host=scram-sha-256 --auth-local=peer -E UTF8 >"$LOGS/initdb.log" 2>&1 \
       || { cat "$LOGS/initdb.log" >&2; die "initdb failed"; }
     rm -f "$STAMPS/databases" "$STAMPS/airflow-db"
@@ -114,10 +130,9 @@ start_postgres() {
     [ -f "$PG_DATA/postmaster.pid" ] || die "port $KL_PG_PORT is taken by another Postgres (not the one in $PG_DATA): stop it or set KL_PG_PORT"
     say "postgres: already running on 127.0.0.1:$KL_PG_PORT"; return
   fi
-  touch "$LOGS/postgres.log"; [ "$(id -u)" = 0 ] && chown postgres: "$LOGS/postgres.log"
-  as_pg "$bin/pg_ctl" -D "$PG_DATA" -l "$LOGS/postgres.log" -w -t 60 start \
+  as_pg "$bin/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 start \
     -o "-c listen_addresses=127.0.0.1 -p $KL_PG_PORT -c unix_socket_directories='' -c max_connections=200 -c shared_buffers=256MB -c fsync=on" >/dev/null \
-    || { tail -n 20 "$LOGS/postgres.log" >&2; die "postgres did not start (log: $LOGS/postgres.log)"; }
+    || { tail -n 20 "$PG_LOG" >&2; die "postgres did not start (log: $PG_LOG)"; }
   say "postgres: started on 127.0.0.1:$KL_PG_PORT"
 }
 
@@ -159,6 +174,7 @@ start_kafka() {
   [ "$KL_LOCAL_KAFKA" = 1 ] || { say "kafka: external ($KAFKA_LEDGER_BOOTSTRAP_SERVERS), not started"; return; }
   if pid_alive "$KAFKA_PID"; then say "kafka: already running (pid $(cat "$KAFKA_PID"))"; return; fi
   kafka_ready && die "another Kafka already answers on $KAFKA_LEDGER_BOOTSTRAP_SERVERS: stop it or set KL_KAFKA_PORT"
+  compgen -G "$KAFKA_LIBS/kafka_*.jar" >/dev/null || die "no Kafka broker jars in $KAFKA_LIBS: run scripts/stack.sh install"
   mkdir -p "$KAFKA_DIR"
   sed -e "s#@KAFKA_PORT@#$KL_KAFKA_PORT#g" -e "s#@CONTROLLER_PORT@#$KL_KAFKA_CONTROLLER_PORT#g" \
       -e "s#@DATA_DIR@#$KAFKA_DIR/data#g" "$KL_HOME/stack/kafka/server.properties" >"$KAFKA_DIR/server.properties"
@@ -222,7 +238,7 @@ start_airflow() {
 }
 
 status() {
-  if pg_ready 2>/dev/null; then echo "postgres  up    127.0.0.1:$KL_PG_PORT  data $PG_DATA"; else echo "postgres  down"; fi
+  if pg_ready 2>/dev/null; then echo "postgres  up    127.0.0.1:$KL_PG_PORT  data $PG_DATA  log $PG_LOG"; else echo "postgres  down"; fi
   if pid_alive "$KAFKA_PID"; then echo "kafka     up    $KAFKA_LEDGER_BOOTSTRAP_SERVERS  pid $(cat "$KAFKA_PID")"; else echo "kafka     down"; fi
   if pid_alive "$AIRFLOW_PID"; then echo "airflow   up    http://127.0.0.1:$KL_AIRFLOW_PORT  pid $(cat "$AIRFLOW_PID")"; else echo "airflow   down"; fi
 }

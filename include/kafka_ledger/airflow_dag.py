@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -46,6 +47,18 @@ def spark_jars() -> str:
             f"no Spark connector jars in {jars_dir}: run scripts/stack.sh install (or set KAFKA_LEDGER_SPARK_JARS_DIR)"
         )
     return ",".join(jars)
+
+
+def masked_ledger_dsn() -> str:
+    """The ledger DSN for the Spark task's environment, registered as a secret so logs and the UI hide it."""
+    from airflow.sdk.log import mask_secret
+
+    dsn = ledger_dsn()
+    mask_secret(dsn)
+    password = urlsplit(dsn).password
+    if password:
+        mask_secret(password)
+    return dsn
 
 
 def _pipeline(name: str) -> PipelineConfig:
@@ -134,7 +147,7 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         },
         user_defined_macros={
             "spark_jars": spark_jars,
-            "ledger_dsn": ledger_dsn,
+            "ledger_dsn": masked_ledger_dsn,
             "bootstrap_servers": bootstrap_servers,
             "pipelines_path": lambda: str(config_path()),
         },

@@ -55,9 +55,8 @@ def plan_next_batch(
     """Resume the pipeline's unfinished batch, or record the next capped batch before anything is read."""
     conn = ledger.connect(dsn)
     try:
-        with conn, conn.cursor() as cur:
-            ledger.ensure_pipeline_tables(cur, pipeline)
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
+            ledger.ensure_pipeline_tables(cur, pipeline)
             unfinished = ledger.open_batch(cur, pipeline.name)
             offsets = kafka_offsets.partition_offsets(bootstrap_servers, pipeline.topics)
             known = ledger.positions(cur, pipeline.name)
