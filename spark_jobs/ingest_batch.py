@@ -76,8 +76,9 @@ def run(pipeline_name: str, batch_id: int, config_path: str | None) -> int:
     check_not_deleted(servers, batch.ranges)
     failpoints.hit("before_read")
 
-    from kafka_ledger.decode import to_staging_rows
     from pyspark.sql import SparkSession  # heavy: only once we know there is work
+
+    from kafka_ledger.decode import to_staging_rows
 
     spark = SparkSession.builder.appName(f"kafka-ledger {pipeline.name} batch {batch_id}").getOrCreate()
     started = time.monotonic()

@@ -8,6 +8,7 @@ import pytest
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 from integration_support import RecordedProducer, good_value
+
 from kafka_ledger import ledger
 from kafka_ledger.batches import CommitError, commit_batch, plan_next_batch
 from kafka_ledger.planning import LostDataError, OffsetRange, PartitionReadStats

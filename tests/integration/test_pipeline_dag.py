@@ -8,6 +8,7 @@ from collections import Counter
 import psycopg2
 import pytest
 from integration_support import BAD_VALUES, good_value
+
 from kafka_ledger import audit, kafka_offsets, ledger
 from kafka_ledger.airflow_dag import run_pipeline_dag
 from kafka_ledger.batches import commit_batch

@@ -3,6 +3,7 @@
 import textwrap
 
 import pytest
+
 from kafka_ledger import config
 from kafka_ledger.config import ConfigError, get_pipeline, load_pipelines, parse_pipelines
 

@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import pytest
+
 from kafka_ledger import failpoints
 from kafka_ledger.failpoints import FailPointError
 

@@ -3,6 +3,7 @@
 import random
 
 import pytest
+
 from kafka_ledger.planning import (
     LostDataError,
     OffsetRange,

@@ -3,6 +3,7 @@
 from types import SimpleNamespace
 
 import pytest
+
 from kafka_ledger import settings
 from kafka_ledger.settings import JdbcTarget, SettingsError, jdbc_target, sqlalchemy_url
 

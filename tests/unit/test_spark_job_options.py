@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kafka_ledger.planning import OffsetRange
 
 JOB_PATH = Path(__file__).resolve().parents[2] / "spark_jobs" / "ingest_batch.py"

@@ -3,9 +3,10 @@
 import re
 
 import pytest
+from psycopg2 import sql as pgsql
+
 from kafka_ledger import sql
 from kafka_ledger.config import POSTGRES_TYPES, parse_pipelines
-from psycopg2 import sql as pgsql
 
 PIPELINE_YAML = """
 pipelines:

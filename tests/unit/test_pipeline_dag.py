@@ -1,0 +1,91 @@
+"""The generated pipeline DAGs: wiring, run limits, and the exact spark-submit command they launch."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from kafka_ledger.airflow_dag import BASE_SPARK_CONF, SPARK_APPLICATION, SPARK_POOL, build_pipeline_dag
+from kafka_ledger.config import parse_pipelines
+
+REPO = Path(__file__).resolve().parents[2]
+
+PIPELINES = parse_pipelines(
+    """
+pipelines:
+  clicks:
+    topics: [clicks, clicks-eu]
+    output_table: clicks
+    max_records_per_partition: 1000
+    retries: 3
+    retry_delay_seconds: 10
+    spark_timeout_minutes: 20
+    spark_conf: {spark.executor.memory: 2g}
+    columns:
+      - {name: click_id, type: string, required: true}
+"""
+)
+
+
+@pytest.fixture
+def dag():
+    return build_pipeline_dag(PIPELINES["clicks"])
+
+
+def test_tasks_run_plan_then_spark_then_commit_then_drain(dag):
+    assert dag.dag_id == "kafka_ledger__clicks"
+    order = ["plan_batch", "read_and_stage", "commit_batch", "backlog_remains", "drain_backlog"]
+    for upstream, downstream in zip(order, order[1:], strict=False):
+        assert downstream in dag.get_task(upstream).downstream_task_ids
+    # plan_batch also feeds its result to the later tasks; nothing else runs before Spark has succeeded.
+    assert dag.get_task("commit_batch").upstream_task_ids == {"plan_batch", "read_and_stage"}
+    assert set(dag.task_ids) == set(order)
+
+
+def test_one_run_at_a_time_hourly_with_retries_and_timeouts(dag):
+    assert dag.max_active_runs == 1
+    assert dag.catchup is False
+    assert type(dag.timetable).__name__ == "CronDataIntervalTimetable"  # each run covers the hour before it
+    assert dag.timetable.summary == "0 * * * *"
+    spark = dag.get_task("read_and_stage")
+    assert spark.pool == SPARK_POOL
+    assert spark.retries == 3 and spark.retry_delay == timedelta(seconds=10) and spark.retry_exponential_backoff
+    assert spark.execution_timeout == timedelta(minutes=20)
+    assert dag.get_task("plan_batch").execution_timeout == timedelta(minutes=10)
+    assert dag.get_task("commit_batch").execution_timeout == timedelta(minutes=30)
+
+
+def test_drain_triggers_the_same_dag(dag):
+    drain = dag.get_task("drain_backlog")
+    assert drain.trigger_dag_id == "kafka_ledger__clicks"
+
+
+def test_spark_submit_command_is_exact(dag, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
+    spark = dag.get_task("read_and_stage")
+    # What the templates render to at run time.
+    spark.jars = "/jars/a.jar,/jars/b.jar"
+    spark.application_args = ["--pipeline", "clicks", "--batch-id", "42"]
+
+    command = spark._get_hook()._build_spark_submit_command(spark.application)
+
+    conf = {**BASE_SPARK_CONF, "spark.executor.memory": "2g"}  # the pipeline's spark_conf comes last
+    assert command == [
+        "spark-submit", "--master", "local[*]",
+        *[part for key, value in conf.items() for part in ("--conf", f"{key}={value}")],
+        "--jars", "/jars/a.jar,/jars/b.jar",
+        "--name", "kafka-ledger-clicks",
+        str(SPARK_APPLICATION), "--pipeline", "clicks", "--batch-id", "42",
+    ]
+
+
+def test_dags_folder_builds_a_dag_per_declared_pipeline(monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", str(REPO / "config" / "pipelines.yaml"))
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    assert set(bag.dag_ids) == {"kafka_ledger__impressions"}
