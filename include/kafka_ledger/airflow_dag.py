@@ -17,7 +17,7 @@ from airflow.sdk import DAG, task
 from airflow.sdk.exceptions import AirflowSkipException
 from airflow.timetables.interval import CronDataIntervalTimetable
 
-from kafka_ledger.config import PipelineConfig, config_path
+from kafka_ledger.config import PipelineConfig, config_path, get_pipeline
 from kafka_ledger.settings import bootstrap_servers, ledger_dsn
 
 log = logging.getLogger(__name__)
@@ -61,12 +61,6 @@ def masked_ledger_dsn() -> str:
     return dsn
 
 
-def _pipeline(name: str) -> PipelineConfig:
-    from kafka_ledger.config import get_pipeline
-
-    return get_pipeline(name)
-
-
 def plan_batch(pipeline_name: str, dag_id: str, run_id: str | None = None) -> dict[str, Any]:
     """Plan (or resume) the pipeline's batch; skip the rest of the run when there is nothing to read.
 
@@ -74,7 +68,7 @@ def plan_batch(pipeline_name: str, dag_id: str, run_id: str | None = None) -> di
     """
     from kafka_ledger.batches import plan_next_batch
 
-    planned = plan_next_batch(ledger_dsn(), bootstrap_servers(), _pipeline(pipeline_name), dag_id, run_id)
+    planned = plan_next_batch(ledger_dsn(), bootstrap_servers(), get_pipeline(pipeline_name), dag_id, run_id)
     if planned.batch_id is None:
         raise AirflowSkipException("no new data since the last committed batch: no Spark job launched")
     return {
@@ -90,7 +84,7 @@ def commit_batch(pipeline_name: str, plan: dict[str, Any]) -> dict[str, Any]:
     """Publish the staged batch and advance its offsets in one Postgres transaction."""
     from kafka_ledger.batches import commit_batch as commit
 
-    result = commit(ledger_dsn(), _pipeline(pipeline_name), plan["batch_id"])
+    result = commit(ledger_dsn(), get_pipeline(pipeline_name), plan["batch_id"])
     return {
         "batch_id": result.batch_id,
         "already_committed": result.already_committed,

@@ -94,6 +94,15 @@ class PipelineConfig(BaseModel):
             raise ValueError(f"{value!r} must match {IDENTIFIER.pattern} (lower-case letters, digits, _)")
         return value
 
+    @field_validator("schedule")
+    @classmethod
+    def _schedule_is_cron(cls, schedule: str | None) -> str | None:
+        from croniter import croniter
+
+        if schedule is not None and not croniter.is_valid(schedule):
+            raise ValueError(f"schedule {schedule!r} is not a cron expression or preset such as @hourly (or null)")
+        return schedule
+
     @field_validator("topics")
     @classmethod
     def _topics_are_valid(cls, topics: list[str]) -> list[str]:

@@ -3,6 +3,7 @@
 import textwrap
 
 import pytest
+import yaml
 
 from kafka_ledger import config
 from kafka_ledger.config import ConfigError, get_pipeline, load_pipelines, parse_pipelines
@@ -310,3 +311,17 @@ def test_repo_pipelines_file_declares_impressions():
     assert impressions.dag_id == "kafka_ledger__impressions"
     assert impressions.qualified_output_table == "public.impressions"
     assert get_pipeline("impressions") == impressions
+
+
+@pytest.mark.parametrize("schedule", ["@hourly", "@daily", "*/15 * * * *", "0 3 * * 1-5", None])
+def test_schedule_accepts_cron_expressions_presets_and_null(schedule):
+    text = yaml.safe_dump({"pipelines": {"p": {"topics": ["t"], "output_table": "p", "schedule": schedule,
+                                                "columns": [{"name": "a", "type": "string"}]}}})
+    assert parse_pipelines(text)["p"].schedule == schedule
+
+
+def test_schedule_that_is_not_cron_is_refused():
+    text = yaml.safe_dump({"pipelines": {"p": {"topics": ["t"], "output_table": "p", "schedule": "every hour",
+                                                "columns": [{"name": "a", "type": "string"}]}}})
+    with pytest.raises(ConfigError, match=r"pipelines\.p\.schedule.*'every hour' is not a cron expression"):
+        parse_pipelines(text)
