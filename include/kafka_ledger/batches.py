@@ -60,20 +60,6 @@ def plan_next_batch(
             unfinished = ledger.open_batch(cur, pipeline.name)
             offsets = kafka_offsets.partition_offsets(bootstrap_servers, pipeline.topics)
             known = ledger.positions(cur, pipeline.name)
-            if unfinished is not None:
-                lost = lost_ranges(unfinished.ranges, offsets)
-                if lost:
-                    raise LostDataError(lost)
-                ledger.set_batch_owner(cur, unfinished.batch_id, dag_id, run_id)
-                remaining = _backlog_after(known, offsets, unfinished.ranges)
-                log.info(
-                    "resuming batch %s of %s (status %s, %s attempt(s) so far%s) with its recorded ranges:\n%s",
-                    unfinished.batch_id, pipeline.name, unfinished.status, unfinished.attempts,
-                    f", last error: {unfinished.last_error}" if unfinished.last_error else "",
-                    _format_ranges(unfinished.ranges),
-                )
-                return PlannedBatch(unfinished.batch_id, True, unfinished.ranges, backlog_after=remaining)
-
             new = [tp for tp in offsets if tp not in known]
             if new:
                 starts = start_positions(new, offsets, pipeline.start_position)
@@ -82,6 +68,21 @@ def plan_next_batch(
                          ", ".join(f"{tp}@{pos}" for tp, pos in sorted(starts.items())))
                 known = {**known, **starts}
             positions = {tp: pos for tp, pos in known.items() if tp.topic in pipeline.topics}
+
+            if unfinished is not None:
+                lost = lost_ranges(unfinished.ranges, offsets)
+                if lost:
+                    raise LostDataError(lost)
+                ledger.set_batch_owner(cur, unfinished.batch_id, dag_id, run_id)
+                remaining = _backlog_after(positions, offsets, unfinished.ranges)
+                log.info(
+                    "resuming batch %s of %s (status %s, %s attempt(s) so far%s) with its recorded ranges:\n%s",
+                    unfinished.batch_id, pipeline.name, unfinished.status, unfinished.attempts,
+                    f", last error: {unfinished.last_error}" if unfinished.last_error else "",
+                    _format_ranges(unfinished.ranges),
+                )
+                return PlannedBatch(unfinished.batch_id, True, unfinished.ranges, backlog_after=remaining)
+
             ranges = plan_ranges(positions, offsets, pipeline.max_records_per_partition)
             remaining = _backlog_after(positions, offsets, ranges)
             if not ranges:
