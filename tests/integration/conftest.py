@@ -118,3 +118,23 @@ def pipeline_factory(servers: str):
 @pytest.fixture
 def producer(servers: str) -> RecordedProducer:
     return RecordedProducer(servers)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def remove_test_artifacts(servers: str, dsn: str):
+    """After the session: drop this run's topics, tables and ledger rows (KAFKA_LEDGER_KEEP_TEST_DATA=1 keeps them)."""
+    yield
+    if os.environ.get("KAFKA_LEDGER_KEEP_TEST_DATA") == "1":
+        return
+    names = [pipeline_name(key) for key in PIPELINES]
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        for table in ("dead_letters", "positions", "committed_ranges", "batches"):  # children before parents
+            cur.execute(f"DELETE FROM kafka_ledger.{table} WHERE pipeline = ANY(%s)", (names,))
+        for name in names:
+            cur.execute(f'DROP TABLE IF EXISTS it_output."{name}", kafka_ledger_staging."{name}"')
+    conn.close()
+    admin = AdminClient({"bootstrap.servers": servers})
+    existing = set(admin.list_topics(timeout=10).topics)
+    topics = [topic_name(key) for key in PIPELINES if topic_name(key) in existing]
+    for future in admin.delete_topics(topics).values() if topics else ():
+        future.result(timeout=30)
