@@ -160,7 +160,8 @@ create_databases() {
 KAFKA_DIR=$KL_STATE/kafka
 KAFKA_PID=$RUN/kafka.pid
 
-kafka_java() { java -Xms256m -Xmx768m -cp "$KAFKA_LIBS/*" -Dlog4j2.configurationFile="$KL_HOME/stack/kafka/log4j2.properties" -Dkafka.logs.dir="$LOGS" "$@"; }
+# One command line for the broker and its storage tool.
+KAFKA_JAVA=(java -Xms256m -Xmx1g -cp "$KAFKA_LIBS/*" -Dlog4j2.configurationFile="$KL_HOME/stack/kafka/log4j2.properties" -Dkafka.logs.dir="$LOGS")
 
 kafka_ready() {
   "$KL_VENV/bin/python" - "$KAFKA_LEDGER_BOOTSTRAP_SERVERS" <<'PY' 2>/dev/null
@@ -180,12 +181,11 @@ start_kafka() {
       -e "s#@DATA_DIR@#$KAFKA_DIR/data#g" "$KL_HOME/stack/kafka/server.properties" >"$KAFKA_DIR/server.properties"
   if [ ! -f "$KAFKA_DIR/data/meta.properties" ]; then
     say "formatting Kafka storage (KRaft, standalone controller)"
-    local cluster_id; cluster_id=$(kafka_java kafka.tools.StorageTool random-uuid)
-    kafka_java kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$KAFKA_DIR/server.properties" >"$LOGS/kafka-format.log" 2>&1 \
+    local cluster_id; cluster_id=$("${KAFKA_JAVA[@]}" kafka.tools.StorageTool random-uuid)
+    "${KAFKA_JAVA[@]}" kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$KAFKA_DIR/server.properties" >"$LOGS/kafka-format.log" 2>&1 \
       || { cat "$LOGS/kafka-format.log" >&2; die "Kafka storage format failed"; }
   fi
-  nohup java -Xms256m -Xmx1g -cp "$KAFKA_LIBS/*" -Dlog4j2.configurationFile="$KL_HOME/stack/kafka/log4j2.properties" \
-    -Dkafka.logs.dir="$LOGS" kafka.Kafka "$KAFKA_DIR/server.properties" >"$LOGS/kafka.out" 2>&1 &
+  nohup "${KAFKA_JAVA[@]}" kafka.Kafka "$KAFKA_DIR/server.properties" >"$LOGS/kafka.out" 2>&1 &
   echo $! >"$KAFKA_PID"
   local i
   for i in $(seq 1 90); do

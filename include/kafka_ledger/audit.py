@@ -9,11 +9,10 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from psycopg2 import sql as pgsql
 
-from kafka_ledger import kafka_offsets, ledger
+from kafka_ledger import kafka_offsets, ledger, sql
 from kafka_ledger.config import PipelineConfig
-from kafka_ledger.planning import TopicPartition
+from kafka_ledger.planning import TopicPartition, backlog, start_positions
 
 RecordId = tuple[str, int, int]  # (topic, partition, offset)
 
@@ -63,37 +62,38 @@ class PostgresRecords:
     dead_letters: list[RecordId]
 
 
+def _record_ids(cur: ledger.Cursor, pipeline: PipelineConfig) -> PostgresRecords:
+    cur.execute(sql.select_output_record_ids(pipeline))
+    output = [tuple(row) for row in cur.fetchall()]
+    cur.execute(sql.SELECT_DEAD_LETTER_IDS, {"pipeline": pipeline.name})
+    return PostgresRecords(output, [tuple(row) for row in cur.fetchall()])
+
+
+def _lag(cur: ledger.Cursor, bootstrap_servers: str, pipeline: PipelineConfig) -> int:
+    offsets = kafka_offsets.partition_offsets(bootstrap_servers, pipeline.topics)
+    known = ledger.positions(cur, pipeline.name)
+    # Partitions the ledger has not seen yet count from where the pipeline would start them.
+    unseen = start_positions([tp for tp in offsets if tp not in known], offsets, pipeline.start_position)
+    return backlog({**known, **unseen}, offsets)
+
+
 def postgres_record_ids(dsn: str, pipeline: PipelineConfig) -> PostgresRecords:
     conn = ledger.connect(dsn)
     try:
         with conn, conn.cursor() as cur:
-            cur.execute(
-                pgsql.SQL("SELECT kafka_topic, kafka_partition, kafka_offset FROM {}").format(
-                    pgsql.Identifier(pipeline.output_schema, pipeline.output_table)
-                )
-            )
-            output = [tuple(row) for row in cur.fetchall()]
-            cur.execute(
-                "SELECT kafka_topic, kafka_partition, kafka_offset FROM kafka_ledger.dead_letters WHERE pipeline = %s",
-                (pipeline.name,),
-            )
-            dead = [tuple(row) for row in cur.fetchall()]
+            return _record_ids(cur, pipeline)
     finally:
         conn.close()
-    return PostgresRecords(output, dead)
 
 
 def lag(dsn: str, bootstrap_servers: str, pipeline: PipelineConfig) -> int:
     """Offsets between the ledger positions and Kafka's read_committed end offsets, over all partitions."""
-    offsets = kafka_offsets.partition_offsets(bootstrap_servers, pipeline.topics)
     conn = ledger.connect(dsn)
     try:
         with conn, conn.cursor() as cur:
-            positions = ledger.positions(cur, pipeline.name)
+            return _lag(cur, bootstrap_servers, pipeline)
     finally:
         conn.close()
-    start = {tp: (o.log_start if pipeline.start_position == "earliest" else o.end) for tp, o in offsets.items()}
-    return sum(max(0, o.end - positions.get(tp, start[tp])) for tp, o in offsets.items())
 
 
 @dataclass(frozen=True)
@@ -119,24 +119,6 @@ class Reconciliation:
         }
 
 
-def committed_ranges(dsn: str, pipeline: str) -> dict[tuple[str, int], list[tuple[int, int]]]:
-    """The ledger's committed [from, until) ranges per (topic, partition)."""
-    conn = ledger.connect(dsn)
-    try:
-        with conn, conn.cursor() as cur:
-            cur.execute(
-                "SELECT topic, partition, from_offset, until_offset FROM kafka_ledger.committed_ranges "
-                "WHERE pipeline = %s ORDER BY topic, partition, from_offset",
-                (pipeline,),
-            )
-            ranges: dict[tuple[str, int], list[tuple[int, int]]] = {}
-            for topic, partition, lo, hi in cur.fetchall():
-                ranges.setdefault((topic, partition), []).append((lo, hi))
-    finally:
-        conn.close()
-    return ranges
-
-
 def reconcile(dsn: str, bootstrap_servers: str, pipeline: PipelineConfig) -> Reconciliation:
     """Count from Kafka and Postgres (never from the ledger's own counters) and compare as sets.
 
@@ -144,9 +126,18 @@ def reconcile(dsn: str, bootstrap_servers: str, pipeline: PipelineConfig) -> Rec
     records not read yet are the lag, not missing.
     """
     produced = kafka_record_ids(bootstrap_servers, pipeline.topics)
-    stored = postgres_record_ids(dsn, pipeline)
+    conn = ledger.connect(dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            stored = _record_ids(cur, pipeline)
+            cur.execute(sql.SELECT_COMMITTED_RANGES, {"pipeline": pipeline.name})
+            ranges: dict[tuple[str, int], list[tuple[int, int]]] = {}
+            for topic, partition, lo, hi in cur.fetchall():
+                ranges.setdefault((topic, partition), []).append((lo, hi))
+            current_lag = _lag(cur, bootstrap_servers, pipeline)
+    finally:
+        conn.close()
     seen = Counter(stored.output) + Counter(stored.dead_letters)
-    ranges = committed_ranges(dsn, pipeline.name)
     committed = {
         rid for rid in produced if any(lo <= rid[2] < hi for lo, hi in ranges.get((rid[0], rid[1]), ()))
     }
@@ -157,5 +148,5 @@ def reconcile(dsn: str, bootstrap_servers: str, pipeline: PipelineConfig) -> Rec
         duplicates=sum(n - 1 for n in seen.values() if n > 1),
         missing=len(committed - set(seen)),
         unexpected=len(set(seen) - produced),
-        lag=lag(dsn, bootstrap_servers, pipeline),
+        lag=current_lag,
     )

@@ -24,7 +24,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from kafka_ledger import ledger
-from kafka_ledger.config import get_pipeline
+from kafka_ledger.config import PipelineConfig, get_pipeline
 from kafka_ledger.settings import bootstrap_servers, ledger_dsn
 
 log = logging.getLogger("kafka_ledger.benchmark")
@@ -122,15 +122,13 @@ def run(records: int, partitions: int, cap: int, keep: bool) -> dict[str, object
         }
     finally:
         if not keep:
-            _clean_up(dsn, admin, name, topic)
+            _clean_up(dsn, admin, pipeline, topic)
 
 
-def _clean_up(dsn: str, admin: AdminClient, name: str, topic: str) -> None:
+def _clean_up(dsn: str, admin: AdminClient, pipeline: PipelineConfig, topic: str) -> None:
     conn = ledger.connect(dsn)
     with conn, conn.cursor() as cur:
-        for table in ("dead_letters", "positions", "committed_ranges", "batches"):
-            cur.execute(f"DELETE FROM kafka_ledger.{table} WHERE pipeline = %s", (name,))
-        cur.execute(f'DROP TABLE IF EXISTS benchmark."{name}", kafka_ledger_staging."{name}"')
+        ledger.delete_pipeline(cur, pipeline)
     conn.close()
     admin.delete_topics([topic])[topic].result(30)
 

@@ -179,6 +179,13 @@ def delete_older_staged(cur: Cursor, pipeline: PipelineConfig, batch_id: int, at
     return cur.rowcount
 
 
+def delete_pipeline(cur: Cursor, pipeline: PipelineConfig) -> None:
+    """Remove every trace of a pipeline: its ledger rows, output table and staging table."""
+    for statement in sql.DELETE_PIPELINE_LEDGER_ROWS:
+        cur.execute(statement, {"pipeline": pipeline.name})
+    cur.execute(sql.drop_pipeline_tables(pipeline))
+
+
 def _table_columns(cur: Cursor, schema: str, table: str) -> list[str]:
     cur.execute(sql.SELECT_TABLE_COLUMNS, {"schema": schema, "table": table})
     return [row[0] for row in cur.fetchall()]

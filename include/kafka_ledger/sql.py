@@ -156,6 +156,22 @@ REOPEN_WRITTEN_BATCHES = """
 """
 
 
+# A pipeline's ledger rows, children before parents (foreign keys point at batches).
+DELETE_PIPELINE_LEDGER_ROWS = [
+    f"DELETE FROM kafka_ledger.{table} WHERE pipeline = %(pipeline)s"
+    for table in ("dead_letters", "positions", "committed_ranges", "batches")
+]
+
+SELECT_DEAD_LETTER_IDS = """
+    SELECT kafka_topic, kafka_partition, kafka_offset FROM kafka_ledger.dead_letters WHERE pipeline = %(pipeline)s
+"""
+
+SELECT_COMMITTED_RANGES = """
+    SELECT topic, partition, from_offset, until_offset FROM kafka_ledger.committed_ranges
+    WHERE pipeline = %(pipeline)s ORDER BY topic, partition, from_offset
+"""
+
+
 def staging_table(pipeline: PipelineConfig) -> sql.Composed:
     return sql.Identifier(STAGING_SCHEMA, pipeline.name)
 
@@ -220,6 +236,14 @@ def create_staging_table(pipeline: PipelineConfig) -> sql.Composed:
 
 def drop_staging_table(pipeline: PipelineConfig) -> sql.Composed:
     return sql.SQL("DROP TABLE IF EXISTS {}").format(staging_table(pipeline))
+
+
+def drop_pipeline_tables(pipeline: PipelineConfig) -> sql.Composed:
+    return sql.SQL("DROP TABLE IF EXISTS {}, {}").format(output_table(pipeline), staging_table(pipeline))
+
+
+def select_output_record_ids(pipeline: PipelineConfig) -> sql.Composed:
+    return sql.SQL("SELECT kafka_topic, kafka_partition, kafka_offset FROM {}").format(output_table(pipeline))
 
 
 def publish_output(pipeline: PipelineConfig) -> sql.Composed:

@@ -121,17 +121,17 @@ def producer(servers: str) -> RecordedProducer:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def remove_test_artifacts(servers: str, dsn: str):
+def remove_test_artifacts(servers: str, dsn: str, test_pipelines_file: Path):
     """After the session: drop this run's topics, tables and ledger rows (KAFKA_LEDGER_KEEP_TEST_DATA=1 keeps them)."""
     yield
     if os.environ.get("KAFKA_LEDGER_KEEP_TEST_DATA") == "1":
         return
-    names = [pipeline_name(key) for key in PIPELINES]
+    from kafka_ledger.config import load_pipelines
+    from kafka_ledger.ledger import delete_pipeline
+
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-        for table in ("dead_letters", "positions", "committed_ranges", "batches"):  # children before parents
-            cur.execute(f"DELETE FROM kafka_ledger.{table} WHERE pipeline = ANY(%s)", (names,))
-        for name in names:
-            cur.execute(f'DROP TABLE IF EXISTS it_output."{name}", kafka_ledger_staging."{name}"')
+        for pipeline in load_pipelines(test_pipelines_file).values():
+            delete_pipeline(cur, pipeline)
     conn.close()
     admin = AdminClient({"bootstrap.servers": servers})
     existing = set(admin.list_topics(timeout=10).topics)
