@@ -17,9 +17,9 @@ import os
 import sys
 import time
 
-from kafka_ledger import failpoints, kafka_offsets, ledger
+from kafka_ledger import failpoints, kafka_offsets, ledger, sql
 from kafka_ledger.config import get_pipeline
-from kafka_ledger.planning import LostDataError, OffsetRange, check_read_coverage, lost_ranges
+from kafka_ledger.planning import LostDataError, OffsetRange, PartitionReadStats, check_read_coverage, lost_ranges
 from kafka_ledger.settings import bootstrap_servers, jdbc_target, ledger_dsn
 
 log = logging.getLogger("kafka_ledger.ingest_batch")
@@ -51,6 +51,17 @@ def check_not_deleted(servers: str, ranges: list[OffsetRange]) -> None:
     lost = lost_ranges(ranges, kafka_offsets.partition_offsets(servers, sorted({r.topic for r in ranges})))
     if lost:
         raise LostDataError(lost)
+
+
+def read_stats(staged) -> list[PartitionReadStats]:  # noqa: ANN001 - a Spark DataFrame
+    """Per-partition counts of what was read, computed by Spark (for rows that skip the staging table)."""
+    from pyspark.sql import functions as F
+
+    rows = staged.groupBy("kafka_topic", "kafka_partition").agg(
+        F.count(F.lit(1)), F.countDistinct("kafka_offset"), F.min("kafka_offset"), F.max("kafka_offset"),
+        F.sum(F.when(F.col("error").isNotNull(), 1).otherwise(0)),
+    ).collect()
+    return [PartitionReadStats(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]
 
 
 def run(pipeline_name: str, batch_id: int, config_path: str | None) -> int:
@@ -85,24 +96,41 @@ def run(pipeline_name: str, batch_id: int, config_path: str | None) -> int:
     records = spark.read.format("kafka").options(**kafka_read_options(batch.ranges, servers)).load()
     staged = to_staging_rows(records, pipeline, batch_id, attempt)
     target = jdbc_target(dsn)
-    (
-        staged.write.format("jdbc")
-        .option("url", target.url)
-        .option("dbtable", f"kafka_ledger_staging.{pipeline.name}")
-        .option("user", target.user)
-        .option("password", target.password)
-        .option("driver", "org.postgresql.Driver")
-        .option("batchsize", "10000")
-        .mode("append")
-        .save()
-    )
+
+    def append(frame, table: str) -> None:  # noqa: ANN001 - a Spark DataFrame
+        (
+            frame.write.format("jdbc")
+            .option("url", target.url)
+            .option("dbtable", table)
+            .option("user", target.user)
+            .option("password", target.password)
+            .option("driver", "org.postgresql.Driver")
+            .option("batchsize", "10000")
+            .mode("append")
+            .save()
+        )
+
+    staging = f"kafka_ledger_staging.{pipeline.name}"
+    direct = pipeline.delivery_mode == "at_least_once" and batch.kind == "catch_up"
+    if direct:
+        # at_least_once: decoded rows go straight to the output table (no staging copy, no commit-time
+        # copy); a failure before the commit re-delivers them on the next attempt.
+        from pyspark.sql import functions as F
+
+        staged = staged.persist()
+        spark_stats = read_stats(staged)
+        append(staged.where(F.col("error").isNull()).select(*sql.output_columns(pipeline)),
+               f"{pipeline.output_schema}.{pipeline.output_table}")
+        append(staged.where(F.col("error").isNotNull()), staging)
+    else:
+        append(staged, staging)
     read_seconds = time.monotonic() - started
     failpoints.hit("after_staging")
     # No log-start check here: offsets deleted during the read fail it (failOnDataLoss), and offsets
     # deleted after it are safely staged; failing now would turn a complete read into a loss on retry.
 
     with conn, conn.cursor() as cur:
-        stats = ledger.staged_read_stats(cur, pipeline, batch_id, attempt)
+        stats = spark_stats if direct else ledger.staged_read_stats(cur, pipeline, batch_id, attempt)
         problems = check_read_coverage(batch.ranges, stats)
         if problems:
             raise ledger.LedgerError(f"batch {batch_id} was not read completely: " + "; ".join(problems))

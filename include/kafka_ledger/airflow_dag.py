@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, task
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk import DAG, Param, task
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.timetables.interval import CronDataIntervalTimetable
 
 from kafka_ledger.config import PipelineConfig, config_path, get_pipeline
@@ -61,18 +61,94 @@ def masked_ledger_dsn() -> str:
     return dsn
 
 
-def plan_batch(pipeline_name: str, dag_id: str, run_id: str | None = None) -> dict[str, Any]:
-    """Plan (or resume) the pipeline's batch; skip the rest of the run when there is nothing to read.
+def trigger_form(pipeline: PipelineConfig) -> dict[str, Param]:
+    """The trigger form of a pipeline's DAG: what a manual run (UI form or REST conf) should read."""
+    example = pipeline.topics[0] if pipeline.topics else "topic"
+    return {
+        "mode": Param(
+            "catch_up",
+            type="string",
+            enum=["catch_up", "offset_ranges", "time_window", "replay_batch"],
+            values_display={
+                "catch_up": "Catch up: from the committed positions to the latest offsets",
+                "offset_ranges": "Offset ranges: re-read and replace the ranges below",
+                "time_window": "Time window: re-read and replace what Kafka timestamps put in the window",
+                "replay_batch": "Replay a batch: re-read and replace a recorded batch's ranges",
+            },
+            title="What to read",
+            description_md=(
+                "**catch_up** is what scheduled runs do. The other modes re-read offsets the pipeline has "
+                "already committed and *replace* their rows and dead letters in one transaction (use them "
+                "after fixing a transform); they never move the committed positions, except replaying the "
+                "pipeline's own unfinished batch, which completes it."
+            ),
+            section="Run",
+        ),
+        "reason": Param("", type="string", title="Reason",
+                        description="Recorded in the ledger with the batch (who asked, and why).", section="Run"),
+        "ranges": Param(
+            [],
+            type="array",
+            title="Offset ranges (mode offset_ranges)",
+            description_md=(
+                "One object per partition; `until` is exclusive, as in Kafka. Example: "
+                f'`[{{"topic": "{example}", "partition": 0, "from": 100, "until": 200}}]`'
+            ),
+            items={
+                "type": "object",
+                "properties": {
+                    "topic": {"type": "string"},
+                    "partition": {"type": "integer", "minimum": 0},
+                    "from": {"type": "integer", "minimum": 0},
+                    "until": {"type": "integer", "minimum": 0},
+                },
+                "required": ["topic", "partition", "from", "until"],
+                "additionalProperties": False,
+            },
+            section="Offset ranges",
+        ),
+        "window_from": Param(None, type=["null", "string"], format="date-time", title="From (inclusive, UTC)",
+                             description="Mode time_window: first Kafka record timestamp of the window.",
+                             section="Time window"),
+        "window_to": Param(None, type=["null", "string"], format="date-time", title="To (exclusive, UTC)",
+                           description="Mode time_window: end of the window.", section="Time window"),
+        "batch_id": Param(None, type=["null", "integer"], minimum=1, title="Batch id (mode replay_batch)",
+                          description="A batch id from `kafka-ledger batches <pipeline>` or the ledger.",
+                          section="Replay"),
+    }
 
-    `run_id` comes from the task context: the ledger records which DAG run owns the batch.
+
+def plan_batch(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any]:
+    """Plan (or resume) this run's batch; skip the rest of the run when there is nothing to read.
+
+    Reads the run's form (params) and type: a backfill run rewrites its data interval. The ledger
+    records which DAG run owns the batch, and who asked.
     """
-    from kafka_ledger.batches import plan_next_batch
+    from kafka_ledger.batch_requests import RequestError, parse_request
+    from kafka_ledger.batches import plan_batch as plan
 
-    planned = plan_next_batch(ledger_dsn(), bootstrap_servers(), get_pipeline(pipeline_name), dag_id, run_id)
+    dag_run = context.get("dag_run")
+    run_id = context.get("run_id")
+    conf = dict(context.get("params") or {})
+    backfill_window = None
+    try:
+        request = parse_request(conf)
+        run_type = getattr(dag_run, "run_type", None)
+        if getattr(run_type, "value", run_type) == "backfill":
+            if request.mode != "catch_up":
+                raise RequestError("a backfill run always rewrites its own data interval: leave mode at catch_up")
+            backfill_window = (context["data_interval_start"], context["data_interval_end"])
+        requested_by = getattr(dag_run, "triggering_user_name", None) or getattr(run_type, "value", run_type)
+        planned = plan(ledger_dsn(), bootstrap_servers(), get_pipeline(pipeline_name), request, dag_id=dag_id,
+                       run_id=run_id, requested_by=requested_by, backfill_window=backfill_window)
+    except RequestError as exc:
+        # Retrying cannot fix a bad request: fail the run at once, with the reason in the task log.
+        raise AirflowFailException(str(exc)) from exc
     if planned.batch_id is None:
-        raise AirflowSkipException("no new data since the last committed batch: no Spark job launched")
+        raise AirflowSkipException(f"nothing to read for this {planned.kind} run: no Spark job launched")
     return {
         "batch_id": planned.batch_id,
+        "kind": planned.kind,
         "resumed": planned.resumed,
         "partitions": len(planned.ranges),
         "offsets": planned.offsets,
@@ -117,7 +193,7 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
     """The DAG of one pipeline. Building it does no I/O: every look-up happens inside the tasks."""
     with DAG(
         dag_id=pipeline.dag_id,
-        description=pipeline.description or f"Exactly-once ingest of {', '.join(pipeline.topics)}",
+        description=pipeline.description or f"Exactly-once ingest of {pipeline.subscription}",
         schedule=_timetable(pipeline.schedule),
         start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
         catchup=False,
@@ -125,13 +201,16 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         tags=["kafka-ledger", pipeline.name],
         doc_md=(
             f"### kafka-ledger pipeline `{pipeline.name}`\n\n"
-            f"Topics {', '.join(f'`{t}`' for t in pipeline.topics)} -> `{pipeline.qualified_output_table}`, "
+            f"{pipeline.subscription} -> `{pipeline.qualified_output_table}` ({pipeline.delivery_mode}), "
             f"at most {pipeline.max_records_per_partition} records per partition per batch.\n\n"
             "`plan_batch` records the exact offset ranges in the ledger before anything is read (or resumes the "
             "unfinished batch), `read_and_stage` reads exactly those ranges with Spark and stages the rows, "
             "`commit_batch` publishes them and advances the offsets in one Postgres transaction, and "
-            "`drain_backlog` starts another run at once when the per-partition cap left data unread."
+            "`drain_backlog` starts another run at once when the per-partition cap left data unread.\n\n"
+            "Trigger with config to re-read offset ranges, a time window or a recorded batch; a backfill run "
+            "re-reads its data interval (one hour per hourly run). See the README's *Operating pipelines*."
         ),
+        params=trigger_form(pipeline),
         default_args={
             "owner": pipeline.owner,
             "retries": pipeline.retries,

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
 
 from kafka_ledger import kafka_offsets, ledger, sql
+from kafka_ledger.batch_requests import BatchRequest, RequestError
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import (
     LostDataError,
@@ -15,9 +18,13 @@ from kafka_ledger.planning import (
     TopicPartition,
     backlog,
     check_read_coverage,
+    check_rewrite_ranges,
+    cover_with_read,
     lost_ranges,
+    plan_latest_ranges,
     plan_ranges,
     start_positions,
+    window_ranges,
 )
 
 log = logging.getLogger(__name__)
@@ -35,14 +42,41 @@ class PlannedBatch:
     resumed: bool
     ranges: list[OffsetRange]
     backlog_after: int  # offsets still unread after this batch (gaps included): > 0 means "run again"
+    kind: str = "catch_up"
+    pending: list[OffsetRange] = field(default_factory=list)  # a window's offsets not ingested yet
+    dry_run: bool = False
 
     @property
     def offsets(self) -> int:
         return sum(r.span for r in self.ranges)
 
+    @property
+    def skipped(self) -> int:
+        return sum(r.from_offset - r.skipped_from for r in self.ranges if r.skipped_from is not None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batch_id": self.batch_id, "kind": self.kind, "resumed": self.resumed, "dry_run": self.dry_run,
+            "offsets": self.offsets, "skipped_offsets": self.skipped, "backlog_after": self.backlog_after,
+            "ranges": [_range_dict(r) for r in self.ranges], "pending": [_range_dict(r) for r in self.pending],
+        }
+
+
+def _range_dict(r: OffsetRange) -> dict[str, Any]:
+    out = {"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until_offset}
+    if r.skipped_from is not None:
+        out["skipped_from"] = r.skipped_from
+    return out
+
 
 def _format_ranges(ranges: list[OffsetRange]) -> str:
-    return "\n".join(f"  {r}  ({r.span} offsets)" for r in ranges)
+    return "\n".join(
+        f"  {r}  ({r.span} offsets"
+        + (f"; skipping [{r.skipped_from}, {r.from_offset}), {r.from_offset - r.skipped_from} offsets" if
+           r.skipped_from is not None else "")
+        + ")"
+        for r in ranges
+    )
 
 
 def plan_next_batch(
@@ -53,52 +87,195 @@ def plan_next_batch(
     run_id: str | None = None,
 ) -> PlannedBatch:
     """Resume the pipeline's unfinished batch, or record the next capped batch before anything is read."""
+    return plan_batch(dsn, bootstrap_servers, pipeline, BatchRequest(), dag_id=dag_id, run_id=run_id)
+
+
+def plan_batch(
+    dsn: str,
+    bootstrap_servers: str,
+    pipeline: PipelineConfig,
+    request: BatchRequest | None = None,
+    *,
+    dag_id: str | None = None,
+    run_id: str | None = None,
+    requested_by: str | None = None,
+    backfill_window: tuple[datetime, datetime] | None = None,
+    dry_run: bool = False,
+) -> PlannedBatch:
+    """Record the batch a run will read (or find the one to resume), BEFORE anything is read.
+
+    `request` says what to read (catch_up by default); `backfill_window` makes this an Airflow backfill
+    run of that data interval. With `dry_run` the same decisions are made and logged, then rolled back.
+    Invalid requests raise RequestError and write nothing.
+    """
+    request = request or BatchRequest()
     conn = ledger.connect(dsn)
     try:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
-            ledger.ensure_pipeline_tables(cur, pipeline)
-            unfinished = ledger.open_batch(cur, pipeline.name)
-            offsets = kafka_offsets.partition_offsets(bootstrap_servers, pipeline.topics)
-            known = ledger.positions(cur, pipeline.name)
-            new = [tp for tp in offsets if tp not in known]
-            if new:
-                starts = start_positions(new, offsets, pipeline.start_position)
-                ledger.insert_start_positions(cur, pipeline.name, starts)
-                log.info("%d new partition(s) start at %s: %s", len(new), pipeline.start_position,
-                         ", ".join(f"{tp}@{pos}" for tp, pos in sorted(starts.items())))
-                known = {**known, **starts}
-            positions = {tp: pos for tp, pos in known.items() if tp.topic in pipeline.topics}
-
-            if unfinished is not None:
-                lost = lost_ranges(unfinished.ranges, offsets)
-                if lost:
-                    raise LostDataError(lost)
-                ledger.set_batch_owner(cur, unfinished.batch_id, dag_id, run_id)
-                remaining = _backlog_after(positions, offsets, unfinished.ranges)
-                log.info(
-                    "resuming batch %s of %s (status %s, %s attempt(s) so far%s) with its recorded ranges:\n%s",
-                    unfinished.batch_id, pipeline.name, unfinished.status, unfinished.attempts,
-                    f", last error: {unfinished.last_error}" if unfinished.last_error else "",
-                    _format_ranges(unfinished.ranges),
-                )
-                return PlannedBatch(unfinished.batch_id, True, unfinished.ranges, backlog_after=remaining)
-
-            ranges = plan_ranges(positions, offsets, pipeline.max_records_per_partition)
-            remaining = _backlog_after(positions, offsets, ranges)
-            if not ranges:
-                log.info("no new data in %s for %s: nothing planned, no Spark job", ", ".join(pipeline.topics),
-                         pipeline.name)
-                return PlannedBatch(None, False, [], backlog_after=0)
-            batch = ledger.create_batch(cur, pipeline.name, ranges, dag_id, run_id)
-            log.info(
-                "planned batch %s of %s: %d partition(s), %d offsets (cap %d per partition), "
-                "%d offsets left for later batches:\n%s",
-                batch.batch_id, pipeline.name, len(ranges), sum(r.span for r in ranges),
-                pipeline.max_records_per_partition, remaining, _format_ranges(ranges),
-            )
-            return PlannedBatch(batch.batch_id, False, ranges, backlog_after=remaining)
+            planned = _plan(cur, bootstrap_servers, pipeline, request, dag_id, run_id, requested_by,
+                            backfill_window)
+            if dry_run:
+                conn.rollback()
+                planned = replace(planned, dry_run=True, batch_id=None if not planned.resumed else planned.batch_id)
+        return planned
     finally:
         conn.close()
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def _subscribed_positions(
+    cur: ledger.Cursor, pipeline: PipelineConfig, offsets: dict[TopicPartition, PartitionOffsets]
+) -> dict[TopicPartition, int]:
+    """Positions of the subscribed partitions; partitions seen for the first time get their start position."""
+    known = ledger.positions(cur, pipeline.name)
+    new = [tp for tp in offsets if tp not in known]
+    if new:
+        starts = start_positions(new, offsets, pipeline.start_position)
+        for assigned in pipeline.assignment or []:
+            tp = TopicPartition(assigned.topic, assigned.partition)
+            if tp in starts and assigned.start_offset is not None:
+                starts[tp] = assigned.start_offset
+        ledger.insert_start_positions(cur, pipeline.name, starts)
+        log.info("%d new partition(s) start at: %s", len(new),
+                 ", ".join(f"{tp}@{pos}" for tp, pos in sorted(starts.items())))
+        known = {**known, **starts}
+    if pipeline.topic_pattern:
+        # A matching topic that was deleted simply stops being read.
+        return {tp: pos for tp, pos in known.items() if tp in offsets}
+    if pipeline.assignment:
+        return {tp: known[tp] for tp in offsets}
+    # Listed topics must stay: a vanished partition of one fails the plan (see plan_ranges).
+    return {tp: pos for tp, pos in known.items() if tp.topic in pipeline.topics}
+
+
+def _resume(
+    cur: ledger.Cursor,
+    batch: ledger.Batch,
+    offsets: dict[TopicPartition, PartitionOffsets],
+    positions: dict[TopicPartition, int],
+    dag_id: str | None,
+    run_id: str | None,
+) -> PlannedBatch:
+    lost = lost_ranges(batch.ranges, offsets)
+    if lost:
+        raise LostDataError(lost)
+    ledger.set_batch_owner(cur, batch.batch_id, dag_id, run_id)
+    remaining = _backlog_after(positions, offsets, batch.ranges) if batch.moves_positions else 0
+    log.info(
+        "resuming %s batch %s of %s (status %s, %s attempt(s) so far%s) with its recorded ranges:\n%s",
+        batch.kind, batch.batch_id, batch.pipeline, batch.status, batch.attempts,
+        f", last error: {batch.last_error}" if batch.last_error else "", _format_ranges(batch.ranges),
+    )
+    return PlannedBatch(batch.batch_id, True, batch.ranges, backlog_after=remaining, kind=batch.kind)
+
+
+def _refuse(problems: list[str]) -> None:
+    if problems:
+        raise RequestError("refused, nothing was written: " + "; ".join(problems))
+
+
+def _plan(
+    cur: ledger.Cursor,
+    bootstrap_servers: str,
+    pipeline: PipelineConfig,
+    request: BatchRequest,
+    dag_id: str | None,
+    run_id: str | None,
+    requested_by: str | None,
+    backfill_window: tuple[datetime, datetime] | None,
+) -> PlannedBatch:
+    ledger.ensure_pipeline_tables(cur, pipeline)
+    offsets = kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)
+    positions = _subscribed_positions(cur, pipeline, offsets)
+    mine = ledger.run_open_batch(cur, pipeline.name, dag_id, run_id)
+    if mine is not None:
+        return _resume(cur, mine, offsets, positions, dag_id, run_id)
+
+    def record(ranges: list[OffsetRange], kind: str, **extra: Any) -> ledger.Batch:
+        return ledger.create_batch(cur, pipeline.name, ranges, dag_id, run_id, kind=kind,
+                                   requested_by=requested_by, reason=request.reason, **extra)
+
+    in_flight = {b.batch_id: b.ranges for b in ledger.in_flight_batches(cur, pipeline.name)}
+
+    if backfill_window is not None or request.mode == "time_window":
+        kind = "backfill" if backfill_window is not None else "time_window"
+        window = backfill_window or (request.window_from, request.window_to)
+        tps = sorted(offsets)
+        behind, pending = window_ranges(
+            kafka_offsets.offsets_for_time(bootstrap_servers, tps, _ms(window[0])),
+            kafka_offsets.offsets_for_time(bootstrap_servers, tps, _ms(window[1])),
+            offsets, positions,
+        )
+        if pending:
+            log.info("%d offsets of the window [%s, %s) are not ingested yet; the catch-up runs read them:\n%s",
+                     sum(r.span for r in pending), window[0], window[1], _format_ranges(pending))
+        if not behind:
+            log.info("window [%s, %s) holds no ingested offsets to rewrite: nothing to read", *window)
+            return PlannedBatch(None, False, [], 0, kind=kind, pending=pending)
+        _refuse(check_rewrite_ranges(behind, offsets, positions, in_flight))
+        batch = record(behind, kind, window=window)
+        log.info("planned %s batch %s of %s for [%s, %s): %d offsets to re-read and replace:\n%s", kind,
+                 batch.batch_id, pipeline.name, window[0], window[1], sum(r.span for r in behind),
+                 _format_ranges(behind))
+        return PlannedBatch(batch.batch_id, False, behind, 0, kind=kind, pending=pending)
+
+    if request.mode == "offset_ranges":
+        ranges = sorted(request.offset_ranges)
+        _refuse(check_rewrite_ranges(ranges, offsets, positions, in_flight))
+        batch = record(ranges, "offset_ranges")
+        log.info("planned offset_ranges batch %s of %s: %d offsets to re-read and replace:\n%s",
+                 batch.batch_id, pipeline.name, sum(r.span for r in ranges), _format_ranges(ranges))
+        return PlannedBatch(batch.batch_id, False, ranges, 0, kind="offset_ranges")
+
+    if request.mode == "replay_batch":
+        try:
+            target = ledger.get_batch(cur, request.batch_id)
+        except ledger.LedgerError as exc:
+            raise RequestError(f"refused, nothing was written: {exc}") from exc
+        if target.pipeline != pipeline.name:
+            raise RequestError(f"refused: batch {target.batch_id} belongs to pipeline {target.pipeline!r}, "
+                               f"not {pipeline.name!r}")
+        if target.status == "abandoned":
+            raise RequestError(f"refused: batch {target.batch_id} was abandoned by a position reset; "
+                               "replay its offsets with mode offset_ranges if they are behind the position")
+        if target.unfinished:
+            # Replaying an unfinished batch is resuming it: same ranges, and a catch-up batch then
+            # moves the positions when it commits.
+            return _resume(cur, target, offsets, positions, dag_id, run_id)
+        ranges = [OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset) for r in target.ranges]
+        _refuse(check_rewrite_ranges(ranges, offsets, positions, in_flight))
+        batch = record(ranges, "replay", replay_of=target.batch_id)
+        log.info("planned replay batch %s of %s batch %s (%s): %d offsets to re-read and replace:\n%s",
+                 batch.batch_id, target.kind, target.batch_id, pipeline.name, sum(r.span for r in ranges),
+                 _format_ranges(ranges))
+        return PlannedBatch(batch.batch_id, False, ranges, 0, kind="replay")
+
+    unfinished = ledger.open_batch(cur, pipeline.name)
+    if unfinished is not None:
+        return _resume(cur, unfinished, offsets, positions, dag_id, run_id)
+    if pipeline.delivery_mode == "latest_only":
+        ranges = plan_latest_ranges(positions, offsets, pipeline.max_records_per_partition)
+    else:
+        ranges = plan_ranges(positions, offsets, pipeline.max_records_per_partition)
+    remaining = _backlog_after(positions, offsets, ranges)
+    if not ranges:
+        log.info("no new data in %s for %s: nothing planned, no Spark job", pipeline.subscription, pipeline.name)
+        return PlannedBatch(None, False, [], backlog_after=0)
+    batch = record(ranges, "catch_up")
+    log.info(
+        "planned batch %s of %s (%s): %d partition(s), %d offsets (cap %d per partition), "
+        "%d offsets left for later batches:\n%s",
+        batch.batch_id, pipeline.name, pipeline.delivery_mode, len(ranges), sum(r.span for r in ranges),
+        pipeline.max_records_per_partition, remaining, _format_ranges(ranges),
+    )
+    planned = PlannedBatch(batch.batch_id, False, ranges, backlog_after=remaining)
+    if planned.skipped:
+        log.warning("latest_only: %d older offsets skipped on purpose and recorded as skipped in the ledger",
+                    planned.skipped)
+    return planned
 
 
 def _backlog_after(
@@ -122,10 +299,11 @@ class CommitResult:
 
 
 def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitResult:
-    """In ONE transaction: publish staged rows and dead letters, record the ranges, advance positions.
+    """In ONE transaction: replace the rows of the batch's offsets, record its ranges, advance positions.
 
-    Committing a committed batch is a no-op. A position that is not at the batch's from-offset
-    (compare-and-set) fails the commit and nothing is written.
+    Committing a committed batch is a no-op. For a catch-up batch, a position that is not at the batch's
+    start (compare-and-set) fails the commit and nothing is written. Rewrite batches (replays, windows,
+    backfills, explicit ranges) replace rows behind the positions and never move them.
     """
     started = time.monotonic()
     conn = ledger.connect(dsn)
@@ -142,27 +320,30 @@ def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitRes
                     f"batch {batch_id} is {batch.status}, not written: its Spark job has not staged it completely"
                 )
             attempt = batch.staged_attempt
-            problems = check_read_coverage(batch.ranges, ledger.staged_read_stats(cur, pipeline, batch_id, attempt))
-            if problems:
-                raise CommitError(f"batch {batch_id} staged rows do not match its ranges: " + "; ".join(problems))
             params = {"batch_id": batch_id, "attempt": attempt, "pipeline": pipeline.name}
-            cur.execute(sql.publish_output(pipeline), params)
-            written = cur.rowcount
+            direct = _writes_output_directly(pipeline, batch)
+            if not direct:
+                problems = check_read_coverage(batch.ranges, ledger.staged_read_stats(cur, pipeline, batch_id, attempt))
+                if problems:
+                    raise CommitError(f"batch {batch_id} staged rows do not match its ranges: " + "; ".join(problems))
+            replaced = 0 if direct else _remove_published(cur, pipeline, batch.ranges)
+            if direct:
+                written = None  # the Spark job appended them already
+            else:
+                cur.execute(sql.publish_output(pipeline), params)
+                written = cur.rowcount
             cur.execute(sql.INSERT_DEAD_LETTERS.format(staging=sql.staging_table(pipeline)), params)
             dead = cur.rowcount
+            if written is None:
+                written = (batch.records_read or 0) - dead
             if written + dead != (batch.records_read or 0):
                 raise CommitError(
                     f"batch {batch_id}: {written} rows + {dead} dead letters != {batch.records_read} records read"
                 )
-            cur.execute(sql.INSERT_COMMITTED_RANGES, params)
-            cur.execute(sql.ADVANCE_POSITIONS, params)
-            if cur.rowcount != len(batch.ranges):
-                cur.execute(sql.SELECT_POSITION_MISMATCHES, params)
-                details = "; ".join(
-                    f"{topic}-{partition}: ledger position {position}, batch starts at {from_offset}"
-                    for topic, partition, from_offset, position in cur.fetchall()
-                )
-                raise CommitError(f"batch {batch_id}: compare-and-set on positions failed ({details})")
+            if batch.moves_positions:
+                _advance(cur, batch, params)
+            else:
+                _cover_rewrite(cur, pipeline, batch)
             seconds = time.monotonic() - started
             cur.execute(
                 sql.MARK_COMMITTED,
@@ -170,9 +351,10 @@ def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitRes
             )
             cur.execute(sql.DELETE_STAGED.format(staging=sql.staging_table(pipeline)), params)
         log.info(
-            "committed batch %s of %s: %d rows into %s, %d dead letters, %d partition position(s) advanced "
-            "in %.2fs", batch_id, pipeline.name, written, pipeline.qualified_output_table, dead,
-            len(batch.ranges), seconds,
+            "committed %s batch %s of %s: %d rows into %s (%d rows of earlier runs replaced), %d dead letters, "
+            "%s in %.2fs", batch.kind, batch_id, pipeline.name, written, pipeline.qualified_output_table, replaced,
+            dead, f"{len(batch.ranges)} partition position(s) advanced" if batch.moves_positions
+            else "positions unchanged", seconds,
         )
         return CommitResult(batch_id, False, written, dead, seconds)
     except CommitError as exc:
@@ -181,6 +363,49 @@ def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitRes
         raise
     finally:
         conn.close()
+
+
+def _writes_output_directly(pipeline: PipelineConfig, batch: ledger.Batch) -> bool:
+    """at_least_once catch-up batches are appended by the Spark job itself; everything else is staged."""
+    return pipeline.delivery_mode == "at_least_once" and batch.kind == "catch_up"
+
+
+def _remove_published(cur: ledger.Cursor, pipeline: PipelineConfig, ranges: list[OffsetRange]) -> int:
+    removed = 0
+    for r in ranges:
+        params = {"pipeline": pipeline.name, "topic": r.topic, "partition": r.partition,
+                  "from_offset": r.from_offset, "until_offset": r.until_offset}
+        cur.execute(sql.delete_output_range(pipeline), params)
+        removed += cur.rowcount
+        cur.execute(sql.DELETE_DEAD_LETTER_RANGE, params)
+        removed += cur.rowcount
+    return removed
+
+
+def _advance(cur: ledger.Cursor, batch: ledger.Batch, params: dict[str, Any]) -> None:
+    cur.execute(sql.INSERT_COMMITTED_RANGES, params)
+    cur.execute(sql.ADVANCE_POSITIONS, params)
+    if cur.rowcount != len(batch.ranges):
+        cur.execute(sql.SELECT_POSITION_MISMATCHES, params)
+        details = "; ".join(
+            f"{topic}-{partition}: ledger position {position}, batch starts at {start}"
+            for topic, partition, start, position in cur.fetchall()
+        )
+        raise CommitError(f"batch {batch.batch_id}: compare-and-set on positions failed ({details})")
+
+
+def _cover_rewrite(cur: ledger.Cursor, pipeline: PipelineConfig, batch: ledger.Batch) -> None:
+    positions = ledger.positions(cur, pipeline.name)
+    ahead = [f"{r} (position {positions.get(r.topic_partition)})" for r in batch.ranges
+             if r.until_offset > positions.get(r.topic_partition, -1)]
+    if ahead:
+        raise CommitError(f"batch {batch.batch_id} rewrites offsets that are no longer behind the position "
+                          f"(reset since it was planned?): {', '.join(ahead)}")
+    covered = ledger.coverage(cur, pipeline.name)
+    for r in batch.ranges:
+        removed, added = cover_with_read(covered.get(r.topic_partition, []), r.from_offset, r.until_offset,
+                                         batch.batch_id)
+        ledger.replace_coverage(cur, pipeline.name, r.topic_partition, removed, added)
 
 
 def fail_batch(dsn: str, batch_id: int, error: str) -> None:

@@ -59,6 +59,19 @@ class ColumnSpec(BaseModel):
         return name
 
 
+class AssignedPartition(BaseModel):
+    """One partition of an explicit assignment, optionally with the offset the pipeline starts it at."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    topic: str
+    partition: int = Field(ge=0)
+    start_offset: int | None = Field(default=None, ge=0)
+
+
+DeliveryMode = Literal["exactly_once", "at_least_once", "latest_only"]
+
+
 class PipelineConfig(BaseModel):
     """One pipeline: Kafka topics in, one Postgres table out."""
 
@@ -66,7 +79,11 @@ class PipelineConfig(BaseModel):
 
     name: str
     description: str = ""
-    topics: list[str] = Field(min_length=1)
+    # Exactly one subscription: a topic list, a regex over topic names, or an explicit assignment.
+    topics: list[str] = Field(default_factory=list)
+    topic_pattern: str | None = None
+    assignment: list[AssignedPartition] | None = None
+    delivery_mode: DeliveryMode = "exactly_once"
     output_table: str
     output_schema: str = "public"
     columns: list[ColumnSpec] = Field(min_length=1)
@@ -113,6 +130,35 @@ class PipelineConfig(BaseModel):
             raise ValueError("topics are listed more than once")
         return topics
 
+    @field_validator("topic_pattern")
+    @classmethod
+    def _pattern_compiles(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"topic_pattern {pattern!r} is not a valid regular expression: {exc}") from exc
+        return pattern
+
+    @model_validator(mode="after")
+    def _one_subscription(self) -> PipelineConfig:
+        given = [name for name, value in (("topics", self.topics), ("topic_pattern", self.topic_pattern),
+                                          ("assignment", self.assignment)) if value]
+        if len(given) != 1:
+            raise ValueError(
+                "declare exactly one of topics (a list), topic_pattern (a regex) or assignment "
+                f"(topic/partition list); found {', '.join(given) or 'none'}"
+            )
+        if self.assignment:
+            seen = set()
+            for assigned in self.assignment:
+                if not TOPIC_NAME.match(assigned.topic):
+                    raise ValueError(f"{assigned.topic!r} is not a valid Kafka topic name")
+                if (assigned.topic, assigned.partition) in seen:
+                    raise ValueError(f"partition {assigned.topic}-{assigned.partition} is assigned twice")
+                seen.add((assigned.topic, assigned.partition))
+        return self
+
     @model_validator(mode="after")
     def _columns_are_unique(self) -> PipelineConfig:
         names = [column.name for column in self.columns]
@@ -124,6 +170,23 @@ class PipelineConfig(BaseModel):
     @property
     def dag_id(self) -> str:
         return f"kafka_ledger__{self.name}"
+
+    @property
+    def subscription(self) -> str:
+        """The subscription in words, for logs and DAG docs."""
+        if self.topic_pattern:
+            return f"topics matching /{self.topic_pattern}/"
+        if self.assignment:
+            return "partitions " + ", ".join(f"{a.topic}-{a.partition}" for a in self.assignment)
+        return "topics " + ", ".join(self.topics)
+
+    def subscribes(self, topic: str) -> bool:
+        """Whether `topic` belongs to the subscription (partitions of an assignment are checked apart)."""
+        if self.topic_pattern:
+            return re.fullmatch(self.topic_pattern, topic) is not None and not topic.startswith("__")
+        if self.assignment:
+            return any(a.topic == topic for a in self.assignment)
+        return topic in self.topics
 
     @property
     def qualified_output_table(self) -> str:

@@ -6,6 +6,7 @@ from confluent_kafka import IsolationLevel, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import PartitionOffsets, PlanError, TopicPartition
 
 
@@ -47,3 +48,48 @@ def partition_offsets(
     except KafkaException as exc:
         raise PlanError(f"cannot list offsets of {', '.join(topics)}: {exc}") from exc
     return {tp: PartitionOffsets(log_start=starts[tp], end=ends[tp]) for tp in tps}
+
+
+def subscribed_offsets(
+    bootstrap_servers: str, pipeline: PipelineConfig, timeout: float = 30.0
+) -> dict[TopicPartition, PartitionOffsets]:
+    """Offsets of every partition the pipeline subscribes to, resolved now.
+
+    A topic list must exist in full; a pattern matches whatever topics exist at this moment (so new
+    matching topics are picked up at plan time); an assignment must name existing partitions.
+    """
+    if pipeline.topic_pattern:
+        admin = admin_client(bootstrap_servers)
+        try:
+            names = list(admin.list_topics(timeout=timeout).topics)
+        except KafkaException as exc:
+            raise PlanError(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
+        matching = sorted(t for t in names if pipeline.subscribes(t))
+        return partition_offsets(bootstrap_servers, matching, timeout) if matching else {}
+    if pipeline.assignment:
+        topics = sorted({a.topic for a in pipeline.assignment})
+        offsets = partition_offsets(bootstrap_servers, topics, timeout)
+        wanted = [TopicPartition(a.topic, a.partition) for a in pipeline.assignment]
+        missing = [str(tp) for tp in wanted if tp not in offsets]
+        if missing:
+            raise PlanError(f"assigned partition(s) do not exist in Kafka: {', '.join(missing)}")
+        return {tp: offsets[tp] for tp in sorted(wanted)}
+    return partition_offsets(bootstrap_servers, pipeline.topics, timeout)
+
+
+def offsets_for_time(
+    bootstrap_servers: str, tps: list[TopicPartition], timestamp_ms: int, timeout: float = 30.0
+) -> dict[TopicPartition, int | None]:
+    """For each partition, the first offset whose record timestamp is >= timestamp_ms (None: no such record).
+
+    Kafka answers from its time index, so this is cheap; records with out-of-order timestamps are
+    placed by their offset, which keeps consecutive windows tiling without gap or overlap.
+    """
+    if not tps:
+        return {}
+    admin = admin_client(bootstrap_servers)
+    try:
+        found = _list_offsets(admin, tps, OffsetSpec.for_timestamp(timestamp_ms), timeout)
+    except KafkaException as exc:
+        raise PlanError(f"cannot look up offsets by time in Kafka at {bootstrap_servers}: {exc}") from exc
+    return {tp: (offset if offset >= 0 else None) for tp, offset in found.items()}

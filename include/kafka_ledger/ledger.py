@@ -14,7 +14,7 @@ import psycopg2.extras
 
 from kafka_ledger import sql
 from kafka_ledger.config import ConfigError, PipelineConfig
-from kafka_ledger.planning import OffsetRange, PartitionReadStats, TopicPartition
+from kafka_ledger.planning import Coverage, OffsetRange, PartitionReadStats, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,22 @@ class Batch:
     read_seconds: float | None = None
     commit_seconds: float | None = None
     last_error: str | None = None
+    kind: str = "catch_up"
+    replay_of: int | None = None
+    requested_by: str | None = None
+    reason: str | None = None
+    window_start: datetime | None = None
+    window_end: datetime | None = None
     ranges: list[OffsetRange] = field(default_factory=list)
+
+    @property
+    def unfinished(self) -> bool:
+        return self.status not in ("committed", "abandoned")
+
+    @property
+    def moves_positions(self) -> bool:
+        """Only catch-up batches advance positions; every other kind rewrites offsets behind them."""
+        return self.kind == "catch_up"
 
 
 def connect(dsn: str) -> psycopg2.extensions.connection:
@@ -85,21 +100,102 @@ def open_batch(cur: Cursor, pipeline: str) -> Batch | None:
 
 
 def create_batch(
-    cur: Cursor, pipeline: str, ranges: list[OffsetRange], dag_id: str | None, run_id: str | None
+    cur: Cursor,
+    pipeline: str,
+    ranges: list[OffsetRange],
+    dag_id: str | None,
+    run_id: str | None,
+    kind: str = "catch_up",
+    replay_of: int | None = None,
+    requested_by: str | None = None,
+    reason: str | None = None,
+    window: tuple[datetime, datetime] | None = None,
 ) -> Batch:
     """Record a new batch and its exact ranges: this happens BEFORE anything is read."""
-    cur.execute(sql.INSERT_BATCH, {"pipeline": pipeline, "dag_id": dag_id, "run_id": run_id})
+    cur.execute(
+        sql.INSERT_BATCH,
+        {"pipeline": pipeline, "dag_id": dag_id, "run_id": run_id, "kind": kind, "replay_of": replay_of,
+         "requested_by": requested_by, "reason": reason or None,
+         "window_start": window[0] if window else None, "window_end": window[1] if window else None},
+    )
     batch_id = cur.fetchone()[0]
     psycopg2.extras.execute_batch(
         cur,
         sql.INSERT_BATCH_RANGE,
         [
             {"batch_id": batch_id, "topic": r.topic, "partition": r.partition,
-             "from_offset": r.from_offset, "until_offset": r.until_offset}
+             "from_offset": r.from_offset, "until_offset": r.until_offset, "skipped_from": r.skipped_from}
             for r in ranges
         ],
     )
     return get_batch(cur, batch_id)
+
+
+def in_flight_batches(cur: Cursor, pipeline: str) -> list[Batch]:
+    """Every unfinished batch of the pipeline (the catch-up one and any rewrites)."""
+    cur.execute(sql.SELECT_IN_FLIGHT_BATCH_IDS, {"pipeline": pipeline})
+    return [get_batch(cur, batch_id) for (batch_id,) in cur.fetchall()]
+
+
+def run_open_batch(cur: Cursor, pipeline: str, dag_id: str | None, run_id: str | None) -> Batch | None:
+    """The unfinished batch this DAG run recorded earlier (its plan task is being retried), if any."""
+    if not dag_id or not run_id:
+        return None
+    cur.execute(sql.SELECT_RUN_OPEN_BATCH, {"pipeline": pipeline, "dag_id": dag_id, "run_id": run_id})
+    row = cur.fetchone()
+    return get_batch(cur, row[0]) if row else None
+
+
+def list_batches(cur: Cursor, pipeline: str, limit: int = 20, status: str | None = None) -> list[Batch]:
+    cur.execute(sql.LIST_BATCHES, {"pipeline": pipeline, "limit": limit, "status": status})
+    return [_load_ranges(cur, Batch(*row)) for row in cur.fetchall()]
+
+
+@dataclass(frozen=True)
+class PositionRow:
+    """A partition's committed position, where the pipeline began reading it, and what moved it last."""
+
+    topic: str
+    partition: int
+    position: int
+    start_offset: int
+    last_batch_id: int | None
+    updated_at: datetime
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+def position_rows(cur: Cursor, pipeline: str) -> list[PositionRow]:
+    cur.execute(sql.SELECT_POSITION_ROWS, {"pipeline": pipeline})
+    return [PositionRow(*row) for row in cur.fetchall()]
+
+
+def coverage(cur: Cursor, pipeline: str) -> dict[TopicPartition, list[Coverage]]:
+    """Committed coverage of each partition: ranges read and published, or skipped on purpose."""
+    cur.execute(sql.SELECT_COVERAGE, {"pipeline": pipeline})
+    result: dict[TopicPartition, list[Coverage]] = {}
+    for topic, partition, lo, hi, disposition, batch_id, reset_id in cur.fetchall():
+        result.setdefault(TopicPartition(topic, partition), []).append(
+            Coverage(lo, hi, disposition, batch_id, reset_id)
+        )
+    return result
+
+
+def replace_coverage(
+    cur: Cursor, pipeline: str, tp: TopicPartition, removed: list[Coverage], added: list[Coverage]
+) -> None:
+    """Apply coverage changes of one partition (removals first: the no-overlap constraint is immediate)."""
+    key = {"pipeline": pipeline, "topic": tp.topic, "partition": tp.partition}
+    for c in removed:
+        cur.execute(sql.DELETE_COVERAGE, {**key, "from_offset": c.from_offset})
+    for c in added:
+        cur.execute(
+            sql.INSERT_COVERAGE,
+            {**key, "from_offset": c.from_offset, "until_offset": c.until_offset, "disposition": c.disposition,
+             "batch_id": c.batch_id, "reset_id": c.reset_id},
+        )
 
 
 def set_batch_owner(cur: Cursor, batch_id: int, dag_id: str | None, run_id: str | None) -> None:

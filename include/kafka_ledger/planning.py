@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 
@@ -20,16 +20,28 @@ class TopicPartition:
 
 @dataclass(frozen=True, order=True)
 class OffsetRange:
-    """Offsets [from_offset, until_offset) of one topic-partition; until is exclusive, as in Kafka."""
+    """Offsets [from_offset, until_offset) of one topic-partition; until is exclusive, as in Kafka.
+
+    `skipped_from`, set only by latest_only planning, marks [skipped_from, from_offset) as deliberately
+    not read: the batch moves the position over it and records it as skipped.
+    """
 
     topic: str
     partition: int
     from_offset: int
     until_offset: int
+    skipped_from: int | None = None
 
     def __post_init__(self) -> None:
         if self.from_offset < 0 or self.until_offset < self.from_offset:
             raise ValueError(f"invalid offset range {self}")
+        if self.skipped_from is not None and not 0 <= self.skipped_from < self.from_offset:
+            raise ValueError(f"invalid skipped start {self.skipped_from} for {self}")
+
+    @property
+    def start(self) -> int:
+        """Where the batch takes the partition's position from: the skipped start, else from_offset."""
+        return self.from_offset if self.skipped_from is None else self.skipped_from
 
     @property
     def topic_partition(self) -> TopicPartition:
@@ -122,6 +134,212 @@ def plan_ranges(
         if until > position:
             ranges.append(OffsetRange(tp.topic, tp.partition, position, until))
     return ranges
+
+
+def plan_latest_ranges(
+    positions: Mapping[TopicPartition, int],
+    offsets: Mapping[TopicPartition, PartitionOffsets],
+    max_records_per_partition: int,
+) -> list[OffsetRange]:
+    """latest_only: read at most the newest `max_records_per_partition` offsets of each partition.
+
+    Older unread offsets are skipped on purpose (never lag) and marked with skipped_from so the ledger
+    records them. Same safety checks as plan_ranges: a position below the log start still fails.
+    """
+    ranges = []
+    for r in plan_ranges(positions, offsets, max_records_per_partition):
+        end = offsets[r.topic_partition].end
+        if end - r.from_offset > max_records_per_partition:
+            r = OffsetRange(r.topic, r.partition, end - max_records_per_partition, end, skipped_from=r.from_offset)
+        ranges.append(r)
+    return ranges
+
+
+def check_rewrite_ranges(
+    requested: list[OffsetRange],
+    offsets: Mapping[TopicPartition, PartitionOffsets],
+    positions: Mapping[TopicPartition, int],
+    in_flight: Mapping[int, list[OffsetRange]],
+) -> list[str]:
+    """Why explicit ranges cannot be re-read and rewritten; an empty list means they can.
+
+    A rewrite covers offsets behind the committed position only: the offsets at and after it belong to
+    the regular catch-up, which reads them exactly once. `in_flight` maps unfinished batch ids to ranges.
+    """
+    problems = []
+    seen: set[TopicPartition] = set()
+    for r in requested:
+        tp = r.topic_partition
+        if tp in seen:
+            problems.append(f"{tp} is requested more than once")
+        seen.add(tp)
+        if tp not in offsets:
+            problems.append(f"{tp} is not a partition of the pipeline's subscription in Kafka")
+            continue
+        if r.span == 0:
+            problems.append(f"{r} is empty")
+        if r.from_offset < offsets[tp].log_start:
+            problems.append(f"{r} starts below the log start offset {offsets[tp].log_start}: Kafka deleted those")
+        if r.until_offset > offsets[tp].end:
+            problems.append(f"{r} ends beyond the high watermark {offsets[tp].end}")
+        position = positions.get(tp)
+        if position is None:
+            problems.append(f"{tp} has never been read by the pipeline: the next catch_up run reads it")
+        elif r.until_offset > position:
+            problems.append(
+                f"{r} reaches past the committed position {position}: offsets from {position} on are not "
+                "ingested yet and the next catch_up run reads them"
+            )
+        for batch_id, ranges in sorted(in_flight.items()):
+            for other in ranges:
+                if other.topic_partition == tp and other.start < r.until_offset and r.from_offset < other.until_offset:
+                    problems.append(f"{r} overlaps {other} of batch {batch_id}, which is still in flight")
+    return problems
+
+
+def window_ranges(
+    window_start: Mapping[TopicPartition, int | None],
+    window_end: Mapping[TopicPartition, int | None],
+    offsets: Mapping[TopicPartition, PartitionOffsets],
+    positions: Mapping[TopicPartition, int],
+) -> tuple[list[OffsetRange], list[OffsetRange]]:
+    """A time window as offsets: (ranges behind the positions, to rewrite; ranges not ingested yet).
+
+    `window_start`/`window_end` are Kafka's first offsets at or after each bound (None: no record that
+    late, i.e. the end offset). The part at or after a partition's position is left to the catch-up.
+    """
+    behind, pending = [], []
+    for tp in sorted(offsets):
+        end = offsets[tp].end
+        lo = window_start.get(tp)
+        hi = window_end.get(tp)
+        lo = end if lo is None else max(lo, offsets[tp].log_start)
+        hi = end if hi is None else min(hi, end)
+        if hi <= lo:
+            continue
+        position = positions.get(tp, lo)
+        if min(hi, position) > lo:
+            behind.append(OffsetRange(tp.topic, tp.partition, lo, min(hi, position)))
+        if hi > max(lo, position):
+            pending.append(OffsetRange(tp.topic, tp.partition, max(lo, position), hi))
+    return behind, pending
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """A committed stretch of a partition: read and published, or skipped on purpose."""
+
+    from_offset: int
+    until_offset: int
+    disposition: Literal["read", "skipped"]
+    batch_id: int | None = None
+    reset_id: int | None = None
+
+
+def cover_with_read(
+    existing: list[Coverage], from_offset: int, until_offset: int, batch_id: int
+) -> tuple[list[Coverage], list[Coverage]]:
+    """Coverage changes when a rewrite batch publishes [from, until): (rows to remove, rows to add).
+
+    Read stretches stay as they are (the rewrite replaced their rows); skipped stretches inside the
+    range become read; offsets covered by nothing (history before the pipeline began) become read.
+    """
+    removed, added = [], []
+    cursor = from_offset
+    for c in sorted(existing, key=lambda c: c.from_offset):
+        if c.until_offset <= from_offset or c.from_offset >= until_offset:
+            continue
+        if c.from_offset > cursor:
+            added.append(Coverage(cursor, c.from_offset, "read", batch_id))
+        if c.disposition == "skipped":
+            removed.append(c)
+            if c.from_offset < from_offset:
+                added.append(replace(c, until_offset=from_offset))
+            added.append(Coverage(max(c.from_offset, from_offset), min(c.until_offset, until_offset), "read", batch_id))
+            if c.until_offset > until_offset:
+                added.append(replace(c, from_offset=until_offset))
+        cursor = max(cursor, c.until_offset)
+    if cursor < until_offset:
+        added.append(Coverage(cursor, until_offset, "read", batch_id))
+    return removed, added
+
+
+def truncate_coverage(existing: list[Coverage], at: int) -> tuple[list[Coverage], list[Coverage]]:
+    """Coverage changes when a position moves back to `at`: everything from `at` on is uncommitted."""
+    removed, added = [], []
+    for c in existing:
+        if c.until_offset <= at:
+            continue
+        removed.append(c)
+        if c.from_offset < at:
+            added.append(replace(c, until_offset=at))
+    return removed, added
+
+
+def coverage_problems(tp: TopicPartition, coverage: list[Coverage], start_offset: int, position: int) -> list[str]:
+    """Ledger invariants of one partition: no overlap, [start_offset, position) tiled, nothing beyond."""
+    problems = []
+    ordered = sorted(coverage, key=lambda c: c.from_offset)
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        if b.from_offset < a.until_offset:
+            problems.append(f"{tp}: committed ranges [{a.from_offset}, {a.until_offset}) and "
+                            f"[{b.from_offset}, {b.until_offset}) overlap")
+    cursor = start_offset
+    for c in ordered:
+        if c.until_offset <= cursor:
+            continue
+        if c.from_offset > cursor and cursor < position:
+            problems.append(f"{tp}: gap [{cursor}, {min(c.from_offset, position)}) between committed ranges")
+        cursor = max(cursor, c.until_offset)
+    if cursor < position:
+        problems.append(f"{tp}: gap [{cursor}, {position}) before the position (nothing committed there)")
+    beyond = [c for c in ordered if c.until_offset > position]
+    if beyond:
+        problems.append(f"{tp}: committed range [{beyond[0].from_offset}, {beyond[0].until_offset}) reaches past "
+                        f"the position {position}")
+    return problems
+
+
+@dataclass(frozen=True)
+class PositionChange:
+    """One partition's position before and after a reset."""
+
+    topic: str
+    partition: int
+    before: int | None  # None: the ledger has not seen the partition yet
+    after: int
+
+    @property
+    def skipped(self) -> OffsetRange | None:
+        """Offsets jumped over (never read) by a forward reset."""
+        if self.before is not None and self.after > self.before:
+            return OffsetRange(self.topic, self.partition, self.before, self.after)
+        return None
+
+    @property
+    def reread(self) -> OffsetRange | None:
+        """Offsets that a backward reset makes the pipeline read again (their rows get replaced)."""
+        if self.before is not None and self.after < self.before:
+            return OffsetRange(self.topic, self.partition, self.after, self.before)
+        return None
+
+
+def plan_reset(
+    positions: Mapping[TopicPartition, int],
+    targets: Mapping[TopicPartition, int],
+    offsets: Mapping[TopicPartition, PartitionOffsets],
+) -> list[PositionChange]:
+    """Validate reset targets against Kafka and describe each partition's change."""
+    problems = []
+    for tp, target in sorted(targets.items()):
+        if tp not in offsets:
+            problems.append(f"{tp} is not a partition of the pipeline's subscription in Kafka")
+        elif not offsets[tp].log_start <= target <= offsets[tp].end:
+            problems.append(f"{tp}: offset {target} is outside [{offsets[tp].log_start}, {offsets[tp].end}] "
+                            "(log start, end offset)")
+    if problems:
+        raise PlanError("cannot reset positions: " + "; ".join(problems))
+    return [PositionChange(tp.topic, tp.partition, positions.get(tp), target) for tp, target in sorted(targets.items())]
 
 
 def lost_ranges(ranges: Iterable[OffsetRange], offsets: Mapping[TopicPartition, PartitionOffsets]) -> list[OffsetRange]:

@@ -14,31 +14,52 @@ LOCK_PIPELINE = "SELECT pg_advisory_xact_lock(hashtextextended('kafka_ledger:' |
 BATCH_COLUMNS = """
     batch_id, pipeline, status, attempts, staged_attempt, dag_id, run_id, planned_at, started_at,
     written_at, committed_at, failed_at, records_read, records_written, records_dead_lettered,
-    read_seconds, commit_seconds, last_error
+    read_seconds, commit_seconds, last_error, kind, replay_of, requested_by, reason, window_start, window_end
 """
+
+UNFINISHED = "status NOT IN ('committed', 'abandoned')"
 
 SELECT_OPEN_BATCH = f"""
     SELECT {BATCH_COLUMNS} FROM kafka_ledger.batches
-    WHERE pipeline = %(pipeline)s AND status <> 'committed'
+    WHERE pipeline = %(pipeline)s AND {UNFINISHED} AND kind = 'catch_up'
+"""
+
+# Unfinished batches of every kind: rewrites may be in flight beside the catch-up batch.
+SELECT_IN_FLIGHT_BATCH_IDS = f"""
+    SELECT batch_id FROM kafka_ledger.batches WHERE pipeline = %(pipeline)s AND {UNFINISHED} ORDER BY batch_id
+"""
+
+# The unfinished batch a DAG run already recorded: a retried plan task resumes it instead of planning anew.
+SELECT_RUN_OPEN_BATCH = f"""
+    SELECT batch_id FROM kafka_ledger.batches
+    WHERE pipeline = %(pipeline)s AND dag_id = %(dag_id)s AND run_id = %(run_id)s AND {UNFINISHED}
+"""
+
+LIST_BATCHES = f"""
+    SELECT {BATCH_COLUMNS} FROM kafka_ledger.batches
+    WHERE pipeline = %(pipeline)s AND (%(status)s::text IS NULL OR status = %(status)s)
+    ORDER BY batch_id DESC LIMIT %(limit)s
 """
 
 SELECT_BATCH = f"SELECT {BATCH_COLUMNS} FROM kafka_ledger.batches WHERE batch_id = %(batch_id)s"
 SELECT_BATCH_FOR_UPDATE = SELECT_BATCH + " FOR UPDATE"
 
 SELECT_BATCH_RANGES = """
-    SELECT topic, partition, from_offset, until_offset FROM kafka_ledger.batch_ranges
+    SELECT topic, partition, from_offset, until_offset, skipped_from FROM kafka_ledger.batch_ranges
     WHERE batch_id = %(batch_id)s ORDER BY topic, partition
 """
 
 INSERT_BATCH = """
-    INSERT INTO kafka_ledger.batches (pipeline, dag_id, run_id)
-    VALUES (%(pipeline)s, %(dag_id)s, %(run_id)s)
+    INSERT INTO kafka_ledger.batches
+        (pipeline, dag_id, run_id, kind, replay_of, requested_by, reason, window_start, window_end)
+    VALUES (%(pipeline)s, %(dag_id)s, %(run_id)s, %(kind)s, %(replay_of)s, %(requested_by)s, %(reason)s,
+            %(window_start)s, %(window_end)s)
     RETURNING batch_id
 """
 
 INSERT_BATCH_RANGE = """
-    INSERT INTO kafka_ledger.batch_ranges (batch_id, topic, partition, from_offset, until_offset)
-    VALUES (%(batch_id)s, %(topic)s, %(partition)s, %(from_offset)s, %(until_offset)s)
+    INSERT INTO kafka_ledger.batch_ranges (batch_id, topic, partition, from_offset, until_offset, skipped_from)
+    VALUES (%(batch_id)s, %(topic)s, %(partition)s, %(from_offset)s, %(until_offset)s, %(skipped_from)s)
 """
 
 UPDATE_BATCH_OWNER = """
@@ -51,9 +72,57 @@ SELECT_POSITIONS = """
 
 # New partitions get their start position once; an existing position is never overwritten here.
 INSERT_START_POSITION = """
-    INSERT INTO kafka_ledger.positions (pipeline, topic, partition, position)
-    VALUES (%(pipeline)s, %(topic)s, %(partition)s, %(position)s)
+    INSERT INTO kafka_ledger.positions (pipeline, topic, partition, position, start_offset)
+    VALUES (%(pipeline)s, %(topic)s, %(partition)s, %(position)s, %(position)s)
     ON CONFLICT (pipeline, topic, partition) DO NOTHING
+"""
+
+SELECT_POSITION_ROWS = """
+    SELECT topic, partition, position, start_offset, last_batch_id, updated_at FROM kafka_ledger.positions
+    WHERE pipeline = %(pipeline)s ORDER BY topic, partition
+"""
+
+# A reset: the position moves, and a start moved back makes the re-read stretch part of what must be tiled.
+UPSERT_POSITION = """
+    INSERT INTO kafka_ledger.positions (pipeline, topic, partition, position, start_offset)
+    VALUES (%(pipeline)s, %(topic)s, %(partition)s, %(position)s, %(position)s)
+    ON CONFLICT (pipeline, topic, partition) DO UPDATE
+    SET position = EXCLUDED.position, start_offset = least(kafka_ledger.positions.start_offset, EXCLUDED.position),
+        last_batch_id = NULL, updated_at = now()
+"""
+
+INSERT_RESET = """
+    INSERT INTO kafka_ledger.position_resets (pipeline, requested_by, reason, target, partitions, abandoned_batches)
+    VALUES (%(pipeline)s, %(requested_by)s, %(reason)s, %(target)s, %(partitions)s, %(abandoned_batches)s)
+    RETURNING reset_id, requested_at
+"""
+
+SELECT_RESETS = """
+    SELECT reset_id, requested_by, requested_at, reason, target, partitions, abandoned_batches
+    FROM kafka_ledger.position_resets WHERE pipeline = %(pipeline)s ORDER BY reset_id DESC LIMIT %(limit)s
+"""
+
+ABANDON_UNFINISHED_BATCHES = f"""
+    UPDATE kafka_ledger.batches SET status = 'abandoned', last_error = %(error)s
+    WHERE pipeline = %(pipeline)s AND {UNFINISHED}
+    RETURNING batch_id
+"""
+
+SELECT_COVERAGE = """
+    SELECT topic, partition, from_offset, until_offset, disposition, batch_id, reset_id
+    FROM kafka_ledger.committed_ranges WHERE pipeline = %(pipeline)s ORDER BY topic, partition, from_offset
+"""
+
+DELETE_COVERAGE = """
+    DELETE FROM kafka_ledger.committed_ranges
+    WHERE pipeline = %(pipeline)s AND topic = %(topic)s AND partition = %(partition)s AND from_offset = %(from_offset)s
+"""
+
+INSERT_COVERAGE = """
+    INSERT INTO kafka_ledger.committed_ranges
+        (pipeline, topic, partition, from_offset, until_offset, disposition, batch_id, reset_id)
+    VALUES (%(pipeline)s, %(topic)s, %(partition)s, %(from_offset)s, %(until_offset)s, %(disposition)s,
+            %(batch_id)s, %(reset_id)s)
 """
 
 # A new attempt of the Spark job: it stages rows tagged with this attempt number.
@@ -85,10 +154,15 @@ MARK_FAILED = """
 
 RECORD_ERROR = "UPDATE kafka_ledger.batches SET last_error = %(error)s WHERE batch_id = %(batch_id)s"
 
+# A catch-up batch's coverage: the ranges it read, and the stretches a latest_only batch skipped.
 INSERT_COMMITTED_RANGES = """
-    INSERT INTO kafka_ledger.committed_ranges (pipeline, topic, partition, from_offset, until_offset, batch_id)
-    SELECT %(pipeline)s, topic, partition, from_offset, until_offset, batch_id
+    INSERT INTO kafka_ledger.committed_ranges
+        (pipeline, topic, partition, from_offset, until_offset, batch_id, disposition)
+    SELECT %(pipeline)s, topic, partition, from_offset, until_offset, batch_id, 'read'
     FROM kafka_ledger.batch_ranges WHERE batch_id = %(batch_id)s
+    UNION ALL
+    SELECT %(pipeline)s, topic, partition, skipped_from, from_offset, batch_id, 'skipped'
+    FROM kafka_ledger.batch_ranges WHERE batch_id = %(batch_id)s AND skipped_from IS NOT NULL
 """
 
 # Compare-and-set: a position advances only from exactly the offset the batch started at.
@@ -97,17 +171,25 @@ ADVANCE_POSITIONS = """
     SET position = r.until_offset, last_batch_id = r.batch_id, updated_at = now()
     FROM kafka_ledger.batch_ranges r
     WHERE r.batch_id = %(batch_id)s AND p.pipeline = %(pipeline)s
-      AND p.topic = r.topic AND p.partition = r.partition AND p.position = r.from_offset
+      AND p.topic = r.topic AND p.partition = r.partition AND p.position = coalesce(r.skipped_from, r.from_offset)
     RETURNING p.topic, p.partition
 """
 
 SELECT_POSITION_MISMATCHES = """
-    SELECT r.topic, r.partition, r.from_offset, p.position
+    SELECT r.topic, r.partition, coalesce(r.skipped_from, r.from_offset), p.position
     FROM kafka_ledger.batch_ranges r
     LEFT JOIN kafka_ledger.positions p
       ON p.pipeline = %(pipeline)s AND p.topic = r.topic AND p.partition = r.partition
-    WHERE r.batch_id = %(batch_id)s AND p.position IS DISTINCT FROM r.from_offset
+    WHERE r.batch_id = %(batch_id)s AND p.position IS DISTINCT FROM coalesce(r.skipped_from, r.from_offset)
     ORDER BY r.topic, r.partition
+"""
+
+# Replace, not append: a replay (or a re-read after a backward reset) first removes what the offsets
+# published before, so each record ends up exactly once whatever ran earlier.
+DELETE_DEAD_LETTER_RANGE = """
+    DELETE FROM kafka_ledger.dead_letters
+    WHERE pipeline = %(pipeline)s AND kafka_topic = %(topic)s AND kafka_partition = %(partition)s
+      AND kafka_offset >= %(from_offset)s AND kafka_offset < %(until_offset)s
 """
 
 MARK_COMMITTED = """
@@ -159,8 +241,13 @@ REOPEN_WRITTEN_BATCHES = """
 # A pipeline's ledger rows, children before parents (foreign keys point at batches).
 DELETE_PIPELINE_LEDGER_ROWS = [
     f"DELETE FROM kafka_ledger.{table} WHERE pipeline = %(pipeline)s"
-    for table in ("dead_letters", "positions", "committed_ranges", "batches")
+    for table in ("dead_letters", "positions", "committed_ranges", "batches", "position_resets")
 ]
+
+SELECT_DEAD_LETTER_REASONS = """
+    SELECT kafka_topic, kafka_partition, kafka_offset, error FROM kafka_ledger.dead_letters
+    WHERE pipeline = %(pipeline)s ORDER BY kafka_topic, kafka_partition, kafka_offset
+"""
 
 SELECT_DEAD_LETTER_IDS = """
     SELECT kafka_topic, kafka_partition, kafka_offset FROM kafka_ledger.dead_letters WHERE pipeline = %(pipeline)s
@@ -187,7 +274,19 @@ def _declared_columns(pipeline: PipelineConfig) -> list[sql.Composed]:
 
 
 def create_output_table(pipeline: PipelineConfig) -> sql.Composed:
-    """The published table: declared columns plus the Kafka coordinates, unique per record."""
+    """The published table: declared columns plus the Kafka coordinates, unique per record.
+
+    An at_least_once pipeline's table has a plain index instead of the key: a re-delivered record is
+    appended again rather than failing the write (that is what at-least-once means).
+    """
+    if pipeline.delivery_mode == "at_least_once":
+        key = sql.SQL("")
+        index = sql.SQL("; CREATE INDEX IF NOT EXISTS {} ON {} (kafka_topic, kafka_partition, kafka_offset)").format(
+            sql.Identifier(f"{pipeline.output_table}$kafka_record"), output_table(pipeline)
+        )
+    else:
+        key = sql.SQL(",\n            PRIMARY KEY (kafka_topic, kafka_partition, kafka_offset)")
+        index = sql.SQL("")
     return sql.SQL(
         """
         CREATE SCHEMA IF NOT EXISTS {schema};
@@ -197,14 +296,15 @@ def create_output_table(pipeline: PipelineConfig) -> sql.Composed:
             kafka_partition integer     NOT NULL,
             kafka_offset    bigint      NOT NULL,
             kafka_timestamp timestamptz,
-            batch_id        bigint      NOT NULL,
-            PRIMARY KEY (kafka_topic, kafka_partition, kafka_offset)
-        )
+            batch_id        bigint      NOT NULL{key}
+        ){index}
         """
     ).format(
         schema=sql.Identifier(pipeline.output_schema),
         table=output_table(pipeline),
         columns=sql.SQL(",\n            ").join(_declared_columns(pipeline)),
+        key=key,
+        index=index,
     )
 
 
@@ -246,12 +346,27 @@ def select_output_record_ids(pipeline: PipelineConfig) -> sql.Composed:
     return sql.SQL("SELECT kafka_topic, kafka_partition, kafka_offset FROM {}").format(output_table(pipeline))
 
 
+def delete_output_range(pipeline: PipelineConfig) -> sql.Composed:
+    """Remove the published rows of one partition's offsets [from, until), before they are written again."""
+    return sql.SQL(
+        """
+        DELETE FROM {output}
+        WHERE kafka_topic = %(topic)s AND kafka_partition = %(partition)s
+          AND kafka_offset >= %(from_offset)s AND kafka_offset < %(until_offset)s
+        """
+    ).format(output=output_table(pipeline))
+
+
+def output_columns(pipeline: PipelineConfig) -> list[str]:
+    """Columns of an output row: the declared ones, then the Kafka coordinates and the batch."""
+    return [c.name for c in pipeline.columns] + [
+        "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "batch_id"
+    ]
+
+
 def publish_output(pipeline: PipelineConfig) -> sql.Composed:
     """Copy one attempt's decoded rows from staging into the output table."""
-    names = [sql.Identifier(c.name) for c in pipeline.columns]
-    kafka = [sql.Identifier(n) for n in ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp",
-                                         "batch_id")]
-    columns = sql.SQL(", ").join(names + kafka)
+    columns = sql.SQL(", ").join(sql.Identifier(name) for name in output_columns(pipeline))
     return sql.SQL(
         """
         INSERT INTO {output} ({columns})

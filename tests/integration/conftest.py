@@ -40,6 +40,8 @@ PIPELINES = {
     "partitions": {},
     "cas": {},
     "unwritten": {},
+    # Driven through a running `airflow standalone` and its REST API (test_airflow_rest.py).
+    "rest": {"schedule": "@hourly", "max_records_per_partition": 100},
 }
 
 

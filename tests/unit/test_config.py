@@ -174,7 +174,7 @@ def test_empty_columns_are_rejected():
 
 def test_empty_topics_are_rejected():
     message = config_error(pipeline_yaml(topics="[]"))
-    assert "pipelines.p.topics" in message
+    assert "declare exactly one of topics" in message and "found none" in message
 
 
 @pytest.mark.parametrize("topic", ["bad topic", "bad/topic", "t" * 250, "'ünïcode'"])
@@ -217,7 +217,7 @@ def test_bad_start_position_is_rejected():
 
 def test_missing_required_fields_are_all_reported():
     message = config_error("pipelines:\n  p:\n    description: nothing else\n")
-    for field in ("topics", "output_table", "columns"):
+    for field in ("output_table", "columns"):
         assert f"pipelines.p.{field}: Field required" in message
 
 
@@ -325,3 +325,45 @@ def test_schedule_that_is_not_cron_is_refused():
                                                 "columns": [{"name": "a", "type": "string"}]}}})
     with pytest.raises(ConfigError, match=r"pipelines\.p\.schedule.*'every hour' is not a cron expression"):
         parse_pipelines(text)
+
+
+# --- subscriptions and delivery modes ---------------------------------------------------------------------------
+
+
+def test_topic_pattern_subscription_matches_whole_names_and_skips_internal_topics():
+    pipeline = parse_pipelines(pipeline_yaml(topics="[]", topic_pattern="'orders\\.[a-z]+'"))["p"]
+    assert pipeline.subscribes("orders.eu") and pipeline.subscribes("orders.us")
+    assert not pipeline.subscribes("orders.eu.dlq") and not pipeline.subscribes("xorders.eu")
+    assert pipeline.subscription == "topics matching /orders\\.[a-z]+/"
+    internal = parse_pipelines(pipeline_yaml(topics="[]", topic_pattern="'.*'"))["p"]
+    assert not internal.subscribes("__consumer_offsets")
+
+
+def test_assignment_subscription_with_start_offsets():
+    text = pipeline_yaml(
+        topics="[]", assignment="[{topic: a, partition: 0, start_offset: 42}, {topic: a, partition: 2}]"
+    )
+    pipeline = parse_pipelines(text)["p"]
+    assert [(a.topic, a.partition, a.start_offset) for a in pipeline.assignment] == [("a", 0, 42), ("a", 2, None)]
+    assert pipeline.subscribes("a") and not pipeline.subscribes("b")
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"topic_pattern": "'x.*'"}, "found topics, topic_pattern"),
+        ({"topics": "[]", "topic_pattern": "'('"}, "is not a valid regular expression"),
+        ({"topics": "[]", "assignment": "[{topic: a, partition: 0}, {topic: a, partition: 0}]"}, "assigned twice"),
+        ({"topics": "[]", "assignment": "[{topic: 'a b', partition: 0}]"}, "not a valid Kafka topic name"),
+        ({"topics": "[]", "assignment": "[{topic: a, partition: -1}]"}, "greater than or equal to 0"),
+    ],
+)
+def test_bad_subscriptions_are_rejected(overrides, expected):
+    assert expected in config_error(pipeline_yaml(**overrides))
+
+
+def test_delivery_mode_defaults_to_exactly_once_and_is_validated():
+    assert parse_pipelines(pipeline_yaml())["p"].delivery_mode == "exactly_once"
+    for mode in ("at_least_once", "latest_only"):
+        assert parse_pipelines(pipeline_yaml(delivery_mode=mode))["p"].delivery_mode == mode
+    assert "pipelines.p.delivery_mode" in config_error(pipeline_yaml(delivery_mode="at_most_once"))

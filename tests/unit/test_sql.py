@@ -146,5 +146,26 @@ def test_every_declared_type_has_a_postgres_type():
 
 
 def test_position_advance_is_compare_and_set():
-    assert "p.position = r.from_offset" in normalise(sql.ADVANCE_POSITIONS)
+    # A latest_only batch starts where its skipped stretch starts.
+    assert "p.position = coalesce(r.skipped_from, r.from_offset)" in normalise(sql.ADVANCE_POSITIONS)
     assert "attempts = %(attempt)s AND status = 'planned'" in normalise(sql.MARK_WRITTEN)
+
+
+def test_at_least_once_output_table_has_an_index_but_no_unique_key():
+    pipeline = parse_pipelines(
+        "pipelines:\n  clicks:\n    topics: [clicks]\n    output_table: clicks\n    delivery_mode: at_least_once\n"
+        "    columns: [{name: click_id, type: string}]\n"
+    )["clicks"]
+    text = normalise(render(sql.create_output_table(pipeline)))
+    assert "PRIMARY KEY" not in text
+    assert 'CREATE INDEX IF NOT EXISTS "clicks$kafka_record" ON "public"."clicks" (kafka_topic, kafka_partition, ' \
+           "kafka_offset)" in text
+
+
+def test_replace_deletes_exactly_one_partition_range(pipeline):
+    text = normalise(render(sql.delete_output_range(pipeline)))
+    assert text == (
+        'DELETE FROM "analytics"."click_events" WHERE kafka_topic = %(topic)s AND kafka_partition = %(partition)s '
+        "AND kafka_offset >= %(from_offset)s AND kafka_offset < %(until_offset)s"
+    )
+    assert "kafka_offset < %(until_offset)s" in normalise(sql.DELETE_DEAD_LETTER_RANGE)

@@ -1,0 +1,73 @@
+"""Run requests from the trigger form or REST conf: defaults, validation messages, and the form's schema."""
+
+from datetime import UTC, datetime
+
+import jsonschema
+import pytest
+
+from kafka_ledger.batch_requests import RequestError, parse_request
+from kafka_ledger.planning import OffsetRange
+
+
+def test_empty_conf_means_catch_up():
+    assert parse_request(None).mode == "catch_up"
+    # The form sends every field; empty ones mean "not given".
+    assert parse_request({"mode": "catch_up", "ranges": [], "window_from": None, "batch_id": None, "reason": ""}).mode \
+        == "catch_up"
+
+
+def test_offset_ranges_use_kafka_words_from_and_until():
+    request = parse_request({"mode": "offset_ranges", "ranges": [{"topic": "t", "partition": 1, "from": 5,
+                                                                   "until": 9}]})
+    assert request.offset_ranges == [OffsetRange("t", 1, 5, 9)]
+
+
+def test_window_without_zone_is_utc():
+    request = parse_request({"mode": "time_window", "window_from": "2026-11-20T10:00:00",
+                             "window_to": "2026-11-20T11:00:00+00:00"})
+    assert request.window_from == datetime(2026, 11, 20, 10, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    "conf, expected",
+    [
+        ({"mode": "offset_ranges", "ranges": [{"topic": "t", "partition": 0, "from": 50, "until": 10}]},
+         "t-0: from 50 must be below until 10"),
+        ({"mode": "offset_ranges", "ranges": [{"topic": "t", "partition": 0, "from": -1, "until": 10}]},
+         "offsets cannot be negative"),
+        ({"mode": "offset_ranges"}, "mode offset_ranges needs at least one range"),
+        ({"mode": "time_window", "window_from": "2026-11-20T11:00:00Z", "window_to": "2026-11-20T10:00:00Z"},
+         "must be before window_to"),
+        ({"mode": "time_window", "window_from": "2026-11-20T11:00:00Z"}, "needs window_from and window_to"),
+        ({"mode": "replay_batch"}, "mode replay_batch needs batch_id"),
+        ({"mode": "replay"}, "mode: Input should be"),
+        ({"mode": "catch_up", "batchid": 3}, "batchid: Extra inputs are not permitted"),
+    ],
+)
+def test_invalid_requests_are_refused_in_words(conf, expected):
+    with pytest.raises(RequestError) as exc_info:
+        parse_request(conf)
+    assert expected in str(exc_info.value)
+
+
+def test_trigger_form_schema_accepts_the_documented_examples_and_refuses_bad_types():
+    from kafka_ledger.airflow_dag import trigger_form
+    from kafka_ledger.config import parse_pipelines
+
+    pipeline = parse_pipelines(
+        "pipelines:\n  p:\n    topics: [t]\n    output_table: t\n    columns: [{name: a, type: string}]\n"
+    )["p"]
+    form = trigger_form(pipeline)
+    defaults = {name: param.value for name, param in form.items()}
+    assert parse_request(defaults).mode == "catch_up"
+
+    def check(name, value):
+        jsonschema.validate(value, form[name].schema, format_checker=jsonschema.FormatChecker())
+
+    check("ranges", [{"topic": "t", "partition": 0, "from": 1, "until": 2}])
+    check("window_from", "2026-11-20T10:00:00Z")
+    check("batch_id", 3)
+    with pytest.raises(jsonschema.ValidationError):
+        check("ranges", [{"topic": "t", "partition": 0, "from": -1, "until": 2}])
+    with pytest.raises(jsonschema.ValidationError):
+        check("mode", "everything")
