@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,34 +17,13 @@ from airflow.timetables.interval import CronDataIntervalTimetable
 
 from kafka_ledger.config import PipelineConfig, config_path, get_pipeline
 from kafka_ledger.settings import bootstrap_servers, ledger_dsn
+from kafka_ledger.spark_submit import BASE_SPARK_CONF, SPARK_APPLICATION, spark_conf, spark_jars
+
+__all__ = ["BASE_SPARK_CONF", "SPARK_APPLICATION", "SPARK_POOL", "build_pipeline_dag", "run_pipeline_dag"]
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-SPARK_APPLICATION = PROJECT_ROOT / "spark_jobs" / "ingest_batch.py"
 SPARK_POOL = "kafka_ledger_spark"
-SPARK_LOG_CONFIG = PROJECT_ROOT / "spark_jobs" / "log4j2.properties"
-
-# Fixed settings every Spark job gets; a pipeline's spark_conf may override them.
-BASE_SPARK_CONF = {
-    "spark.sql.session.timeZone": "UTC",
-    "spark.driver.extraJavaOptions": f"-Duser.timezone=UTC -Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG}",
-    "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
-    "spark.ui.enabled": "false",
-    "spark.driver.memory": "1g",
-    "spark.sql.shuffle.partitions": "8",
-}
-
-
-def spark_jars() -> str:
-    """Comma-separated local jars for spark-submit: the Kafka connector and the JDBC driver."""
-    jars_dir = Path(os.environ.get("KAFKA_LEDGER_SPARK_JARS_DIR") or PROJECT_ROOT / ".stack" / "cache" / "spark-jars")
-    jars = sorted(str(p) for p in jars_dir.glob("*.jar"))
-    if not jars:
-        raise FileNotFoundError(
-            f"no Spark connector jars in {jars_dir}: run scripts/stack.sh install (or set KAFKA_LEDGER_SPARK_JARS_DIR)"
-        )
-    return ",".join(jars)
 
 
 def masked_ledger_dsn() -> str:
@@ -239,7 +216,7 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
                 "--batch-id", "{{ ti.xcom_pull(task_ids='plan_batch')['batch_id'] }}",
             ],
             jars="{{ spark_jars() }}",
-            conf={**BASE_SPARK_CONF, **pipeline.spark_conf},
+            conf=spark_conf(pipeline),
             # Resolved in the worker when the task runs (env first, then Airflow connections).
             env_vars={
                 "KAFKA_LEDGER_DB_URL": "{{ ledger_dsn() }}",

@@ -62,7 +62,7 @@ class PostgresRecords:
     dead_letters: list[RecordId]
 
 
-def _record_ids(cur: ledger.Cursor, pipeline: PipelineConfig) -> PostgresRecords:
+def record_ids(cur: ledger.Cursor, pipeline: PipelineConfig) -> PostgresRecords:
     cur.execute(sql.select_output_record_ids(pipeline))
     output = [tuple(row) for row in cur.fetchall()]
     cur.execute(sql.SELECT_DEAD_LETTER_IDS, {"pipeline": pipeline.name})
@@ -70,7 +70,7 @@ def _record_ids(cur: ledger.Cursor, pipeline: PipelineConfig) -> PostgresRecords
 
 
 def _lag(cur: ledger.Cursor, bootstrap_servers: str, pipeline: PipelineConfig) -> int:
-    offsets = kafka_offsets.partition_offsets(bootstrap_servers, pipeline.topics)
+    offsets = kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)
     known = ledger.positions(cur, pipeline.name)
     # Partitions the ledger has not seen yet count from where the pipeline would start them.
     unseen = start_positions([tp for tp in offsets if tp not in known], offsets, pipeline.start_position)
@@ -81,7 +81,7 @@ def postgres_record_ids(dsn: str, pipeline: PipelineConfig) -> PostgresRecords:
     conn = ledger.connect(dsn)
     try:
         with conn, conn.cursor() as cur:
-            return _record_ids(cur, pipeline)
+            return record_ids(cur, pipeline)
     finally:
         conn.close()
 
@@ -125,11 +125,12 @@ def reconcile(dsn: str, bootstrap_servers: str, pipeline: PipelineConfig) -> Rec
     `missing` counts records inside committed ranges that are neither in the output nor dead letters;
     records not read yet are the lag, not missing.
     """
-    produced = kafka_record_ids(bootstrap_servers, pipeline.topics)
+    topics = sorted({tp.topic for tp in kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)})
+    produced = kafka_record_ids(bootstrap_servers, topics)
     conn = ledger.connect(dsn)
     try:
         with conn, conn.cursor() as cur:
-            stored = _record_ids(cur, pipeline)
+            stored = record_ids(cur, pipeline)
             cur.execute(sql.SELECT_COMMITTED_RANGES, {"pipeline": pipeline.name})
             ranges: dict[tuple[str, int], list[tuple[int, int]]] = {}
             for topic, partition, lo, hi in cur.fetchall():

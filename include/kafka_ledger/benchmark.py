@@ -61,9 +61,9 @@ def produce(servers: str, topic: str, records: int) -> float:
 def run(records: int, partitions: int, cap: int, keep: bool) -> dict[str, object]:
     from confluent_kafka.admin import NewTopic
 
-    from kafka_ledger.airflow_dag import BASE_SPARK_CONF, SPARK_APPLICATION, spark_jars
     from kafka_ledger.audit import reconcile
     from kafka_ledger.batches import commit_batch, plan_next_batch
+    from kafka_ledger.spark_submit import BASE_SPARK_CONF, SPARK_APPLICATION, spark_jars
 
     servers, dsn = bootstrap_servers(), ledger_dsn()
     run_id = uuid.uuid4().hex[:8]

@@ -10,6 +10,10 @@ from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import PartitionOffsets, PlanError, TopicPartition
 
 
+class KafkaUnavailable(PlanError):
+    """Kafka did not answer: nothing was planned (retrying later is the remedy)."""
+
+
 def admin_client(bootstrap_servers: str) -> AdminClient:
     return AdminClient({"bootstrap.servers": bootstrap_servers, "socket.timeout.ms": 10_000})
 
@@ -35,7 +39,7 @@ def partition_offsets(
     try:
         metadata = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
-        raise PlanError(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
+        raise KafkaUnavailable(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
     missing = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
     if missing:
         raise PlanError(f"topic(s) not found in Kafka at {bootstrap_servers}: {', '.join(missing)}")
@@ -46,7 +50,7 @@ def partition_offsets(
         starts = _list_offsets(admin, tps, OffsetSpec.earliest(), timeout)
         ends = _list_offsets(admin, tps, OffsetSpec.latest(), timeout)
     except KafkaException as exc:
-        raise PlanError(f"cannot list offsets of {', '.join(topics)}: {exc}") from exc
+        raise KafkaUnavailable(f"cannot list offsets of {', '.join(topics)}: {exc}") from exc
     return {tp: PartitionOffsets(log_start=starts[tp], end=ends[tp]) for tp in tps}
 
 
@@ -63,7 +67,7 @@ def subscribed_offsets(
         try:
             names = list(admin.list_topics(timeout=timeout).topics)
         except KafkaException as exc:
-            raise PlanError(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
+            raise KafkaUnavailable(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
         matching = sorted(t for t in names if pipeline.subscribes(t))
         return partition_offsets(bootstrap_servers, matching, timeout) if matching else {}
     if pipeline.assignment:
@@ -91,5 +95,5 @@ def offsets_for_time(
     try:
         found = _list_offsets(admin, tps, OffsetSpec.for_timestamp(timestamp_ms), timeout)
     except KafkaException as exc:
-        raise PlanError(f"cannot look up offsets by time in Kafka at {bootstrap_servers}: {exc}") from exc
+        raise KafkaUnavailable(f"cannot look up offsets by time in Kafka at {bootstrap_servers}: {exc}") from exc
     return {tp: (offset if offset >= 0 else None) for tp, offset in found.items()}

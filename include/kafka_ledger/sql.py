@@ -255,7 +255,7 @@ SELECT_DEAD_LETTER_IDS = """
 
 SELECT_COMMITTED_RANGES = """
     SELECT topic, partition, from_offset, until_offset FROM kafka_ledger.committed_ranges
-    WHERE pipeline = %(pipeline)s ORDER BY topic, partition, from_offset
+    WHERE pipeline = %(pipeline)s AND disposition = 'read' ORDER BY topic, partition, from_offset
 """
 
 

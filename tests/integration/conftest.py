@@ -40,6 +40,16 @@ PIPELINES = {
     "partitions": {},
     "cas": {},
     "unwritten": {},
+    # Operator controls (test_operator_controls.py).
+    "replay": {},
+    "ranges": {},
+    "window": {},
+    "reset": {},
+    "alo": {"delivery_mode": "at_least_once", "retries": 1},
+    "latest_only": {"delivery_mode": "latest_only", "max_records_per_partition": 50},
+    "pattern": {"topics": [], "topic_pattern": f"it-{RUN}-pattern-[a-z]+"},
+    "assign": {"topics": [], "assignment": [{"topic": f"it-{RUN}-assign", "partition": 1, "start_offset": 5},
+                                            {"topic": f"it-{RUN}-assign", "partition": 2}]},
     # Driven through a running `airflow standalone` and its REST API (test_airflow_rest.py).
     "rest": {"schedule": "@hourly", "max_records_per_partition": 100},
 }
@@ -137,6 +147,6 @@ def remove_test_artifacts(servers: str, dsn: str, test_pipelines_file: Path):
     conn.close()
     admin = AdminClient({"bootstrap.servers": servers})
     existing = set(admin.list_topics(timeout=10).topics)
-    topics = [topic_name(key) for key in PIPELINES if topic_name(key) in existing]
+    topics = [name for name in existing if name.startswith(f"it-{RUN}-")]
     for future in admin.delete_topics(topics).values() if topics else ():
         future.result(timeout=30)

@@ -29,8 +29,10 @@ class RecordedProducer:
     def __init__(self, servers: str):
         self.producer = Producer({"bootstrap.servers": servers, "enable.idempotence": True, "linger.ms": 5})
 
-    def send(self, topic: str, values: list[bytes | None], partition: int | None = None) -> list[tuple[str, int, int]]:
-        """Produce `values` in order; element i of the result is where value i landed."""
+    def send(
+        self, topic: str, values: list[bytes | None], partition: int | None = None, timestamp_ms: int | None = None
+    ) -> list[tuple[str, int, int]]:
+        """Produce `values` in order (optionally with one Kafka timestamp); element i says where value i landed."""
         landed: dict[int, tuple[str, int, int]] = {}
         errors: list[str] = []
 
@@ -44,6 +46,8 @@ class RecordedProducer:
 
         for i, value in enumerate(values):
             kwargs = {"partition": partition} if partition is not None else {}
+            if timestamp_ms is not None:
+                kwargs["timestamp"] = timestamp_ms
             self.producer.produce(topic, key=f"k{i}".encode(), value=value, on_delivery=on_delivery(i), **kwargs)
             self.producer.poll(0)
         self.producer.flush(30)

@@ -1,0 +1,420 @@
+"""The `kafka-ledger` command: status, batches, plan, replay, reset and verify of declared pipelines.
+
+Exit codes: 0 success; 1 verify found problems; 2 bad command line; 3 refused (invalid request or ledger
+state: nothing was written); 4 failed (Kafka or Postgres unreachable, the Spark job or the commit failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import logging
+import os
+import sys
+from datetime import datetime
+from typing import Any
+
+import psycopg2
+
+from kafka_ledger import kafka_offsets, ledger, planning, settings
+from kafka_ledger.batch_requests import BatchRequest, RequestError, parse_request
+from kafka_ledger.batches import CommitError
+from kafka_ledger.config import ConfigError, PipelineConfig, get_pipeline, load_pipelines
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REFUSED, EXIT_FAILED = 0, 1, 2, 3, 4
+
+log = logging.getLogger("kafka_ledger.cli")
+
+
+class Failed(RuntimeError):
+    """An operation started and failed (as opposed to being refused before anything was written)."""
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=2, default=str) if args.json else text)
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [headers] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+
+
+def _services() -> tuple[str, str]:
+    return settings.ledger_dsn(), settings.bootstrap_servers()
+
+
+def _pipelines(names: list[str]) -> list[PipelineConfig]:
+    return [get_pipeline(n) for n in names] if names else list(load_pipelines().values())
+
+
+def _range_arg(text: str) -> dict[str, Any]:
+    try:
+        topic, partition, lo, hi = text.rsplit(":", 3)
+        return {"topic": topic, "partition": int(partition), "from": int(lo), "until": int(hi)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not TOPIC:PARTITION:FROM:UNTIL") from None
+
+
+def _offset_arg(text: str) -> tuple[planning.TopicPartition, int]:
+    try:
+        where, offset = text.rsplit("=", 1)
+        topic, partition = where.rsplit(":", 1)
+        return planning.TopicPartition(topic, int(partition)), int(offset)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not TOPIC:PARTITION=OFFSET") from None
+
+
+def _datetime_arg(text: str) -> datetime:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO date-time such as 2026-11-20T10:00:00Z") from None
+
+
+def _request(args: argparse.Namespace, default_mode: str | None) -> BatchRequest:
+    given = [name for name, value in (("--batch", args.batch), ("--range", args.range),
+                                      ("--from/--to", args.window_from or args.window_to)) if value]
+    if len(given) > 1:
+        raise RequestError(f"choose one of --batch, --range or --from/--to (got {', '.join(given)})")
+    if args.batch is not None:
+        mode = "replay_batch"
+    elif args.range:
+        mode = "offset_ranges"
+    elif args.window_from or args.window_to:
+        mode = "time_window"
+    elif default_mode:
+        mode = default_mode
+    else:
+        raise RequestError("say what to replay: --batch ID, --range TOPIC:PARTITION:FROM:UNTIL or --from/--to")
+    return parse_request({"mode": mode, "batch_id": args.batch, "ranges": args.range or [],
+                          "window_from": args.window_from, "window_to": args.window_to,
+                          "reason": getattr(args, "reason", "") or ""})
+
+
+def _ranges_text(ranges: list[dict[str, Any]]) -> str:
+    if not ranges:
+        return "  (none)"
+    return "\n".join(
+        f"  {r['topic']}-{r['partition']} [{r['from']}, {r['until']})  {r['until'] - r['from']} offsets"
+        + (f", skipping [{r['skipped_from']}, {r['from']})" if r.get("skipped_from") is not None else "")
+        for r in ranges
+    )
+
+
+# --- commands ----------------------------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    dsn, servers = _services()
+    report, lines = [], []
+    for pipeline in _pipelines(args.pipelines):
+        offsets = kafka_offsets.subscribed_offsets(servers, pipeline)
+        conn = ledger.connect(dsn)
+        try:
+            with conn, conn.cursor() as cur:
+                ledger.ensure_pipeline_tables(cur, pipeline)
+                rows = {r.topic_partition: r for r in ledger.position_rows(cur, pipeline.name)}
+                coverage = ledger.coverage(cur, pipeline.name)
+                unfinished = ledger.in_flight_batches(cur, pipeline.name)
+        finally:
+            conn.close()
+        partitions = []
+        for tp in sorted(set(offsets) | set(rows)):
+            row, kafka = rows.get(tp), offsets.get(tp)
+            skipped = sum(c.until_offset - c.from_offset for c in coverage.get(tp, []) if c.disposition == "skipped")
+            lag = None
+            if kafka is not None:
+                start = row.position if row else planning.start_positions([tp], offsets, pipeline.start_position)[tp]
+                lag = max(0, kafka.end - start)
+            partitions.append({
+                "topic": tp.topic, "partition": tp.partition, "position": row.position if row else None,
+                "log_start": kafka.log_start if kafka else None, "end_offset": kafka.end if kafka else None,
+                "lag": lag, "skipped_offsets": skipped, "in_kafka": kafka is not None,
+                "lost_offsets": max(0, kafka.log_start - row.position) if row and kafka else 0,
+            })
+        batches = [{"batch_id": b.batch_id, "kind": b.kind, "status": b.status, "attempts": b.attempts,
+                    "last_error": b.last_error} for b in unfinished]
+        entry = {"pipeline": pipeline.name, "delivery_mode": pipeline.delivery_mode,
+                 "subscription": pipeline.subscription, "lag": sum(p["lag"] or 0 for p in partitions),
+                 "partitions": partitions, "unfinished_batches": batches}
+        report.append(entry)
+        lines.append(f"pipeline {pipeline.name} ({pipeline.delivery_mode}, {pipeline.subscription}): "
+                     f"total lag {entry['lag']}")
+        lines.append(_table(
+            ["TOPIC", "PARTITION", "POSITION", "LOG-START", "END-OFFSET", "LAG", "SKIPPED", "NOTE"],
+            [[p["topic"], p["partition"], p["position"], p["log_start"], p["end_offset"], p["lag"],
+              p["skipped_offsets"],
+              "not in Kafka" if not p["in_kafka"] else
+              (f"LOST {p['lost_offsets']} offsets (retention)" if p["lost_offsets"] else
+               ("not read yet" if p["position"] is None else ""))] for p in partitions],
+        ))
+        for b in batches:
+            lines.append(f"unfinished batch {b['batch_id']} ({b['kind']}, {b['status']}, {b['attempts']} attempt(s))"
+                         + (f": {b['last_error']}" if b["last_error"] else ""))
+        lines.append("")
+    _emit(args, report if len(report) != 1 else report[0], "\n".join(lines).rstrip())
+    return EXIT_OK
+
+
+def _batch_dict(b: ledger.Batch) -> dict[str, Any]:
+    return {
+        "batch_id": b.batch_id, "pipeline": b.pipeline, "kind": b.kind, "status": b.status,
+        "attempts": b.attempts, "replay_of": b.replay_of, "requested_by": b.requested_by, "reason": b.reason,
+        "window_start": b.window_start, "window_end": b.window_end, "dag_id": b.dag_id, "run_id": b.run_id,
+        "planned_at": b.planned_at, "written_at": b.written_at, "committed_at": b.committed_at,
+        "records_read": b.records_read, "records_written": b.records_written,
+        "records_dead_lettered": b.records_dead_lettered, "read_seconds": b.read_seconds,
+        "commit_seconds": b.commit_seconds, "last_error": b.last_error,
+        "offsets": sum(r.span for r in b.ranges),
+        "ranges": [{"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until_offset,
+                    **({"skipped_from": r.skipped_from} if r.skipped_from is not None else {})} for r in b.ranges],
+    }
+
+
+def cmd_batches(args: argparse.Namespace) -> int:
+    pipeline = get_pipeline(args.pipeline)
+    conn = ledger.connect(settings.ledger_dsn())
+    try:
+        with conn, conn.cursor() as cur:
+            if args.batch_id is not None:
+                batch = ledger.get_batch(cur, args.batch_id)
+                if batch.pipeline != pipeline.name:
+                    raise RequestError(f"batch {batch.batch_id} belongs to pipeline {batch.pipeline!r}")
+                found = [batch]
+            else:
+                found = ledger.list_batches(cur, pipeline.name, args.limit, args.status)
+    finally:
+        conn.close()
+    data = [_batch_dict(b) for b in found]
+    if args.batch_id is not None:
+        d = data[0]
+        text = "\n".join(
+            [f"batch {d['batch_id']} of {d['pipeline']}: {d['kind']}, {d['status']}, {d['attempts']} attempt(s)"]
+            + [f"  {key}: {d[key]}" for key in ("replay_of", "requested_by", "reason", "window_start", "window_end",
+                                                "dag_id", "run_id", "planned_at", "written_at", "committed_at",
+                                                "records_read", "records_written", "records_dead_lettered",
+                                                "read_seconds", "commit_seconds", "last_error") if d[key] is not None]
+            + ["  ranges:", _ranges_text(d["ranges"])]
+        )
+        _emit(args, d, text)
+    else:
+        _emit(args, data, _table(
+            ["BATCH", "KIND", "STATUS", "ATTEMPTS", "OFFSETS", "READ", "WRITTEN", "DEAD", "PLANNED", "RUN / REPLAY OF"],
+            [[d["batch_id"], d["kind"], d["status"], d["attempts"], d["offsets"], d["records_read"],
+              d["records_written"], d["records_dead_lettered"], f"{d['planned_at']:%Y-%m-%d %H:%M:%S}",
+              d["run_id"] or (f"replay of {d['replay_of']}" if d["replay_of"] else None)] for d in data],
+        ))
+    return EXIT_OK
+
+
+def _plan_text(planned: dict[str, Any], pipeline: str) -> str:
+    if planned["batch_id"] is None and not planned["ranges"]:
+        head = f"nothing to read for {pipeline} ({planned['kind']})"
+    elif planned["dry_run"] and not planned["resumed"]:
+        head = f"dry run: a {planned['kind']} batch of {pipeline} would read {planned['offsets']} offsets"
+    else:
+        verb = "resumes" if planned["resumed"] else "reads"
+        head = f"batch {planned['batch_id']} ({planned['kind']}) of {pipeline} {verb} {planned['offsets']} offsets"
+    lines = [head, _ranges_text(planned["ranges"])]
+    if planned["pending"]:
+        lines += ["not ingested yet (the catch-up runs read these):", _ranges_text(planned["pending"])]
+    if planned["backlog_after"]:
+        lines.append(f"{planned['backlog_after']} offsets remain for later batches (per-partition cap)")
+    return "\n".join(lines)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from kafka_ledger.batches import plan_batch
+
+    pipeline = get_pipeline(args.pipeline)
+    dsn, servers = _services()
+    # Always a dry run: batches are recorded by the DAG's plan task (or `replay`).
+    planned = plan_batch(dsn, servers, pipeline, _request(args, "catch_up"), requested_by=getpass.getuser(),
+                         dry_run=True)
+    _emit(args, planned.as_dict(), _plan_text(planned.as_dict(), pipeline.name))
+    return EXIT_OK
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from kafka_ledger.batches import commit_batch, fail_batch, plan_batch
+    from kafka_ledger.spark_submit import submit_batch
+
+    pipeline = get_pipeline(args.pipeline)
+    dsn, servers = _services()
+    planned = plan_batch(dsn, servers, pipeline, _request(args, None), requested_by=getpass.getuser(),
+                         dry_run=args.dry_run)
+    out: dict[str, Any] = {"plan": planned.as_dict()}
+    if args.dry_run or planned.batch_id is None:
+        _emit(args, out, _plan_text(planned.as_dict(), pipeline.name))
+        return EXIT_OK
+    if not args.json:
+        print(_plan_text(planned.as_dict(), pipeline.name), flush=True)
+    try:
+        submit_batch(pipeline, planned.batch_id, dsn, servers)
+    except Exception as exc:
+        fail_batch(dsn, planned.batch_id, f"Spark job failed (kafka-ledger replay): {exc}")
+        raise Failed(f"the Spark job of batch {planned.batch_id} failed: {exc}. Nothing was published; resume it "
+                     f"with `kafka-ledger replay {pipeline.name} --batch {planned.batch_id}`") from exc
+    result = commit_batch(dsn, pipeline, planned.batch_id)
+    out["commit"] = {"batch_id": result.batch_id, "records_written": result.records_written,
+                     "records_dead_lettered": result.records_dead_lettered,
+                     "already_committed": result.already_committed, "commit_seconds": round(result.seconds, 3)}
+    _emit(args, out, f"committed batch {result.batch_id}: {result.records_written} rows, "
+                     f"{result.records_dead_lettered} dead letters")
+    return EXIT_OK
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    from kafka_ledger.resets import reset_positions
+
+    targets = [t for t in (args.to_earliest and "earliest", args.to_latest and "latest", args.to_datetime,
+                           args.to_offset) if t]
+    if len(targets) != 1:
+        raise RequestError("choose exactly one of --to-earliest, --to-latest, --to-datetime or --to-offset")
+    target = dict(args.to_offset) if args.to_offset else targets[0]
+    pipeline = get_pipeline(args.pipeline)
+    dsn, servers = _services()
+    result = reset_positions(dsn, servers, pipeline, target, requested_by=args.requested_by or getpass.getuser(),
+                             reason=args.reason or "", dry_run=not args.execute,
+                             abandon_open_batches=args.abandon_open_batches)
+    data = result.as_dict()
+    head = (f"DRY RUN (add --execute to apply): reset of {pipeline.name} to {result.target}" if result.dry_run
+            else f"reset {result.reset_id} of {pipeline.name} to {result.target} applied")
+    lines = [head, _table(
+        ["TOPIC", "PARTITION", "BEFORE", "AFTER", "SKIPPED (never read)", "READ AGAIN (rows replaced)"],
+        [[p["topic"], p["partition"], p["before"], p["after"],
+          f"[{p['skipped'][0]}, {p['skipped'][1]})" if p["skipped"] else "",
+          f"[{p['reread'][0]}, {p['reread'][1]})" if p["reread"] else ""] for p in data["partitions"]],
+    ), f"{result.skipped_offsets} offsets skipped, {result.reread_offsets} offsets to read again"]
+    if result.blocking_batches and result.dry_run:
+        lines.append(f"unfinished batch(es) {result.blocking_batches} block this reset: they must finish, or be "
+                     "abandoned with --abandon-open-batches")
+    if result.abandoned_batches:
+        lines.append(f"abandoned batch(es): {result.abandoned_batches}")
+    _emit(args, data, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from kafka_ledger.verify import verify_pipeline
+
+    dsn, servers = _services()
+    reports = [verify_pipeline(dsn, servers, p) for p in _pipelines(args.pipelines)]
+    lines = []
+    for r in reports:
+        lines.append(
+            f"{'OK  ' if r.ok else 'FAIL'} {r.pipeline}: {r.partitions} partition(s), {r.committed_offsets} committed "
+            f"offsets, {r.kafka_records} records in Kafka = {r.output_rows} rows + {r.dead_letters} dead letters; "
+            f"missing {r.missing}, duplicates {r.duplicates}, unexpected {r.unexpected}"
+        )
+        lines += [f"  problem: {p}" for p in r.problems] + [f"  note: {w}" for w in r.warnings]
+    ok = all(r.ok for r in reports)
+    data = {"ok": ok, "pipelines": [r.as_dict() for r in reports]}
+    _emit(args, data, "\n".join(lines))
+    return EXIT_OK if ok else EXIT_PROBLEMS
+
+
+# --- parser ------------------------------------------------------------------------------------------------
+
+
+def _add_request_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("what to read (one of)")
+    group.add_argument("--batch", type=int, metavar="ID", help="a recorded batch: re-read exactly its ranges")
+    group.add_argument("--range", type=_range_arg, action="append", metavar="TOPIC:PARTITION:FROM:UNTIL",
+                       help="explicit offsets, until exclusive (repeat for more partitions)")
+    group.add_argument("--from", dest="window_from", type=_datetime_arg, metavar="DATETIME",
+                       help="time window start (Kafka record timestamps, UTC unless a zone is given)")
+    group.add_argument("--to", dest="window_to", type=_datetime_arg, metavar="DATETIME", help="time window end")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kafka-ledger",
+        description="Inspect and operate kafka-ledger pipelines (ledger in Postgres, data in Kafka).",
+        epilog="Exit codes: 0 ok, 1 verify found problems, 2 bad command line, 3 refused (nothing written), "
+               "4 failed. Services: KAFKA_LEDGER_DB_URL and KAFKA_LEDGER_BOOTSTRAP_SERVERS (or Airflow "
+               "connections); pipelines: KAFKA_LEDGER_PIPELINES or --config.",
+    )
+    parser.add_argument("--config", metavar="FILE", help="pipelines file (default: $KAFKA_LEDGER_PIPELINES)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what is done")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        return p
+
+    p = command("status", "per partition: committed position, log start, end offset, lag, skipped offsets")
+    p.add_argument("pipelines", nargs="*", metavar="PIPELINE", help="default: every declared pipeline")
+    p.set_defaults(run=cmd_status)
+
+    p = command("batches", "list a pipeline's batches, or show one with its ranges, counts, timings and run")
+    p.add_argument("pipeline")
+    p.add_argument("batch_id", nargs="?", type=int, help="show this batch")
+    p.add_argument("--status", choices=["planned", "written", "committed", "failed", "abandoned"])
+    p.add_argument("--limit", type=int, default=20)
+    p.set_defaults(run=cmd_batches)
+
+    p = command("plan", "show what the next batch (or a replay) would read, without recording anything")
+    p.add_argument("pipeline")
+    p.add_argument("--dry-run", action="store_true", help="the default and only behaviour: nothing is recorded")
+    _add_request_args(p)
+    p.set_defaults(run=cmd_plan)
+
+    p = command("replay", "re-read offsets and REPLACE their rows and dead letters in one transaction")
+    p.add_argument("pipeline")
+    _add_request_args(p)
+    p.add_argument("--reason", default="", help="recorded in the ledger with the batch")
+    p.add_argument("--dry-run", action="store_true", help="show the ranges, record and run nothing")
+    p.set_defaults(run=cmd_replay)
+
+    p = command("reset", "move committed positions (a dry run unless --execute), recorded in an audit table")
+    p.add_argument("pipeline")
+    target = p.add_argument_group("target (one of)")
+    target.add_argument("--to-earliest", action="store_true", help="the log start of each partition")
+    target.add_argument("--to-latest", action="store_true", help="the end offset of each partition")
+    target.add_argument("--to-datetime", type=_datetime_arg, metavar="DATETIME",
+                        help="the first offset at or after this Kafka timestamp")
+    target.add_argument("--to-offset", type=_offset_arg, action="append", metavar="TOPIC:PARTITION=OFFSET",
+                        help="explicit offsets (repeat per partition; other partitions keep their position)")
+    p.add_argument("--reason", help="why (required with --execute; recorded)")
+    p.add_argument("--requested-by", help="who (default: the current user)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="show per partition what would be skipped or re-read")
+    mode.add_argument("--execute", action="store_true", help="apply the reset")
+    p.add_argument("--abandon-open-batches", action="store_true",
+                   help="abandon unfinished batches that would otherwise block the reset")
+    p.set_defaults(run=cmd_reset)
+
+    p = command("verify", "check ledger invariants and that every committed record is published exactly once")
+    p.add_argument("pipelines", nargs="*", metavar="PIPELINE", help="default: every declared pipeline")
+    p.set_defaults(run=cmd_verify)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.config:
+        os.environ["KAFKA_LEDGER_PIPELINES"] = args.config
+    try:
+        return args.run(args)
+    except CommitError as exc:
+        print(f"kafka-ledger: failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except (RequestError, ConfigError, ledger.LedgerError, planning.PlanError) as exc:
+        if isinstance(exc, kafka_offsets.KafkaUnavailable):
+            print(f"kafka-ledger: failed: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"kafka-ledger: refused: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except (Failed, psycopg2.OperationalError, settings.SettingsError) as exc:
+        print(f"kafka-ledger: failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

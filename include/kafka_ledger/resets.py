@@ -1,0 +1,159 @@
+"""Position resets: move a pipeline's committed positions deliberately, with a dry run and an audit trail."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from kafka_ledger import kafka_offsets, ledger, sql
+from kafka_ledger.batch_requests import RequestError
+from kafka_ledger.config import PipelineConfig
+from kafka_ledger.planning import (
+    Coverage,
+    PartitionOffsets,
+    PositionChange,
+    TopicPartition,
+    plan_reset,
+    truncate_coverage,
+)
+
+log = logging.getLogger(__name__)
+
+Target = Literal["earliest", "latest"] | datetime | dict[TopicPartition, int]
+
+
+def describe_target(target: Target) -> str:
+    if isinstance(target, datetime):
+        return f"datetime {target.isoformat()}"
+    if isinstance(target, dict):
+        return "offsets " + ", ".join(f"{tp}={offset}" for tp, offset in sorted(target.items()))
+    return target
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    """What a reset changes (or changed), partition by partition."""
+
+    pipeline: str
+    target: str
+    changes: list[PositionChange]
+    blocking_batches: list[int]
+    dry_run: bool
+    reset_id: int | None = None
+    abandoned_batches: list[int] = field(default_factory=list)
+
+    @property
+    def skipped_offsets(self) -> int:
+        return sum(c.skipped.span for c in self.changes if c.skipped)
+
+    @property
+    def reread_offsets(self) -> int:
+        return sum(c.reread.span for c in self.changes if c.reread)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pipeline": self.pipeline, "target": self.target, "dry_run": self.dry_run, "reset_id": self.reset_id,
+            "skipped_offsets": self.skipped_offsets, "reread_offsets": self.reread_offsets,
+            "blocking_batches": self.blocking_batches, "abandoned_batches": self.abandoned_batches,
+            "partitions": [change_dict(c) for c in self.changes],
+        }
+
+
+def change_dict(c: PositionChange) -> dict[str, Any]:
+    return {
+        "topic": c.topic, "partition": c.partition, "before": c.before, "after": c.after,
+        "skipped": [c.skipped.from_offset, c.skipped.until_offset] if c.skipped else None,
+        "reread": [c.reread.from_offset, c.reread.until_offset] if c.reread else None,
+    }
+
+
+def resolve_targets(
+    bootstrap_servers: str, target: Target, offsets: dict[TopicPartition, PartitionOffsets]
+) -> dict[TopicPartition, int]:
+    """Target offset of each partition: explicit offsets are taken as given (validated later)."""
+    if isinstance(target, dict):
+        return dict(target)
+    if target == "earliest":
+        return {tp: o.log_start for tp, o in offsets.items()}
+    if target == "latest":
+        return {tp: o.end for tp, o in offsets.items()}
+    found = kafka_offsets.offsets_for_time(bootstrap_servers, sorted(offsets), int(target.timestamp() * 1000))
+    return {tp: offsets[tp].end if offset is None else offset for tp, offset in found.items()}
+
+
+def reset_positions(
+    dsn: str,
+    bootstrap_servers: str,
+    pipeline: PipelineConfig,
+    target: Target,
+    *,
+    requested_by: str,
+    reason: str,
+    dry_run: bool = True,
+    abandon_open_batches: bool = False,
+) -> ResetResult:
+    """Move positions to `target`; in one transaction with the audit row, or only describe it (dry run).
+
+    Offsets jumped over are recorded as skipped; offsets a backward move makes read again are
+    uncommitted and their rows are replaced when re-read. Unfinished batches block a reset unless
+    they are abandoned explicitly (their ranges start at the old positions).
+    """
+    if not dry_run and not reason.strip():
+        raise RequestError("a reset needs a reason (it is recorded in the audit table)")
+    conn = ledger.connect(dsn)
+    try:
+        with ledger.pipeline_transaction(conn, pipeline.name) as cur:
+            ledger.ensure_pipeline_tables(cur, pipeline)
+            offsets = kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)
+            positions = ledger.positions(cur, pipeline.name)
+            changes = plan_reset(positions, resolve_targets(bootstrap_servers, target, offsets), offsets)
+            blocking = [b.batch_id for b in ledger.in_flight_batches(cur, pipeline.name)]
+            result = ResetResult(pipeline.name, describe_target(target), changes, blocking, dry_run)
+            if dry_run:
+                conn.rollback()
+                return result
+            if blocking and not abandon_open_batches:
+                raise RequestError(
+                    f"refused, nothing was changed: batch(es) {', '.join(map(str, blocking))} of {pipeline.name} "
+                    "are unfinished and start at the current positions; let them finish (next run, or "
+                    "`kafka-ledger replay`) or abandon them with --abandon-open-batches"
+                )
+            abandoned = _abandon(cur, pipeline.name, blocking)
+            cur.execute(
+                sql.INSERT_RESET,
+                {"pipeline": pipeline.name, "requested_by": requested_by, "reason": reason,
+                 "target": result.target, "partitions": json.dumps([change_dict(c) for c in changes]),
+                 "abandoned_batches": abandoned},
+            )
+            reset_id = cur.fetchone()[0]
+            coverage = ledger.coverage(cur, pipeline.name)
+            for c in changes:
+                tp = TopicPartition(c.topic, c.partition)
+                if c.reread:
+                    removed, added = truncate_coverage(coverage.get(tp, []), c.after)
+                    ledger.replace_coverage(cur, pipeline.name, tp, removed, added)
+                elif c.skipped:
+                    ledger.replace_coverage(
+                        cur, pipeline.name, tp, [], [Coverage(c.before, c.after, "skipped", reset_id=reset_id)]
+                    )
+                cur.execute(sql.UPSERT_POSITION, {"pipeline": pipeline.name, "topic": c.topic,
+                                                  "partition": c.partition, "position": c.after})
+        result = ResetResult(pipeline.name, result.target, changes, blocking, False, reset_id, abandoned)
+        log.warning(
+            "reset %s of %s to %s by %s (%s): %d offsets skipped, %d offsets to be read again%s",
+            reset_id, pipeline.name, result.target, requested_by, reason, result.skipped_offsets,
+            result.reread_offsets, f", abandoned batches {abandoned}" if abandoned else "",
+        )
+        return result
+    finally:
+        conn.close()
+
+
+def _abandon(cur: ledger.Cursor, pipeline: str, batch_ids: list[int]) -> list[int]:
+    if not batch_ids:
+        return []
+    cur.execute(sql.ABANDON_UNFINISHED_BATCHES, {"pipeline": pipeline, "error": "abandoned by a position reset"})
+    return sorted(row[0] for row in cur.fetchall())

@@ -1,0 +1,58 @@
+"""How the Spark job of a batch is submitted: application, jars and settings shared by the DAG and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from kafka_ledger.config import PipelineConfig, config_path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SPARK_APPLICATION = PROJECT_ROOT / "spark_jobs" / "ingest_batch.py"
+SPARK_LOG_CONFIG = PROJECT_ROOT / "spark_jobs" / "log4j2.properties"
+
+# Fixed settings every Spark job gets; a pipeline's spark_conf may override them.
+BASE_SPARK_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.driver.extraJavaOptions": f"-Duser.timezone=UTC -Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG}",
+    "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.ui.enabled": "false",
+    "spark.driver.memory": "1g",
+    "spark.sql.shuffle.partitions": "8",
+}
+
+
+def spark_jars() -> str:
+    """Comma-separated local jars for spark-submit: the Kafka connector and the JDBC driver."""
+    jars_dir = Path(os.environ.get("KAFKA_LEDGER_SPARK_JARS_DIR") or PROJECT_ROOT / ".stack" / "cache" / "spark-jars")
+    jars = sorted(str(p) for p in jars_dir.glob("*.jar"))
+    if not jars:
+        raise FileNotFoundError(
+            f"no Spark connector jars in {jars_dir}: run scripts/stack.sh install (or set KAFKA_LEDGER_SPARK_JARS_DIR)"
+        )
+    return ",".join(jars)
+
+
+def spark_conf(pipeline: PipelineConfig) -> dict[str, str]:
+    return {**BASE_SPARK_CONF, **pipeline.spark_conf}
+
+
+def submit_batch(pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> None:
+    """Run the batch's Spark job with spark-submit outside Airflow (the CLI's replay); raises on failure.
+
+    Uses the Spark provider's hook, like the DAG's operator, with the `spark_default` connection
+    (AIRFLOW_CONN_SPARK_DEFAULT) or local[*] when none is defined.
+    """
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
+    hook = SparkSubmitHook(
+        conf=spark_conf(pipeline),
+        jars=spark_jars(),
+        name=f"kafka-ledger-{pipeline.name}",
+        application_args=["--pipeline", pipeline.name, "--batch-id", str(batch_id)],
+        env_vars={"KAFKA_LEDGER_DB_URL": dsn, "KAFKA_LEDGER_BOOTSTRAP_SERVERS": servers,
+                  "KAFKA_LEDGER_PIPELINES": str(config_path()), "PATH": os.environ.get("PATH", "")},
+    )
+    hook.submit(str(SPARK_APPLICATION))

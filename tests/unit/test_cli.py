@@ -1,0 +1,45 @@
+"""The kafka-ledger command line: commands listed, argument formats, and refusals before any I/O."""
+
+import pytest
+
+from kafka_ledger import cli
+from kafka_ledger.planning import TopicPartition
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as exc_info:
+        cli.main(["--help"])
+    assert exc_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("status", "batches", "plan", "replay", "reset", "verify"):
+        assert command in out
+    assert "Exit codes: 0 ok, 1 verify found problems, 2 bad command line, 3 refused" in " ".join(out.split())
+
+
+def test_range_and_offset_formats_allow_dots_and_dashes_in_topic_names():
+    assert cli._range_arg("orders.eu-1:3:100:200") == {"topic": "orders.eu-1", "partition": 3, "from": 100,
+                                                        "until": 200}
+    assert cli._offset_arg("orders.eu-1:3=42") == (TopicPartition("orders.eu-1", 3), 42)
+
+
+@pytest.mark.parametrize("argv", [["replay", "p", "--range", "t:0:1"], ["reset", "p", "--to-offset", "t:0"],
+                                  ["plan", "p", "--from", "yesterday"], ["frobnicate"]])
+def test_malformed_arguments_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exc_info:
+        cli.main(argv)
+    assert exc_info.value.code == cli.EXIT_USAGE
+
+
+def test_replay_without_a_target_or_with_two_is_refused_with_3(capsys, tmp_path, monkeypatch):
+    config = tmp_path / "pipelines.yaml"
+    config.write_text(
+        "pipelines:\n  p:\n    topics: [t]\n    output_table: t\n    columns: [{name: a, type: string}]\n"
+    )
+    monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", str(config))
+    assert cli.main(["replay", "p"]) == cli.EXIT_REFUSED
+    assert "say what to replay" in capsys.readouterr().err
+    assert cli.main(["replay", "p", "--batch", "3", "--range", "t:0:1:2"]) == cli.EXIT_REFUSED
+    assert "choose one of --batch, --range or --from/--to" in capsys.readouterr().err
+    assert cli.main(["reset", "p", "--to-earliest", "--to-latest"]) == cli.EXIT_REFUSED
+    assert cli.main(["status", "nope"]) == cli.EXIT_REFUSED
+    assert "pipeline 'nope' is not declared" in capsys.readouterr().err
