@@ -89,3 +89,21 @@ def test_dags_folder_builds_a_dag_per_declared_pipeline(monkeypatch):
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
     assert set(bag.dag_ids) == {"kafka_ledger__impressions"}
+
+
+def test_trigger_form_offers_every_mode_in_sections_with_catch_up_as_default(dag):
+    params = dag.params
+    assert set(params.keys()) == {"mode", "reason", "ranges", "window_from", "window_to", "batch_id"}
+    mode = params.get_param("mode")
+    assert mode.value == "catch_up"
+    assert mode.schema["enum"] == ["catch_up", "offset_ranges", "time_window", "replay_batch"]
+    assert {params.get_param(name).schema.get("section") for name in params.keys()} == {
+        "Run", "Offset ranges", "Time window", "Replay"}
+    assert all(params.get_param(name).schema.get("title") for name in params.keys())
+
+
+def test_hourly_data_interval_covers_one_hour(dag):
+    from pendulum import datetime as pdt
+
+    interval = dag.timetable.infer_manual_data_interval(run_after=pdt(2026, 11, 20, 10, 30, tz="UTC"))
+    assert (interval.start, interval.end) == (pdt(2026, 11, 20, 9, tz="UTC"), pdt(2026, 11, 20, 10, tz="UTC"))
