@@ -124,7 +124,7 @@ start_postgres() {
     as_pg "$bin/initdb" -D "$PG_DATA" -U postgres --pwfile="$PG_DIR/pwfile" \
       --auth-host=scram-sha-256 --auth-local=peer -E UTF8 >"$LOGS/initdb.log" 2>&1 \
       || { cat "$LOGS/initdb.log" >&2; die "initdb failed"; }
-    rm -f "$STAMPS/databases" "$STAMPS/airflow-db"
+    rm -f "$STAMPS/databases" "$STAMPS/airflow-db" "$STAMPS/airflow-test-db"
   fi
   if pg_ready; then
     [ -f "$PG_DATA/postmaster.pid" ] || die "port $KL_PG_PORT is taken by another Postgres (not the one in $PG_DATA): stop it or set KL_PG_PORT"
@@ -145,15 +145,16 @@ psql_super() { PGPASSWORD=$PG_SUPERUSER_PASSWORD psql -v ON_ERROR_STOP=1 -q -h 1
 
 create_databases() {
   [ "$KL_LOCAL_POSTGRES" = 1 ] || return 0
-  stamp_ok databases v1 && return 0
-  say "creating roles and databases (kafka_ledger, airflow)"
+  stamp_ok databases v2 && return 0
+  # airflow_test: the metadata DB of the dedicated Airflow that tests/integration/test_airflow_rest.py starts.
+  say "creating roles and databases (kafka_ledger, airflow, airflow_test)"
   local name
-  for name in kafka_ledger airflow; do
+  for name in kafka_ledger airflow airflow_test; do
     psql_super -d postgres -c "DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$name') THEN CREATE ROLE $name LOGIN PASSWORD '$name'; END IF; END \$\$;"
     psql_super -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$name'" | grep -q 1 \
       || psql_super -d postgres -c "CREATE DATABASE $name OWNER $name"
   done
-  stamp_set databases v1
+  stamp_set databases v2
 }
 
 # --- Kafka -----------------------------------------------------------------------------------------

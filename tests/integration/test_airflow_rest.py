@@ -1,0 +1,289 @@
+"""A pipeline driven end to end through a real `airflow standalone` and its REST API v2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg2
+import pytest
+from airflow_server import AirflowClient, running_airflow
+from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from integration_support import BAD_VALUES, good_value
+from psycopg2 import sql
+
+from kafka_ledger import audit, kafka_offsets, ledger
+from kafka_ledger.config import PipelineConfig, load_pipelines
+
+pytestmark = pytest.mark.integration
+
+RecordId = tuple[str, int, int]
+HOURS = 3  # the records' Kafka timestamps cover the last HOURS full hours
+BACKFILL_HOURS = 2  # the backfill replays the last BACKFILL_HOURS of them: the first hour must stay untouched
+# Records per partition: partition 0 exceeds the pipeline's cap of 100, so catching up takes two batches.
+GOOD_PER_PARTITION = {0: 160, 1: 60}
+BAD_IN_PARTITION_1 = [BAD_VALUES[0], BAD_VALUES[-1]]  # malformed JSON and a tombstone
+
+
+@dataclass(frozen=True)
+class RestCase:
+    """The module's pipeline: its DAG, the hourly windows its records fall in, and the expected dead letters."""
+
+    pipeline: PipelineConfig
+    dag_id: str
+    windows: list[tuple[datetime, datetime]]
+    expected_dead: dict[RecordId, str]
+
+
+@pytest.fixture(scope="module")
+def airflow(test_pipelines_file: Path, servers: str, dsn: str) -> Iterator[AirflowClient]:
+    """A dedicated Airflow for this module; it inherits KAFKA_LEDGER_PIPELINES, set by `test_pipelines_file`."""
+    with running_airflow() as client:
+        yield client
+
+
+@pytest.fixture(autouse=True)
+def airflow_log_path(airflow: AirflowClient) -> None:
+    """Name the Airflow log in every test's captured output: pytest shows it when the test fails."""
+    print(f"test Airflow log: {airflow.log_path}; task logs under {airflow.log_path.parent / 'logs'}")
+
+
+def produce_timed(servers: str, topic: str, records: list[tuple[int, datetime, bytes | None]]) -> list[RecordId]:
+    """Produce (partition, Kafka timestamp, value) in order; element i of the result is where record i landed."""
+    producer = Producer({"bootstrap.servers": servers, "enable.idempotence": True, "linger.ms": 5})
+    landed: dict[int, RecordId] = {}
+    errors: list[str] = []
+
+    def on_delivery(index: int) -> Callable[[KafkaError | None, Message], None]:
+        def report(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                errors.append(str(err))
+            else:
+                landed[index] = (msg.topic(), msg.partition(), msg.offset())
+        return report
+
+    for i, (partition, at, value) in enumerate(records):
+        producer.produce(
+            topic, key=f"k{i}".encode(), value=value, partition=partition,
+            timestamp=int(at.timestamp() * 1000), on_delivery=on_delivery(i),
+        )
+        producer.poll(0)
+    producer.flush(30)
+    assert not errors, errors
+    return [landed[i] for i in range(len(records))]
+
+
+@pytest.fixture(scope="module")
+def rest(airflow: AirflowClient, servers: str, test_pipelines_file: Path) -> Iterator[RestCase]:
+    """The pipeline "rest" (hourly, cap 100 per partition) with records spread over the last full hours.
+
+    Module-scoped (so not conftest's function-scoped pipeline_factory/producer): the three tests share
+    one topic, and each can also run alone.
+    """
+    # conftest.pipeline_name("rest"), read from the session's pipelines file: `import conftest` could
+    # give tests/unit's conftest, which pytest also loads under that module name.
+    (pipeline,) = [p for name, p in load_pipelines(test_pipelines_file).items() if name.endswith("_rest")]
+    topic = pipeline.topics[0]
+    admin = AdminClient({"bootstrap.servers": servers})  # keep a reference: a collected client fails the future
+    admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result()
+
+    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    windows = [(hour - timedelta(hours=HOURS - k), hour - timedelta(hours=HOURS - k - 1)) for k in range(HOURS)]
+    span = windows[-1][1] - windows[0][0]
+    records: list[tuple[int, datetime, bytes | None]] = []
+    bad_at: dict[int, str] = {}
+    next_value = 0
+    for partition, good in GOOD_PER_PARTITION.items():
+        values: list[bytes | None] = [good_value(next_value + i) for i in range(good)]
+        next_value += good
+        if partition == 1:
+            for n, (value, reason) in enumerate(BAD_IN_PARTITION_1):
+                position = (n + 1) * len(values) // (len(BAD_IN_PARTITION_1) + 1)
+                values.insert(position, value)
+                bad_at[len(records) + position] = reason
+        # Timestamps rise with the offset (a timestamp resolves to an offset only then), evenly over the hours.
+        records += [(partition, windows[0][0] + span * (i + 0.5) / len(values), v) for i, v in enumerate(values)]
+    landed = produce_timed(servers, topic, records)
+    # Now the bad records' coordinates are known (positions shifted as they were inserted in order).
+    expected_dead = {landed[i]: reason for i, reason in bad_at.items()}
+    assert len(expected_dead) == len(BAD_IN_PARTITION_1)
+
+    airflow.wait_for_dag(pipeline.dag_id)
+    yield RestCase(pipeline, pipeline.dag_id, windows, expected_dead)
+    # Paused, the DAG gets no scheduled run when a later session starts this Airflow again.
+    try:
+        airflow.set_paused(pipeline.dag_id, True)
+    except Exception as exc:  # noqa: BLE001 - best effort: the server may be the thing that failed
+        print(f"could not pause {pipeline.dag_id}: {exc}", file=sys.stderr)
+
+
+def _parse(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _iso(value: datetime) -> str:
+    return value.isoformat().replace("+00:00", "Z")
+
+
+def assert_exactly_once(dsn: str, servers: str, case: RestCase) -> None:
+    """Kafka's records == output ∪ dead letters as sets, nothing twice, exact reasons, positions at the end."""
+    pipeline = case.pipeline
+    produced = audit.kafka_record_ids(servers, pipeline.topics)
+    stored = audit.postgres_record_ids(dsn, pipeline)
+    output, dead = Counter(stored.output), Counter(stored.dead_letters)
+    assert max(output.values(), default=1) == 1, "an output row is duplicated"
+    assert max(dead.values(), default=1) == 1, "a dead letter is duplicated"
+    assert not set(output) & set(dead), "a record is both in the output and in the dead letters"
+    assert set(output) | set(dead) == produced
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT kafka_topic, kafka_partition, kafka_offset, error FROM kafka_ledger.dead_letters "
+            "WHERE pipeline = %s",
+            (pipeline.name,),
+        )
+        assert {(t, p, o): e for t, p, o, e in cur.fetchall()} == case.expected_dead
+        ends = {tp: o.end for tp, o in kafka_offsets.partition_offsets(servers, pipeline.topics).items()}
+        assert ledger.positions(cur, pipeline.name) == ends
+    conn.close()
+
+
+def batch_rows(dsn: str, pipeline: PipelineConfig) -> list[tuple[int, str]]:
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT batch_id, status FROM kafka_ledger.batches WHERE pipeline = %s ORDER BY batch_id",
+            (pipeline.name,),
+        )
+        rows = cur.fetchall()
+    conn.close()
+    return rows
+
+
+def output_batches(dsn: str, pipeline: PipelineConfig) -> dict[RecordId, tuple[datetime, int]]:
+    """Each output row's Kafka timestamp and the batch that published it."""
+    query = sql.SQL("SELECT kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, batch_id FROM {}").format(
+        sql.Identifier(pipeline.output_schema, pipeline.output_table)
+    )
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(query)
+        rows = {(t, p, o): (at, batch_id) for t, p, o, at, batch_id in cur.fetchall()}
+    conn.close()
+    return rows
+
+
+def assert_all_succeeded(airflow: AirflowClient, dag_id: str, runs: list[dict]) -> None:
+    failed = [r for r in runs if r["state"] != "success"]
+    assert not failed, "runs did not succeed:\n" + airflow.describe_runs(dag_id, failed)
+
+
+def ensure_caught_up(airflow: AirflowClient, case: RestCase, dsn: str, servers: str) -> None:
+    """Unpaused and without lag, whether or not the catch-up test ran before (so each test can run alone)."""
+    if airflow.dag(case.dag_id)["is_paused"]:
+        airflow.set_paused(case.dag_id, False)
+        # Unpausing an hourly DAG with catchup=False makes the scheduler create one scheduled run.
+        airflow.wait_for_runs(case.dag_id, "scheduled")
+    airflow.wait_until_idle(case.dag_id)
+    if audit.lag(dsn, servers, case.pipeline) > 0:
+        airflow.trigger(case.dag_id, {"mode": "catch_up", "reason": "rest e2e: catch up first"})
+        assert_all_succeeded(airflow, case.dag_id, airflow.wait_until_idle(case.dag_id))
+    assert audit.lag(dsn, servers, case.pipeline) == 0
+
+
+def test_trigger_with_conf_catches_up_exactly_once(airflow: AirflowClient, rest: RestCase, dsn: str, servers: str):
+    airflow.set_paused(rest.dag_id, False)
+    # The scheduler creates one scheduled run for the last full hour (catchup=False); wait for it, so it
+    # cannot appear after the wait below has seen the DAG idle.
+    (scheduled,) = airflow.wait_for_runs(rest.dag_id, "scheduled")
+
+    manual = airflow.trigger(rest.dag_id, {"mode": "catch_up", "reason": "rest e2e"})
+    assert manual["state"] == "queued" and manual["run_type"] == "manual"
+    # The cap (100 per partition) leaves a backlog: drain_backlog triggers follow-up runs by itself.
+    runs = airflow.wait_until_idle(rest.dag_id, timeout=600)
+
+    assert_all_succeeded(airflow, rest.dag_id, runs)
+    by_id = {r["dag_run_id"]: r for r in runs}
+    assert by_id[manual["dag_run_id"]]["conf"] == {"mode": "catch_up", "reason": "rest e2e"}
+    assert scheduled["dag_run_id"] in by_id
+    assert_exactly_once(dsn, servers, rest)
+    # Partition 0's 160 records cannot fit one capped batch: the backlog was drained by a second one.
+    done = batch_rows(dsn, rest.pipeline)
+    assert len(done) >= 2 and {status for _, status in done} == {"committed"}, done
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        assert all(r.span <= 100 for batch_id, _ in done for r in ledger.get_batch(cur, batch_id).ranges)
+    conn.close()
+
+
+def test_backfill_replays_the_hours_exactly_once(airflow: AirflowClient, rest: RestCase, dsn: str, servers: str):
+    ensure_caught_up(airflow, rest, dsn, servers)
+    windows = rest.windows[-BACKFILL_HOURS:]
+    published_before = output_batches(dsn, rest.pipeline)
+    body = {
+        "dag_id": rest.dag_id,
+        # Inclusive bounds on logical dates; an hourly interval run's logical date is its interval's start.
+        "from_date": _iso(windows[0][0]),
+        "to_date": _iso(windows[-1][0]),
+        "run_backwards": False,
+        "dag_run_conf": {},
+        # Also re-run the hours that already have a successful run (the scheduled run of the last hour).
+        "reprocess_behavior": "completed",
+        "max_active_runs": 1,
+    }
+    planned = airflow.dry_run_backfill(body)
+    assert [_parse(p["logical_date"]) for p in planned] == [start for start, _ in windows], planned
+
+    backfill = airflow.create_backfill(body)
+    runs = airflow.wait_for_backfill(backfill, runs=len(planned), timeout=900)
+    airflow.wait_until_idle(rest.dag_id)  # a backfill run's drain_backlog may have triggered another run
+
+    assert_all_succeeded(airflow, rest.dag_id, runs)
+    intervals = sorted((_parse(r["data_interval_start"]), _parse(r["data_interval_end"])) for r in runs)
+    assert intervals == windows
+    replayed_by: dict[tuple[datetime, datetime], int] = {}  # window -> its backfill batch
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        for start, end in intervals:
+            cur.execute(
+                "SELECT batch_id, status FROM kafka_ledger.batches WHERE pipeline = %s AND kind = 'backfill' "
+                "AND window_start = %s AND window_end = %s",
+                (rest.pipeline.name, start, end),
+            )
+            rows = cur.fetchall()
+            assert len(rows) <= 1, f"window {start} .. {end} has several backfill batches: {rows}"
+            assert all(status == "committed" for _, status in rows), rows
+            if rows:
+                replayed_by[(start, end)] = rows[0][0]
+    conn.close()
+    assert replayed_by, "the windows hold records, yet no backfill batch was recorded"
+    assert_exactly_once(dsn, servers, rest)
+    # A replayed window's rows now come from its backfill batch; every other row is untouched.
+    for record, (at, batch_id) in output_batches(dsn, rest.pipeline).items():
+        window = next(((s, e) for s, e in replayed_by if s <= at < e), None)
+        expected = replayed_by[window] if window else published_before.get(record, (None, None))[1]
+        assert batch_id == expected, f"{record} at {at}: published by batch {batch_id}, expected {expected}"
+
+    cli = Path(sys.executable).parent / "kafka-ledger"
+    verify = subprocess.run(
+        [str(cli), "verify", rest.pipeline.name, "--json"], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert verify.returncode == 0, f"kafka-ledger verify failed:\n{verify.stdout}\n{verify.stderr}"
+    assert json.loads(verify.stdout)["ok"] is True, verify.stdout
+
+
+def test_invalid_offset_ranges_conf_fails_the_run_without_a_batch(
+    airflow: AirflowClient, rest: RestCase, dsn: str, servers: str
+):
+    ensure_caught_up(airflow, rest, dsn, servers)
+    before = batch_rows(dsn, rest.pipeline)
+    bad_range = {"topic": rest.pipeline.topics[0], "partition": 0, "from": 50, "until": 10}  # from > until
+    conf = {"mode": "offset_ranges", "ranges": [bad_range]}
+
+    run = airflow.trigger(rest.dag_id, conf)
+    final = airflow.wait_for_run(rest.dag_id, run["dag_run_id"], timeout=300)
+
+    assert final["state"] == "failed", airflow.describe_run(rest.dag_id, run["dag_run_id"])
+    assert batch_rows(dsn, rest.pipeline) == before, "the invalid request wrote a batch"
