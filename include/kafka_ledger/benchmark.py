@@ -58,7 +58,7 @@ def produce(servers: str, topic: str, records: int) -> float:
     return records / (time.monotonic() - started)
 
 
-def run(records: int, partitions: int, cap: int, keep: bool) -> dict[str, object]:
+def run(records: int, partitions: int, cap: int, keep: bool, delivery_mode: str = "exactly_once") -> dict[str, object]:
     from confluent_kafka.admin import NewTopic
 
     from kafka_ledger.audit import reconcile
@@ -73,7 +73,7 @@ def run(records: int, partitions: int, cap: int, keep: bool) -> dict[str, object
     config = Path(tempfile.mkdtemp()) / "pipelines.yaml"
     config.write_text(yaml.safe_dump({"pipelines": {name: {
         "topics": [topic], "output_table": name, "output_schema": "benchmark", "columns": COLUMNS,
-        "max_records_per_partition": cap, "schedule": None,
+        "max_records_per_partition": cap, "schedule": None, "delivery_mode": delivery_mode,
     }}}))
     os.environ["KAFKA_LEDGER_PIPELINES"] = str(config)
     pipeline = get_pipeline(name)
@@ -107,7 +107,7 @@ def run(records: int, partitions: int, cap: int, keep: bool) -> dict[str, object
         commit_seconds = time.monotonic() - started
         check = reconcile(dsn, servers, pipeline)
         return {
-            "records": records, "partitions": partitions, "cap_per_partition": cap,
+            "records": records, "partitions": partitions, "cap_per_partition": cap, "delivery_mode": delivery_mode,
             "batch_offsets": planned.offsets, "produce_records_per_s": round(produce_rate),
             "plan_seconds": round(plan_seconds, 3),
             "spark_submit_seconds": round(spark_seconds, 2),
@@ -139,9 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=18)
     parser.add_argument("--cap", type=int, default=1_000_000, help="max records per partition (one batch)")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows")
+    parser.add_argument("--delivery-mode", choices=["exactly_once", "at_least_once"], default="exactly_once",
+                        help="at_least_once: the Spark job appends to the output table directly")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    figures = run(args.records, args.partitions, args.cap, args.keep)
+    figures = run(args.records, args.partitions, args.cap, args.keep, args.delivery_mode)
     print(json.dumps(figures), flush=True)
     return 0 if figures["exact"] else 1
 
