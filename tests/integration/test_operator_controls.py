@@ -91,6 +91,14 @@ def test_replay_of_a_committed_batch_replaces_its_rows_and_keeps_positions(dsn, 
     assert_exactly_once(dsn, servers, pipeline, {first[-1]: "malformed JSON (not a JSON object)"})
     assert verify_ok(pipeline)["duplicates"] == 0
 
+    # Replaying the pipeline's own unfinished catch-up batch completes it: only then do positions move.
+    producer.send(pipeline.topics[0], [good_value(i) for i in range(100, 120)])
+    unfinished = plan_batch(dsn, servers, pipeline)
+    assert positions(dsn, pipeline) == before
+    code, data, err = cli("replay", pipeline.name, "--batch", str(unfinished.batch_id))
+    assert code == 0 and data["plan"]["resumed"] and data["plan"]["kind"] == "catch_up", err
+    assert_exactly_once(dsn, servers, pipeline, {first[-1]: "malformed JSON (not a JSON object)"})
+
 
 def test_offset_ranges_are_validated_then_replaced_through_the_cli(dsn, servers, pipeline_factory, producer):
     pipeline = pipeline_factory("ranges", partitions=2)
