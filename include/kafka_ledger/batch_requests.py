@@ -103,7 +103,3 @@ def parse_request(conf: dict[str, Any] | None) -> BatchRequest:
             problems.append(f"{where}: {message}" if where else message)
         raise RequestError("invalid run request: " + "; ".join(problems)) from exc
 
-
-def window_of(start: datetime, end: datetime) -> tuple[datetime, datetime]:
-    """A data interval as a UTC window (Airflow hands out pendulum date-times)."""
-    return start.astimezone(UTC), end.astimezone(UTC)

@@ -114,7 +114,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         conn = ledger.connect(dsn)
         try:
             with conn, conn.cursor() as cur:
-                ledger.ensure_pipeline_tables(cur, pipeline)
                 rows = {r.topic_partition: r for r in ledger.position_rows(cur, pipeline.name)}
                 coverage = ledger.coverage(cur, pipeline.name)
                 unfinished = ledger.in_flight_batches(cur, pipeline.name)
