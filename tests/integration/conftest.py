@@ -50,6 +50,9 @@ PIPELINES = {
     "pattern": {"topics": [], "topic_pattern": f"it-{RUN}-pattern-[a-z]+"},
     "assign": {"topics": [], "assignment": [{"topic": f"it-{RUN}-assign", "partition": 1, "start_offset": 5},
                                             {"topic": f"it-{RUN}-assign", "partition": 2}]},
+    # Hostile topics (test_hostile_topics.py).
+    "txn": {"max_records_per_partition": 4},
+    "empty": {},
     # Driven through a running `airflow standalone` and its REST API (test_airflow_rest.py).
     "rest": {"schedule": "@hourly", "max_records_per_partition": 100},
 }
