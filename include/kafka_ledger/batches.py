@@ -256,10 +256,18 @@ def _plan(
     unfinished = ledger.open_batch(cur, pipeline.name)
     if unfinished is not None:
         return _resume(cur, unfinished, offsets, positions, dag_id, run_id)
+    skip_lost = pipeline.on_data_loss == "skip"
     if pipeline.delivery_mode == "latest_only":
-        ranges = plan_latest_ranges(positions, offsets, pipeline.max_records_per_partition)
+        ranges = plan_latest_ranges(positions, offsets, pipeline.max_records_per_partition, skip_lost)
     else:
-        ranges = plan_ranges(positions, offsets, pipeline.max_records_per_partition)
+        ranges = plan_ranges(positions, offsets, pipeline.max_records_per_partition, skip_lost)
+    lost = [r for r in ranges if r.skipped_from is not None and r.skipped_from < offsets[r.topic_partition].log_start]
+    if lost:
+        log.warning(
+            "DATA LOSS accepted (on_data_loss: skip): retention deleted offsets %s never read; they are recorded "
+            "as skipped in the ledger", ", ".join(
+                f"{r.topic}-{r.partition} [{r.skipped_from}, {offsets[r.topic_partition].log_start})" for r in lost),
+        )
     remaining = _backlog_after(positions, offsets, ranges)
     if not ranges:
         log.info("no new data in %s for %s: nothing planned, no Spark job", pipeline.subscription, pipeline.name)

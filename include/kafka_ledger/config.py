@@ -84,6 +84,9 @@ class PipelineConfig(BaseModel):
     topic_pattern: str | None = None
     assignment: list[AssignedPartition] | None = None
     delivery_mode: DeliveryMode = "exactly_once"
+    # What planning does when retention deleted offsets the pipeline never read: fail (name them) or
+    # skip them, recording the lost range in the ledger.
+    on_data_loss: Literal["fail", "skip"] = "fail"
     output_table: str
     output_schema: str = "public"
     columns: list[ColumnSpec] = Field(min_length=1)

@@ -97,12 +97,14 @@ def plan_ranges(
     positions: Mapping[TopicPartition, int],
     offsets: Mapping[TopicPartition, PartitionOffsets],
     max_records_per_partition: int,
+    skip_lost: bool = False,
 ) -> list[OffsetRange]:
     """The next batch: for each partition, [position, min(end, position + cap)), non-empty ranges only.
 
     `positions` must hold every partition to read (new ones at their start position). Raises
-    LostDataError when a position is below the log start, PlanError when a position is past the end
-    or a partition has disappeared from Kafka.
+    LostDataError when a position is below the log start (unless `skip_lost`: the range then starts at
+    the log start and marks the lost offsets as skipped, possibly reading nothing), PlanError when a
+    position is past the end or a partition has disappeared from Kafka.
     """
     if max_records_per_partition < 1:
         raise ValueError("max_records_per_partition must be at least 1")
@@ -117,8 +119,10 @@ def plan_ranges(
         for tp, position in sorted(positions.items())
         if position < offsets[tp].log_start
     ]
-    if lost:
+    if lost and not skip_lost:
         raise LostDataError(lost)
+    lost_from = {r.topic_partition: r.from_offset for r in lost}
+    positions = {tp: max(position, offsets[tp].log_start) for tp, position in positions.items()}
     ahead = [
         f"{tp} position {position} > end offset {offsets[tp].end}"
         for tp, position in sorted(positions.items())
@@ -131,8 +135,8 @@ def plan_ranges(
     ranges = []
     for tp, position in sorted(positions.items()):
         until = min(offsets[tp].end, position + max_records_per_partition)
-        if until > position:
-            ranges.append(OffsetRange(tp.topic, tp.partition, position, until))
+        if until > position or tp in lost_from:
+            ranges.append(OffsetRange(tp.topic, tp.partition, position, until, skipped_from=lost_from.get(tp)))
     return ranges
 
 
@@ -140,6 +144,7 @@ def plan_latest_ranges(
     positions: Mapping[TopicPartition, int],
     offsets: Mapping[TopicPartition, PartitionOffsets],
     max_records_per_partition: int,
+    skip_lost: bool = False,
 ) -> list[OffsetRange]:
     """latest_only: read at most the newest `max_records_per_partition` offsets of each partition.
 
@@ -147,10 +152,10 @@ def plan_latest_ranges(
     records them. Same safety checks as plan_ranges: a position below the log start still fails.
     """
     ranges = []
-    for r in plan_ranges(positions, offsets, max_records_per_partition):
+    for r in plan_ranges(positions, offsets, max_records_per_partition, skip_lost):
         end = offsets[r.topic_partition].end
         if end - r.from_offset > max_records_per_partition:
-            r = OffsetRange(r.topic, r.partition, end - max_records_per_partition, end, skipped_from=r.from_offset)
+            r = OffsetRange(r.topic, r.partition, end - max_records_per_partition, end, skipped_from=r.start)
         ranges.append(r)
     return ranges
 

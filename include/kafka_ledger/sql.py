@@ -159,7 +159,7 @@ INSERT_COMMITTED_RANGES = """
     INSERT INTO kafka_ledger.committed_ranges
         (pipeline, topic, partition, from_offset, until_offset, batch_id, disposition)
     SELECT %(pipeline)s, topic, partition, from_offset, until_offset, batch_id, 'read'
-    FROM kafka_ledger.batch_ranges WHERE batch_id = %(batch_id)s
+    FROM kafka_ledger.batch_ranges WHERE batch_id = %(batch_id)s AND from_offset < until_offset
     UNION ALL
     SELECT %(pipeline)s, topic, partition, skipped_from, from_offset, batch_id, 'skipped'
     FROM kafka_ledger.batch_ranges WHERE batch_id = %(batch_id)s AND skipped_from IS NOT NULL

@@ -53,6 +53,7 @@ PIPELINES = {
     # Hostile topics (test_hostile_topics.py).
     "txn": {"max_records_per_partition": 4},
     "empty": {},
+    "skip_lost": {"on_data_loss": "skip"},
     # Driven through a running `airflow standalone` and its REST API (test_airflow_rest.py).
     "rest": {"schedule": "@hourly", "max_records_per_partition": 100},
 }

@@ -63,3 +63,39 @@ def test_an_empty_topic_plans_nothing_and_verifies(dsn, servers, pipeline_factor
     assert batches(dsn, pipeline) == []
     assert positions(dsn, pipeline) == {(pipeline.topics[0], 0): 0, (pipeline.topics[0], 1): 0}
     assert verify_ok(pipeline)["kafka_records"] == 0
+
+
+def test_retention_loss_with_skip_policy_is_recorded_and_shown(dsn, servers, pipeline_factory, producer):
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+    from confluent_kafka.admin import AdminClient
+    from test_operator_controls import cli, coverage
+
+    pipeline = pipeline_factory("skip_lost", partitions=1)
+    topic = pipeline.topics[0]
+    first = producer.send(topic, [good_value(i) for i in range(20)], partition=0)
+    assert run_pipeline_dag(pipeline).state == "success"
+    later = producer.send(topic, [good_value(i) for i in range(20, 50)], partition=0)
+    admin = AdminClient({"bootstrap.servers": servers})  # keep a reference until the future resolves
+
+    def delete_before(offset: int) -> None:
+        deleted = KafkaTopicPartition(topic, 0, offset)
+        admin.delete_records([deleted])[deleted].result(timeout=30)
+
+    delete_before(35)  # offsets 20..34 were never read
+    assert run_pipeline_dag(pipeline).state == "success"
+    assert sorted(audit.postgres_record_ids(dsn, pipeline).output) == sorted(first + later[15:])
+    assert coverage(dsn, pipeline) == [(topic, 0, 0, 20, "read"), (topic, 0, 20, 35, "skipped"),
+                                       (topic, 0, 35, 50, "read")]
+
+    # Everything unread is gone: a batch with nothing to read still records the loss and moves on.
+    producer.send(topic, [good_value(i) for i in range(10)], partition=0)
+    delete_before(60)
+    assert run_pipeline_dag(pipeline).state == "success"
+    last = batches(dsn, pipeline)[-1]
+    assert [(r.skipped_from, r.from_offset, r.until_offset) for r in last.ranges] == [(50, 60, 60)]
+    assert (last.status, last.records_read) == ("committed", 0)
+    assert positions(dsn, pipeline) == {(topic, 0): 60}
+    code, data, _ = cli("status", pipeline.name)
+    assert code == 0 and data["partitions"][0]["skipped_offsets"] == 25 and data["lag"] == 0
+    report = verify_ok(pipeline)
+    assert report["skipped_offsets"] == 25 and report["unverifiable_offsets"] == 35

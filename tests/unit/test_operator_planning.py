@@ -190,3 +190,26 @@ def test_reset_outside_the_log_is_refused():
         plan_reset({A0: 500}, {A0: 5}, OFFSETS)
     with pytest.raises(PlanError, match="not a partition"):
         plan_reset({}, {TopicPartition("q", 0): 1}, OFFSETS)
+
+
+# --- on_data_loss: skip --------------------------------------------------------------------------------------
+
+
+def test_skip_lost_starts_at_the_log_start_and_marks_the_lost_offsets_skipped():
+    from kafka_ledger.planning import plan_ranges
+
+    assert plan_ranges({A0: 4, A1: 20}, OFFSETS, 100, skip_lost=True) == [
+        OffsetRange("a", 0, 10, 110, skipped_from=4), OffsetRange("a", 1, 20, 50)]
+
+
+def test_skip_lost_with_nothing_left_to_read_is_an_empty_range_that_still_moves_the_position():
+    from kafka_ledger.planning import plan_ranges
+
+    gone = {A0: PartitionOffsets(log_start=30, end=30)}
+    (r,) = plan_ranges({A0: 4}, gone, 100, skip_lost=True)
+    assert (r.skipped_from, r.from_offset, r.until_offset, r.span) == (4, 30, 30, 0)
+
+
+def test_skip_lost_with_latest_only_skips_from_the_old_position():
+    assert plan_latest_ranges({A0: 4}, OFFSETS, 100, skip_lost=True) == [
+        OffsetRange("a", 0, 900, 1000, skipped_from=4)]
