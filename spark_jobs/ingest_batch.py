@@ -87,20 +87,21 @@ def run(pipeline_name: str, batch_id: int, config_path: str | None) -> int:
     check_not_deleted(servers, batch.ranges)
     failpoints.hit("before_read")
 
-    from pyspark.sql import SparkSession  # heavy: only once we know there is work
-
-    from kafka_ledger.decode import to_staging_rows
-
-    spark = SparkSession.builder.appName(f"kafka-ledger {pipeline.name} batch {batch_id}").getOrCreate()
-    started = time.monotonic()
     # A range can be empty when on_data_loss: skip moved it over deleted offsets: there is nothing to read.
     readable = [r for r in batch.ranges if r.span > 0]
     if not readable:
         with conn, conn.cursor() as cur:
             ledger.mark_written(cur, batch_id, attempt, [], 0.0)
         log.info("batch %s has no offsets to read (all skipped): marked written with 0 records", batch_id)
-        spark.stop()
+        conn.close()
         return 0
+
+    from pyspark.sql import SparkSession  # heavy: only once we know there is work
+
+    from kafka_ledger.decode import to_staging_rows
+
+    spark = SparkSession.builder.appName(f"kafka-ledger {pipeline.name} batch {batch_id}").getOrCreate()
+    started = time.monotonic()
     records = spark.read.format("kafka").options(**kafka_read_options(readable, servers)).load()
     staged = to_staging_rows(records, pipeline, batch_id, attempt)
     target = jdbc_target(dsn)
