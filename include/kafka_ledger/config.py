@@ -87,6 +87,8 @@ class PipelineConfig(BaseModel):
     # What planning does when retention deleted offsets the pipeline never read: fail (name them) or
     # skip them, recording the lost range in the ledger.
     on_data_loss: Literal["fail", "skip"] = "fail"
+    # Fields of the JSON value that are not declared columns: ignored, or the record is dead-lettered.
+    extra_fields: Literal["ignore", "dead_letter"] = "ignore"
     output_table: str
     output_schema: str = "public"
     columns: list[ColumnSpec] = Field(min_length=1)

@@ -18,6 +18,8 @@ SPARK_TYPES: dict[str, T.DataType] = {
 }
 
 CORRUPT_COLUMN = "_corrupt_record"
+# Jackson, Spark's JSON parser, refuses documents nested deeper than this.
+MAX_JSON_DEPTH = 1000
 
 
 def value_schema(pipeline: PipelineConfig) -> T.StructType:
@@ -28,22 +30,41 @@ def value_schema(pipeline: PipelineConfig) -> T.StructType:
 
 def _field_errors(columns: list[ColumnSpec], text: Column, parsed: Column) -> list[Column]:
     errors = []
+    variant = F.try_parse_json(text)
     for c in columns:
         present = F.get_json_object(text, f"$.{c.name}").isNotNull()
         errors.append(F.when(present & parsed[c.name].isNull(), F.lit(f"field '{c.name}' is not a valid {c.type}")))
+        if c.type == "string":
+            # from_json turns an object or array into its JSON text for a string column: refuse that.
+            kind = F.schema_of_variant(F.variant_get(variant, f"$.{c.name}", "variant"))
+            errors.append(F.when(kind.startswith("OBJECT") | kind.startswith("ARRAY"),
+                                 F.lit(f"field '{c.name}' is not a valid string (a JSON object or array)")))
     for c in columns:
         if c.required:
             errors.append(F.when(parsed[c.name].isNull(), F.lit(f"required field '{c.name}' is missing or null")))
     return errors
 
 
+def _extra_fields(pipeline: PipelineConfig, keys: Column) -> list[Column]:
+    if pipeline.extra_fields != "dead_letter":
+        return []
+    extra = F.array_except(keys, F.array(*[F.lit(c.name) for c in pipeline.columns]))
+    reason = F.concat(F.lit("unexpected field(s): "), F.array_join(F.array_sort(extra), ", "))
+    return [F.when(F.size(extra) > 0, reason)]
+
+
 def dead_letter_reason(pipeline: PipelineConfig, value: Column, text: Column, parsed: Column) -> Column:
     """Why a record cannot be published (NULL when it can), first problem found wins."""
+    keys = F.json_object_keys(text)
+    opening_brackets = F.length(text) - F.length(F.regexp_replace(text, r"[\[{]", ""))
     return F.coalesce(
         F.when(value.isNull(), F.lit("null value (tombstone)")),
         F.when(~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
-        F.when(F.json_object_keys(text).isNull(), F.lit("malformed JSON (not a JSON object)")),
+        F.when(keys.isNull() & (opening_brackets > MAX_JSON_DEPTH),
+               F.lit(f"JSON nested too deeply to parse (over {MAX_JSON_DEPTH} levels)")),
+        F.when(keys.isNull(), F.lit("malformed JSON (not a JSON object)")),
         *_field_errors(pipeline.columns, text, parsed),
+        *_extra_fields(pipeline, keys),
         F.when(parsed[CORRUPT_COLUMN].isNotNull(), F.lit("value does not match the declared schema")),
     )
 

@@ -54,6 +54,9 @@ PIPELINES = {
     "txn": {"max_records_per_partition": 4},
     "empty": {},
     "skip_lost": {"on_data_loss": "skip"},
+    "bad_records": {"extra_fields": "dead_letter"},
+    "upgrade": {"retries": 0},
+    "deleted": {},
     # Driven through a running `airflow standalone` and its REST API (test_airflow_rest.py).
     "rest": {"schedule": "@hourly", "max_records_per_partition": 100},
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -99,3 +100,25 @@ def test_retention_loss_with_skip_policy_is_recorded_and_shown(dsn, servers, pip
     assert code == 0 and data["partitions"][0]["skipped_offsets"] == 25 and data["lag"] == 0
     report = verify_ok(pipeline)
     assert report["skipped_offsets"] == 25 and report["unverifiable_offsets"] == 35
+
+
+def test_a_deleted_topic_fails_the_plan_by_name_and_moves_nothing(dsn, servers, pipeline_factory, producer):
+    from confluent_kafka.admin import AdminClient
+
+    from kafka_ledger.batches import plan_next_batch
+    from kafka_ledger.planning import PlanError
+
+    pipeline = pipeline_factory("deleted", partitions=1)
+    topic = pipeline.topics[0]
+    producer.send(topic, [good_value(i) for i in range(10)])
+    planned = plan_next_batch(dsn, servers, pipeline)
+    admin = AdminClient({"bootstrap.servers": servers})  # keep a reference until the future resolves
+    admin.delete_topics([topic])[topic].result(timeout=30)
+    for _ in range(60):  # metadata catches up with the deletion
+        if topic not in admin.list_topics(timeout=10).topics:
+            break
+        time.sleep(0.5)
+    with pytest.raises(PlanError, match=f"topic\\(s\\) not found in Kafka at {servers}: {topic}"):
+        plan_next_batch(dsn, servers, pipeline)
+    assert positions(dsn, pipeline) == {(topic, 0): 0}
+    assert [(b.batch_id, b.status) for b in batches(dsn, pipeline)] == [(planned.batch_id, "planned")]
