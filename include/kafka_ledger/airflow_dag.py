@@ -15,6 +15,7 @@ from airflow.sdk import DAG, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.timetables.interval import CronDataIntervalTimetable
 
+from kafka_ledger.batch_requests import MODES
 from kafka_ledger.config import PipelineConfig, config_path, get_pipeline
 from kafka_ledger.settings import bootstrap_servers, ledger_dsn
 from kafka_ledger.spark_submit import BASE_SPARK_CONF, SPARK_APPLICATION, spark_conf, spark_jars
@@ -45,7 +46,7 @@ def trigger_form(pipeline: PipelineConfig) -> dict[str, Param]:
         "mode": Param(
             "catch_up",
             type="string",
-            enum=["catch_up", "offset_ranges", "time_window", "replay_batch"],
+            enum=list(MODES),
             values_display={
                 "catch_up": "Catch up: from the committed positions to the latest offsets",
                 "offset_ranges": "Offset ranges: re-read and replace the ranges below",
