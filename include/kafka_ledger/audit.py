@@ -12,14 +12,22 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from kafka_ledger import kafka_offsets, ledger, sql
 from kafka_ledger.config import PipelineConfig
-from kafka_ledger.planning import TopicPartition, backlog, start_positions
+from kafka_ledger.planning import PartitionOffsets, TopicPartition, backlog, start_positions
 
 RecordId = tuple[str, int, int]  # (topic, partition, offset)
 
 
-def kafka_record_ids(bootstrap_servers: str, topics: list[str], timeout: float = 60.0) -> set[RecordId]:
-    """Every committed record currently in `topics`, read back with a read_committed consumer."""
-    offsets = kafka_offsets.partition_offsets(bootstrap_servers, topics)
+def kafka_record_ids(
+    bootstrap_servers: str,
+    topics: list[str],
+    timeout: float = 60.0,
+    offsets: dict[TopicPartition, PartitionOffsets] | None = None,
+) -> set[RecordId]:
+    """Every committed record currently in `topics`, read back with a read_committed consumer.
+
+    `offsets`, when the caller already looked them up, saves a second look-up.
+    """
+    offsets = offsets if offsets is not None else kafka_offsets.partition_offsets(bootstrap_servers, topics)
     ends = {(tp.topic, tp.partition): o.end for tp, o in offsets.items()}
     remaining = {(tp.topic, tp.partition) for tp, o in offsets.items() if o.end > o.log_start}
     if not remaining:

@@ -63,7 +63,7 @@ def run(records: int, partitions: int, cap: int, keep: bool, delivery_mode: str 
 
     from kafka_ledger.audit import reconcile
     from kafka_ledger.batches import commit_batch, plan_next_batch
-    from kafka_ledger.spark_submit import BASE_SPARK_CONF, SPARK_APPLICATION, spark_jars
+    from kafka_ledger.spark_submit import submit_batch
 
     servers, dsn = bootstrap_servers(), ledger_dsn()
     run_id = uuid.uuid4().hex[:8]
@@ -85,15 +85,8 @@ def run(records: int, partitions: int, cap: int, keep: bool, delivery_mode: str 
         planned = plan_next_batch(dsn, servers, pipeline)
         plan_seconds = time.monotonic() - started
 
-        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
-        os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
-        hook = SparkSubmitHook(
-            conf=BASE_SPARK_CONF, jars=spark_jars(), name=f"kafka-ledger-{name}",
-            application_args=["--pipeline", name, "--batch-id", str(planned.batch_id)],
-        )
         started = time.monotonic()
-        hook.submit(str(SPARK_APPLICATION))
+        submit_batch(pipeline, planned.batch_id, dsn, servers)
         spark_seconds = time.monotonic() - started
         # ru_maxrss of waited-for descendants: the peak of the largest process, the Spark driver JVM.
         peak_rss_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024

@@ -101,7 +101,7 @@ def verify_pipeline(dsn: str, bootstrap_servers: str, pipeline: PipelineConfig) 
     topics = sorted({tp.topic for tp in coverage})
     try:
         offsets = kafka_offsets.partition_offsets(bootstrap_servers, topics) if topics else {}
-        produced = audit.kafka_record_ids(bootstrap_servers, topics) if topics else set()
+        produced = audit.kafka_record_ids(bootstrap_servers, topics, offsets=offsets) if topics else set()
     except PlanError as exc:
         report.problems.append(f"cannot read the committed topics back from Kafka: {exc}")
         return report
