@@ -8,6 +8,7 @@
 #   scripts/stack.sh airflow    start Airflow (api-server, scheduler, dag-processor, triggerer) on KL_AIRFLOW_PORT
 #   scripts/stack.sh stop       stop everything this script started
 #   scripts/stack.sh status     one line per service
+#   scripts/stack.sh restart-postgres | restart-kafka   stop and start one service (the fault campaign uses them)
 #
 # Everything lives under $KL_STATE (.stack/ by default): data, logs, pid files and downloaded jars.
 set -euo pipefail
@@ -250,7 +251,9 @@ case "${1:-}" in
   migrate) migrate ;;
   up) install; start_postgres; start_kafka; migrate ;;
   airflow) start_airflow ;;
+  restart-postgres) stop_postgres; start_postgres ;;
+  restart-kafka) stop_pidfile kafka "$KAFKA_PID"; start_kafka ;;
   stop) stop_pidfile airflow "$AIRFLOW_PID"; stop_pidfile kafka "$KAFKA_PID"; stop_postgres ;;
   status) status ;;
-  *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

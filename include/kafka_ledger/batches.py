@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from kafka_ledger import kafka_offsets, ledger, sql
+from kafka_ledger import failpoints, kafka_offsets, ledger, sql
 from kafka_ledger.batch_requests import BatchRequest, RequestError
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import (
@@ -117,6 +117,7 @@ def plan_batch(
             if dry_run:
                 conn.rollback()
                 planned = replace(planned, dry_run=True, batch_id=None if not planned.resumed else planned.batch_id)
+        failpoints.hit("after_plan")
         return planned
     finally:
         conn.close()
@@ -342,6 +343,7 @@ def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitRes
                 written = cur.rowcount
             cur.execute(sql.INSERT_DEAD_LETTERS.format(staging=sql.staging_table(pipeline)), params)
             dead = cur.rowcount
+            failpoints.hit("commit_after_publish")
             if written is None:
                 written = (batch.records_read or 0) - dead
             if written + dead != (batch.records_read or 0):
@@ -358,6 +360,7 @@ def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitRes
                 {**params, "records_written": written, "records_dead_lettered": dead, "commit_seconds": seconds},
             )
             cur.execute(sql.DELETE_STAGED.format(staging=sql.staging_table(pipeline)), params)
+            failpoints.hit("commit_before_end")
         log.info(
             "committed %s batch %s of %s: %d rows into %s (%d rows of earlier runs replaced), %d dead letters, "
             "%s in %.2fs", batch.kind, batch_id, pipeline.name, written, pipeline.qualified_output_table, replaced,

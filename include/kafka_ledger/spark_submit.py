@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kafka_ledger.config import PipelineConfig, config_path
+
+if TYPE_CHECKING:
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SPARK_APPLICATION = PROJECT_ROOT / "spark_jobs" / "ingest_batch.py"
@@ -38,16 +42,15 @@ def spark_conf(pipeline: PipelineConfig) -> dict[str, str]:
     return {**BASE_SPARK_CONF, **pipeline.spark_conf}
 
 
-def submit_batch(pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> None:
-    """Run the batch's Spark job with spark-submit outside Airflow (the CLI's replay); raises on failure.
+def spark_submit_hook(pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> SparkSubmitHook:
+    """The Spark provider's hook for the batch's Spark job, set up as the DAG's operator sets it up.
 
-    Uses the Spark provider's hook, like the DAG's operator, with the `spark_default` connection
-    (AIRFLOW_CONN_SPARK_DEFAULT) or local[*] when none is defined.
+    Uses the `spark_default` connection (AIRFLOW_CONN_SPARK_DEFAULT), or local[*] when none is defined.
     """
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
-    hook = SparkSubmitHook(
+    return SparkSubmitHook(
         conf=spark_conf(pipeline),
         jars=spark_jars(),
         name=f"kafka-ledger-{pipeline.name}",
@@ -55,4 +58,8 @@ def submit_batch(pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str
         env_vars={"KAFKA_LEDGER_DB_URL": dsn, "KAFKA_LEDGER_BOOTSTRAP_SERVERS": servers,
                   "KAFKA_LEDGER_PIPELINES": str(config_path()), "PATH": os.environ.get("PATH", "")},
     )
-    hook.submit(str(SPARK_APPLICATION))
+
+
+def submit_batch(pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> None:
+    """Run the batch's Spark job with spark-submit outside Airflow (the CLI's replay); raises on failure."""
+    spark_submit_hook(pipeline, batch_id, dsn, servers).submit(str(SPARK_APPLICATION))

@@ -15,17 +15,10 @@ import psycopg2
 import pytest
 import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
-from integration_support import RecordedProducer
+from integration_support import COLUMNS, RecordedProducer
 
 RUN = uuid.uuid4().hex[:8]
 
-COLUMNS = [
-    {"name": "event_id", "type": "string", "required": True},
-    {"name": "amount", "type": "long"},
-    {"name": "price", "type": "double"},
-    {"name": "ok", "type": "boolean"},
-    {"name": "event_time", "type": "timestamp"},
-]
 
 # Every test that runs a DAG gets its own pipeline (and topic); overrides tune caps and retries.
 PIPELINES = {
@@ -57,6 +50,8 @@ PIPELINES = {
     "bad_records": {"extra_fields": "dead_letter"},
     "upgrade": {"retries": 0},
     "deleted": {},
+    # The short fault campaign (test_fault_campaign.py).
+    "campaign": {"max_records_per_partition": 300},
     # Driven through a running `airflow standalone` and its REST API (test_airflow_rest.py).
     "rest": {"schedule": "@hourly", "max_records_per_partition": 100},
 }

@@ -6,6 +6,15 @@ import json
 
 from confluent_kafka import Producer
 
+# The columns of every test pipeline (and of the fault campaign's).
+COLUMNS = [
+    {"name": "event_id", "type": "string", "required": True},
+    {"name": "amount", "type": "long"},
+    {"name": "price", "type": "double"},
+    {"name": "ok", "type": "boolean"},
+    {"name": "event_time", "type": "timestamp"},
+]
+
 
 def good_value(i: int) -> bytes:
     return json.dumps(
