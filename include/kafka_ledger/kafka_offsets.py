@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from confluent_kafka import IsolationLevel, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import PartitionOffsets, PlanError, TopicPartition
@@ -97,3 +97,18 @@ def offsets_for_time(
     except KafkaException as exc:
         raise KafkaUnavailable(f"cannot look up offsets by time in Kafka at {bootstrap_servers}: {exc}") from exc
     return {tp: (offset if offset >= 0 else None) for tp, offset in found.items()}
+
+
+def compacted_topics(bootstrap_servers: str, topics: list[str], timeout: float = 30.0) -> set[str]:
+    """The topics among `topics` whose cleanup.policy includes compact (Kafka may delete older records
+    of a key at any time, leaving offset gaps)."""
+    if not topics:
+        return set()
+    admin = admin_client(bootstrap_servers)
+    try:
+        futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics],
+                                         request_timeout=timeout)
+        policies = {resource.name: future.result()["cleanup.policy"].value for resource, future in futures.items()}
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"cannot describe topics {', '.join(topics)}: {exc}") from exc
+    return {topic for topic, policy in policies.items() if "compact" in (policy or "")}

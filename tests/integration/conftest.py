@@ -50,6 +50,7 @@ PIPELINES = {
     "bad_records": {"extra_fields": "dead_letter"},
     "upgrade": {"retries": 0},
     "deleted": {},
+    "compacted": {"max_records_per_partition": 5},
     # The short fault campaign (test_fault_campaign.py).
     "campaign": {"max_records_per_partition": 300},
     # Driven through a running `airflow standalone` and its REST API (test_airflow_rest.py).
@@ -120,10 +121,11 @@ def pipeline_factory(servers: str):
     """Create the topic of one test pipeline and return its validated config."""
     from kafka_ledger.config import get_pipeline
 
-    def make(key: str, partitions: int = 3):
+    def make(key: str, partitions: int = 3, topic_config: dict[str, str] | None = None):
         topic = topic_name(key)
         admin = AdminClient({"bootstrap.servers": servers})
-        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result()
+        new = NewTopic(topic, num_partitions=partitions, replication_factor=1, config=topic_config or {})
+        admin.create_topics([new])[topic].result()
         return get_pipeline(pipeline_name(key))
 
     return make

@@ -39,9 +39,11 @@ class RecordedProducer:
         self.producer = Producer({"bootstrap.servers": servers, "enable.idempotence": True, "linger.ms": 5})
 
     def send(
-        self, topic: str, values: list[bytes | None], partition: int | None = None, timestamp_ms: int | None = None
+        self, topic: str, values: list[bytes | None], partition: int | None = None, timestamp_ms: int | None = None,
+        keys: list[str] | None = None,
     ) -> list[tuple[str, int, int]]:
-        """Produce `values` in order (optionally with one Kafka timestamp); element i says where value i landed."""
+        """Produce `values` in order (optionally with one Kafka timestamp, and keys; by default key i is "k{i}");
+        element i says where value i landed."""
         landed: dict[int, tuple[str, int, int]] = {}
         errors: list[str] = []
 
@@ -57,7 +59,8 @@ class RecordedProducer:
             kwargs = {"partition": partition} if partition is not None else {}
             if timestamp_ms is not None:
                 kwargs["timestamp"] = timestamp_ms
-            self.producer.produce(topic, key=f"k{i}".encode(), value=value, on_delivery=on_delivery(i), **kwargs)
+            key = keys[i] if keys is not None else f"k{i}"
+            self.producer.produce(topic, key=key.encode(), value=value, on_delivery=on_delivery(i), **kwargs)
             self.producer.poll(0)
         self.producer.flush(30)
         assert not errors, errors

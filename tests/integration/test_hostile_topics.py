@@ -1,4 +1,4 @@
-"""Hostile topics on the real stack: transactions with aborts and markers at range edges, an empty topic."""
+"""Hostile topics on the real stack: aborted transactions, compaction, an empty or deleted topic, lost data."""
 
 from __future__ import annotations
 
@@ -122,3 +122,60 @@ def test_a_deleted_topic_fails_the_plan_by_name_and_moves_nothing(dsn, servers, 
         plan_next_batch(dsn, servers, pipeline)
     assert positions(dsn, pipeline) == {(topic, 0): 0}
     assert [(b.batch_id, b.status) for b in batches(dsn, pipeline)] == [(planned.batch_id, "planned")]
+
+
+# Compaction at once: tiny segments, any dirty ratio, no lag (the broker looks every second, see server.properties).
+COMPACT_NOW = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.001",
+               "min.compaction.lag.ms": "0", "delete.retention.ms": "0"}
+
+
+def produce_versions(producer, topic: str, keys: list[str], first: int) -> list[tuple[str, int, int]]:
+    """One version of each key, in a segment of its own (the next append rolls it: segment.ms is 100)."""
+    landed = producer.send(topic, [good_value(first + i) for i in range(len(keys))], partition=0, keys=keys)
+    time.sleep(0.3)
+    return landed
+
+
+def wait_until_compacted(servers: str, topic: str, gone: list[tuple[str, int, int]], timeout: float = 90) -> set:
+    deadline = time.monotonic() + timeout
+    while True:
+        held = audit.kafka_record_ids(servers, [topic])
+        if not held & set(gone):
+            return held
+        assert time.monotonic() < deadline, f"the log cleaner did not remove {sorted(held & set(gone))}"
+        time.sleep(1)
+
+
+def test_a_compacted_topic_is_read_with_its_gaps_and_verifies_after_more_compaction(
+    dsn, servers, pipeline_factory, producer
+):
+    pipeline = pipeline_factory("compacted", partitions=1, topic_config=COMPACT_NOW)
+    topic = pipeline.topics[0]
+    first_keys, second_keys = [f"a{i}" for i in range(5)], [f"b{i}" for i in range(5)]
+    early = produce_versions(producer, topic, first_keys, 0)           # offsets 0-4
+    replaced = produce_versions(producer, topic, second_keys, 5)       # offsets 5-9: newer versions follow
+    newer = produce_versions(producer, topic, second_keys, 10)         # offsets 10-14
+    filler = produce_versions(producer, topic, ["filler"], 15)         # offset 15, rolls the segment before it
+    held = wait_until_compacted(servers, topic, replaced)
+    assert held == set(early + newer + filler)
+
+    # Cap 5: [0,5) whole, [5,10) compacted away (a batch without a single record), [10,15), [15,16).
+    for _ in range(4):
+        assert run_pipeline_dag(pipeline).state == "success"
+    done = batches(dsn, pipeline)
+    assert [(r.from_offset, r.until_offset) for b in done for r in b.ranges] == [(0, 5), (5, 10), (10, 15), (15, 16)]
+    assert [b.records_read for b in done] == [5, 0, 5, 1]
+    assert sorted(audit.postgres_record_ids(dsn, pipeline).output) == sorted(early + newer + filler)
+    assert positions(dsn, pipeline) == {(topic, 0): 16}
+    assert verify_ok(pipeline)["kafka_records"] == 11
+
+    # Compaction now removes records that were already ingested: their rows stay, verify notes them.
+    latest = produce_versions(producer, topic, first_keys, 16)         # offsets 16-20
+    last = produce_versions(producer, topic, ["filler2"], 21)          # offset 21, rolls the segment before it
+    wait_until_compacted(servers, topic, early)
+    for _ in range(2):  # [16,21) and [21,22)
+        assert run_pipeline_dag(pipeline).state == "success"
+    assert sorted(audit.postgres_record_ids(dsn, pipeline).output) == sorted(early + newer + filler + latest + last)
+    report = verify_ok(pipeline)
+    assert (report["compacted_away"], report["kafka_records"]) == (5, 12)
+    assert any("compaction has removed" in w for w in report["warnings"])

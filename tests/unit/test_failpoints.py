@@ -106,3 +106,34 @@ def test_kill_action_with_once_dir_kills_once_then_passes(tmp_path):
     second = run_kill_child(env)
     assert second.returncode == 0, second.stderr
     assert second.stdout.strip() == "survived"
+
+
+def test_pause_waits_until_the_resume_file_appears(monkeypatch, tmp_path):
+    import threading
+    import time
+
+    monkeypatch.setenv("KAFKA_LEDGER_FAILPOINTS", "commit_before_end=pause")
+    monkeypatch.setenv("KAFKA_LEDGER_FAILPOINTS_ONCE_DIR", str(tmp_path))
+    monkeypatch.setenv("KAFKA_LEDGER_FAILPOINTS_PAUSE_SECONDS", "30")
+    threading.Timer(0.3, lambda: (tmp_path / "commit_before_end.resume").touch()).start()
+    started = time.monotonic()
+    failpoints.hit("commit_before_end")  # returns (does not raise) once resumed
+    assert 0.25 < time.monotonic() - started < 10
+    assert (tmp_path / "commit_before_end").exists()
+    failpoints.hit("commit_before_end")  # once only: no second pause
+
+
+def test_pause_gives_up_after_its_timeout(monkeypatch):
+    import time
+
+    monkeypatch.setenv("KAFKA_LEDGER_FAILPOINTS", "after_plan=pause")
+    monkeypatch.setenv("KAFKA_LEDGER_FAILPOINTS_PAUSE_SECONDS", "0.2")
+    started = time.monotonic()
+    failpoints.hit("after_plan")
+    assert 0.15 < time.monotonic() - started < 5
+
+
+def test_unknown_action_is_refused(monkeypatch):
+    monkeypatch.setenv("KAFKA_LEDGER_FAILPOINTS", "after_plan=explode")
+    with pytest.raises(ValueError, match="unknown action 'explode'"):
+        failpoints.hit("after_plan")
