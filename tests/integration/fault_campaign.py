@@ -98,6 +98,7 @@ class SequenceProducer:
         self.producer = Producer({"bootstrap.servers": servers, "enable.idempotence": True, "acks": "all",
                                   "linger.ms": 20, "log_level": 3})
         self.landed: dict[tuple[int, int], int] = {}  # (partition, offset) -> seq
+        self.delivered: Counter = Counter()  # partition -> records delivered
         self.errors: list[str] = []
         self.next_seq = 0
         self.quota = 0
@@ -117,6 +118,7 @@ class SequenceProducer:
                 self.errors.append(f"record {seq}: {err}")
             else:
                 self.landed[(msg.partition(), msg.offset())] = seq
+                self.delivered[msg.partition()] += 1
         return on_delivery
 
     def _produce(self) -> None:
@@ -151,11 +153,11 @@ class SequenceProducer:
         deadline = time.monotonic() + timeout
         while True:
             self.producer.poll(0)
-            counts = Counter(p for p, _ in list(self.landed))
-            if all(counts[p] >= pos for p, pos in positions.items()):
+            counts = dict(self.delivered)
+            if all(counts.get(p, 0) >= pos for p, pos in positions.items()):
                 return
             if time.monotonic() > deadline:
-                raise CampaignFailure(f"delivery reports missing below positions {positions}: have {dict(counts)}")
+                raise CampaignFailure(f"delivery reports missing below positions {positions}: have {counts}")
             time.sleep(0.1)
 
     def stop(self) -> None:
@@ -467,7 +469,7 @@ class Campaign:
         if kind in ("kill_spark_submit", "kill_spark_driver"):
             target = "spark-submit" if kind == "kill_spark_submit" else "driver"
             timing = rng.choice(["timed", "first staged rows"])
-            delay = round(rng.uniform(0.5, 9.0), 2)
+            delay = round(rng.uniform(1.0, 15.0), 2)
             variant = f"{timing}" + (f" ({delay}s after the attempt began)" if timing == "timed" else "")
             return variant, RunHooks(spark_strike=self._strike_spark(target, timing, delay))
         if kind == "kill_commit":
@@ -478,8 +480,8 @@ class Campaign:
             return point, RunHooks(commit_failpoints=f"{point}=pause",
                                    commit_during=self._restart_postgres_during(point))
         if kind == "restart_kafka_in_read":
-            delay = round(rng.uniform(0.5, 8.0), 2)
-            return f"{delay}s after the attempt began", RunHooks(spark_strike=self._strike_kafka(delay))
+            delay = round(rng.uniform(2.0, 15.0), 2)
+            return f"timed ({delay}s after the attempt began)", RunHooks(spark_strike=self._strike_kafka(delay))
         if kind == "crash_after_plan":
             return "after_plan", RunHooks(plan_failpoints="after_plan=kill")
         if kind == "retry_after_success":
@@ -548,12 +550,10 @@ class Campaign:
 
         from kafka_ledger.sql import output_table
 
-        positions = {p: pos for _, p, pos, _ in self._query(
-            "SELECT topic, partition, position, start_offset FROM kafka_ledger.positions WHERE pipeline = %(p)s",
-            {"p": self.pipeline.name})}
-        starts = {p: start for _, p, _, start in self._query(
-            "SELECT topic, partition, position, start_offset FROM kafka_ledger.positions WHERE pipeline = %(p)s",
-            {"p": self.pipeline.name})}
+        rows = self._query("SELECT partition, position, start_offset FROM kafka_ledger.positions "
+                           "WHERE pipeline = %(p)s", {"p": self.pipeline.name})
+        positions = {p: pos for p, pos, _ in rows}
+        starts = {p: start for p, _, start in rows}
         problems = []
         for p, old in self.positions.items():
             if positions.get(p, -1) < old:
