@@ -501,8 +501,14 @@ class Campaign:
         if kind == "racing_runs":
             other = run_id if variant == "zombie" else run_id + "_twin"
             results: list[tuple[str, int | None, list[str]]] = []
-            threads = [threading.Thread(target=lambda r=r: results.append(self.run(r, retries)))
-                       for r in (run_id, other)]
+
+            def race(racer_run_id: str) -> None:
+                try:
+                    results.append(self.run(racer_run_id, retries))
+                except Exception as exc:  # noqa: BLE001 - reported as the run's outcome, then checked
+                    results.append((f"raised {type(exc).__name__}: {exc}", None, []))
+
+            threads = [threading.Thread(target=race, args=(r,)) for r in (run_id, other)]
             for t in threads:
                 t.start()
             for t in threads:
