@@ -1,4 +1,4 @@
-"""The fault campaign's schedule and records: reproducible from the seed, every kind once per round."""
+"""The fault campaign's pure parts: a schedule reproducible from the seed, its records, and its report."""
 
 import random
 import sys
@@ -7,7 +7,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from fault_campaign import BAD_EVERY, FAULT_KINDS, expected_reason, fault_schedule, record_value  # noqa: E402
+from fault_campaign import (  # noqa: E402
+    BAD_EVERY,
+    FAULT_KINDS,
+    expected_reason,
+    fault_schedule,
+    record_value,
+    render_report,
+)
 
 
 def test_the_same_seed_gives_the_same_schedule():
@@ -33,3 +40,27 @@ def test_records_carry_their_sequence_number_and_bad_ones_their_reason():
     bad = [seq for seq in range(1000) if expected_reason(seq) is not None]
     assert bad == list(range(0, 1000, BAD_EVERY))
     assert len({expected_reason(seq) for seq in bad}) == 5  # every kind of bad record
+
+
+def report_data(faults: int, records: int) -> dict:
+    return {
+        "command": "bash scripts/fault_campaign.sh --faults 200", "git_commit": "abc1234",
+        "started_at": "2026-11-21T16:00:00+00:00", "elapsed_seconds": 9000.0,
+        "faults_injected": faults, "records_produced": records, "output_rows": records - records // 50,
+        "dead_letters": records // 50, "lost": 0, "duplicated": 0, "unexpected": 0, "wrong_content": 0,
+        "verify_ok": True, "pipeline_runs": 260, "spark_submits": 330,
+        "faults_by_kind": {"kill_commit": faults}, "fault_variants": {"kill_commit": {"commit_before_end": faults}},
+        "fault_landings": {"kill_commit": {"commit task died at commit_before_end=kill": faults}},
+    }
+
+
+def test_the_report_shows_the_figures_and_flags_a_short_campaign():
+    iterations = [{"fault": "kill_commit", "recovered_by": "task retry (commit)"}] * 3
+    short = render_report(report_data(3, 15_000), iterations)
+    assert "**This is not the full campaign**" in short
+    assert "| **lost** | **0** |" in short and "| **duplicated** | **0** |" in short
+    assert "| `kill_commit` | 3 | commit_before_end: 3 |" in short and "task retry (commit): 3" in short
+    assert "bash scripts/fault_campaign.sh --faults 200" in short
+    full = render_report(report_data(200, 1_000_000), iterations)
+    assert "not the full campaign" not in full
+    assert "| records produced | 1,000,000 |" in full and "took 2 h 30 min" in full
