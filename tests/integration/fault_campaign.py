@@ -90,18 +90,21 @@ def expected_reason(seq: int) -> str | None:
 class SequenceProducer:
     """Background producer of sequence-numbered records; remembers where each one landed."""
 
-    def __init__(self, servers: str, topic: str, rate: float):
+    def __init__(self, servers: str, topic: str, rate: float, landed: dict[tuple[int, int], int] | None = None):
         from confluent_kafka import Producer
 
         self.topic = topic
         self.rate = rate
         self.producer = Producer({"bootstrap.servers": servers, "enable.idempotence": True, "acks": "all",
-                                  "linger.ms": 20, "log_level": 3})
-        self.landed: dict[tuple[int, int], int] = {}  # (partition, offset) -> seq
-        self.delivered: Counter = Counter()  # partition -> records delivered
+                                  "linger.ms": 20, "log_level": 2})  # no connection errors while a broker restarts
+        # (partition, offset) -> seq; a resumed campaign starts from what earlier sessions produced.
+        self.landed: dict[tuple[int, int], int] = dict(landed or {})
+        self.delivered: Counter = Counter(p for p, _ in self.landed)  # partition -> records delivered
+        self.journal: list[tuple[int, int, int]] = []  # landed since the last checkpoint
         self.errors: list[str] = []
-        self.next_seq = 0
-        self.quota = 0
+        self.next_seq = max(self.landed.values(), default=-1) + 1
+        self.quota = self.next_seq
+        self.produced_here = self.reports_here = 0
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._produce, name="sequence-producer", daemon=True)
@@ -114,11 +117,13 @@ class SequenceProducer:
 
     def _report(self, seq: int):
         def on_delivery(err, msg) -> None:  # noqa: ANN001 - confluent-kafka callback
+            self.reports_here += 1
             if err is not None:
                 self.errors.append(f"record {seq}: {err}")
             else:
                 self.landed[(msg.partition(), msg.offset())] = seq
                 self.delivered[msg.partition()] += 1
+                self.journal.append((msg.partition(), msg.offset(), seq))
         return on_delivery
 
     def _produce(self) -> None:
@@ -136,6 +141,7 @@ class SequenceProducer:
                     try:
                         self.producer.produce(self.topic, key=f"k{seq}".encode(), value=record_value(seq),
                                               on_delivery=self._report(seq))
+                        self.produced_here += 1
                         break
                     except BufferError:
                         self.producer.poll(0.1)
@@ -160,11 +166,53 @@ class SequenceProducer:
                 raise CampaignFailure(f"delivery reports missing below positions {positions}: have {counts}")
             time.sleep(0.1)
 
+    def settle(self, timeout: float = 300) -> list[tuple[int, int, int]]:
+        """Wait until the quota is produced and every record has its report; return (and forget) the new ones."""
+        deadline = time.monotonic() + timeout
+        while self.next_seq < self.quota or self.reports_here < self.produced_here:
+            if time.monotonic() > deadline:
+                raise CampaignFailure(f"producer did not settle: {self.next_seq} of {self.quota} produced, "
+                                      f"{sum(self.delivered.values())} delivered")
+            self.producer.poll(0.1)
+        new, self.journal = self.journal, []
+        return new
+
     def stop(self) -> None:
         self.stopping.set()
         self.thread.join()
         if self.errors:
             raise CampaignFailure(f"{len(self.errors)} records were not delivered: {self.errors[:5]}")
+
+
+def records_by_key(servers: str, topic: str, timeout: float = 300) -> dict[tuple[int, int], int]:
+    """Every record of `topic` read back from Kafka: (partition, offset) -> the sequence number in its key."""
+    from confluent_kafka import Consumer, KafkaError
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    consumer = Consumer({"bootstrap.servers": servers, "group.id": f"fault-campaign-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
+    found: dict[tuple[int, int], int] = {}
+    try:
+        partitions = list(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        ends = {p: consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=30)[1] for p in partitions}
+        remaining = {p for p, end in ends.items() if end > 0}
+        consumer.assign([KafkaTopicPartition(topic, p, 0) for p in remaining])
+        deadline = time.monotonic() + timeout
+        while remaining:
+            if time.monotonic() > deadline:
+                raise CampaignFailure(f"reading {topic} back did not reach its end in {timeout}s")
+            for message in consumer.consume(num_messages=10_000, timeout=1.0):
+                if message.error() is not None:
+                    if message.error().code() != KafkaError._PARTITION_EOF:
+                        raise CampaignFailure(f"reading {topic} back failed: {message.error()}")
+                    remaining.discard(message.partition())
+                    continue
+                found[(message.partition(), message.offset())] = int(message.key().decode()[1:])
+                if message.offset() + 1 >= ends[message.partition()]:
+                    remaining.discard(message.partition())
+    finally:
+        consumer.close()
+    return found
 
 
 @dataclass
@@ -216,6 +264,13 @@ class Campaign:
         self.landed: dict[str, Counter] = defaultdict(Counter)
         self.iterations: list[IterationReport] = []
         self.counter_lock = threading.Lock()
+        # Carried over when a campaign is resumed in a later session (see checkpoint and resume).
+        self.started_at: str | None = None
+        self.elapsed_before = 0.0
+        self.session_started = time.monotonic()
+        self.sessions = 0
+        self.interruptions: list[str] = []
+        self.resumed_landed: dict[tuple[int, int], int] = {}
 
     # --- the tasks, each in its own process as Airflow runs them --------------------------------------
     def _task_env(self, failpoints: str | None, once_dir: Path | None) -> dict[str, str]:
@@ -527,14 +582,7 @@ class Campaign:
         retried = [landing for landing in landings if landing.startswith("retried ")]
         landings = [landing for landing in landings if not landing.startswith("retried ")]
         report = IterationReport(index, kind, variant, retries, outcome, "; ".join(landings), batches=batches)
-        # Recovery by normal means only: the next runs of the pipeline resume what the fault left open.
-        while self.unfinished_batches():
-            report.recovery_runs += 1
-            if report.recovery_runs > 3:
-                raise CampaignFailure(f"iteration {index}: batches {self.unfinished_batches()} still open "
-                                      "after 3 recovery runs")
-            _, batch_id, _ = self.run(f"{run_id}_recovery{report.recovery_runs}", 1)
-            batches += [batch_id] if batch_id is not None else []
+        report.recovery_runs = self.recover(run_id, batches)
         if report.recovery_runs:
             report.recovered_by = "next run"
         elif retried:
@@ -548,6 +596,17 @@ class Campaign:
         report.seconds = round(time.monotonic() - started, 1)
         self.landed[kind][variant.split(" (")[0]] += 1
         return report
+
+    def recover(self, run_id: str, batches: list[int]) -> int:
+        """Recovery by normal means only: next runs of the pipeline resume what a fault left open."""
+        runs = 0
+        while self.unfinished_batches():
+            runs += 1
+            if runs > 3:
+                raise CampaignFailure(f"{run_id}: batches {self.unfinished_batches()} still open after 3 recovery runs")
+            _, batch_id, _ = self.run(f"{run_id}_recovery{runs}", 1)
+            batches += [batch_id] if batch_id is not None else []
+        return runs
 
     # --- checks -------------------------------------------------------------------------------------------
     def check(self, when: str) -> None:
@@ -634,15 +693,80 @@ class Campaign:
         return figures
 
     # --- the campaign --------------------------------------------------------------------------------------
+    # --- checkpoints: a campaign longer than a working session goes on in the next one ----------------
+    def elapsed(self) -> float:
+        return round(self.elapsed_before + time.monotonic() - self.session_started, 1)
+
+    def checkpoint(self) -> None:
+        """After an iteration: the records produced so far (appended to landed.tsv) and the state (state.json)."""
+        new = self.producer.settle()
+        with (self.workdir / "landed.tsv").open("a") as journal:
+            journal.writelines(f"{p}\t{o}\t{seq}\n" for p, o, seq in new)
+        version, internal, gauss = self.rng.getstate()
+        state = {
+            "seed": self.seed, "faults": self.faults, "records_per_fault": self.records_per_fault,
+            "pipeline": self.pipeline.name, "rng": [version, list(internal), gauss],
+            "iterations": [asdict(it) for it in self.iterations],
+            "positions": {str(p): pos for p, pos in self.positions.items()},
+            "runs": self.runs, "spark_submits": self.spark_submits,
+            "variants": {k: dict(v) for k, v in self.landed.items()},
+            "started_at": self.started_at, "elapsed_seconds": self.elapsed(), "sessions": self.sessions,
+            "interruptions": self.interruptions,
+        }
+        partial = self.workdir / "state.json.partial"
+        partial.write_text(json.dumps(state))
+        os.replace(partial, self.workdir / "state.json")
+
+    @classmethod
+    def resume(cls, pipeline: Any, dsn: str, servers: str, workdir: Path) -> Campaign:
+        """The campaign saved in `workdir`, ready to go on after its last completed iteration."""
+        state = json.loads((workdir / "state.json").read_text())
+        campaign = cls(pipeline, dsn, servers, state["seed"], state["faults"], state["records_per_fault"], workdir)
+        version, internal, gauss = state["rng"]
+        campaign.rng.setstate((version, tuple(internal), gauss))
+        campaign.iterations = [IterationReport(**it) for it in state["iterations"]]
+        campaign.positions = {int(p): pos for p, pos in state["positions"].items()}
+        campaign.runs, campaign.spark_submits = state["runs"], state["spark_submits"]
+        for kind, variants in state["variants"].items():
+            campaign.landed[kind] = Counter(variants)
+        campaign.started_at, campaign.elapsed_before = state["started_at"], state["elapsed_seconds"]
+        campaign.sessions, campaign.interruptions = state["sessions"], state["interruptions"]
+        landed: dict[tuple[int, int], int] = {}
+        for line in (workdir / "landed.tsv").read_text().splitlines():
+            fields = line.split("\t")
+            if len(fields) == 3:  # a line cut short by the interruption is read back from Kafka below
+                landed[(int(fields[0]), int(fields[1]))] = int(fields[2])
+        # Records produced after the last checkpoint lost their delivery reports with the process: Kafka
+        # has them, and each record's key carries its sequence number.
+        in_kafka = records_by_key(servers, campaign.topic)
+        conflicts = [rid for rid, seq in landed.items() if in_kafka.get(rid, seq) != seq]
+        if conflicts:
+            raise CampaignFailure(f"Kafka holds other records than were delivered at {conflicts[:5]}")
+        campaign.resumed_landed = {**in_kafka, **landed}
+        return campaign
+
     def run_all(self, progress: Callable[[str], None] = print) -> dict[str, Any]:
-        started = time.monotonic()
-        started_at = datetime.now(UTC)
-        self.producer = SequenceProducer(self.servers, self.topic, self.rate)
+        self.session_started = time.monotonic()
+        self.sessions += 1
+        self.started_at = self.started_at or datetime.now(UTC).isoformat(timespec="seconds")
+        self.producer = SequenceProducer(self.servers, self.topic, self.rate, landed=self.resumed_landed)
         try:
+            if self.iterations:
+                # Resumed: the interruption (processes killed mid-iteration, services restarted) is recovered
+                # by the next runs, like any fault, and checked before the campaign goes on.
+                runs = self.recover(f"campaign__{self.seed}_session{self.sessions}", [])
+                self.check(f"after resuming in session {self.sessions}")
+                note = (f"session {self.sessions} resumed after iteration {len(self.iterations)}: "
+                        f"{runs} recovery run(s), checks OK")
+                self.interruptions.append(note)
+                progress(note)
             for index, kind in enumerate(self.schedule, start=1):
+                if index <= len(self.iterations):
+                    continue  # done in an earlier session
                 self.producer.allow(self.records_per_fault)
                 report = self.run_iteration(index, kind)
                 self.iterations.append(report)
+                self.checkpoint()
                 progress(f"[{index}/{self.faults}] {kind} ({report.variant}): {report.outcome}; {report.landed}; "
                          f"recovered by {report.recovered_by}; checks OK; {report.produced_so_far} produced, "
                          f"{report.committed_offsets} committed, {report.seconds}s")
@@ -678,8 +802,10 @@ class Campaign:
             "pipeline_runs": self.runs,
             "spark_submits": self.spark_submits,
             "drain_runs": drain_runs,
-            "started_at": started_at.isoformat(timespec="seconds"),
-            "elapsed_seconds": round(time.monotonic() - started, 1),
+            "started_at": self.started_at,
+            "elapsed_seconds": self.elapsed(),
+            "sessions": self.sessions,
+            "interruptions": self.interruptions,
             "iterations": [asdict(it) for it in self.iterations],
         }
 
@@ -751,10 +877,15 @@ def render_report(data: dict[str, Any], iterations: list[dict[str, Any]]) -> str
     if not full:
         lines += ["**This is not the full campaign** (at least 200 faults over at least 1,000,000 records): "
                   "it is the last shorter one.", ""]
+    sessions = data.get("sessions", 1)
     lines += [
         f"Commit `{data.get('git_commit', '?')}`, started {data['started_at']}, took {took} "
         f"on a 2-core machine (Kafka 4.1.1 KRaft, PostgreSQL 15, Spark 4.0.0 local[*] "
-        "through spark-submit).",
+        "through spark-submit)" + (f", over {sessions} working sessions: the campaign was resumed from its "
+                                   "last checkpoint, every process of the interrupted iteration having been "
+                                   "killed and the services restarted; the next runs recovered and the checks "
+                                   "passed before it went on (" + "; ".join(data.get("interruptions", [])) + ")"
+                                   if sessions > 1 else "") + ".",
         "",
         "## Result",
         "",
@@ -841,6 +972,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-docs", type=Path, metavar="DIR",
                         help="write reliability.json (and the per-iteration log) into DIR, e.g. docs")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows afterwards")
+    parser.add_argument("--resume", type=Path, metavar="DIR",
+                        help="go on with the interrupted campaign saved in DIR (printed when it started)")
     args = parser.parse_args(argv)
 
     import psycopg2
@@ -852,8 +985,23 @@ def main(argv: list[str] | None = None) -> int:
     from kafka_ledger.settings import bootstrap_servers, ledger_dsn
 
     dsn, servers = ledger_dsn(), bootstrap_servers()
-    tag = f"{args.seed}_{uuid.uuid4().hex[:6]}"
-    workdir = Path(os.environ.get("KL_STATE", PROJECT_ROOT / ".stack")) / "fault-campaign" / tag
+    if args.resume:
+        workdir = args.resume.resolve()
+        if not (workdir / "state.json").exists():
+            parser.error(f"{workdir} holds no saved campaign (state.json): it stopped before its first iteration")
+        settings = json.loads((workdir / "campaign.json").read_text())
+    else:
+        tag = f"{args.seed}_{uuid.uuid4().hex[:6]}"
+        workdir = Path(os.environ.get("KL_STATE", PROJECT_ROOT / ".stack")) / "fault-campaign" / tag
+        command = "bash scripts/fault_campaign.sh " + " ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in (("faults", args.faults), ("seed", args.seed),
+                                                        ("records_per_fault", args.records_per_fault),
+                                                        ("partitions", args.partitions)))
+        if args.write_docs:
+            command += f" --write-docs {args.write_docs}"
+        settings = {"command": command, "write_docs": str(args.write_docs) if args.write_docs else None,
+                    "keep": args.keep, "pipeline": f"fault_campaign_{tag}", "partitions": args.partitions,
+                    "topic": f"fault-campaign-{tag.replace('_', '-')}"}
     workdir.mkdir(parents=True, exist_ok=True)
     # Airflow's logging (which relays the Spark jobs' output) writes to stdout: point stdout at a log file,
     # and keep the console for the progress lines.
@@ -866,43 +1014,43 @@ def main(argv: list[str] | None = None) -> int:
     def say(line: str) -> None:
         print(line, file=console, flush=True)
 
-    name, topic = f"fault_campaign_{tag}", f"fault-campaign-{tag.replace('_', '-')}"
-    config = workdir / "pipelines.yaml"
-    config.write_text(yaml.safe_dump({"pipelines": {name: {
-        "topics": [topic], "output_schema": "fault_campaign", "output_table": name, "columns": COLUMNS,
-        "max_records_per_partition": max(100, args.records_per_fault // args.partitions), "schedule": None,
-        "spark_conf": {"spark.sql.shuffle.partitions": "2"},
-    }}}))
+    name, topic, config = settings["pipeline"], settings["topic"], workdir / "pipelines.yaml"
     os.environ["KAFKA_LEDGER_PIPELINES"] = str(config)
     admin = AdminClient({"bootstrap.servers": servers})
-    admin.create_topics([NewTopic(topic, num_partitions=args.partitions, replication_factor=1)])[topic].result()
-    pipeline = get_pipeline(name)
-    command = "bash scripts/fault_campaign.sh " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in (("faults", args.faults), ("seed", args.seed),
-                                                    ("records_per_fault", args.records_per_fault),
-                                                    ("partitions", args.partitions)))
-    if args.write_docs:
-        command += f" --write-docs {args.write_docs}"
-    say(f"fault campaign: {args.faults} faults, seed {args.seed}, {args.records_per_fault} records per fault, "
-          f"topic {topic} ({args.partitions} partitions); logs in {workdir}")
-    campaign = Campaign(pipeline, dsn, servers, args.seed, args.faults, args.records_per_fault, workdir)
+    if args.resume:
+        pipeline = get_pipeline(name)
+        campaign = Campaign.resume(pipeline, dsn, servers, workdir)
+        say(f"fault campaign resumed from {workdir}: {len(campaign.iterations)} of {campaign.faults} faults done")
+    else:
+        (workdir / "campaign.json").write_text(json.dumps(settings, indent=2))
+        config.write_text(yaml.safe_dump({"pipelines": {name: {
+            "topics": [topic], "output_schema": "fault_campaign", "output_table": name, "columns": COLUMNS,
+            "max_records_per_partition": max(100, args.records_per_fault // args.partitions), "schedule": None,
+            "spark_conf": {"spark.sql.shuffle.partitions": "2"},
+        }}}))
+        admin.create_topics([NewTopic(topic, num_partitions=args.partitions, replication_factor=1)])[topic].result()
+        pipeline = get_pipeline(name)
+        campaign = Campaign(pipeline, dsn, servers, args.seed, args.faults, args.records_per_fault, workdir)
+        say(f"fault campaign: {args.faults} faults, seed {args.seed}, {args.records_per_fault} records per fault, "
+            f"topic {topic} ({args.partitions} partitions); logs in {workdir}; if it is interrupted, go on with "
+            f"`bash scripts/fault_campaign.sh --resume {workdir}`")
     try:
         report = campaign.run_all(progress=say)
     except CampaignFailure as exc:
-        say(f"FAILED: {exc}\nreproduce with: {command}")
+        say(f"FAILED: {exc}\nreproduce with: {settings['command']}\nthe topic, tables and ledger rows are kept "
+            f"for inspection; logs in {workdir}")
         return 1
-    finally:
-        if not args.keep:
-            with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-                delete_pipeline(cur, pipeline)
-            conn.close()
-            admin.delete_topics([topic])[topic].result(timeout=30)
+    if not settings["keep"]:
+        with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+            delete_pipeline(cur, pipeline)
+        conn.close()
+        admin.delete_topics([topic])[topic].result(timeout=30)
     report["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT,
                                           capture_output=True, text=True).stdout.strip()
     summary = {k: v for k, v in report.items() if k != "iterations"}
     say(json.dumps(summary, indent=2))
-    if args.write_docs:
-        write_docs(report, command, args.write_docs)
+    if settings["write_docs"]:
+        write_docs(report, settings["command"], Path(settings["write_docs"]))
     return 0
 
 
