@@ -740,8 +740,11 @@ class Campaign:
         # has them, and each record's key carries its sequence number.
         in_kafka = records_by_key(servers, campaign.topic)
         conflicts = [rid for rid, seq in landed.items() if in_kafka.get(rid, seq) != seq]
-        if conflicts:
-            raise CampaignFailure(f"Kafka holds other records than were delivered at {conflicts[:5]}")
+        vanished = sorted(rid for rid in landed if rid not in in_kafka)
+        if conflicts or vanished:
+            raise CampaignFailure(f"Kafka no longer holds the records it acknowledged before the interruption: "
+                                  f"{len(vanished)} gone (e.g. {vanished[:5]}), {len(conflicts)} replaced "
+                                  f"(e.g. {conflicts[:5]}); the campaign cannot go on, start a new one")
         campaign.resumed_landed = {**in_kafka, **landed}
         return campaign
 
@@ -1028,7 +1031,11 @@ def main(argv: list[str] | None = None) -> int:
             "max_records_per_partition": max(100, args.records_per_fault // args.partitions), "schedule": None,
             "spark_conf": {"spark.sql.shuffle.partitions": "2"},
         }}}))
-        admin.create_topics([NewTopic(topic, num_partitions=args.partitions, replication_factor=1)])[topic].result()
+        # Every acknowledged record on disk at once, so a campaign resumed after the machine stopped still has
+        # them all (the broker otherwise leaves flushing to the OS).
+        new_topic = NewTopic(topic, num_partitions=args.partitions, replication_factor=1,
+                             config={"flush.messages": "1"})
+        admin.create_topics([new_topic])[topic].result()
         pipeline = get_pipeline(name)
         campaign = Campaign(pipeline, dsn, servers, args.seed, args.faults, args.records_per_fault, workdir)
         say(f"fault campaign: {args.faults} faults, seed {args.seed}, {args.records_per_fault} records per fault, "
