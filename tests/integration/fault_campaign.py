@@ -17,6 +17,7 @@ At the end the producer stops, runs drain the backlog, every record produced is 
 number (good ones in the output with their content, bad ones in the dead letters with their reason), and
 `kafka-ledger verify` reads Kafka back independently. The seed fixes the fault sequence, the variants and
 the delays; where a timed kill lands depends on the machine, so the phase each fault hit is reported.
+A checkpoint after every iteration lets an interrupted campaign go on with `--resume DIR`.
 """
 
 from __future__ import annotations
