@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import Consumer, KafkaError, Message
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from kafka_ledger import kafka_offsets, ledger, sql
@@ -17,13 +18,13 @@ from kafka_ledger.planning import PartitionOffsets, TopicPartition, backlog, sta
 RecordId = tuple[str, int, int]  # (topic, partition, offset)
 
 
-def kafka_record_ids(
+def read_back(
     bootstrap_servers: str,
     topics: list[str],
     timeout: float = 60.0,
     offsets: dict[TopicPartition, PartitionOffsets] | None = None,
-) -> set[RecordId]:
-    """Every committed record currently in `topics`, read back with a read_committed consumer.
+) -> Iterator[Message]:
+    """Every committed record currently in `topics`, read with a read_committed consumer up to the end offsets.
 
     `offsets`, when the caller already looked them up, saves a second look-up.
     """
@@ -31,7 +32,7 @@ def kafka_record_ids(
     ends = {(tp.topic, tp.partition): o.end for tp, o in offsets.items()}
     remaining = {(tp.topic, tp.partition) for tp, o in offsets.items() if o.end > o.log_start}
     if not remaining:
-        return set()
+        return
     consumer = Consumer({
         "bootstrap.servers": bootstrap_servers,
         "group.id": f"kafka-ledger-audit-{uuid.uuid4().hex}",
@@ -39,7 +40,6 @@ def kafka_record_ids(
         "isolation.level": "read_committed",
         "enable.partition.eof": True,
     })
-    ids: set[RecordId] = set()
     deadline = time.monotonic() + timeout
     try:
         consumer.assign([KafkaTopicPartition(t, p, offsets[TopicPartition(t, p)].log_start) for t, p in remaining])
@@ -54,12 +54,21 @@ def kafka_record_ids(
                     remaining.discard(key)  # at the end: trailing transaction markers hold no record
                     continue
                 if message.offset() < ends[key]:
-                    ids.add((key[0], key[1], message.offset()))
+                    yield message
                 if message.offset() + 1 >= ends[key]:
                     remaining.discard(key)
     finally:
         consumer.close()
-    return ids
+
+
+def kafka_record_ids(
+    bootstrap_servers: str,
+    topics: list[str],
+    timeout: float = 60.0,
+    offsets: dict[TopicPartition, PartitionOffsets] | None = None,
+) -> set[RecordId]:
+    """The (topic, partition, offset) of every committed record currently in `topics` (see read_back)."""
+    return {(m.topic(), m.partition(), m.offset()) for m in read_back(bootstrap_servers, topics, timeout, offsets)}
 
 
 @dataclass(frozen=True)

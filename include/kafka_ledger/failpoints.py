@@ -45,7 +45,6 @@ def hit(name: str) -> None:
     if action not in ("kill", "raise", "pause"):
         raise ValueError(f"fail point {name}: unknown action {action!r} (use kill, raise or pause)")
     once_dir = os.environ.get("KAFKA_LEDGER_FAILPOINTS_ONCE_DIR")
-    resume = Path(once_dir or ".") / f"{name}.resume"
     if once_dir:
         marker = Path(once_dir) / name
         if marker.exists():
@@ -55,7 +54,8 @@ def hit(name: str) -> None:
     log.warning("fail point %s fired: %s", name, action)
     if action == "pause":
         deadline = time.monotonic() + float(os.environ.get("KAFKA_LEDGER_FAILPOINTS_PAUSE_SECONDS", "15"))
-        while time.monotonic() < deadline and not (once_dir and resume.exists()):
+        resume = Path(once_dir) / f"{name}.resume" if once_dir else None
+        while time.monotonic() < deadline and not (resume and resume.exists()):
             time.sleep(0.05)
         return
     if action == "kill":

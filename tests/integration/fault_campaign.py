@@ -187,33 +187,9 @@ class SequenceProducer:
 
 def records_by_key(servers: str, topic: str, timeout: float = 300) -> dict[tuple[int, int], int]:
     """Every record of `topic` read back from Kafka: (partition, offset) -> the sequence number in its key."""
-    from confluent_kafka import Consumer, KafkaError
-    from confluent_kafka import TopicPartition as KafkaTopicPartition
+    from kafka_ledger.audit import read_back
 
-    consumer = Consumer({"bootstrap.servers": servers, "group.id": f"fault-campaign-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
-    found: dict[tuple[int, int], int] = {}
-    try:
-        partitions = list(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
-        ends = {p: consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=30)[1] for p in partitions}
-        remaining = {p for p, end in ends.items() if end > 0}
-        consumer.assign([KafkaTopicPartition(topic, p, 0) for p in remaining])
-        deadline = time.monotonic() + timeout
-        while remaining:
-            if time.monotonic() > deadline:
-                raise CampaignFailure(f"reading {topic} back did not reach its end in {timeout}s")
-            for message in consumer.consume(num_messages=10_000, timeout=1.0):
-                if message.error() is not None:
-                    if message.error().code() != KafkaError._PARTITION_EOF:
-                        raise CampaignFailure(f"reading {topic} back failed: {message.error()}")
-                    remaining.discard(message.partition())
-                    continue
-                found[(message.partition(), message.offset())] = int(message.key().decode()[1:])
-                if message.offset() + 1 >= ends[message.partition()]:
-                    remaining.discard(message.partition())
-    finally:
-        consumer.close()
-    return found
+    return {(m.partition(), m.offset()): int(m.key().decode()[1:]) for m in read_back(servers, [topic], timeout)}
 
 
 @dataclass
@@ -262,7 +238,7 @@ class Campaign:
         self.positions: dict[int, int] = {}
         self.spark_submits = 0
         self.runs = 0
-        self.landed: dict[str, Counter] = defaultdict(Counter)
+        self.variants: dict[str, Counter] = defaultdict(Counter)
         self.iterations: list[IterationReport] = []
         self.counter_lock = threading.Lock()
         # Carried over when a campaign is resumed in a later session (see checkpoint and resume).
@@ -595,7 +571,7 @@ class Campaign:
         report.produced_so_far = self.producer.next_seq
         report.committed_offsets = sum(self.positions.values())
         report.seconds = round(time.monotonic() - started, 1)
-        self.landed[kind][variant.split(" (")[0]] += 1
+        self.variants[kind][variant.split(" (")[0]] += 1
         return report
 
     def recover(self, run_id: str, batches: list[int]) -> int:
@@ -710,7 +686,7 @@ class Campaign:
             "iterations": [asdict(it) for it in self.iterations],
             "positions": {str(p): pos for p, pos in self.positions.items()},
             "runs": self.runs, "spark_submits": self.spark_submits,
-            "variants": {k: dict(v) for k, v in self.landed.items()},
+            "variants": {k: dict(v) for k, v in self.variants.items()},
             "started_at": self.started_at, "elapsed_seconds": self.elapsed(), "sessions": self.sessions,
             "interruptions": self.interruptions,
         }
@@ -729,7 +705,7 @@ class Campaign:
         campaign.positions = {int(p): pos for p, pos in state["positions"].items()}
         campaign.runs, campaign.spark_submits = state["runs"], state["spark_submits"]
         for kind, variants in state["variants"].items():
-            campaign.landed[kind] = Counter(variants)
+            campaign.variants[kind] = Counter(variants)
         campaign.started_at, campaign.elapsed_before = state["started_at"], state["elapsed_seconds"]
         campaign.sessions, campaign.interruptions = state["sessions"], state["interruptions"]
         landed: dict[tuple[int, int], int] = {}
@@ -797,7 +773,7 @@ class Campaign:
             "seed": self.seed,
             "faults_injected": len(self.iterations),
             "faults_by_kind": dict(Counter(it.fault for it in self.iterations)),
-            "fault_variants": {k: dict(v) for k, v in self.landed.items()},
+            "fault_variants": {k: dict(v) for k, v in self.variants.items()},
             "fault_landings": {k: dict(v) for k, v in phases.items()},
             "recovered_by": dict(Counter(it.recovered_by for it in self.iterations)),
             **figures,
