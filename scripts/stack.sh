@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The local kafka-ledger stack: install, start, stop and inspect Kafka (KRaft), PostgreSQL and Airflow.
+# The local kafka-ledger stack: install, start, stop and inspect Kafka (KRaft), PostgreSQL, the Spark Connect
+# server and Airflow.
 #
-#   scripts/stack.sh up         install what is missing, start Kafka + Postgres, migrate both databases
+#   scripts/stack.sh up         install what is missing, start Kafka + Postgres + Spark Connect, migrate both databases
 #   scripts/stack.sh install    OS packages, Python venv, Kafka broker jars, Spark connector jars
-#   scripts/stack.sh start      start Kafka and Postgres (idempotent) and wait until they answer
+#   scripts/stack.sh start      start Kafka, Postgres and the Spark Connect server (idempotent) and wait for them
 #   scripts/stack.sh migrate    create roles/databases, run the ledger migrations and `airflow db migrate`
 #   scripts/stack.sh airflow    start Airflow (api-server, scheduler, dag-processor, triggerer) on KL_AIRFLOW_PORT
 #   scripts/stack.sh stop       stop everything this script started
 #   scripts/stack.sh status     one line per service
-#   scripts/stack.sh restart-postgres | restart-kafka   stop and start one service (the fault campaign uses them)
+#   scripts/stack.sh restart-postgres | restart-kafka | restart-spark-connect
+#                               stop and start one service (the fault campaign uses them)
+#   scripts/stack.sh kill-spark-connect   SIGKILL the Spark Connect server (the fault campaign's crash)
 #
 # Everything lives under $KL_STATE (.stack/ by default): data, logs, pid files and downloaded jars.
 set -euo pipefail
@@ -207,6 +210,46 @@ stop_pidfile() {  # stop_pidfile <name> <pidfile>: SIGTERM (a controlled shutdow
   rm -f "$2"; say "$1: stopped"
 }
 
+# --- Spark Connect server (the warm Spark runtime) --------------------------------------------------
+SPARK_CONNECT_PID=$RUN/spark-connect.pid
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+start_spark_connect() {
+  [ "$KL_LOCAL_SPARK_CONNECT" = 1 ] || { say "spark connect: external (connection spark_connect_default), not started"; return; }
+  if pid_alive "$SPARK_CONNECT_PID"; then say "spark connect: already running (pid $(cat "$SPARK_CONNECT_PID"))"; return; fi
+  port_open "$KL_SPARK_CONNECT_PORT" && die "port $KL_SPARK_CONNECT_PORT is taken (another Spark Connect server?): stop it or set KL_SPARK_CONNECT_PORT"
+  local jars; jars=$(ls "$KAFKA_LEDGER_SPARK_JARS_DIR"/*.jar 2>/dev/null | paste -sd, -)
+  [ -n "$jars" ] || die "no Spark connector jars in $KAFKA_LEDGER_SPARK_JARS_DIR: run scripts/stack.sh install"
+  # The server's JVM is the driver and, with a local master, the executors: --driver-memory bounds it.
+  # Everything binds loopback; -XX:-DontCompileHugeMethods lets the JIT compile the decoder's generated code.
+  setsid nohup "$KL_VENV/bin/spark-submit" --class org.apache.spark.sql.connect.service.SparkConnectServer \
+    --name kafka-ledger-spark-connect --master "$KAFKA_LEDGER_SPARK_MASTER" --driver-memory "$KL_SPARK_CONNECT_MEMORY" \
+    --jars "$jars" \
+    --conf spark.connect.grpc.binding.address=127.0.0.1 --conf "spark.connect.grpc.binding.port=$KL_SPARK_CONNECT_PORT" \
+    --conf spark.driver.bindAddress=127.0.0.1 --conf spark.driver.host=127.0.0.1 --conf spark.ui.enabled=false \
+    --conf spark.sql.session.timeZone=UTC --conf spark.sql.shuffle.partitions=8 \
+    --conf "spark.driver.extraJavaOptions=-XX:-DontCompileHugeMethods -Duser.timezone=UTC -Dlog4j2.configurationFile=file:$KL_HOME/stack/spark-connect/log4j2.properties" \
+    spark-internal >"$LOGS/spark-connect.log" 2>&1 &
+  echo $! >"$SPARK_CONNECT_PID"
+  local i
+  for i in $(seq 1 120); do
+    if port_open "$KL_SPARK_CONNECT_PORT"; then
+      say "spark connect: started on sc://127.0.0.1:$KL_SPARK_CONNECT_PORT (pid $(cat "$SPARK_CONNECT_PID"), heap $KL_SPARK_CONNECT_MEMORY, log $LOGS/spark-connect.log)"
+      return
+    fi
+    pid_alive "$SPARK_CONNECT_PID" || { tail -n 30 "$LOGS/spark-connect.log" >&2; die "the Spark Connect server exited during start"; }
+    sleep 1
+  done
+  die "the Spark Connect server did not listen within 120 s (log: $LOGS/spark-connect.log)"
+}
+
+kill_spark_connect() {  # SIGKILL of the whole server (JVM and its spark-submit wrapper), as a crash would
+  pid_alive "$SPARK_CONNECT_PID" || return 0
+  kill -KILL -- "-$(cat "$SPARK_CONNECT_PID")" 2>/dev/null || kill -KILL "$(cat "$SPARK_CONNECT_PID")"
+  rm -f "$SPARK_CONNECT_PID"; say "spark connect: killed"
+}
+
 # --- Airflow + ledger migrations -------------------------------------------------------------------
 migrate() {
   create_databases
@@ -242,18 +285,21 @@ start_airflow() {
 status() {
   if pg_ready 2>/dev/null; then echo "postgres  up    127.0.0.1:$KL_PG_PORT  data $PG_DATA  log $PG_LOG"; else echo "postgres  down"; fi
   if pid_alive "$KAFKA_PID"; then echo "kafka     up    $KAFKA_LEDGER_BOOTSTRAP_SERVERS  pid $(cat "$KAFKA_PID")"; else echo "kafka     down"; fi
+  if pid_alive "$SPARK_CONNECT_PID"; then echo "spark     up    sc://127.0.0.1:$KL_SPARK_CONNECT_PORT  pid $(cat "$SPARK_CONNECT_PID")  log $LOGS/spark-connect.log"; else echo "spark     down  (Spark Connect server)"; fi
   if pid_alive "$AIRFLOW_PID"; then echo "airflow   up    http://127.0.0.1:$KL_AIRFLOW_PORT  pid $(cat "$AIRFLOW_PID")"; else echo "airflow   down"; fi
 }
 
 case "${1:-}" in
   install) install ;;
-  start) start_postgres; start_kafka ;;
+  start) start_postgres; start_kafka; start_spark_connect ;;
   migrate) migrate ;;
-  up) install; start_postgres; start_kafka; migrate ;;
+  up) install; start_postgres; start_kafka; start_spark_connect; migrate ;;
   airflow) start_airflow ;;
   restart-postgres) stop_postgres; start_postgres ;;
   restart-kafka) stop_pidfile kafka "$KAFKA_PID"; start_kafka ;;
-  stop) stop_pidfile airflow "$AIRFLOW_PID"; stop_pidfile kafka "$KAFKA_PID"; stop_postgres ;;
+  restart-spark-connect) stop_pidfile "spark connect" "$SPARK_CONNECT_PID"; start_spark_connect ;;
+  kill-spark-connect) kill_spark_connect ;;
+  stop) stop_pidfile airflow "$AIRFLOW_PID"; stop_pidfile "spark connect" "$SPARK_CONNECT_PID"; stop_pidfile kafka "$KAFKA_PID"; stop_postgres ;;
   status) status ;;
-  *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

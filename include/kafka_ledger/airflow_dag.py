@@ -1,4 +1,9 @@
-"""Builds one Airflow DAG per declared pipeline: plan -> Spark read and stage -> commit -> drain backlog."""
+"""Builds one Airflow DAG per declared pipeline: plan -> Spark read -> commit -> drain backlog.
+
+The Spark part depends on the pipeline's runtime (spark_runtime.py): with `connect`, one task reads on the
+warm Spark Connect server and commits (`read_and_commit`); with `submit`, spark-submit stages the rows
+(`read_and_stage`) and `commit_batch` publishes them.
+"""
 
 from __future__ import annotations
 
@@ -11,20 +16,23 @@ from urllib.parse import urlsplit
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, BaseOperator, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.timetables.interval import CronDataIntervalTimetable
 
 from kafka_ledger.batch_requests import MODES
 from kafka_ledger.config import PipelineConfig, config_path, get_pipeline
-from kafka_ledger.settings import bootstrap_servers, ledger_dsn
+from kafka_ledger.settings import SPARK_SUBMIT_CONN_ID, bootstrap_servers, ledger_dsn, spark_runtime
 from kafka_ledger.spark_submit import BASE_SPARK_CONF, SPARK_APPLICATION, spark_conf, spark_jars
 
-__all__ = ["BASE_SPARK_CONF", "SPARK_APPLICATION", "SPARK_POOL", "build_pipeline_dag", "run_pipeline_dag"]
+__all__ = ["BASE_SPARK_CONF", "SPARK_APPLICATION", "SPARK_POOL", "SPARK_TASK", "build_pipeline_dag",
+           "run_pipeline_dag"]
 
 log = logging.getLogger(__name__)
 
 SPARK_POOL = "kafka_ledger_spark"
+# The task that runs a batch's Spark work, by runtime.
+SPARK_TASK = {"connect": "read_and_commit", "submit": "read_and_stage"}
 
 
 def masked_ledger_dsn() -> str:
@@ -147,6 +155,39 @@ def commit_batch(pipeline_name: str, plan: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class ReadAndCommitOperator(BaseOperator):
+    """The `connect` runtime's Spark task: read the planned batch on the Spark Connect server and commit it.
+
+    The rows and the offsets are published in one Postgres transaction by this task, the Spark Connect
+    client (spark_runtime.ConnectBatch). Killed by Airflow (timeout, marked failed), it interrupts its
+    query on the server by its tag.
+    """
+
+    ui_color = "#fde3a7"
+
+    def __init__(self, *, pipeline_name: str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.pipeline_name = pipeline_name
+        self._batch: Any = None
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from kafka_ledger.spark_runtime import ConnectBatch
+
+        plan = context["ti"].xcom_pull(task_ids="plan_batch")
+        self._batch = ConnectBatch(get_pipeline(self.pipeline_name), plan["batch_id"])
+        result = self._batch.run(ledger_dsn(), bootstrap_servers())
+        return {
+            "batch_id": result.batch_id,
+            "already_committed": result.already_committed,
+            "records_written": result.records_written,
+            "records_dead_lettered": result.records_dead_lettered,
+        }
+
+    def on_kill(self) -> None:
+        if self._batch is not None:
+            self._batch.interrupt()
+
+
 def record_spark_failure(context: dict[str, Any]) -> None:
     """on_failure_callback of the Spark task: the batch stays open and is resumed by the next run."""
     from kafka_ledger.batches import fail_batch
@@ -167,6 +208,26 @@ def _timetable(schedule: str | None) -> Any:
     return CronDataIntervalTimetable(cron, timezone="UTC")
 
 
+def _doc(pipeline: PipelineConfig) -> str:
+    if spark_runtime(pipeline) == "connect":
+        spark = ("`read_and_commit` reads exactly those ranges on the warm Spark Connect server and publishes the "
+                 "rows, the dead letters and the new offsets in one Postgres transaction")
+    else:
+        spark = ("`read_and_stage` reads exactly those ranges with spark-submit and stages the rows, `commit_batch` "
+                 "publishes them and advances the offsets in one Postgres transaction")
+    return (
+        f"### kafka-ledger pipeline `{pipeline.name}`\n\n"
+        f"{pipeline.subscription} -> `{pipeline.qualified_output_table}` ({pipeline.delivery_mode}, Spark runtime "
+        f"`{spark_runtime(pipeline)}`), at most {pipeline.max_records_per_partition} records per partition per "
+        "batch.\n\n"
+        "`plan_batch` records the exact offset ranges in the ledger before anything is read (or resumes the "
+        f"unfinished batch), {spark}, and `drain_backlog` starts another run at once when the per-partition cap "
+        "left data unread.\n\n"
+        "Trigger with config to re-read offset ranges, a time window or a recorded batch; a backfill run "
+        "re-reads its data interval (one hour per hourly run). See the README's *Operating pipelines*."
+    )
+
+
 def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
     """The DAG of one pipeline. Building it does no I/O: every look-up happens inside the tasks."""
     with DAG(
@@ -177,17 +238,7 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         catchup=False,
         max_active_runs=1,
         tags=["kafka-ledger", pipeline.name],
-        doc_md=(
-            f"### kafka-ledger pipeline `{pipeline.name}`\n\n"
-            f"{pipeline.subscription} -> `{pipeline.qualified_output_table}` ({pipeline.delivery_mode}), "
-            f"at most {pipeline.max_records_per_partition} records per partition per batch.\n\n"
-            "`plan_batch` records the exact offset ranges in the ledger before anything is read (or resumes the "
-            "unfinished batch), `read_and_stage` reads exactly those ranges with Spark and stages the rows, "
-            "`commit_batch` publishes them and advances the offsets in one Postgres transaction, and "
-            "`drain_backlog` starts another run at once when the per-partition cap left data unread.\n\n"
-            "Trigger with config to re-read offset ranges, a time window or a recorded batch; a backfill run "
-            "re-reads its data interval (one hour per hourly run). See the README's *Operating pipelines*."
-        ),
+        doc_md=_doc(pipeline),
         params=trigger_form(pipeline),
         default_args={
             "owner": pipeline.owner,
@@ -207,31 +258,41 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
             plan_batch, task_id="plan_batch", execution_timeout=timedelta(minutes=10)
         )(pipeline.name, pipeline.dag_id)
 
-        read_and_stage = SparkSubmitOperator(
-            task_id="read_and_stage",
-            application=str(SPARK_APPLICATION),
-            conn_id="spark_default",
-            name=f"kafka-ledger-{pipeline.name}",
-            application_args=[
-                "--pipeline", pipeline.name,
-                "--batch-id", "{{ ti.xcom_pull(task_ids='plan_batch')['batch_id'] }}",
-            ],
-            jars="{{ spark_jars() }}",
-            conf=spark_conf(pipeline),
-            # Resolved in the worker when the task runs (env first, then Airflow connections).
-            env_vars={
-                "KAFKA_LEDGER_DB_URL": "{{ ledger_dsn() }}",
-                "KAFKA_LEDGER_BOOTSTRAP_SERVERS": "{{ bootstrap_servers() }}",
-                "KAFKA_LEDGER_PIPELINES": "{{ pipelines_path() }}",
-            },
-            pool=SPARK_POOL,
-            execution_timeout=timedelta(minutes=pipeline.spark_timeout_minutes),
-            on_failure_callback=record_spark_failure,
-        )
-
-        commit = task(
-            commit_batch, task_id="commit_batch", execution_timeout=timedelta(minutes=30)
-        )(pipeline.name, plan)
+        runtime = spark_runtime(pipeline)
+        spark_task_args = {
+            "pool": SPARK_POOL,
+            "execution_timeout": timedelta(minutes=pipeline.spark_timeout_minutes),
+            "on_failure_callback": record_spark_failure,
+        }
+        if runtime == "connect":
+            spark_work = ReadAndCommitOperator(task_id=SPARK_TASK[runtime], pipeline_name=pipeline.name,
+                                               **spark_task_args)
+            plan >> spark_work
+            committed = spark_work
+        else:
+            spark_work = SparkSubmitOperator(
+                task_id=SPARK_TASK[runtime],
+                application=str(SPARK_APPLICATION),
+                conn_id=SPARK_SUBMIT_CONN_ID,
+                name=f"kafka-ledger-{pipeline.name}",
+                application_args=[
+                    "--pipeline", pipeline.name,
+                    "--batch-id", "{{ ti.xcom_pull(task_ids='plan_batch')['batch_id'] }}",
+                ],
+                jars="{{ spark_jars() }}",
+                conf=spark_conf(pipeline),
+                # Resolved in the worker when the task runs (env first, then Airflow connections).
+                env_vars={
+                    "KAFKA_LEDGER_DB_URL": "{{ ledger_dsn() }}",
+                    "KAFKA_LEDGER_BOOTSTRAP_SERVERS": "{{ bootstrap_servers() }}",
+                    "KAFKA_LEDGER_PIPELINES": "{{ pipelines_path() }}",
+                },
+                **spark_task_args,
+            )
+            committed = task(
+                commit_batch, task_id="commit_batch", execution_timeout=timedelta(minutes=30)
+            )(pipeline.name, plan)
+            plan >> spark_work >> committed
 
         @task.short_circuit(task_id="backlog_remains", ignore_downstream_trigger_rules=True)
         def backlog_remains(plan: dict[str, Any]) -> bool:
@@ -249,7 +310,7 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
             conf={"reason": "drain backlog left by the per-partition cap"},
         )
 
-        plan >> read_and_stage >> commit >> backlog_remains(plan) >> drain
+        committed >> backlog_remains(plan) >> drain
     return dag
 
 

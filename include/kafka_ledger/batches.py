@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
+
+import psycopg2
 
 from kafka_ledger import failpoints, kafka_offsets, ledger, sql
 from kafka_ledger.batch_requests import BatchRequest, RequestError
@@ -32,6 +36,10 @@ log = logging.getLogger(__name__)
 
 class CommitError(ledger.LedgerError):
     """The batch cannot be committed; nothing was written and no offset moved."""
+
+
+# Bytes handed to COPY per read of the row stream.
+COPY_CHUNK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -310,9 +318,10 @@ class CommitResult:
 def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitResult:
     """In ONE transaction: replace the rows of the batch's offsets, record its ranges, advance positions.
 
-    Committing a committed batch is a no-op. For a catch-up batch, a position that is not at the batch's
-    start (compare-and-set) fails the commit and nothing is written. Rewrite batches (replays, windows,
-    backfills, explicit ranges) replace rows behind the positions and never move them.
+    Publishes what spark-submit's job staged. Committing a committed batch is a no-op. For a catch-up
+    batch, a position that is not at the batch's start (compare-and-set) fails the commit and nothing is
+    written. Rewrite batches (replays, windows, backfills, explicit ranges) replace rows behind the
+    positions and never move them.
     """
     started = time.monotonic()
     conn = ledger.connect(dsn)
@@ -330,7 +339,7 @@ def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitRes
                 )
             attempt = batch.staged_attempt
             params = {"batch_id": batch_id, "attempt": attempt, "pipeline": pipeline.name}
-            direct = _writes_output_directly(pipeline, batch)
+            direct = writes_output_directly(pipeline, batch)
             if not direct:
                 problems = check_read_coverage(batch.ranges, ledger.staged_read_stats(cur, pipeline, batch_id, attempt))
                 if problems:
@@ -346,28 +355,9 @@ def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitRes
             failpoints.hit("commit_after_publish")
             if written is None:
                 written = (batch.records_read or 0) - dead
-            if written + dead != (batch.records_read or 0):
-                raise CommitError(
-                    f"batch {batch_id}: {written} rows + {dead} dead letters != {batch.records_read} records read"
-                )
-            if batch.moves_positions:
-                _advance(cur, batch, params)
-            else:
-                _cover_rewrite(cur, pipeline, batch)
-            seconds = time.monotonic() - started
-            cur.execute(
-                sql.MARK_COMMITTED,
-                {**params, "records_written": written, "records_dead_lettered": dead, "commit_seconds": seconds},
-            )
-            cur.execute(sql.DELETE_STAGED.format(staging=sql.staging_table(pipeline)), params)
-            failpoints.hit("commit_before_end")
-        log.info(
-            "committed %s batch %s of %s: %d rows into %s (%d rows of earlier runs replaced), %d dead letters, "
-            "%s in %.2fs", batch.kind, batch_id, pipeline.name, written, pipeline.qualified_output_table, replaced,
-            dead, f"{len(batch.ranges)} partition position(s) advanced" if batch.moves_positions
-            else "positions unchanged", seconds,
-        )
-        return CommitResult(batch_id, False, written, dead, seconds)
+            result = _finish_commit(cur, pipeline, batch, written, dead, started)
+        _log_commit(pipeline, batch, result, replaced)
+        return result
     except CommitError as exc:
         with conn, conn.cursor() as cur:
             cur.execute(sql.RECORD_ERROR, {"batch_id": batch_id, "error": str(exc)[:4000]})
@@ -376,7 +366,94 @@ def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitRes
         conn.close()
 
 
-def _writes_output_directly(pipeline: PipelineConfig, batch: ledger.Batch) -> bool:
+def publish_batch(
+    dsn: str, pipeline: PipelineConfig, batch_id: int, attempt: int, tables: Iterable[Any], *, started: float
+) -> CommitResult:
+    """In ONE transaction: copy an attempt's rows into the output table and the dead letters, then commit.
+
+    The Spark Connect runtime's publish: `tables` are Arrow tables of COPY lines (publish.copy_lines),
+    streamed into COPY as Spark produces them, with no staging copy. The rows are checked against the
+    ranges, the batch is marked written and committed exactly as commit_batch does. Only the attempt that
+    began last may publish: an older (zombie) attempt finds the batch moved on and writes nothing.
+    """
+    from kafka_ledger.ingest import log_read
+    from kafka_ledger.publish import CopyStream
+
+    conn = ledger.connect(dsn)
+    try:
+        with ledger.pipeline_transaction(conn, pipeline.name) as cur:
+            batch = ledger.get_batch(cur, batch_id, for_update=True)
+            if batch.pipeline != pipeline.name:
+                raise CommitError(f"batch {batch_id} belongs to pipeline {batch.pipeline!r}, not {pipeline.name!r}")
+            if batch.status != "planned" or batch.attempts != attempt:
+                raise ledger.LedgerError(
+                    f"batch {batch_id} attempt {attempt} may not publish: the batch is {batch.status} with "
+                    f"{batch.attempts} attempts (superseded by a newer attempt?); nothing was written"
+                )
+            replaced = _remove_published(cur, pipeline, batch.ranges)
+            stream = CopyStream(tables)
+            try:
+                cur.copy_expert(sql.copy_output(pipeline), stream, size=COPY_CHUNK_BYTES)
+            except psycopg2.Error:
+                if stream.error is not None:  # the read failed: say why, not that COPY was cancelled
+                    raise stream.error from None
+                raise
+            written = cur.rowcount
+            dead_lines = stream.dead_letter_lines()
+            dead = 0
+            if dead_lines:
+                cur.copy_expert(sql.COPY_DEAD_LETTERS, io.BytesIO(dead_lines), size=COPY_CHUNK_BYTES)
+                dead = cur.rowcount
+            read_seconds = time.monotonic() - started
+            failpoints.hit("after_staging")
+            stats = stream.read_stats()
+            problems = check_read_coverage(batch.ranges, stats)
+            if problems:
+                raise ledger.LedgerError(f"batch {batch_id} was not read completely: " + "; ".join(problems))
+            ledger.mark_written(cur, batch_id, attempt, stats, read_seconds)
+            log_read(batch, attempt, stats, read_seconds)
+            failpoints.hit("commit_after_publish")
+            result = _finish_commit(cur, pipeline, ledger.get_batch(cur, batch_id), written, dead, started)
+        _log_commit(pipeline, batch, result, replaced)
+        return result
+    finally:
+        conn.close()
+
+
+def _finish_commit(
+    cur: ledger.Cursor, pipeline: PipelineConfig, batch: ledger.Batch, written: int, dead: int, started: float
+) -> CommitResult:
+    """The end of every commit: counts checked, coverage and positions recorded, batch committed."""
+    params = {"batch_id": batch.batch_id, "pipeline": pipeline.name}
+    if written + dead != (batch.records_read or 0):
+        raise CommitError(
+            f"batch {batch.batch_id}: {written} rows + {dead} dead letters != {batch.records_read} records read"
+        )
+    if batch.moves_positions:
+        _advance(cur, batch, params)
+    else:
+        _cover_rewrite(cur, pipeline, batch)
+    seconds = time.monotonic() - started
+    cur.execute(
+        sql.MARK_COMMITTED,
+        {**params, "records_written": written, "records_dead_lettered": dead, "commit_seconds": seconds},
+    )
+    cur.execute(sql.DELETE_STAGED.format(staging=sql.staging_table(pipeline)), params)
+    failpoints.hit("commit_before_end")
+    return CommitResult(batch.batch_id, False, written, dead, seconds)
+
+
+def _log_commit(pipeline: PipelineConfig, batch: ledger.Batch, result: CommitResult, replaced: int) -> None:
+    log.info(
+        "committed %s batch %s of %s: %d rows into %s (%d rows of earlier runs replaced), %d dead letters, "
+        "%s in %.2fs", batch.kind, batch.batch_id, pipeline.name, result.records_written,
+        pipeline.qualified_output_table, replaced, result.records_dead_lettered,
+        f"{len(batch.ranges)} partition position(s) advanced" if batch.moves_positions else "positions unchanged",
+        result.seconds,
+    )
+
+
+def writes_output_directly(pipeline: PipelineConfig, batch: ledger.Batch) -> bool:
     """at_least_once catch-up batches are appended by the Spark job itself; everything else is staged."""
     return pipeline.delivery_mode == "at_least_once" and batch.kind == "catch_up"
 

@@ -16,6 +16,17 @@ TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 ColumnType = Literal["string", "long", "int", "double", "boolean", "timestamp"]
 
+# How a timestamp column's JSON value may be written: ISO-8601 text, or a number of seconds, milliseconds or
+# microseconds since 1970-01-01 UTC. A number's unit cannot be told from the number, so a column declares one.
+TimestampFormat = Literal["iso8601", "epoch_seconds", "epoch_millis", "epoch_micros"]
+DEFAULT_TIMESTAMP_FORMATS: tuple[TimestampFormat, ...] = ("iso8601", "epoch_seconds")
+EPOCH_MICROS_PER_UNIT: dict[str, int] = {"epoch_seconds": 1_000_000, "epoch_millis": 1_000, "epoch_micros": 1}
+# Decoded timestamps must fall in these years: an epoch number in the wrong unit lands far outside them
+# (milliseconds read as seconds give the year 58000), and is dead-lettered instead of published.
+TIMESTAMP_YEARS = (1900, 2199)
+
+SparkRuntime = Literal["connect", "submit"]
+
 # The Postgres type each declared column type is stored as.
 POSTGRES_TYPES: dict[str, str] = {
     "string": "text",
@@ -48,6 +59,8 @@ class ColumnSpec(BaseModel):
     type: ColumnType
     required: bool = False
     description: str = ""
+    # Timestamp columns only: the accepted forms of the value (default: ISO-8601 text or epoch seconds).
+    formats: list[TimestampFormat] | None = None
 
     @field_validator("name")
     @classmethod
@@ -57,6 +70,29 @@ class ColumnSpec(BaseModel):
         if name in RESERVED_COLUMNS:
             raise ValueError(f"column name {name!r} is reserved (the ledger adds it to every row)")
         return name
+
+    @model_validator(mode="after")
+    def _formats_fit_the_type(self) -> ColumnSpec:
+        if self.formats is None:
+            return self
+        if self.type != "timestamp":
+            raise ValueError(f"column {self.name!r}: formats apply to timestamp columns only")
+        if not self.formats or len(set(self.formats)) != len(self.formats):
+            raise ValueError(f"column {self.name!r}: formats must list each accepted form once")
+        units = [f for f in self.formats if f in EPOCH_MICROS_PER_UNIT]
+        if len(units) > 1:
+            raise ValueError(f"column {self.name!r}: declare one epoch unit, not {', '.join(units)} (a number's "
+                             "unit cannot be told from the number)")
+        return self
+
+    @property
+    def timestamp_formats(self) -> tuple[TimestampFormat, ...]:
+        return tuple(self.formats) if self.formats else DEFAULT_TIMESTAMP_FORMATS
+
+    @property
+    def epoch_unit(self) -> str | None:
+        """The epoch unit a number in this timestamp column is read in, or None if numbers are refused."""
+        return next((f for f in self.timestamp_formats if f in EPOCH_MICROS_PER_UNIT), None)
 
 
 class AssignedPartition(BaseModel):
@@ -100,6 +136,9 @@ class PipelineConfig(BaseModel):
     retry_delay_seconds: int = Field(default=60, ge=0)
     spark_timeout_minutes: int = Field(default=60, ge=1)
     spark_conf: dict[str, str] = Field(default_factory=dict)
+    # Where the batch's Spark work runs: the warm Spark Connect server, or one spark-submit per batch.
+    # None: the deployment's default ($KAFKA_LEDGER_SPARK_RUNTIME).
+    spark_runtime: SparkRuntime | None = None
 
     @field_validator("name")
     @classmethod

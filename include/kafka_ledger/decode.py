@@ -1,12 +1,19 @@
-"""Spark-side decoding of Kafka records into the declared columns, or a dead-letter reason per record."""
+"""Spark-side decoding of Kafka records into the declared columns, or a dead-letter reason per record.
+
+Lean by design: every record pays for one JSON parse and a few cheap checks (`_looks_good`). Only the
+records that fail them get their exact reason worked out (`_reason`), which parses them again; the
+reason is the first problem found, in a fixed order, whichever path a record took.
+"""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from kafka_ledger.config import ColumnSpec, PipelineConfig
+from kafka_ledger.config import EPOCH_MICROS_PER_UNIT, TIMESTAMP_YEARS, ColumnSpec, PipelineConfig
 
 SPARK_TYPES: dict[str, T.DataType] = {
     "string": T.StringType(),
@@ -14,12 +21,19 @@ SPARK_TYPES: dict[str, T.DataType] = {
     "int": T.IntegerType(),
     "double": T.DoubleType(),
     "boolean": T.BooleanType(),
-    "timestamp": T.TimestampType(),
+    # Parsed as the JSON token's text: _Timestamp reads it as ISO-8601 or as an epoch number.
+    "timestamp": T.StringType(),
 }
 
 CORRUPT_COLUMN = "_corrupt_record"
 # Jackson, Spark's JSON parser, refuses documents nested deeper than this.
 MAX_JSON_DEPTH = 1000
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_LOWEST = datetime(TIMESTAMP_YEARS[0], 1, 1, tzinfo=UTC)
+_BEYOND = datetime(TIMESTAMP_YEARS[1] + 1, 1, 1, tzinfo=UTC)
+# The accepted range in epoch microseconds, [lowest, beyond).
+_MICROS_RANGE = tuple(int((moment - _EPOCH).total_seconds()) * 1_000_000 for moment in (_LOWEST, _BEYOND))
 
 
 def value_schema(pipeline: PipelineConfig) -> T.StructType:
@@ -28,69 +42,181 @@ def value_schema(pipeline: PipelineConfig) -> T.StructType:
     return T.StructType(fields + [T.StructField(CORRUPT_COLUMN, T.StringType())])
 
 
-def _field_errors(columns: list[ColumnSpec], text: Column, parsed: Column) -> list[Column]:
-    errors = []
-    variant = F.try_parse_json(text)
-    for c in columns:
-        present = F.get_json_object(text, f"$.{c.name}").isNotNull()
-        errors.append(F.when(present & parsed[c.name].isNull(), F.lit(f"field '{c.name}' is not a valid {c.type}")))
-        if c.type == "string":
-            # from_json turns an object or array into its JSON text for a string column: refuse that.
-            # Parsing the value again costs, so only values that look like JSON text are looked at.
-            kind = F.schema_of_variant(F.variant_get(variant, f"$.{c.name}", "variant"))
-            looks_nested = parsed[c.name].startswith("{") | parsed[c.name].startswith("[")
-            errors.append(F.when(looks_nested, F.when(kind.startswith("OBJECT") | kind.startswith("ARRAY"),
-                                 F.lit(f"field '{c.name}' is not a valid string (a JSON object or array)"))))
-    for c in columns:
-        if c.required:
-            errors.append(F.when(parsed[c.name].isNull(), F.lit(f"required field '{c.name}' is missing or null")))
-    return errors
+class _Timestamp:
+    """A timestamp column read from its JSON token's text: the value, and why it cannot be published (or NULL).
+
+    Text whose fifth character is "-" (a year, then a dash) is read as ISO-8601; anything else as a number,
+    quoted or not, in the column's epoch unit. Either way the result must lie in TIMESTAMP_YEARS.
+    """
+
+    def __init__(self, column: ColumnSpec, raw: Column):
+        formats = column.timestamp_formats
+        declared = ", ".join(formats)
+        years = f"{TIMESTAMP_YEARS[0]}-{TIMESTAMP_YEARS[1]}"
+        invalid = F.lit(f"field '{column.name}' is not a valid timestamp")
+        iso_like = F.substring(raw, 5, 1) == F.lit("-")
+
+        text = raw.try_cast("timestamp")
+        if "iso8601" in formats:
+            text_problem = F.when(text.isNull(), invalid).when(
+                (text < F.lit(_LOWEST)) | (text >= F.lit(_BEYOND)),
+                F.lit(f"field '{column.name}' is not a valid timestamp (a date outside {years})"),
+            )
+        else:
+            text_problem = F.when(text.isNull(), invalid).otherwise(
+                F.lit(f"field '{column.name}' is not a valid timestamp (ISO-8601 text; declared formats: {declared})"))
+            text = F.lit(None).cast("timestamp")
+
+        number = raw.try_cast("decimal(38,9)")
+        unit = column.epoch_unit
+        if unit is not None:
+            per_unit = EPOCH_MICROS_PER_UNIT[unit]
+            # Compared in the declared unit first, so that scaling to microseconds cannot overflow.
+            in_range = (number >= F.lit(_MICROS_RANGE[0] // per_unit)) & (number < F.lit(_MICROS_RANGE[1] // per_unit))
+            from_number = F.when(in_range, F.timestamp_micros(F.round(F.try_multiply(number, F.lit(per_unit)), 0)
+                                                              .cast("long")))
+            number_problem = F.when(number.isNull(), invalid).when(
+                ~in_range,
+                F.lit(f"field '{column.name}' is not a valid timestamp (a number outside {years} read as {unit})"),
+            )
+        else:
+            from_number = F.lit(None).cast("timestamp")
+            number_problem = F.when(number.isNull(), invalid).otherwise(
+                F.lit(f"field '{column.name}' is not a valid timestamp (a number; declared formats: {declared})"))
+
+        # from_json gives the JSON null as NULL, like a missing field: the required check deals with both.
+        self.problem = F.when(raw.isNotNull(), F.when(iso_like, text_problem).otherwise(number_problem))
+        self.value = F.when(iso_like, text).otherwise(from_number)
 
 
-def _extra_fields(pipeline: PipelineConfig, keys: Column) -> list[Column]:
-    if pipeline.extra_fields != "dead_letter":
-        return []
-    extra = F.array_except(keys, F.array(*[F.lit(c.name) for c in pipeline.columns]))
-    reason = F.concat(F.lit("unexpected field(s): "), F.array_join(F.array_sort(extra), ", "))
-    return [F.when(F.size(extra) > 0, reason)]
+class _Decoder:
+    """The expressions that decode one pipeline's records; `parsed` is the value parsed once with from_json."""
+
+    def __init__(self, pipeline: PipelineConfig, value: Column, text: Column, parsed: Column):
+        self.pipeline, self.value, self.text, self.parsed = pipeline, value, text, parsed
+        self.timestamps = {c.name: _Timestamp(c, parsed[c.name]) for c in pipeline.columns if c.type == "timestamp"}
+
+    def column_value(self, column: ColumnSpec) -> Column:
+        if column.type == "timestamp":
+            return self.timestamps[column.name].value
+        return self.parsed[column.name]
+
+    def _extra_keys(self, keys: Column) -> Column:
+        return F.array_except(keys, F.array(*[F.lit(c.name) for c in self.pipeline.columns]))
+
+    def looks_good(self) -> Column:
+        """Cheap checks that, passed, prove the record publishable: `reason` would be NULL for it."""
+        checks = [
+            self.value.isNotNull(),
+            F.is_valid_utf8(self.value),
+            # A document from_json parsed in full, with every present field of its declared type, is a JSON
+            # object whose declared fields are all valid.
+            self.parsed.isNotNull(),
+            self.parsed[CORRUPT_COLUMN].isNull(),
+        ]
+        for c in self.pipeline.columns:
+            if c.type == "string":
+                # What looks like JSON text may be an object or array turned into text: only `reason` tells.
+                text = self.parsed[c.name]
+                checks.append(F.coalesce(~(text.startswith("{") | text.startswith("[") | text.contains("\x00")),
+                                         F.lit(True)))
+            elif c.type == "timestamp":
+                checks.append(self.timestamps[c.name].problem.isNull())
+            if c.required:
+                checks.append(self.column_value(c).isNotNull())
+        if self.pipeline.extra_fields == "dead_letter":
+            checks.append(F.size(self._extra_keys(F.json_object_keys(self.text))) == 0)
+        good = checks[0]
+        for check in checks[1:]:
+            good = good & check
+        return good
+
+    def _field_errors(self) -> list[Column]:
+        errors = []
+        variant = F.try_parse_json(self.text)
+        for c in self.pipeline.columns:
+            if c.type == "timestamp":
+                errors.append(self.timestamps[c.name].problem)
+                continue
+            present = F.get_json_object(self.text, f"$.{c.name}").isNotNull()
+            parsed = self.parsed[c.name]
+            errors.append(F.when(present & parsed.isNull(), F.lit(f"field '{c.name}' is not a valid {c.type}")))
+            if c.type == "string":
+                # from_json turns an object or array into its JSON text for a string column: refuse that.
+                kind = F.schema_of_variant(F.variant_get(variant, f"$.{c.name}", "variant"))
+                looks_nested = parsed.startswith("{") | parsed.startswith("[")
+                errors.append(F.when(looks_nested, F.when(kind.startswith("OBJECT") | kind.startswith("ARRAY"),
+                                     F.lit(f"field '{c.name}' is not a valid string (a JSON object or array)"))))
+                # Postgres text cannot hold the NUL character (JSON "\u0000").
+                errors.append(F.when(parsed.contains("\x00"), F.lit(
+                    f"field '{c.name}' contains a NUL character, which Postgres text cannot store")))
+        for c in self.pipeline.columns:
+            if c.required:
+                errors.append(F.when(self.column_value(c).isNull(),
+                                     F.lit(f"required field '{c.name}' is missing or null")))
+        return errors
+
+    def _extra_fields(self, keys: Column) -> list[Column]:
+        if self.pipeline.extra_fields != "dead_letter":
+            return []
+        extra = self._extra_keys(keys)
+        reason = F.concat(F.lit("unexpected field(s): "), F.array_join(F.array_sort(extra), ", "))
+        return [F.when(F.size(extra) > 0, reason)]
+
+    def reason(self) -> Column:
+        """Why a record cannot be published (NULL when it can), first problem found wins."""
+        keys = F.json_object_keys(self.text)
+        opening_brackets = F.length(self.text) - F.length(F.regexp_replace(self.text, r"[\[{]", ""))
+        return F.coalesce(
+            F.when(self.value.isNull(), F.lit("null value (tombstone)")),
+            F.when(~F.is_valid_utf8(self.text), F.lit("value is not valid UTF-8")),
+            F.when(keys.isNull() & (opening_brackets > MAX_JSON_DEPTH),
+                   F.lit(f"JSON nested too deeply to parse (over {MAX_JSON_DEPTH} levels)")),
+            F.when(keys.isNull(), F.lit("malformed JSON (not a JSON object)")),
+            *self._field_errors(),
+            *self._extra_fields(keys),
+            F.when(self.parsed[CORRUPT_COLUMN].isNotNull(), F.lit("value does not match the declared schema")),
+        )
 
 
-def dead_letter_reason(pipeline: PipelineConfig, value: Column, text: Column, parsed: Column) -> Column:
-    """Why a record cannot be published (NULL when it can), first problem found wins."""
-    keys = F.json_object_keys(text)
-    opening_brackets = F.length(text) - F.length(F.regexp_replace(text, r"[\[{]", ""))
-    return F.coalesce(
-        F.when(value.isNull(), F.lit("null value (tombstone)")),
-        F.when(~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
-        F.when(keys.isNull() & (opening_brackets > MAX_JSON_DEPTH),
-               F.lit(f"JSON nested too deeply to parse (over {MAX_JSON_DEPTH} levels)")),
-        F.when(keys.isNull(), F.lit("malformed JSON (not a JSON object)")),
-        *_field_errors(pipeline.columns, text, parsed),
-        *_extra_fields(pipeline, keys),
-        F.when(parsed[CORRUPT_COLUMN].isNotNull(), F.lit("value does not match the declared schema")),
+def decode_records(records: DataFrame, pipeline: PipelineConfig, *, lean: bool = True) -> DataFrame:
+    """Kafka source rows -> Kafka coordinates, raw key and value, `error` (NULL: publishable) and the columns.
+
+    With `lean` (always, outside tests) the exact reason is worked out only for records that fail the cheap
+    checks; without it, for every record (the reference the lean path is tested against).
+    """
+    text = F.col("value").cast("string")
+    parsed = F.col("parsed")
+    decoded = records.select(
+        "topic", "partition", "offset", "timestamp", "key", "value",
+        F.from_json(
+            text, value_schema(pipeline), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
+        ).alias("parsed"),
+    )
+    decoder = _Decoder(pipeline, F.col("value"), text, parsed)
+    error = F.when(~decoder.looks_good(), decoder.reason()) if lean else decoder.reason()
+    return decoded.select(
+        F.col("topic").alias("kafka_topic"),
+        F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+        F.col("timestamp").alias("kafka_timestamp"),
+        F.col("key").alias("kafka_key"),
+        F.col("value").alias("kafka_value"),
+        error.alias("error"),
+        *[decoder.column_value(c).alias(c.name) for c in pipeline.columns],
     )
 
 
 def to_staging_rows(records: DataFrame, pipeline: PipelineConfig, batch_id: int, attempt: int) -> DataFrame:
     """Kafka source rows -> the staging table's layout: decoded columns, or raw bytes plus the error."""
-    text = F.col("value").cast("string")
-    decoded = records.select(
-        "*",
-        F.from_json(
-            text, value_schema(pipeline), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
-        ).alias("parsed"),
-    )
-    decoded = decoded.withColumn("error", dead_letter_reason(pipeline, F.col("value"), text, F.col("parsed")))
+    decoded = decode_records(records, pipeline)
     good = F.col("error").isNull()
     return decoded.select(
         F.lit(batch_id).cast("long").alias("batch_id"),
         F.lit(attempt).cast("int").alias("attempt"),
-        F.col("topic").alias("kafka_topic"),
-        F.col("partition").alias("kafka_partition"),
-        F.col("offset").alias("kafka_offset"),
-        F.col("timestamp").alias("kafka_timestamp"),
-        F.when(~good, F.col("key")).alias("kafka_key"),
-        F.when(~good, F.col("value")).alias("kafka_value"),
-        F.col("error"),
-        *[F.when(good, F.col("parsed")[c.name]).alias(c.name) for c in pipeline.columns],
+        "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp",
+        F.when(~good, F.col("kafka_key")).alias("kafka_key"),
+        F.when(~good, F.col("kafka_value")).alias("kafka_value"),
+        "error",
+        *[F.when(good, F.col(c.name)).alias(c.name) for c in pipeline.columns],
     )

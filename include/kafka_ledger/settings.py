@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import get_args
 from urllib.parse import unquote, urlsplit
+
+from kafka_ledger.config import PipelineConfig, SparkRuntime
 
 LEDGER_DB_CONN_ID = "kafka_ledger_db"
 KAFKA_CONN_ID = "kafka_ledger_kafka"
+# The Spark provider's connection types: `spark` for spark-submit, `spark_connect` for the warm server.
+SPARK_SUBMIT_CONN_ID = "spark_default"
+SPARK_CONNECT_CONN_ID = "spark_connect_default"
+SPARK_RUNTIME_ENV = "KAFKA_LEDGER_SPARK_RUNTIME"
+# Without a deployment default, spark-submit: it needs nothing running beyond Spark itself.
+DEFAULT_SPARK_RUNTIME = "submit"
 
 
 class SettingsError(RuntimeError):
@@ -52,6 +61,33 @@ def bootstrap_servers() -> str:
     if not servers:
         raise SettingsError(f"Airflow connection {KAFKA_CONN_ID!r} has no bootstrap.servers in its extra")
     return servers
+
+
+def spark_runtime(pipeline: PipelineConfig) -> str:
+    """Where the pipeline's Spark work runs: its own `spark_runtime`, else $KAFKA_LEDGER_SPARK_RUNTIME, else submit."""
+    runtime = pipeline.spark_runtime or os.environ.get(SPARK_RUNTIME_ENV) or DEFAULT_SPARK_RUNTIME
+    if runtime not in get_args(SparkRuntime):
+        raise SettingsError(f"{SPARK_RUNTIME_ENV}={runtime!r}: expected one of {', '.join(get_args(SparkRuntime))}")
+    return runtime
+
+
+def spark_connect_url(session_id: str | None = None) -> str:
+    """The Spark Connect server's URL from the Airflow connection `spark_connect_default` (type spark_connect).
+
+    With `session_id`, the URL names that server-side session, so that every attempt of a batch works in
+    the same session and can interrupt what an earlier, killed attempt left running.
+    """
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    try:
+        url = SparkConnectHook(SPARK_CONNECT_CONN_ID).get_connection_url()
+    except Exception as exc:
+        raise SettingsError(
+            f"no Spark Connect server configured: define the Airflow connection {SPARK_CONNECT_CONN_ID!r} "
+            f"(type spark_connect, e.g. AIRFLOW_CONN_SPARK_CONNECT_DEFAULT='{{\"conn_type\": \"spark_connect\", "
+            f"\"host\": \"sc://127.0.0.1\", \"port\": 19002}}'), or run the pipeline with spark_runtime: submit"
+        ) from exc
+    return f"{url};session_id={session_id}" if session_id else url
 
 
 def sqlalchemy_url(dsn: str) -> str:

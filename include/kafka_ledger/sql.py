@@ -200,17 +200,23 @@ MARK_COMMITTED = """
     WHERE batch_id = %(batch_id)s AND status = 'written'
 """
 
+# The columns a dead letter is written with (the table adds dead_lettered_at itself).
+DEAD_LETTER_COLUMNS = ["pipeline", "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp",
+                       "kafka_key", "kafka_value", "error", "batch_id"]
+
 INSERT_DEAD_LETTERS = sql.SQL(
     """
-    INSERT INTO kafka_ledger.dead_letters
-        (pipeline, kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, kafka_key, kafka_value,
-         error, batch_id)
-    SELECT %(pipeline)s, kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, kafka_key, kafka_value,
-           error, batch_id
-    FROM {staging}
+    INSERT INTO kafka_ledger.dead_letters ({columns})
+    SELECT %(pipeline)s, {staged}
+    FROM {{staging}}
     WHERE batch_id = %(batch_id)s AND attempt = %(attempt)s AND error IS NOT NULL
-    """
+    """.format(columns=", ".join(DEAD_LETTER_COLUMNS), staged=", ".join(DEAD_LETTER_COLUMNS[1:]))
 )
+
+# The direct publish (Spark Connect runtime): rows arrive as CSV lines and are copied straight into their
+# tables inside the commit's transaction, with no staging copy.
+COPY_DEAD_LETTERS = "COPY kafka_ledger.dead_letters ({}) FROM STDIN WITH (FORMAT csv)".format(
+    ", ".join(DEAD_LETTER_COLUMNS))
 
 STAGED_READ_STATS = sql.SQL(
     """
@@ -261,6 +267,11 @@ SELECT_COMMITTED_RANGES = """
 
 def staging_table(pipeline: PipelineConfig) -> sql.Composed:
     return sql.Identifier(STAGING_SCHEMA, pipeline.name)
+
+
+def staging_table_name(pipeline: PipelineConfig) -> str:
+    """The staging table as plain text, for Spark's JDBC writer (names are validated identifiers)."""
+    return f"{STAGING_SCHEMA}.{pipeline.name}"
 
 
 def output_table(pipeline: PipelineConfig) -> sql.Composed:
@@ -362,6 +373,13 @@ def output_columns(pipeline: PipelineConfig) -> list[str]:
     return [c.name for c in pipeline.columns] + [
         "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "batch_id"
     ]
+
+
+def copy_output(pipeline: PipelineConfig) -> sql.Composed:
+    """COPY of output rows, one CSV line each in the order of output_columns(), into the output table."""
+    return sql.SQL("COPY {output} ({columns}) FROM STDIN WITH (FORMAT csv)").format(
+        output=output_table(pipeline), columns=sql.SQL(", ").join(sql.Identifier(c) for c in output_columns(pipeline))
+    )
 
 
 def publish_output(pipeline: PipelineConfig) -> sql.Composed:

@@ -24,7 +24,9 @@ RUN = uuid.uuid4().hex[:8]
 PIPELINES = {
     "exact": {},
     "drain": {"max_records_per_partition": 50},
-    "kill": {"retries": 1},
+    # SIGKILLs the spark-submit driver (test_pipeline_dag.py); the connect runtime's own kill tests run the
+    # task in a process of its own (test_connect_runtime.py).
+    "kill": {"retries": 1, "spark_runtime": "submit"},
     "resume": {"retries": 0},
     "lost": {},
     "grow": {},
@@ -38,7 +40,8 @@ PIPELINES = {
     "ranges": {},
     "window": {},
     "reset": {},
-    "alo": {"delivery_mode": "at_least_once", "retries": 1},
+    # The direct append of at_least_once exists in the submit runtime only (connect publishes in one transaction).
+    "alo": {"delivery_mode": "at_least_once", "retries": 1, "spark_runtime": "submit"},
     "latest_only": {"delivery_mode": "latest_only", "max_records_per_partition": 50},
     "pattern": {"topics": [], "topic_pattern": f"it-{RUN}-pattern-[a-z]+"},
     "assign": {"topics": [], "assignment": [{"topic": f"it-{RUN}-assign", "partition": 1, "start_offset": 5},

@@ -10,10 +10,16 @@ import pytest
 from integration_support import BAD_VALUES, good_value
 
 from kafka_ledger import audit, kafka_offsets, ledger
-from kafka_ledger.airflow_dag import run_pipeline_dag
+from kafka_ledger.airflow_dag import SPARK_TASK, run_pipeline_dag
 from kafka_ledger.batches import commit_batch
+from kafka_ledger.settings import spark_runtime
 
 pytestmark = pytest.mark.integration
+
+
+def spark_task(pipeline) -> str:
+    """The id of the pipeline DAG's Spark task in the pipeline's runtime."""
+    return SPARK_TASK[spark_runtime(pipeline)]
 
 
 def stored(dsn: str, pipeline) -> tuple[Counter, dict[tuple[str, int, int], str]]:
@@ -61,7 +67,7 @@ def test_two_runs_publish_every_record_exactly_once(dsn, servers, pipeline_facto
 
     outcome = run_pipeline_dag(pipeline)
     assert outcome.state == "success", outcome
-    assert outcome.tasks["read_and_stage"] == "success"
+    assert outcome.tasks[spark_task(pipeline)] == "success"
     assert outcome.tasks["drain_backlog"] == "skipped"  # everything fit under the cap
     assert_exactly_once(dsn, servers, pipeline, expected_dead)
 
@@ -93,8 +99,8 @@ def test_run_without_new_data_writes_nothing_and_starts_no_spark_job(dsn, server
 
     assert outcome.state == "success"
     assert outcome.tasks["plan_batch"] == "skipped"
-    assert outcome.tasks["read_and_stage"] == "skipped"  # no spark-submit at all
-    assert outcome.tasks["commit_batch"] == "skipped"
+    assert outcome.tasks[spark_task(pipeline)] == "skipped"  # no Spark work at all
+    assert all(state == "skipped" for state in outcome.tasks.values())
     assert batches(dsn, pipeline) == before_batches
     assert stored(dsn, pipeline)[0] == before_rows
 
@@ -157,7 +163,7 @@ def test_failed_batch_is_resumed_with_its_recorded_ranges(dsn, servers, pipeline
     failed = run_pipeline_dag(pipeline)
 
     assert failed.state == "failed"
-    assert failed.tasks["read_and_stage"] == "failed"
+    assert failed.tasks[spark_task(pipeline)] == "failed"
     (batch,) = batches(dsn, pipeline)
     assert batch.status == "failed" and "Spark task failed" in batch.last_error
     planned_ranges = batch.ranges

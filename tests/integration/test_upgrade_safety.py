@@ -13,6 +13,7 @@ from test_pipeline_dag import assert_exactly_once, batches
 
 from kafka_ledger.airflow_dag import run_pipeline_dag
 from kafka_ledger.config import get_pipeline
+from kafka_ledger.settings import spark_runtime
 
 pytestmark = pytest.mark.integration
 
@@ -31,8 +32,11 @@ def test_a_batch_staged_by_old_code_completes_with_the_new_code(
     pipeline = pipeline_factory("upgrade", partitions=2)
     sent = producer.send(pipeline.topics[0], [good_value(i) for i in range(40)]
                          + [json.dumps({"event_id": f"x{i}", "legacy": True}).encode() for i in range(5)])
-    # Old code: extra fields ignored. The Spark driver dies after staging; the run fails (no retries).
-    monkeypatch.setenv("KAFKA_LEDGER_FAILPOINTS", "after_staging=kill")
+    # Old code: extra fields ignored. The attempt dies after writing its rows (spark-submit's driver is killed;
+    # the connect runtime's task, which runs in this process under dag.test(), fails in its transaction);
+    # the run fails (no retries).
+    action = "kill" if spark_runtime(pipeline) == "submit" else "raise"
+    monkeypatch.setenv("KAFKA_LEDGER_FAILPOINTS", f"after_staging={action}")
     monkeypatch.setenv("KAFKA_LEDGER_FAILPOINTS_ONCE_DIR", str(tmp_path))
     assert run_pipeline_dag(pipeline).state == "failed"
     (failed,) = batches(dsn, pipeline)

@@ -1,4 +1,4 @@
-"""Spark job's Kafka read options: exact assign/starting/ending JSON, read_committed, failOnDataLoss."""
+"""The Spark work's Kafka read options: exact assign/starting/ending JSON, read_committed, failOnDataLoss."""
 
 import importlib.util
 import json
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kafka_ledger import ingest
 from kafka_ledger.planning import OffsetRange
 
 JOB_PATH = Path(__file__).resolve().parents[2] / "spark_jobs" / "ingest_batch.py"
@@ -15,19 +16,17 @@ JOB_PATH = Path(__file__).resolve().parents[2] / "spark_jobs" / "ingest_batch.py
 
 @pytest.fixture(scope="module")
 def ingest_batch():
-    spec = importlib.util.spec_from_file_location("ingest_batch_under_test", JOB_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return ingest
 
 
 def test_importing_the_job_does_not_import_pyspark():
+    # Nothing is left to Spark until the job knows there is something to read.
     code = (
         "import importlib.util, sys\n"
         f"spec = importlib.util.spec_from_file_location('ingest_batch', {str(JOB_PATH)!r})\n"
         "module = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(module)\n"
-        "assert callable(module.kafka_read_options)\n"
+        "assert callable(module.ingest.kafka_read_options)\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark'))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -43,7 +42,7 @@ def test_read_options_exact_offsets_for_two_topics(ingest_batch):
         OffsetRange("views", 1, 7, 9),
         OffsetRange("views", 3, 0, 40),
     ]
-    options = ingest_batch.kafka_read_options(ranges, "k1:9092,k2:9092")
+    options = ingest_batch.kafka_read_options(ranges, "k1:9092,k2:9092", "clicks")
     assert set(options) == {
         "kafka.bootstrap.servers",
         "assign",
@@ -52,7 +51,10 @@ def test_read_options_exact_offsets_for_two_topics(ingest_batch):
         "kafka.isolation.level",
         "failOnDataLoss",
         "includeHeaders",
+        "kafka.group.id",
+        *ingest.KAFKA_READER_TUNING,
     }
+    assert options["kafka.group.id"] == "kafka-ledger-clicks"
     assert options["kafka.bootstrap.servers"] == "k1:9092,k2:9092"
     assert json.loads(options["assign"]) == {"clicks": [0, 2, 5], "views": [1, 3]}
     assert json.loads(options["startingOffsets"]) == {
@@ -66,7 +68,7 @@ def test_read_options_exact_offsets_for_two_topics(ingest_batch):
 
 
 def test_read_options_commit_only_and_fail_on_data_loss(ingest_batch):
-    options = ingest_batch.kafka_read_options([OffsetRange("t", 0, 1, 2)], "k:9092")
+    options = ingest_batch.kafka_read_options([OffsetRange("t", 0, 1, 2)], "k:9092", "p")
     assert options["kafka.isolation.level"] == "read_committed"
     assert options["failOnDataLoss"] == "true"
     assert options["includeHeaders"] == "false"
@@ -75,7 +77,7 @@ def test_read_options_commit_only_and_fail_on_data_loss(ingest_batch):
 
 def test_read_options_ending_offsets_are_the_exclusive_until_offsets(ingest_batch):
     r = OffsetRange("t", 4, 10, 20)
-    options = ingest_batch.kafka_read_options([r], "k:9092")
+    options = ingest_batch.kafka_read_options([r], "k:9092", "p")
     assert json.loads(options["startingOffsets"]) == {"t": {"4": r.from_offset}}
     assert json.loads(options["endingOffsets"]) == {"t": {"4": r.until_offset}}
     assert json.loads(options["assign"]) == {"t": [4]}
@@ -83,8 +85,16 @@ def test_read_options_ending_offsets_are_the_exclusive_until_offsets(ingest_batc
 
 def test_read_options_unsorted_ranges_give_same_offsets(ingest_batch):
     ranges = [OffsetRange("b", 1, 0, 3), OffsetRange("a", 0, 5, 6), OffsetRange("b", 0, 2, 4)]
-    forward = ingest_batch.kafka_read_options(ranges, "k:9092")
-    backward = ingest_batch.kafka_read_options(list(reversed(ranges)), "k:9092")
+    forward = ingest_batch.kafka_read_options(ranges, "k:9092", "p")
+    backward = ingest_batch.kafka_read_options(list(reversed(ranges)), "k:9092", "p")
     for key in ("startingOffsets", "endingOffsets"):
         assert json.loads(forward[key]) == json.loads(backward[key])
     assert {t: sorted(ps) for t, ps in json.loads(forward["assign"]).items()} == {"a": [0], "b": [0, 1]}
+
+
+def test_read_options_tune_the_fetch_without_changing_what_is_read(ingest_batch):
+    options = ingest_batch.kafka_read_options([OffsetRange("t", 0, 1, 2)], "k:9092", "p")
+    # The end-of-partition fetch must not stall each task for the broker's default 500 ms.
+    assert options["kafka.fetch.max.wait.ms"] == "5"
+    assert int(options["kafka.max.poll.records"]) >= 500
+    assert "minPartitions" not in options and "maxRecordsPerPartition" not in options  # one task per partition
