@@ -1,9 +1,18 @@
-"""Benchmark of the data path (plan -> spark-submit read and stage -> commit) on the local stack.
+"""Benchmark of the data path (plan -> Spark read -> publish and commit) against hand-written peers.
 
-`python -m kafka_ledger.benchmark --records 200000 --partitions 18` produces records to a fresh topic,
-plans one batch, runs the Spark job with exactly the command the pipeline DAG builds, commits, checks the
-result against Kafka, and prints one JSON line of figures. Airflow is not involved: this measures the data
-path only. The topic, tables and ledger rows are removed afterwards.
+    python -m kafka_ledger.benchmark --records 545884 --partitions 18 --peers --rounds 10
+
+produces the records to one fresh topic, then runs, round after round and alternately on that same topic:
+kafka-ledger's data path as the pipeline DAG takes it (in the deployment's Spark runtime, or `--runtime`),
+and with `--peers` a plain confluent-kafka + COPY consumer and a Spark Structured Streaming job
+(benchmark_peers.py). Each contender writes into a fresh table with the primary key (topic, partition,
+offset) and is checked for the exact row count. One JSON line per round, then a summary line (medians,
+ratios kafka-ledger / peer as medians of the per-round ratios). `--small` times a 1,000-record batch.
+
+Timed: kafka-ledger from planning to the committed batch, in this process with its modules imported (as in
+a warm Airflow worker); the Python peer from its consumer's start to its committed COPY; the Spark peer from
+spark-submit to its exit. Airflow's scheduling is not part of any figure. Topic, tables and ledger rows are
+removed afterwards.
 """
 
 from __future__ import annotations
@@ -13,29 +22,30 @@ import json
 import logging
 import os
 import resource
+import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_ledger import ledger
+from kafka_ledger import benchmark_peers, ledger
+from kafka_ledger.benchmark_peers import COLUMNS
 from kafka_ledger.config import PipelineConfig, get_pipeline
-from kafka_ledger.settings import bootstrap_servers, ledger_dsn
+from kafka_ledger.settings import bootstrap_servers, deployment_spark_runtime, jdbc_target, ledger_dsn
 
 log = logging.getLogger("kafka_ledger.benchmark")
 
-COLUMNS = [
-    {"name": "event_id", "type": "string", "required": True},
-    {"name": "user_id", "type": "string"},
-    {"name": "amount", "type": "long"},
-    {"name": "price", "type": "double"},
-    {"name": "event_time", "type": "timestamp"},
-]
+SCHEMA = "benchmark"
+SMALL_BATCH = 1_000
 
 
 def produce(servers: str, topic: str, records: int) -> float:
@@ -58,87 +68,225 @@ def produce(servers: str, topic: str, records: int) -> float:
     return records / (time.monotonic() - started)
 
 
-def run(records: int, partitions: int, cap: int, keep: bool, delivery_mode: str = "exactly_once") -> dict[str, object]:
-    from confluent_kafka.admin import NewTopic
+class PeakRss:
+    """Samples the resident memory of some processes (and their children) while a contender runs."""
 
-    from kafka_ledger.audit import reconcile
-    from kafka_ledger.batches import commit_batch, plan_next_batch
-    from kafka_ledger.spark_submit import submit_batch
+    def __init__(self, pids: dict[str, int]):
+        import psutil
 
-    servers, dsn = bootstrap_servers(), ledger_dsn()
-    run_id = uuid.uuid4().hex[:8]
-    name, topic = f"bench_{run_id}", f"bench-{run_id}"
-    admin = AdminClient({"bootstrap.servers": servers})
-    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
-    config = Path(tempfile.mkdtemp()) / "pipelines.yaml"
+        self._processes = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self.peak_mib: dict[str, int] = dict.fromkeys(pids, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _rss(self, process: Any) -> int:
+        try:
+            return max([process.memory_info().rss] + [c.memory_info().rss for c in process.children(recursive=True)])
+        except Exception:  # noqa: BLE001 - a process that ended meanwhile has no memory left to count
+            return 0
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.1):
+            for name, process in self._processes.items():
+                self.peak_mib[name] = max(self.peak_mib[name], self._rss(process) >> 20)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class Setup:
+    servers: str
+    dsn: str
+    topic: str
+    records: int
+    cap: int
+    runtime: str
+    workdir: Path
+    tables: list[str] = field(default_factory=list)
+    pipelines: list[PipelineConfig] = field(default_factory=list)
+
+
+def _pipeline(setup: Setup, name: str, delivery_mode: str) -> PipelineConfig:
+    config = setup.workdir / f"{name}.yaml"
     config.write_text(yaml.safe_dump({"pipelines": {name: {
-        "topics": [topic], "output_table": name, "output_schema": "benchmark", "columns": COLUMNS,
-        "max_records_per_partition": cap, "schedule": None, "delivery_mode": delivery_mode,
+        "topics": [setup.topic], "output_table": name, "output_schema": SCHEMA, "columns": COLUMNS,
+        "max_records_per_partition": setup.cap, "schedule": None, "delivery_mode": delivery_mode,
+        "spark_runtime": setup.runtime,
     }}}))
     os.environ["KAFKA_LEDGER_PIPELINES"] = str(config)
     pipeline = get_pipeline(name)
+    setup.pipelines.append(pipeline)
+    return pipeline
+
+
+def _server_pid() -> int | None:
+    state = Path(os.environ.get("KL_STATE") or Path(__file__).resolve().parents[2] / ".stack")
+    pid_file = state / "run" / "spark-connect.pid"
     try:
-        produce_rate = produce(servers, topic, records)
-        log.info("produced %d records at %.0f records/s", records, produce_rate)
+        return int(pid_file.read_text())
+    except (OSError, ValueError):
+        return None
 
+
+def run_kafka_ledger(setup: Setup, round_no: int, delivery_mode: str) -> dict[str, Any]:
+    """Plan, read, publish and commit one batch of the whole topic, as the pipeline DAG does."""
+    from kafka_ledger.batches import plan_next_batch
+    from kafka_ledger.spark_runtime import run_batch
+
+    pipeline = _pipeline(setup, f"bench_{uuid.uuid4().hex[:8]}_{round_no}", delivery_mode)
+    pids = {"client": os.getpid()}
+    if setup.runtime == "connect" and _server_pid():
+        pids["spark_connect_server"] = _server_pid()
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    with PeakRss(pids) as rss:
         started = time.monotonic()
-        planned = plan_next_batch(dsn, servers, pipeline)
+        planned = plan_next_batch(setup.dsn, setup.servers, pipeline)
         plan_seconds = time.monotonic() - started
-
-        started = time.monotonic()
-        submit_batch(pipeline, planned.batch_id, dsn, servers)
-        spark_seconds = time.monotonic() - started
-        # ru_maxrss of waited-for descendants: the peak of the largest process, the Spark driver JVM.
-        peak_rss_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-
-        conn = ledger.connect(dsn)
-        with conn, conn.cursor() as cur:
-            batch = ledger.get_batch(cur, planned.batch_id)
-        conn.close()
-        started = time.monotonic()
-        committed = commit_batch(dsn, pipeline, planned.batch_id)
-        commit_seconds = time.monotonic() - started
-        check = reconcile(dsn, servers, pipeline)
-        return {
-            "records": records, "partitions": partitions, "cap_per_partition": cap, "delivery_mode": delivery_mode,
-            "batch_offsets": planned.offsets, "produce_records_per_s": round(produce_rate),
-            "plan_seconds": round(plan_seconds, 3),
-            "spark_submit_seconds": round(spark_seconds, 2),
-            "read_and_stage_seconds": round(batch.read_seconds, 2),
-            "read_and_stage_records_per_s": round(batch.records_read / batch.read_seconds),
-            "end_to_end_records_per_s": round(batch.records_read / (plan_seconds + spark_seconds + commit_seconds)),
-            "commit_seconds": round(commit_seconds, 3),
-            "records_written": committed.records_written,
-            "peak_rss_mib": round(peak_rss_mib),
-            "duplicates": check.duplicates, "missing": check.missing,
-            "exact": check.exact and check.produced == check.output_rows + check.dead_letters,
-        }
-    finally:
-        if not keep:
-            _clean_up(dsn, admin, pipeline, topic)
-
-
-def _clean_up(dsn: str, admin: AdminClient, pipeline: PipelineConfig, topic: str) -> None:
-    conn = ledger.connect(dsn)
+        result = run_batch(pipeline, planned.batch_id, setup.dsn, setup.servers)
+        seconds = time.monotonic() - started
+    peaks = dict(rss.peak_mib)
+    if setup.runtime == "submit":  # the spark-submit driver JVM, a child that has exited
+        peaks["spark_submit"] = max(children_before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) >> 10
+    conn = ledger.connect(setup.dsn)
     with conn, conn.cursor() as cur:
-        ledger.delete_pipeline(cur, pipeline)
+        batch = ledger.get_batch(cur, planned.batch_id)
     conn.close()
-    admin.delete_topics([topic])[topic].result(30)
+    rows = benchmark_peers.count_rows(setup.dsn, SCHEMA, pipeline.output_table)
+    return {
+        "seconds": round(seconds, 3), "plan_seconds": round(plan_seconds, 3),
+        "read_seconds": round(batch.read_seconds or 0.0, 3), "commit_seconds": round(result.seconds, 3),
+        "rows": rows, "dead_letters": result.records_dead_lettered,
+        "exact": rows + result.records_dead_lettered == setup.records and batch.status == "committed",
+        "peak_rss_mib": peaks,
+    }
+
+
+def run_python_peer(setup: Setup, round_no: int) -> dict[str, Any]:
+    table = f"python_peer_{round_no}"
+    benchmark_peers.create_table(setup.dsn, SCHEMA, table)
+    setup.tables.append(table)
+    started = time.monotonic()
+    benchmark_peers.python_peer(setup.servers, setup.dsn, setup.topic, SCHEMA, table)
+    seconds = time.monotonic() - started
+    rows = benchmark_peers.count_rows(setup.dsn, SCHEMA, table)
+    return {"seconds": round(seconds, 3), "rows": rows, "exact": rows == setup.records}
+
+
+def run_spark_peer(setup: Setup, round_no: int) -> dict[str, Any]:
+    from kafka_ledger.spark_submit import BASE_SPARK_CONF, spark_jars
+
+    table = f"spark_peer_{round_no}"
+    benchmark_peers.create_table(setup.dsn, SCHEMA, table)
+    setup.tables.append(table)
+    target = jdbc_target(setup.dsn)
+    conf = [part for key, value in BASE_SPARK_CONF.items() for part in ("--conf", f"{key}={value}")]
+    command = ["spark-submit", "--master", os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "local[*]"), *conf,
+               "--jars", spark_jars(), benchmark_peers.__file__, "--servers", setup.servers, "--topic", setup.topic,
+               "--schema", SCHEMA, "--table", table, "--jdbc-url", target.url,
+               "--checkpoint", str(setup.workdir / f"checkpoint-{round_no}")]
+    # Credentials reach the job through its environment, never its command line.
+    env = {**os.environ, "BENCHMARK_DB_USER": target.user, "BENCHMARK_DB_PASSWORD": target.password}
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    started = time.monotonic()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"the Spark peer failed ({done.returncode}): {done.stderr[-3000:]}")
+    rows = benchmark_peers.count_rows(setup.dsn, SCHEMA, table)
+    return {"seconds": round(seconds, 3), "rows": rows, "exact": rows == setup.records}
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def summarise(setup: Setup, rounds: list[dict[str, Any]], partitions: int) -> dict[str, Any]:
+    kl = [r["kafka_ledger"]["seconds"] for r in rounds]
+    summary: dict[str, Any] = {
+        "records": setup.records, "partitions": partitions, "rounds": len(rounds), "runtime": setup.runtime,
+        "kafka_ledger_seconds": _median(kl),
+        "kafka_ledger_records_per_s": round(setup.records / statistics.median(kl)) if kl else None,
+    }
+    exact = all(r["kafka_ledger"]["exact"] for r in rounds)
+    for peer in ("python_peer", "spark_peer"):
+        if all(peer in r for r in rounds) and rounds:
+            summary[f"{peer}_seconds"] = _median([r[peer]["seconds"] for r in rounds])
+            short = peer.split("_")[0]
+            summary[f"ratio_vs_{short}"] = _median([r["kafka_ledger"]["seconds"] / r[peer]["seconds"] for r in rounds])
+            exact = exact and all(r[peer]["exact"] for r in rounds)
+    peaks: dict[str, int] = {}
+    for r in rounds:
+        for name, mib in r["kafka_ledger"]["peak_rss_mib"].items():
+            peaks[name] = max(peaks.get(name, 0), mib)
+    summary["peak_rss_mib"] = peaks
+    summary["exact"] = exact
+    return summary
+
+
+def _clean_up(setup: Setup, admin: AdminClient) -> None:
+    conn = ledger.connect(setup.dsn)
+    with conn, conn.cursor() as cur:
+        for pipeline in setup.pipelines:
+            ledger.delete_pipeline(cur, pipeline)
+        for table in setup.tables:
+            cur.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{table}")
+    conn.close()
+    admin.delete_topics([setup.topic])[setup.topic].result(30)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Measure the kafka-ledger data path on the local stack.")
+    parser = argparse.ArgumentParser(description="Measure kafka-ledger's data path against hand-written peers.")
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=18)
-    parser.add_argument("--cap", type=int, default=1_000_000, help="max records per partition (one batch)")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--peers", action="store_true", help="also run the Python and the Spark peer each round")
+    parser.add_argument("--small", action="store_true", help=f"time a {SMALL_BATCH:,}-record batch (sets --records)")
+    parser.add_argument("--runtime", choices=["connect", "submit"],
+                        help="Spark runtime of kafka-ledger (default: the deployment's, $KAFKA_LEDGER_SPARK_RUNTIME)")
+    parser.add_argument("--cap", type=int, default=10_000_000, help="max records per partition (one batch)")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows")
     parser.add_argument("--delivery-mode", choices=["exactly_once", "at_least_once"], default="exactly_once",
-                        help="at_least_once: the Spark job appends to the output table directly")
+                        help="at_least_once: with spark-submit, the Spark job appends to the output table directly")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    figures = run(args.records, args.partitions, args.cap, args.keep, args.delivery_mode)
-    print(json.dumps(figures), flush=True)
-    return 0 if figures["exact"] else 1
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    records = SMALL_BATCH if args.small else args.records
+    servers, dsn = bootstrap_servers(), ledger_dsn()
+    run_id = uuid.uuid4().hex[:8]
+    topic = f"bench-{run_id}"
+    runtime = args.runtime or deployment_spark_runtime()
+    setup = Setup(servers, dsn, topic, records, args.cap, runtime, Path(tempfile.mkdtemp(prefix="kl-benchmark-")))
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, num_partitions=args.partitions, replication_factor=1)])[topic].result(30)
+    # Warm, as a worker is: the Spark Connect client and the Airflow connection look-up imported once.
+    from kafka_ledger import spark_runtime as _runtime  # noqa: F401
+    from kafka_ledger.settings import spark_connect_url
+    if runtime == "connect":
+        spark_connect_url()
+    try:
+        rate = produce(servers, topic, records)
+        print(json.dumps({"produced": records, "partitions": args.partitions, "produce_records_per_s": round(rate)}),
+              flush=True)
+        rounds = []
+        for round_no in range(args.rounds):
+            result: dict[str, Any] = {"round": round_no + 1,
+                                      "kafka_ledger": run_kafka_ledger(setup, round_no, args.delivery_mode)}
+            if args.peers:
+                result["python_peer"] = run_python_peer(setup, round_no)
+                result["spark_peer"] = run_spark_peer(setup, round_no)
+            rounds.append(result)
+            print(json.dumps(result), flush=True)
+        summary = summarise(setup, rounds, args.partitions)
+    finally:
+        if not args.keep:
+            _clean_up(setup, admin)
+    print(json.dumps(summary), flush=True)
+    return 0 if summary["exact"] else 1
 
 
 if __name__ == "__main__":

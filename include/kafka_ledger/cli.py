@@ -237,8 +237,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from kafka_ledger.batches import commit_batch, fail_batch, plan_batch
-    from kafka_ledger.spark_submit import submit_batch
+    from kafka_ledger.batches import fail_batch, plan_batch
+    from kafka_ledger.spark_runtime import run_batch
 
     pipeline = get_pipeline(args.pipeline)
     dsn, servers = _services()
@@ -250,17 +250,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not args.json:
         print(_plan_text(planned.as_dict(), pipeline.name), flush=True)
-    # Airflow's logging (imported by the Spark hook) writes to stdout: keep stdout for our own output.
+    # Airflow's logging (imported by the Spark hooks) writes to stdout: keep stdout for our own output.
     stdout, sys.stdout = sys.stdout, sys.stderr
     try:
-        submit_batch(pipeline, planned.batch_id, dsn, servers)
+        result = run_batch(pipeline, planned.batch_id, dsn, servers)
     except Exception as exc:
-        fail_batch(dsn, planned.batch_id, f"Spark job failed (kafka-ledger replay): {exc}")
-        raise Failed(f"the Spark job of batch {planned.batch_id} failed: {exc}. Nothing was published; resume it "
+        fail_batch(dsn, planned.batch_id, f"reading or committing failed (kafka-ledger replay): {exc}")
+        raise Failed(f"batch {planned.batch_id} failed: {exc}. Nothing was published; resume it "
                      f"with `kafka-ledger replay {pipeline.name} --batch {planned.batch_id}`") from exc
     finally:
         sys.stdout = stdout
-    result = commit_batch(dsn, pipeline, planned.batch_id)
     out["commit"] = {"batch_id": result.batch_id, "records_written": result.records_written,
                      "records_dead_lettered": result.records_dead_lettered,
                      "already_committed": result.already_committed, "commit_seconds": round(result.seconds, 3)}

@@ -63,12 +63,17 @@ def bootstrap_servers() -> str:
     return servers
 
 
-def spark_runtime(pipeline: PipelineConfig) -> str:
-    """Where the pipeline's Spark work runs: its own `spark_runtime`, else $KAFKA_LEDGER_SPARK_RUNTIME, else submit."""
-    runtime = pipeline.spark_runtime or os.environ.get(SPARK_RUNTIME_ENV) or DEFAULT_SPARK_RUNTIME
+def deployment_spark_runtime() -> str:
+    """The deployment's Spark runtime: $KAFKA_LEDGER_SPARK_RUNTIME, else submit."""
+    runtime = os.environ.get(SPARK_RUNTIME_ENV) or DEFAULT_SPARK_RUNTIME
     if runtime not in get_args(SparkRuntime):
         raise SettingsError(f"{SPARK_RUNTIME_ENV}={runtime!r}: expected one of {', '.join(get_args(SparkRuntime))}")
     return runtime
+
+
+def spark_runtime(pipeline: PipelineConfig) -> str:
+    """Where the pipeline's Spark work runs: its own `spark_runtime`, else the deployment's."""
+    return pipeline.spark_runtime or deployment_spark_runtime()
 
 
 def spark_connect_url(session_id: str | None = None) -> str:

@@ -367,3 +367,36 @@ def test_delivery_mode_defaults_to_exactly_once_and_is_validated():
     for mode in ("at_least_once", "latest_only"):
         assert parse_pipelines(pipeline_yaml(delivery_mode=mode))["p"].delivery_mode == mode
     assert "pipelines.p.delivery_mode" in config_error(pipeline_yaml(delivery_mode="at_most_once"))
+
+
+# --- timestamp forms and the Spark runtime ----------------------------------------------------------------------
+
+
+def test_timestamp_columns_default_to_iso_text_or_epoch_seconds():
+    (column,) = parse_pipelines(pipeline_yaml(columns="[{name: at, type: timestamp}]"))["p"].columns
+    assert column.timestamp_formats == ("iso8601", "epoch_seconds") and column.epoch_unit == "epoch_seconds"
+
+
+def test_timestamp_columns_declare_their_forms():
+    columns = parse_pipelines(pipeline_yaml(columns=(
+        "[{name: a, type: timestamp, formats: [epoch_millis]}, {name: b, type: timestamp, formats: [iso8601]},"
+        " {name: c, type: timestamp, formats: [iso8601, epoch_micros]}]")))["p"].columns
+    assert [(c.timestamp_formats, c.epoch_unit) for c in columns] == [
+        (("epoch_millis",), "epoch_millis"), (("iso8601",), None), (("iso8601", "epoch_micros"), "epoch_micros")]
+
+
+@pytest.mark.parametrize(("column", "problem"), [
+    ("{name: a, type: timestamp, formats: [epoch_seconds, epoch_millis]}", "declare one epoch unit"),
+    ("{name: a, type: long, formats: [epoch_millis]}", "formats apply to timestamp columns only"),
+    ("{name: a, type: timestamp, formats: []}", "must list each accepted form once"),
+    ("{name: a, type: timestamp, formats: [iso8601, iso8601]}", "must list each accepted form once"),
+    ("{name: a, type: timestamp, formats: [unix]}", "columns.0.formats.0"),
+])
+def test_impossible_timestamp_forms_are_refused(column, problem):
+    assert problem in config_error(pipeline_yaml(columns=f"[{column}]"))
+
+
+def test_spark_runtime_is_connect_submit_or_the_deployment_default():
+    assert parse_pipelines(pipeline_yaml())["p"].spark_runtime is None
+    assert parse_pipelines(pipeline_yaml(spark_runtime="submit"))["p"].spark_runtime == "submit"
+    assert "spark_runtime" in config_error(pipeline_yaml(spark_runtime="yarn"))

@@ -107,3 +107,25 @@ def test_hourly_data_interval_covers_one_hour(dag):
 
     interval = dag.timetable.infer_manual_data_interval(run_after=pdt(2026, 11, 20, 10, 30, tz="UTC"))
     assert (interval.start, interval.end) == (pdt(2026, 11, 20, 9, tz="UTC"), pdt(2026, 11, 20, 10, tz="UTC"))
+
+
+def test_connect_runtime_reads_and_commits_in_one_task(monkeypatch):
+    from kafka_ledger.airflow_dag import ReadAndCommitOperator
+
+    monkeypatch.setenv("KAFKA_LEDGER_SPARK_RUNTIME", "connect")
+    dag = build_pipeline_dag(PIPELINES["clicks"])
+    order = ["plan_batch", "read_and_commit", "backlog_remains", "drain_backlog"]
+    for upstream, downstream in zip(order, order[1:], strict=False):
+        assert downstream in dag.get_task(upstream).downstream_task_ids
+    assert set(dag.task_ids) == set(order)  # no commit_batch: the Spark task's transaction commits
+    spark = dag.get_task("read_and_commit")
+    assert isinstance(spark, ReadAndCommitOperator) and spark.pipeline_name == "clicks"
+    assert spark.pool == SPARK_POOL and spark.execution_timeout == timedelta(minutes=20)
+    assert spark.retries == 3 and spark.on_failure_callback
+    assert "Spark runtime `connect`" in dag.doc_md
+
+
+def test_a_pipeline_can_keep_spark_submit_in_a_connect_deployment(monkeypatch):
+    monkeypatch.setenv("KAFKA_LEDGER_SPARK_RUNTIME", "connect")
+    pinned = PIPELINES["clicks"].model_copy(update={"spark_runtime": "submit"})
+    assert {"read_and_stage", "commit_batch"} <= set(build_pipeline_dag(pinned).task_ids)

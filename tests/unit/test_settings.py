@@ -139,3 +139,27 @@ def test_jdbc_target_user_without_password():
     target = jdbc_target("postgresql://alice@h/db")
     assert (target.user, target.password) == ("alice", "")
     assert target.url == "jdbc:postgresql://h:5432/db?reWriteBatchedInserts=true"
+
+
+def test_spark_runtime_pipeline_first_then_deployment_then_submit(monkeypatch):
+    from kafka_ledger.config import parse_pipelines
+    from kafka_ledger.settings import spark_runtime
+
+    body = "topics: [t]\n    output_table: t\n    columns: [{name: a, type: string}]"
+    default, pinned = (parse_pipelines(f"pipelines:\n  p:\n    {body}{extra}")["p"]
+                       for extra in ("", "\n    spark_runtime: submit"))
+    assert spark_runtime(default) == "submit"
+    monkeypatch.setenv("KAFKA_LEDGER_SPARK_RUNTIME", "connect")
+    assert (spark_runtime(default), spark_runtime(pinned)) == ("connect", "submit")
+    monkeypatch.setenv("KAFKA_LEDGER_SPARK_RUNTIME", "yarn")
+    with pytest.raises(SettingsError, match="KAFKA_LEDGER_SPARK_RUNTIME='yarn'"):
+        spark_runtime(default)
+
+
+def test_spark_connect_url_names_the_batch_session(monkeypatch):
+    from kafka_ledger.settings import spark_connect_url
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT",
+                       '{"conn_type": "spark_connect", "host": "sc://spark.internal", "port": 15002, "password": "t0k"}')
+    assert spark_connect_url() == "sc://spark.internal:15002/;token=t0k"
+    assert spark_connect_url("abc") == "sc://spark.internal:15002/;token=t0k;session_id=abc"

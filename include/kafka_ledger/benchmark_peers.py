@@ -1,0 +1,144 @@
+"""The benchmark's peers: what a data engineer would hand-write instead of kafka-ledger, on the same topic.
+
+- `python_peer`: confluent-kafka (read_committed, partitions assigned from the first offset) + json +
+  psycopg2 COPY of every row in one transaction.
+- the Spark peer (`spark-submit benchmark_peers.py --topic ... --table ...`): Spark Structured Streaming
+  with Trigger.AvailableNow and foreachBatch appending to the table over JDBC.
+
+Both write into a fresh table with the primary key (topic, partition, offset), as kafka-ledger's output does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+
+import psycopg2
+from psycopg2 import sql
+
+# The benchmark's records (benchmark.produce): one JSON object per record with these fields.
+COLUMNS = [
+    {"name": "event_id", "type": "string", "required": True},
+    {"name": "user_id", "type": "string"},
+    {"name": "amount", "type": "long"},
+    {"name": "price", "type": "double"},
+    {"name": "event_time", "type": "timestamp"},
+]
+FIELDS = [c["name"] for c in COLUMNS]
+TABLE_COLUMNS = ["kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", *FIELDS]
+
+
+def create_table(dsn: str, schema: str, table: str) -> None:
+    ddl = sql.SQL(
+        """
+        CREATE SCHEMA IF NOT EXISTS {schema};
+        DROP TABLE IF EXISTS {table};
+        CREATE TABLE {table} (
+            kafka_topic text NOT NULL, kafka_partition integer NOT NULL, kafka_offset bigint NOT NULL,
+            kafka_timestamp timestamptz, event_id text, user_id text, amount bigint, price double precision,
+            event_time timestamptz, PRIMARY KEY (kafka_topic, kafka_partition, kafka_offset)
+        )
+        """
+    ).format(schema=sql.Identifier(schema), table=sql.Identifier(schema, table))
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(ddl)
+    conn.close()
+
+
+def count_rows(dsn: str, schema: str, table: str) -> int:
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, table)))
+        rows = cur.fetchone()[0]
+    conn.close()
+    return rows
+
+
+def python_peer(servers: str, dsn: str, topic: str, schema: str, table: str) -> None:
+    """Read the whole topic with confluent-kafka and COPY every row into `table` in one transaction."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": servers, "group.id": f"benchmark-python-peer-{table}",
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "enable.partition.eof": True})
+    partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+    remaining = {p for p, end in ends.items() if end > 0}
+    consumer.assign([TopicPartition(topic, p, 0) for p in remaining])
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    while remaining:
+        for message in consumer.consume(num_messages=10_000, timeout=1.0):
+            if message.error() is not None:
+                if message.error().code() != KafkaError._PARTITION_EOF:
+                    raise RuntimeError(message.error())
+                remaining.discard(message.partition())
+                continue
+            value = json.loads(message.value())
+            millis = message.timestamp()[1]
+            kafka_time = datetime.fromtimestamp(millis / 1000, UTC).isoformat() if millis >= 0 else None
+            writer.writerow([topic, message.partition(), message.offset(), kafka_time, *(value.get(f) for f in FIELDS)])
+            if message.offset() + 1 >= ends[message.partition()]:
+                remaining.discard(message.partition())
+    consumer.close()
+    buffer.seek(0)
+    copy = sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(
+        sql.Identifier(schema, table), sql.SQL(", ").join(sql.Identifier(c) for c in TABLE_COLUMNS))
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.copy_expert(copy, buffer, size=1 << 20)
+    conn.close()
+
+
+def _spark_peer(args: argparse.Namespace) -> None:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    spark = SparkSession.builder.appName(f"benchmark spark peer {args.table}").getOrCreate()
+    types = {"string": T.StringType(), "long": T.LongType(), "double": T.DoubleType(), "timestamp": T.TimestampType()}
+    schema = T.StructType([T.StructField(c["name"], types[c["type"]]) for c in COLUMNS])
+    stream = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", args.servers)
+        .option("subscribe", args.topic)
+        .option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed")
+        .option("failOnDataLoss", "true")
+        .load()
+    )
+    rows = stream.select(
+        F.col("topic").alias("kafka_topic"), F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"), F.col("timestamp").alias("kafka_timestamp"),
+        F.from_json(F.col("value").cast("string"), schema).alias("v"),
+    ).select("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "v.*")
+
+    def append(batch, _batch_id: int) -> None:  # noqa: ANN001 - a Spark DataFrame
+        (batch.write.format("jdbc").option("url", args.jdbc_url).option("dbtable", f"{args.schema}.{args.table}")
+         .option("user", os.environ["BENCHMARK_DB_USER"]).option("password", os.environ["BENCHMARK_DB_PASSWORD"])
+         .option("driver", "org.postgresql.Driver").option("batchsize", "10000").mode("append").save())
+
+    query = (rows.writeStream.foreachBatch(append).trigger(availableNow=True)
+             .option("checkpointLocation", args.checkpoint).start())
+    query.awaitTermination()
+    spark.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="The benchmark's Spark Structured Streaming peer (spark-submit).")
+    for name in ("--servers", "--topic", "--schema", "--table", "--jdbc-url", "--checkpoint"):
+        parser.add_argument(name, required=True)
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    _spark_peer(args)
+    print(json.dumps({"spark_peer_seconds_in_job": round(time.monotonic() - started, 3)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
