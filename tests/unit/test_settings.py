@@ -160,6 +160,7 @@ def test_spark_connect_url_names_the_batch_session(monkeypatch):
     from kafka_ledger.settings import spark_connect_url
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT",
-                       '{"conn_type": "spark_connect", "host": "sc://spark.internal", "port": 15002, "password": "t0k"}')
+                       '{"conn_type": "spark_connect", "host": "sc://spark.internal", "port": 15002, '
+                       '"password": "t0k"}')
     assert spark_connect_url() == "sc://spark.internal:15002/;token=t0k"
     assert spark_connect_url("abc") == "sc://spark.internal:15002/;token=t0k;session_id=abc"

@@ -1,6 +1,5 @@
 """The Spark work's Kafka read options: exact assign/starting/ending JSON, read_committed, failOnDataLoss."""
 
-import importlib.util
 import json
 import subprocess
 import sys
