@@ -21,8 +21,9 @@ ColumnType = Literal["string", "long", "int", "double", "boolean", "timestamp"]
 TimestampFormat = Literal["iso8601", "epoch_seconds", "epoch_millis", "epoch_micros"]
 DEFAULT_TIMESTAMP_FORMATS: tuple[TimestampFormat, ...] = ("iso8601", "epoch_seconds")
 EPOCH_MICROS_PER_UNIT: dict[str, int] = {"epoch_seconds": 1_000_000, "epoch_millis": 1_000, "epoch_micros": 1}
-# Decoded timestamps must fall in these years: an epoch number in the wrong unit lands far outside them
-# (milliseconds read as seconds give the year 58000), and is dead-lettered instead of published.
+# Decoded timestamps must fall in these years (first and last, inclusive) unless a column narrows them: an
+# epoch number in the wrong unit lands outside them (milliseconds read as seconds give the year 58000) and
+# is dead-lettered instead of published.
 TIMESTAMP_YEARS = (1900, 2199)
 
 SparkRuntime = Literal["connect", "submit"]
@@ -59,8 +60,10 @@ class ColumnSpec(BaseModel):
     type: ColumnType
     required: bool = False
     description: str = ""
-    # Timestamp columns only: the accepted forms of the value (default: ISO-8601 text or epoch seconds).
+    # Timestamp columns only: the accepted forms of the value (default: ISO-8601 text or epoch seconds), and
+    # the years a value may fall in (default TIMESTAMP_YEARS).
     formats: list[TimestampFormat] | None = None
+    years: tuple[int, int] | None = None
 
     @field_validator("name")
     @classmethod
@@ -73,6 +76,11 @@ class ColumnSpec(BaseModel):
 
     @model_validator(mode="after")
     def _formats_fit_the_type(self) -> ColumnSpec:
+        if self.years is not None:
+            if self.type != "timestamp":
+                raise ValueError(f"column {self.name!r}: years apply to timestamp columns only")
+            if not 1 <= self.years[0] <= self.years[1] <= 9998:
+                raise ValueError(f"column {self.name!r}: years must be [first, last] with 1 <= first <= last <= 9998")
         if self.formats is None:
             return self
         if self.type != "timestamp":
@@ -88,6 +96,10 @@ class ColumnSpec(BaseModel):
     @property
     def timestamp_formats(self) -> tuple[TimestampFormat, ...]:
         return tuple(self.formats) if self.formats else DEFAULT_TIMESTAMP_FORMATS
+
+    @property
+    def timestamp_years(self) -> tuple[int, int]:
+        return self.years or TIMESTAMP_YEARS
 
     @property
     def epoch_unit(self) -> str | None:

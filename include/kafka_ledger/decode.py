@@ -13,7 +13,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from kafka_ledger.config import EPOCH_MICROS_PER_UNIT, TIMESTAMP_YEARS, ColumnSpec, PipelineConfig
+from kafka_ledger.config import EPOCH_MICROS_PER_UNIT, ColumnSpec, PipelineConfig
 
 SPARK_TYPES: dict[str, T.DataType] = {
     "string": T.StringType(),
@@ -30,10 +30,6 @@ CORRUPT_COLUMN = "_corrupt_record"
 MAX_JSON_DEPTH = 1000
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_LOWEST = datetime(TIMESTAMP_YEARS[0], 1, 1, tzinfo=UTC)
-_BEYOND = datetime(TIMESTAMP_YEARS[1] + 1, 1, 1, tzinfo=UTC)
-# The accepted range in epoch microseconds, [lowest, beyond).
-_MICROS_RANGE = tuple(int((moment - _EPOCH).total_seconds()) * 1_000_000 for moment in (_LOWEST, _BEYOND))
 
 
 def value_schema(pipeline: PipelineConfig) -> T.StructType:
@@ -46,20 +42,24 @@ class _Timestamp:
     """A timestamp column read from its JSON token's text: the value, and why it cannot be published (or NULL).
 
     Text whose fifth character is "-" (a year, then a dash) is read as ISO-8601; anything else as a number,
-    quoted or not, in the column's epoch unit. Either way the result must lie in TIMESTAMP_YEARS.
+    quoted or not, in the column's epoch unit. Either way the result must lie in the column's years.
     """
 
     def __init__(self, column: ColumnSpec, raw: Column):
         formats = column.timestamp_formats
         declared = ", ".join(formats)
-        years = f"{TIMESTAMP_YEARS[0]}-{TIMESTAMP_YEARS[1]}"
+        first, last = column.timestamp_years
+        years = f"{first}-{last}"
+        lowest, beyond = datetime(first, 1, 1, tzinfo=UTC), datetime(last + 1, 1, 1, tzinfo=UTC)
+        # The accepted range in epoch microseconds, [lowest, beyond).
+        micros_range = [int((moment - _EPOCH).total_seconds()) * 1_000_000 for moment in (lowest, beyond)]
         invalid = F.lit(f"field '{column.name}' is not a valid timestamp")
         iso_like = F.substring(raw, 5, 1) == F.lit("-")
 
         text = raw.try_cast("timestamp")
         if "iso8601" in formats:
             text_problem = F.when(text.isNull(), invalid).when(
-                (text < F.lit(_LOWEST)) | (text >= F.lit(_BEYOND)),
+                (text < F.lit(lowest)) | (text >= F.lit(beyond)),
                 F.lit(f"field '{column.name}' is not a valid timestamp (a date outside {years})"),
             )
         else:
@@ -72,7 +72,7 @@ class _Timestamp:
         if unit is not None:
             per_unit = EPOCH_MICROS_PER_UNIT[unit]
             # Compared in the declared unit first, so that scaling to microseconds cannot overflow.
-            in_range = (number >= F.lit(_MICROS_RANGE[0] // per_unit)) & (number < F.lit(_MICROS_RANGE[1] // per_unit))
+            in_range = (number >= F.lit(micros_range[0] // per_unit)) & (number < F.lit(micros_range[1] // per_unit))
             from_number = F.when(in_range, F.timestamp_micros(F.round(F.try_multiply(number, F.lit(per_unit)), 0)
                                                               .cast("long")))
             number_problem = F.when(number.isNull(), invalid).when(

@@ -33,6 +33,10 @@ SESSION_CONF = {
     "spark.sql.session.timeZone": "UTC",
 }
 
+# How long the Spark Connect client retries a broken connection: about 15 s (PySpark's default is over
+# 10 minutes). A restarted server has lost the session anyway; the task's retry is the recovery.
+CLIENT_RETRIES = {"max_retries": 5, "max_backoff": 10_000}
+
 # Names a batch's server-side session: every attempt of one batch works in the same session.
 _SESSION_NAMESPACE = uuid.UUID("6f1c7d0e-2f4b-4c1e-9a57-6b1f0d7a3c21")
 
@@ -70,19 +74,22 @@ class ConnectBatch:
         self._lock = threading.Lock()
 
     def _connect(self) -> SparkSession:
-        from pyspark.errors.exceptions.connect import SparkConnectGrpcException
         from pyspark.sql import SparkSession
+        from pyspark.sql.connect.client.retries import DefaultPolicy
 
         url = spark_connect_url(batch_session_id(self.pipeline.name, self.batch_id))
         try:
             spark = SparkSession.builder.remote(url).create()
+            spark.client.set_retry_policies([DefaultPolicy(**CLIENT_RETRIES)])
             for key, value in SESSION_CONF.items():
                 spark.conf.set(key, value)
             # Whatever an earlier attempt of this batch left running (its task was killed) stops now.
             stale = spark.interruptAll()
-        except SparkConnectGrpcException as exc:
+        except Exception as exc:
+            if not _lost_server(exc):
+                raise
             raise SparkServerError(
-                f"the Spark Connect server at {_without_secrets(url)} is not reachable ({exc.getMessage()}): "
+                f"the Spark Connect server at {_without_secrets(url)} is not reachable ({exc}): "
                 "nothing was read or published. Is it running (scripts/stack.sh status)? The task's retry, or "
                 "the next run, resumes the batch"
             ) from exc
@@ -138,10 +145,14 @@ class ConnectBatch:
 
 
 def _lost_server(exc: BaseException) -> bool:
+    """Whether an error means the server is gone (down, restarted, unreachable), not that the query failed."""
+    from pyspark.errors.exceptions.base import RetriesExceeded
     from pyspark.errors.exceptions.connect import SparkConnectGrpcException
 
-    return isinstance(exc, SparkConnectGrpcException) and (
-        "UNAVAILABLE" in str(exc) or "SESSION_CHANGED" in str(exc) or "Connection refused" in str(exc))
+    if isinstance(exc, RetriesExceeded):  # the client retried a broken connection until it gave up
+        return True
+    return isinstance(exc, SparkConnectGrpcException) and any(
+        sign in str(exc) for sign in ("UNAVAILABLE", "SESSION_CHANGED", "Connection refused", "Socket closed"))
 
 
 def run_batch(pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> CommitResult:

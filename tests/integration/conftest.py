@@ -54,6 +54,19 @@ PIPELINES = {
     "upgrade": {"retries": 0},
     "deleted": {},
     "compacted": {"max_records_per_partition": 5},
+    # The Spark Connect runtime under faults (test_connect_runtime.py), whatever the deployment's default.
+    **{key: {"spark_runtime": "connect", "retries": 0, "max_records_per_partition": 100_000} for key in (
+        "connect_kill", "connect_server_connecting", "connect_server_streaming", "connect_race", "connect_unreachable",
+        "connect_tx_after_staging", "connect_tx_commit_after_publish", "connect_tx_commit_before_end")},
+    # Decoding and timestamp forms on the real Spark (test_decode.py).
+    "timestamps": {"columns": [
+        {"name": "event_id", "type": "string", "required": True},
+        {"name": "iso", "type": "timestamp", "formats": ["iso8601"]},
+        {"name": "seconds", "type": "timestamp", "formats": ["epoch_seconds"]},
+        {"name": "millis", "type": "timestamp", "formats": ["epoch_millis"]},
+        {"name": "micros", "type": "timestamp", "formats": ["iso8601", "epoch_micros"]},
+        {"name": "either", "type": "timestamp"},
+    ]},
     # The short fault campaign (test_fault_campaign.py).
     "campaign": {"max_records_per_partition": 300},
     # Driven through a running `airflow standalone` and its REST API (test_airflow_rest.py).

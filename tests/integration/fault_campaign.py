@@ -792,9 +792,12 @@ class Campaign:
 
 # --- the task processes -------------------------------------------------------------------------------------
 def task_main(argv: list[str]) -> int:
-    """One task of a pipeline run, in its own process: `task plan ...` or `task commit ...`."""
+    """One task of a pipeline run, in its own process: `task plan|commit|read_and_commit ...`.
+
+    read_and_commit is the connect runtime's Spark task (ReadAndCommitOperator's work).
+    """
     parser = argparse.ArgumentParser(prog="fault_campaign.py task")
-    parser.add_argument("task", choices=["plan", "commit"])
+    parser.add_argument("task", choices=["plan", "commit", "read_and_commit"])
     parser.add_argument("--pipeline", required=True)
     parser.add_argument("--dag-id")
     parser.add_argument("--run-id")
@@ -810,6 +813,11 @@ def task_main(argv: list[str]) -> int:
         planned = batches.plan_batch(ledger_dsn(), bootstrap_servers(), pipeline, dag_id=args.dag_id,
                                      run_id=args.run_id)
         print(json.dumps({"batch_id": planned.batch_id, "resumed": planned.resumed, "offsets": planned.offsets}))
+    elif args.task == "read_and_commit":
+        from kafka_ledger.spark_runtime import ConnectBatch
+
+        result = ConnectBatch(pipeline, args.batch_id).run(ledger_dsn(), bootstrap_servers())
+        print(json.dumps({"batch_id": result.batch_id, "already_committed": result.already_committed}))
     else:
         result = batches.commit_batch(ledger_dsn(), pipeline, args.batch_id)
         print(json.dumps({"batch_id": result.batch_id, "already_committed": result.already_committed}))

@@ -1,0 +1,182 @@
+"""The Spark Connect runtime under faults: its task killed, the server killed, racing attempts, no server.
+
+The connect runtime's Spark task runs here in a process of its own, as Airflow runs it (fault_campaign.py's
+`task read_and_commit`), so that it can be SIGKILLed like a real task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import psycopg2
+import pytest
+from integration_support import good_value
+from test_pipeline_dag import assert_exactly_once, batches, stored
+
+from kafka_ledger import ledger
+from kafka_ledger.batches import plan_next_batch
+from kafka_ledger.spark_runtime import ConnectBatch, SparkServerError
+
+pytestmark = pytest.mark.integration
+
+HARNESS = Path(__file__).resolve().parent / "fault_campaign.py"
+STACK = Path(__file__).resolve().parents[2] / "scripts" / "stack.sh"
+
+
+def start_task(pipeline, batch_id: int, failpoints: str | None = None, once_dir: Path | None = None,
+               **env: str) -> subprocess.Popen:
+    """The connect runtime's Spark task (read, publish, commit) in its own process."""
+    task_env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_LEDGER_FAILPOINTS")}
+    if failpoints:
+        task_env.update(KAFKA_LEDGER_FAILPOINTS=failpoints, KAFKA_LEDGER_FAILPOINTS_ONCE_DIR=str(once_dir))
+    task_env.update(env)
+    return subprocess.Popen([sys.executable, str(HARNESS), "task", "read_and_commit", "--pipeline", pipeline.name,
+                             "--batch-id", str(batch_id)], env=task_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(task: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
+    out, err = task.communicate(timeout=timeout)
+    return task.returncode, out, err
+
+
+def attempts(dsn: str, batch_id: int) -> int:
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        return ledger.get_batch(cur, batch_id).attempts
+
+
+def wait_for_attempt(dsn: str, batch_id: int, attempt: int, task: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while attempts(dsn, batch_id) < attempt:
+        assert task.poll() is None, f"the task ended before its attempt began: {task.communicate()}"
+        assert time.monotonic() < deadline, "the attempt never began"
+        time.sleep(0.05)
+
+
+def wait_for_rows_streaming(dsn: str, pipeline, task: subprocess.Popen, timeout: float = 120) -> None:
+    """Until the task's transaction is copying rows into the output table: the query runs on the server."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'COPY%%' AND query LIKE %s",
+                        (f"%{pipeline.output_table}%",))
+            copying = cur.fetchone()[0]
+        conn.close()
+        if copying:
+            return
+        assert task.poll() is None, f"the task ended before it streamed rows: {task.communicate()}"
+        assert time.monotonic() < deadline, "the task never streamed rows"
+        time.sleep(0.02)
+
+
+def nothing_published(dsn: str, pipeline) -> None:
+    output, dead = stored(dsn, pipeline)
+    assert output == Counter() and dead == {}
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        assert set(ledger.positions(cur, pipeline.name).values()) == {0}
+
+
+def produce_and_plan(dsn: str, servers: str, pipeline, producer, records: int, bad: bool = True) -> tuple[int, dict]:
+    sent = producer.send(pipeline.topics[0], [good_value(i) for i in range(records)] + ([b"not json"] if bad else []))
+    planned = plan_next_batch(dsn, servers, pipeline)
+    expected_dead = {sent[-1]: "malformed JSON (not a JSON object)"} if bad else {}
+    return planned.batch_id, expected_dead
+
+
+def test_task_killed_while_its_query_runs_publishes_nothing_and_the_retry_publishes_once(
+    dsn, servers, pipeline_factory, producer
+):
+    pipeline = pipeline_factory("connect_kill", partitions=3)
+    batch_id, expected_dead = produce_and_plan(dsn, servers, pipeline, producer, 60_000)
+
+    task = start_task(pipeline, batch_id)
+    wait_for_rows_streaming(dsn, pipeline, task)  # the query runs on the server, rows stream into COPY
+    task.send_signal(signal.SIGKILL)
+    task.wait()
+    nothing_published(dsn, pipeline)
+    assert [(b.status, b.attempts) for b in batches(dsn, pipeline)] == [("planned", 1)]
+
+    code, out, err = finish(start_task(pipeline, batch_id))  # the task's retry
+    assert code == 0, err
+    (batch,) = batches(dsn, pipeline)
+    assert (batch.status, batch.attempts, batch.staged_attempt) == ("committed", 2, 2)
+    assert_exactly_once(dsn, servers, pipeline, expected_dead)
+
+
+@pytest.mark.parametrize("point", ["after_staging", "commit_after_publish", "commit_before_end"])
+def test_task_killed_inside_its_transaction_publishes_nothing(dsn, servers, pipeline_factory, producer, tmp_path,
+                                                             point):
+    pipeline = pipeline_factory(f"connect_tx_{point}", partitions=2)
+    batch_id, expected_dead = produce_and_plan(dsn, servers, pipeline, producer, 500)
+
+    code, _, _ = finish(start_task(pipeline, batch_id, f"{point}=kill", tmp_path))
+    assert code == -signal.SIGKILL and (tmp_path / point).exists()
+    nothing_published(dsn, pipeline)
+
+    code, _, err = finish(start_task(pipeline, batch_id))
+    assert code == 0, err
+    assert_exactly_once(dsn, servers, pipeline, expected_dead)
+
+
+@pytest.mark.parametrize("when", ["connecting", "streaming rows"])
+def test_server_killed_mid_batch_fails_the_task_clearly_and_the_retry_recovers(
+    dsn, servers, pipeline_factory, producer, when
+):
+    pipeline = pipeline_factory(f"connect_server_{when.split()[0]}", partitions=3)
+    batch_id, expected_dead = produce_and_plan(dsn, servers, pipeline, producer, 60_000)
+    task = start_task(pipeline, batch_id)
+    if when == "connecting":
+        wait_for_attempt(dsn, batch_id, 1, task)
+    else:
+        wait_for_rows_streaming(dsn, pipeline, task)
+    try:
+        subprocess.run(["bash", str(STACK), "kill-spark-connect"], check=True, capture_output=True)
+        code, _, err = finish(task)
+        assert code != 0
+        assert "Spark Connect server" in err and re.search("nothing was (read or )?published", err), err[-2000:]
+        nothing_published(dsn, pipeline)
+    finally:
+        subprocess.run(["bash", str(STACK), "start"], check=True, capture_output=True)
+
+    code, _, err = finish(start_task(pipeline, batch_id))  # the retry, on the restarted server
+    assert code == 0, err
+    assert_exactly_once(dsn, servers, pipeline, expected_dead)
+
+
+def test_racing_attempts_on_the_same_batch_publish_it_once(dsn, servers, pipeline_factory, producer):
+    pipeline = pipeline_factory("connect_race", partitions=3)
+    batch_id, expected_dead = produce_and_plan(dsn, servers, pipeline, producer, 20_000)
+
+    first = start_task(pipeline, batch_id)
+    wait_for_attempt(dsn, batch_id, 1, first)
+    second = start_task(pipeline, batch_id)  # a zombie and its replacement: both alive at once
+    results = [finish(first), finish(second)]
+
+    assert any(code == 0 for code, _, _ in results), results
+    (batch,) = batches(dsn, pipeline)
+    assert batch.status == "committed" and batch.staged_attempt == batch.attempts
+    assert_exactly_once(dsn, servers, pipeline, expected_dead)
+    for code, out, err in results:
+        if code != 0:  # the loser was interrupted or fenced off, and said why
+            assert "interrupted" in err.lower() or "may not publish" in err or "superseded" in err, err[-2000:]
+        else:
+            json.loads(out.strip().splitlines()[-1])
+
+
+def test_no_server_fails_with_a_clear_message_and_writes_nothing(dsn, servers, pipeline_factory, producer,
+                                                                 monkeypatch):
+    pipeline = pipeline_factory("connect_unreachable", partitions=1)
+    batch_id, _ = produce_and_plan(dsn, servers, pipeline, producer, 20, bad=False)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT",
+                       '{"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": 9}')
+    with pytest.raises(SparkServerError, match="not reachable.*nothing was read or published"):
+        ConnectBatch(pipeline, batch_id).run(dsn, servers)
+    nothing_published(dsn, pipeline)

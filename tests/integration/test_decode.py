@@ -1,0 +1,164 @@
+"""Decoding on the real Spark: the lean path agrees with the full one, and every timestamp form end to end."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import psycopg2
+import pytest
+from integration_support import COLUMNS, good_value
+from test_bad_records import CASES, nested
+from test_pipeline_dag import assert_exactly_once
+
+from kafka_ledger.airflow_dag import run_pipeline_dag
+from kafka_ledger.config import parse_pipelines
+from kafka_ledger.settings import spark_connect_url
+
+pytestmark = pytest.mark.integration
+
+# Values that test the edges of the cheap checks: each must get the same reason (or none) on both paths.
+TRICKY: list[bytes | None] = [
+    *(value for value, _, _ in CASES.values()),
+    good_value(7),
+    b'{"event_id": "a"} trailing words',
+    b'{"event_id": "a"}}',
+    b'[{"event_id": "a"}]',
+    b"123",
+    b'"just text"',
+    b"",
+    b"   ",
+    b'{"event_id": "a", "event_id": "b"}',
+    b'{"event_id": "{not json"}',
+    b'{"event_id": "[1, 2]"}',
+    b'{"event_id": ["a"]}',
+    b'{"event_id": "nul \\u0000 inside"}',
+    b'{"event_id": "caf\xc3\xa9 \\u00e9 \xf0\x9f\x98\x80"}',
+    b'{"event_id": null}',
+    b'{"event_id": 42}',
+    b'{"event_id": "x", "amount": true}',
+    b'{"event_id": "x", "amount": 1.5}',
+    b'{"event_id": "x", "amount": 9223372036854775808}',
+    b'{"event_id": "x", "price": "NaN"}',
+    b'{"event_id": "x", "price": 1e400}',
+    b'{"event_id": "x", "ok": "yes"}',
+    b'{"event_id": "x", "event_time": 1700000000}',
+    b'{"event_id": "x", "event_time": 1700000000123}',
+    b'{"event_id": "x", "event_time": "1700000000"}',
+    b'{"event_id": "x", "event_time": "yesterday"}',
+    b'{"event_id": "x", "event_time": {"a": 1, "a": 2}}',
+    b'{"event_id": "x", "event_time": "0001-01-01T00:00:00Z"}',
+    b'{"event_id": "x", "extra": 1}',
+    ('{"event_id": "d", "n": ' + nested(999) + "}").encode(),
+]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.builder.remote(spark_connect_url()).create()
+    session.conf.set("spark.sql.session.timeZone", "UTC")
+    yield session
+    session.stop()
+
+
+@pytest.mark.parametrize("extra_fields", ["ignore", "dead_letter"])
+def test_lean_decoding_gives_every_record_the_reason_and_values_of_the_full_one(spark, extra_fields):
+    from kafka_ledger.decode import decode_records
+
+    pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {
+        "topics": ["t"], "output_table": "t", "columns": COLUMNS, "extra_fields": extra_fields}}}))["p"]
+    records = spark.createDataFrame(
+        [("t", 0, offset, datetime(2026, 11, 21, tzinfo=UTC), b"k", value) for offset, value in enumerate(TRICKY)],
+        "topic string, partition int, offset long, timestamp timestamp, key binary, value binary",
+    )
+
+    def decoded(lean: bool) -> dict[int, tuple]:
+        frame = decode_records(records, pipeline, lean=lean)
+        columns = ["error", *[c["name"] for c in COLUMNS]]
+        return {row["kafka_offset"]: tuple(str(row[c]) for c in columns) for row in frame.collect()}
+
+    lean, full = decoded(True), decoded(False)
+    assert len(lean) == len(TRICKY)
+    mismatches = {TRICKY[offset]: (lean[offset], full[offset]) for offset in lean if lean[offset] != full[offset]}
+    assert mismatches == {}
+    assert lean[TRICKY.index(good_value(7))][0] == "None"  # a good record is published
+
+
+def ts(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+def test_each_timestamp_form_is_published_exactly_or_dead_lettered_with_its_reason(
+    dsn, servers, pipeline_factory, producer
+):
+    pipeline = pipeline_factory("timestamps", partitions=1)
+    when = "2026-11-21T10:00:00.123456+00:00"
+    seconds, millis, micros = 1_795_255_200, 1_795_255_200_123, 1_795_255_200_123_456
+    good = {  # field -> (JSON value, the timestamp published)
+        "iso": [("2026-11-21T10:00:00Z", ts("2026-11-21T10:00:00+00:00")),
+                ("2026-11-21T12:00:00.123456+02:00", ts(when)),
+                ("2026-11-21", ts("2026-11-21T00:00:00+00:00"))],
+        "seconds": [(seconds, ts("2026-11-21T10:00:00+00:00")), (seconds + 0.5, ts("2026-11-21T10:00:00.5+00:00")),
+                    (str(seconds), ts("2026-11-21T10:00:00+00:00"))],
+        "millis": [(millis, ts("2026-11-21T10:00:00.123+00:00"))],
+        "micros": [(micros, ts(when)), ("2026-11-21T10:00:00.123456Z", ts(when))],
+        "either": [("2026-11-21T10:00:00Z", ts("2026-11-21T10:00:00+00:00")),
+                   (seconds, ts("2026-11-21T10:00:00+00:00"))],
+    }
+    bad = {  # field -> (JSON value, dead-letter reason)
+        "iso": [(seconds, "field 'iso' is not a valid timestamp (a number; declared formats: iso8601)"),
+                ("3026-01-01T00:00:00Z", "field 'iso' is not a valid timestamp (a date outside 1900-2199)"),
+                ("2026-13-45T99:00:00Z", "field 'iso' is not a valid timestamp"),
+                (True, "field 'iso' is not a valid timestamp")],
+        "seconds": [(millis, "field 'seconds' is not a valid timestamp (a number outside 1900-2199 read as "
+                             "epoch_seconds)"),
+                    ("2026-11-21T10:00:00Z", "field 'seconds' is not a valid timestamp (ISO-8601 text; declared "
+                                             "formats: epoch_seconds)")],
+        "millis": [(micros, "field 'millis' is not a valid timestamp (a number outside 1900-2199 read as "
+                            "epoch_millis)")],
+        "micros": [("soon", "field 'micros' is not a valid timestamp")],
+        # Milliseconds in a column of the default forms: the year 58859, never published.
+        "either": [(millis, "field 'either' is not a valid timestamp (a number outside 1900-2199 read as "
+                            "epoch_seconds)")],
+    }
+    values = [({"event_id": f"g-{field}-{i}", field: raw}, (field, expected))
+              for field, cases in good.items() for i, (raw, expected) in enumerate(cases)]
+    values += [({"event_id": f"b-{field}-{i}", field: raw}, reason)
+               for field, cases in bad.items() for i, (raw, reason) in enumerate(cases)]
+    landed = producer.send(pipeline.topics[0], [json.dumps(value).encode() for value, _ in values])
+
+    assert run_pipeline_dag(pipeline).state == "success"
+    expected_dead = {landed[i]: outcome for i, (_, outcome) in enumerate(values) if isinstance(outcome, str)}
+    assert_exactly_once(dsn, servers, pipeline, expected_dead)
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT event_id, iso, seconds, millis, micros, either FROM "
+                    f"{pipeline.qualified_output_table}")
+        published = {row[0]: dict(zip(["iso", "seconds", "millis", "micros", "either"], row[1:], strict=True))
+                     for row in cur.fetchall()}
+    conn.close()
+    for value, outcome in values:
+        if not isinstance(outcome, str):
+            field, expected = outcome
+            assert published[value["event_id"]][field] == expected, (value, published[value["event_id"]])
+
+
+def test_a_column_can_narrow_its_years_to_catch_seconds_read_as_milliseconds(spark):
+    from kafka_ledger.decode import decode_records
+
+    pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {"topics": ["t"], "output_table": "t", "columns": [
+        {"name": "at", "type": "timestamp", "formats": ["epoch_millis"], "years": [2000, 2100]}]}}}))["p"]
+    records = spark.createDataFrame(
+        [("t", 0, 0, datetime(2026, 1, 1, tzinfo=UTC), None, b'{"at": 1795255200}'),  # seconds: January 1970
+         ("t", 0, 1, datetime(2026, 1, 1, tzinfo=UTC), None, b'{"at": 1795255200000}')],
+        "topic string, partition int, offset long, timestamp timestamp, key binary, value binary",
+    )
+    from pyspark.sql import functions as F
+
+    decoded = decode_records(records, pipeline).select("kafka_offset", "error", F.col("at").cast("string"))
+    rows = {r["kafka_offset"]: (r["error"], r["at"]) for r in decoded.collect()}
+    assert rows == {
+        0: ("field 'at' is not a valid timestamp (a number outside 2000-2100 read as epoch_millis)", None),
+        1: (None, "2026-11-21 10:00:00"),
+    }
