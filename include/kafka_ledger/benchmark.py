@@ -48,7 +48,7 @@ SCHEMA = "benchmark"
 SMALL_BATCH = 1_000
 
 
-def produce(servers: str, topic: str, records: int) -> float:
+def produce(servers: str, topic: str, records: int, partitions: int) -> float:
     """Produce `records` JSON events round-robin over the partitions; returns records per second."""
     producer = Producer({"bootstrap.servers": servers, "enable.idempotence": True, "linger.ms": 50,
                          "batch.size": 1_000_000, "compression.type": "lz4"})
@@ -58,7 +58,7 @@ def produce(servers: str, topic: str, records: int) -> float:
                             "event_time": "2026-11-21T10:00:00Z"}).encode()
         while True:
             try:
-                producer.produce(topic, value=value)
+                producer.produce(topic, value=value, partition=i % partitions)
                 break
             except BufferError:
                 producer.poll(0.2)
@@ -171,11 +171,16 @@ def run_python_peer(setup: Setup, round_no: int) -> dict[str, Any]:
     table = f"python_peer_{round_no}"
     benchmark_peers.create_table(setup.dsn, SCHEMA, table)
     setup.tables.append(table)
-    started = time.monotonic()
-    benchmark_peers.python_peer(setup.servers, setup.dsn, setup.topic, SCHEMA, table)
-    seconds = time.monotonic() - started
+    command = [sys.executable, "-m", "kafka_ledger.benchmark_peers", "python", "--servers", setup.servers,
+               "--topic", setup.topic, "--schema", SCHEMA, "--table", table]
+    done = subprocess.run(command, env={**os.environ, "KAFKA_LEDGER_DB_URL": setup.dsn}, capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the Python peer failed ({done.returncode}): {done.stderr[-3000:]}")
+    # Timed inside the peer, from its consumer's start to its committed COPY (not Python's start-up).
+    seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
     rows = benchmark_peers.count_rows(setup.dsn, SCHEMA, table)
-    return {"seconds": round(seconds, 3), "rows": rows, "exact": rows == setup.records}
+    return {"seconds": seconds, "rows": rows, "exact": rows == setup.records}
 
 
 def run_spark_peer(setup: Setup, round_no: int) -> dict[str, Any]:
@@ -187,13 +192,13 @@ def run_spark_peer(setup: Setup, round_no: int) -> dict[str, Any]:
     target = jdbc_target(setup.dsn)
     conf = [part for key, value in BASE_SPARK_CONF.items() for part in ("--conf", f"{key}={value}")]
     command = ["spark-submit", "--master", os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "local[*]"), *conf,
-               "--jars", spark_jars(), benchmark_peers.__file__, "--servers", setup.servers, "--topic", setup.topic,
-               "--schema", SCHEMA, "--table", table, "--jdbc-url", target.url,
+               "--jars", spark_jars(), benchmark_peers.__file__, "spark", "--servers", setup.servers,
+               "--topic", setup.topic, "--schema", SCHEMA, "--table", table, "--jdbc-url", target.url,
                "--checkpoint", str(setup.workdir / f"checkpoint-{round_no}")]
     # Credentials reach the job through its environment, never its command line.
     env = {**os.environ, "BENCHMARK_DB_USER": target.user, "BENCHMARK_DB_PASSWORD": target.password}
     env.pop("SPARK_CONNECT_MODE_ENABLED", None)
-    started = time.monotonic()
+    started = time.monotonic()  # spark-submit to exit: a Spark job's start-up is part of its cost
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     seconds = time.monotonic() - started
     if done.returncode != 0:
@@ -254,6 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delivery-mode", choices=["exactly_once", "at_least_once"], default="exactly_once",
                         help="at_least_once: with spark-submit, the Spark job appends to the output table directly")
     args = parser.parse_args(argv)
+    # Airflow's logging, imported with the Spark hooks, writes to stdout: stdout is kept for the JSON lines.
+    stdout, sys.stdout = sys.stdout, sys.stderr
+
+    def report(line: dict[str, Any]) -> None:
+        print(json.dumps(line), file=stdout, flush=True)
+
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     records = SMALL_BATCH if args.small else args.records
     servers, dsn = bootstrap_servers(), ledger_dsn()
@@ -269,9 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     if runtime == "connect":
         spark_connect_url()
     try:
-        rate = produce(servers, topic, records)
-        print(json.dumps({"produced": records, "partitions": args.partitions, "produce_records_per_s": round(rate)}),
-              flush=True)
+        rate = produce(servers, topic, records, args.partitions)
+        report({"produced": records, "partitions": args.partitions, "produce_records_per_s": round(rate)})
         rounds = []
         for round_no in range(args.rounds):
             result: dict[str, Any] = {"round": round_no + 1,
@@ -280,12 +290,12 @@ def main(argv: list[str] | None = None) -> int:
                 result["python_peer"] = run_python_peer(setup, round_no)
                 result["spark_peer"] = run_spark_peer(setup, round_no)
             rounds.append(result)
-            print(json.dumps(result), flush=True)
+            report(result)
         summary = summarise(setup, rounds, args.partitions)
     finally:
         if not args.keep:
             _clean_up(setup, admin)
-    print(json.dumps(summary), flush=True)
+    report(summary)
     return 0 if summary["exact"] else 1
 
 

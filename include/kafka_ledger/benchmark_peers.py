@@ -1,9 +1,12 @@
 """The benchmark's peers: what a data engineer would hand-write instead of kafka-ledger, on the same topic.
 
-- `python_peer`: confluent-kafka (read_committed, partitions assigned from the first offset) + json +
-  psycopg2 COPY of every row in one transaction.
-- the Spark peer (`spark-submit benchmark_peers.py --topic ... --table ...`): Spark Structured Streaming
-  with Trigger.AvailableNow and foreachBatch appending to the table over JDBC.
+- the Python peer (`python -m kafka_ledger.benchmark_peers python ...`): confluent-kafka (read_committed,
+  partitions assigned from the first offset) + json + psycopg2 COPY of every row in one transaction.
+- the Spark peer (`spark-submit benchmark_peers.py spark ...`): Spark Structured Streaming with
+  Trigger.AvailableNow and foreachBatch appending to the table over JDBC.
+
+Each runs in a process of its own, as a hand-written job would; the database comes from the environment
+(KAFKA_LEDGER_DB_URL for the Python peer, BENCHMARK_DB_USER/PASSWORD for the Spark peer's JDBC writes).
 
 Both write into a fresh table with the primary key (topic, partition, offset), as kafka-ledger's output does.
 """
@@ -130,13 +133,22 @@ def _spark_peer(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="The benchmark's Spark Structured Streaming peer (spark-submit).")
-    for name in ("--servers", "--topic", "--schema", "--table", "--jdbc-url", "--checkpoint"):
-        parser.add_argument(name, required=True)
+    parser = argparse.ArgumentParser(description="The benchmark's peers, each run as its own program.")
+    peers = parser.add_subparsers(dest="peer", required=True)
+    python = peers.add_parser("python", help="confluent-kafka + json + COPY in one transaction")
+    spark = peers.add_parser("spark", help="Structured Streaming AvailableNow + foreachBatch JDBC (spark-submit)")
+    for sub in (python, spark):
+        for name in ("--servers", "--topic", "--schema", "--table"):
+            sub.add_argument(name, required=True)
+    spark.add_argument("--jdbc-url", required=True)
+    spark.add_argument("--checkpoint", required=True)
     args = parser.parse_args(argv)
     started = time.monotonic()
-    _spark_peer(args)
-    print(json.dumps({"spark_peer_seconds_in_job": round(time.monotonic() - started, 3)}))
+    if args.peer == "python":
+        python_peer(args.servers, os.environ["KAFKA_LEDGER_DB_URL"], args.topic, args.schema, args.table)
+    else:
+        _spark_peer(args)
+    print(json.dumps({"seconds": round(time.monotonic() - started, 3)}))
     return 0
 
 

@@ -31,8 +31,9 @@ KAFKA_READER_TUNING = {
     # consumer has already sent its next fetch by then. At the end of a partition that fetch finds no data
     # and the broker holds it for fetch.max.wait.ms (500 ms by default); the broker answers one request per
     # connection at a time, so the offset look-up waits behind it and every task ends with a 500 ms stall.
-    # A bounded read never waits for new data, so a short wait changes nothing but the stall.
-    "kafka.fetch.max.wait.ms": "5",
+    # A bounded read never waits for new data (its ranges end at or before the last stable offset at plan
+    # time), so not waiting at all changes nothing but the stall.
+    "kafka.fetch.max.wait.ms": "0",
     # Fewer polls (each followed by those two offset look-ups): a fetch of 1 MB holds ~10,000 small records.
     "kafka.max.poll.records": "10000",
     # Spark's own default is a 64 KB socket buffer; let the OS size it.
@@ -115,9 +116,23 @@ def begin(dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int) -> At
     return Attempt(batch, number)
 
 
+# Small partitions share a Spark task up to about this many offsets: each task costs ~10 ms of scheduling
+# and consumer set-up, which would dominate a batch of many small partitions. Big partitions keep one task
+# each (Spark's Kafka source never merges partitions by itself).
+OFFSETS_PER_TASK = 25_000
+
+
+def read_tasks(ranges: list[OffsetRange]) -> int | None:
+    """How many Spark tasks should read `ranges`, when fewer than one per partition (else None)."""
+    tasks = max(1, -(-sum(r.span for r in ranges) // OFFSETS_PER_TASK))
+    return tasks if tasks < len(ranges) else None
+
+
 def read_records(spark: SparkSession, attempt: Attempt, servers: str) -> DataFrame:
-    return spark.read.format("kafka").options(
+    records = spark.read.format("kafka").options(
         **kafka_read_options(attempt.readable, servers, attempt.batch.pipeline)).load()
+    tasks = read_tasks(attempt.readable)
+    return records.coalesce(tasks) if tasks else records
 
 
 def log_read(

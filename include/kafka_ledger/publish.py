@@ -75,6 +75,20 @@ def copy_lines(decoded: DataFrame, pipeline: PipelineConfig, batch_id: int) -> D
     )
 
 
+def _compact_coordinates(table: pa.Table) -> pa.Table:
+    """A copy of the table's coordinates and dead-letter flags, in buffers of their own.
+
+    Columns arriving from Spark Connect are slices of one message buffer: keeping a column as it is would
+    keep every line of the message alive, and the whole batch would pile up in memory.
+    """
+    return pa.table({
+        "kafka_topic": pc.dictionary_encode(table["kafka_topic"]).combine_chunks(),
+        "kafka_partition": pa.array(table["kafka_partition"].to_numpy()),
+        "kafka_offset": pa.array(table["kafka_offset"].to_numpy()),
+        "dead": pa.array(pc.invert(table["published"]).to_numpy(zero_copy_only=False).astype(np.int8)),
+    })
+
+
 def _text(lines: pa.ChunkedArray) -> Iterator[memoryview]:
     """The bytes of an Arrow string column's values, back to back, without copying them."""
     for chunk in lines.chunks:
@@ -113,7 +127,7 @@ class CopyStream:
                 continue
             self.records += table.num_rows
             published = table["published"]
-            self._coordinates.append(table.select(COORDINATES).append_column("published", published))
+            self._coordinates.append(_compact_coordinates(table))
             dead = pc.invert(published)
             if pc.any(dead).as_py():
                 self._dead.append(pc.filter(table["line"], dead))
@@ -146,7 +160,7 @@ class CopyStream:
         if not self._coordinates:
             return []
         table = pa.concat_tables(self._coordinates)
-        table = table.append_column("dead", pc.cast(pc.invert(table["published"]), pa.int64()))
+        table = table.set_column(0, "kafka_topic", pc.cast(table["kafka_topic"], pa.string()))
         grouped = table.group_by(["kafka_topic", "kafka_partition"]).aggregate([
             ("kafka_offset", "count"), ("kafka_offset", "count_distinct"), ("kafka_offset", "min"),
             ("kafka_offset", "max"), ("dead", "sum"),

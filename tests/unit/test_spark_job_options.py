@@ -94,6 +94,14 @@ def test_read_options_unsorted_ranges_give_same_offsets(ingest_batch):
 def test_read_options_tune_the_fetch_without_changing_what_is_read(ingest_batch):
     options = ingest_batch.kafka_read_options([OffsetRange("t", 0, 1, 2)], "k:9092", "p")
     # The end-of-partition fetch must not stall each task for the broker's default 500 ms.
-    assert options["kafka.fetch.max.wait.ms"] == "5"
+    assert options["kafka.fetch.max.wait.ms"] == "0"
     assert int(options["kafka.max.poll.records"]) >= 500
     assert "minPartitions" not in options and "maxRecordsPerPartition" not in options  # one task per partition
+
+
+def test_small_partitions_share_tasks_and_big_ones_keep_their_own(ingest_batch):
+    per_task = ingest.OFFSETS_PER_TASK
+    assert ingest_batch.read_tasks([OffsetRange("t", p, 0, 50) for p in range(1000)]) == 2
+    assert ingest_batch.read_tasks([OffsetRange("t", p, 0, 50) for p in range(18)]) == 1
+    assert ingest_batch.read_tasks([OffsetRange("t", p, 0, per_task) for p in range(18)]) is None
+    assert ingest_batch.read_tasks([OffsetRange("t", 0, 0, 10 * per_task)]) is None
