@@ -207,6 +207,27 @@ def run_spark_peer(setup: Setup, round_no: int) -> dict[str, Any]:
     return {"seconds": round(seconds, 3), "rows": rows, "exact": rows == setup.records}
 
 
+def run_under_airflow(setup: Setup, round_no: int) -> dict[str, Any]:
+    """Drain the whole topic as Airflow runs the pipeline DAG (dag.test(), one run after another as the
+    scheduler starts them after each drain_backlog trigger), from the first plan to the last commit."""
+    from kafka_ledger import audit
+    from kafka_ledger.airflow_dag import run_pipeline_dag
+
+    pipeline = _pipeline(setup, f"bench_{uuid.uuid4().hex[:8]}_{round_no}", "exactly_once")
+    started, runs = time.monotonic(), 0
+    while True:
+        runs += 1
+        outcome = run_pipeline_dag(pipeline)
+        if outcome.state != "success":
+            raise RuntimeError(f"run {runs} of the benchmark's DAG failed: {outcome}")
+        if outcome.tasks.get("drain_backlog") != "success":
+            break
+    seconds = time.monotonic() - started
+    check = audit.reconcile(setup.dsn, setup.servers, pipeline)
+    return {"seconds": round(seconds, 3), "dag_runs": runs, "rows": check.output_rows,
+            "exact": check.exact and check.output_rows + check.dead_letters == setup.records, "peak_rss_mib": {}}
+
+
 def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
@@ -255,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtime", choices=["connect", "submit"],
                         help="Spark runtime of kafka-ledger (default: the deployment's, $KAFKA_LEDGER_SPARK_RUNTIME)")
     parser.add_argument("--cap", type=int, default=10_000_000, help="max records per partition (one batch)")
+    parser.add_argument("--airflow", action="store_true",
+                        help="drain the topic through the pipeline DAG (dag.test()), capped by --cap, each round")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows")
     parser.add_argument("--delivery-mode", choices=["exactly_once", "at_least_once"], default="exactly_once",
                         help="at_least_once: with spark-submit, the Spark job appends to the output table directly")
@@ -284,14 +307,18 @@ def main(argv: list[str] | None = None) -> int:
         report({"produced": records, "partitions": args.partitions, "produce_records_per_s": round(rate)})
         rounds = []
         for round_no in range(args.rounds):
-            result: dict[str, Any] = {"round": round_no + 1,
-                                      "kafka_ledger": run_kafka_ledger(setup, round_no, args.delivery_mode)}
+            contender = (run_under_airflow(setup, round_no) if args.airflow
+                         else run_kafka_ledger(setup, round_no, args.delivery_mode))
+            result: dict[str, Any] = {"round": round_no + 1, "kafka_ledger": contender}
             if args.peers:
                 result["python_peer"] = run_python_peer(setup, round_no)
                 result["spark_peer"] = run_spark_peer(setup, round_no)
             rounds.append(result)
             report(result)
         summary = summarise(setup, rounds, args.partitions)
+        if args.airflow:
+            summary.update(cap_per_partition=args.cap, under_airflow=True,
+                           dag_runs=rounds[0]["kafka_ledger"]["dag_runs"])
     finally:
         if not args.keep:
             _clean_up(setup, admin)

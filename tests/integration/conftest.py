@@ -67,8 +67,9 @@ PIPELINES = {
         {"name": "micros", "type": "timestamp", "formats": ["iso8601", "epoch_micros"]},
         {"name": "either", "type": "timestamp"},
     ]},
-    # The short fault campaign (test_fault_campaign.py).
-    "campaign": {"max_records_per_partition": 300},
+    # The short fault campaigns (test_fault_campaign.py), one per Spark runtime.
+    "campaign_connect": {"max_records_per_partition": 300, "spark_runtime": "connect"},
+    "campaign_submit": {"max_records_per_partition": 300, "spark_runtime": "submit"},
     # Driven through a running `airflow standalone` and its REST API (test_airflow_rest.py).
     "rest": {"schedule": "@hourly", "max_records_per_partition": 100},
 }

@@ -2,10 +2,12 @@
 
     bash scripts/fault_campaign.sh --faults 200 --seed 20261121      # sets up the stack, then runs this file
 
-Each iteration runs the pipeline as Airflow runs its DAG: every task in its own process (plan, then the
-Spark task through the Spark provider's SparkSubmitHook, then commit), task retries, and a Spark task
-that fails for good marking its batch failed (the DAG's on_failure_callback). One fault, drawn from the
-seed, is injected into the iteration's run. The pipeline then recovers by its normal means only (a task
+Each iteration runs the pipeline as Airflow runs its DAG, in the Spark runtime under test (`--runtime`):
+every task in its own process, task retries, and a Spark task that fails for good marking its batch failed
+(the DAG's on_failure_callback). With `connect` the tasks are plan, then read_and_commit (a Spark Connect
+client of the warm server that publishes and commits in one transaction); with `submit` they are plan,
+the Spark task through the Spark provider's SparkSubmitHook, then commit. One fault, drawn from the seed,
+is injected into the iteration's run. The pipeline then recovers by its normal means only (a task
 retry, or the next run), and the harness checks, from the ledger and the published tables:
 
 - output ∪ dead letters == the records produced below the positions, as sets of (topic, partition, offset);
@@ -48,29 +50,45 @@ from integration_support import BAD_VALUES, COLUMNS  # noqa: E402
 
 log = logging.getLogger("fault_campaign")
 
-FAULT_KINDS = (
-    "kill_spark_submit",          # SIGKILL of spark-submit (the driver JVM) at a random moment of its read
-    "kill_spark_driver",          # SIGKILL of the PySpark driver process, timed or as its first rows are staged
-    "kill_commit",                # SIGKILL of the commit task inside its transaction
+COMMON_FAULTS = (
+    "kill_commit",                # SIGKILL of the committing task inside its transaction
     "restart_postgres_in_commit",  # Postgres restarted while the commit's transaction is open
     "restart_kafka_in_read",      # the Kafka broker restarted while Spark reads
     "racing_runs",                # two runs of the pipeline at once: a double trigger, or a zombie task
     "retry_after_success",        # a task run again after it succeeded
     "crash_after_plan",           # the plan task dies after recording the batch, before Spark starts
 )
+FAULT_KINDS = {
+    "connect": (
+        "kill_task_in_read",      # SIGKILL of the read_and_commit task while its query runs (timed, or as rows stream)
+        "kill_spark_connect",     # SIGKILL of the Spark Connect server mid-read or mid-streaming, then started again
+        "restart_spark_connect",  # the Spark Connect server stopped and started mid-read or mid-streaming
+        "racing_attempts",        # a second attempt of the same batch on the same server while the first runs
+        *COMMON_FAULTS,
+    ),
+    "submit": (
+        "kill_spark_submit",      # SIGKILL of spark-submit (the driver JVM) at a random moment of its read
+        "kill_spark_driver",      # SIGKILL of the PySpark driver process, timed or as its first rows are staged
+        *COMMON_FAULTS,
+    ),
+}
 BAD_EVERY = 50  # every 50th sequence number is a bad record, cycling through BAD_VALUES
-COMMIT_FAIL_POINTS = ("commit_after_publish", "commit_before_end")
+# Where the committing task dies: in `connect` its one transaction also holds the freshly copied rows.
+COMMIT_FAIL_POINTS = {"connect": ("after_staging", "commit_after_publish", "commit_before_end"),
+                      "submit": ("commit_after_publish", "commit_before_end")}
+# When a timed fault strikes, after the attempt began: spark-submit spends its first seconds starting a JVM.
+STRIKE_DELAYS = {"connect": (0.2, 4.0), "submit": (1.0, 15.0)}
 
 
 class CampaignFailure(AssertionError):
     """A check failed: a record lost or doubled, a ledger gap or overlap, or a position moving back."""
 
 
-def fault_schedule(faults: int, rng: random.Random) -> list[str]:
-    """`faults` fault kinds: every kind once per round of len(FAULT_KINDS), in a seeded order."""
+def fault_schedule(faults: int, rng: random.Random, kinds: tuple[str, ...]) -> list[str]:
+    """`faults` fault kinds: every kind once per round of len(kinds), in a seeded order."""
     schedule: list[str] = []
     while len(schedule) < faults:
-        round_ = list(FAULT_KINDS)
+        round_ = list(kinds)
         rng.shuffle(round_)
         schedule.extend(round_)
     return schedule[:faults]
@@ -213,7 +231,7 @@ class RunHooks:
     """What to break in a run's first try of each task (later tries run clean, as retries do)."""
 
     plan_failpoints: str | None = None
-    spark_strike: Callable[[Any, int, int, threading.Thread], str] | None = None
+    spark_strike: Callable[..., str] | None = None
     commit_failpoints: str | None = None
     commit_during: Callable[[subprocess.Popen, Path], str] | None = None
     repeat_spark: bool = False
@@ -225,10 +243,14 @@ class Campaign:
 
     def __init__(self, pipeline: Any, dsn: str, servers: str, seed: int, faults: int, records_per_fault: int,
                  workdir: Path, rate: float | None = None):
+        from kafka_ledger.settings import spark_runtime
+
         self.pipeline, self.dsn, self.servers = pipeline, dsn, servers
+        self.runtime = spark_runtime(pipeline)
+        self.kinds = FAULT_KINDS[self.runtime]
         self.seed, self.faults, self.records_per_fault = seed, faults, records_per_fault
         self.rng = random.Random(seed)
-        self.schedule = fault_schedule(faults, self.rng)
+        self.schedule = fault_schedule(faults, self.rng, self.kinds)
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.task_log = (workdir / "tasks.log").open("a")
@@ -236,7 +258,7 @@ class Campaign:
         self.topic = pipeline.topics[0]
         self.dag_id = f"kafka_ledger_{pipeline.name}"
         self.positions: dict[int, int] = {}
-        self.spark_submits = 0
+        self.spark_tasks = 0
         self.runs = 0
         self.variants: dict[str, Counter] = defaultdict(Counter)
         self.iterations: list[IterationReport] = []
@@ -288,9 +310,33 @@ class Campaign:
         landed = during(proc, once_dir) if during else ""
         return self._finish_task(proc) is not None, landed
 
-    def spark_try(
-        self, batch_id: int, strike: Callable[..., str] | None = None, timeout: float = 600
-    ) -> tuple[bool, str]:
+    def spark_try(self, batch_id: int, strike: Callable[..., str] | None = None, failpoints: str | None = None,
+                  during: Callable[[subprocess.Popen, Path], str] | None = None) -> tuple[bool, str]:
+        """One try of the run's Spark task, in the pipeline's runtime; (succeeded, where a fault landed)."""
+        with self.counter_lock:
+            self.spark_tasks += 1
+        if self.runtime == "connect":
+            return self.read_and_commit_try(batch_id, strike, failpoints, during)
+        return self.spark_submit_try(batch_id, strike)
+
+    def read_and_commit_try(self, batch_id: int, strike: Callable[..., str] | None = None,
+                            failpoints: str | None = None,
+                            during: Callable[[subprocess.Popen, Path], str] | None = None) -> tuple[bool, str]:
+        """The connect runtime's Spark task: read on the warm server, publish and commit, in its own process."""
+        attempts_before = self.batch_state(batch_id)[1]
+        proc, once_dir = self._start_task(["read_and_commit", "--batch-id", str(batch_id)], failpoints)
+        landed = strike(proc, batch_id, attempts_before) if strike else ""
+        if during:
+            landed = during(proc, once_dir)
+        ok = self._finish_task(proc) is not None
+        if failpoints and not during:
+            point = failpoints.split("=")[0]
+            if (once_dir / point).exists():
+                landed = f"task died at {point}, inside its transaction"
+        return ok, landed
+
+    def spark_submit_try(self, batch_id: int, strike: Callable[..., str] | None = None,
+                         timeout: float = 600) -> tuple[bool, str]:
         from kafka_ledger.spark_submit import SPARK_APPLICATION, spark_submit_hook
 
         hook = spark_submit_hook(self.pipeline, batch_id, self.dsn, self.servers)
@@ -312,8 +358,6 @@ class Campaign:
             self._kill_process_tree(hook)
             thread.join()
             outcome["error"] = "timed out"
-        with self.counter_lock:
-            self.spark_submits += 1
         if "error" in outcome:
             log.info("spark task of batch %s failed: %s", batch_id, outcome["error"][:200])
         return "ok" in outcome, landed
@@ -359,8 +403,12 @@ class Campaign:
         if batch_id is None:
             return "nothing to read", None, landings
 
+        connect = self.runtime == "connect"  # the Spark task commits: the commit's faults strike it
         for try_number in range(retries + 1):
-            ok, landed = self.spark_try(batch_id, hooks.spark_strike if try_number == 0 else None)
+            first = try_number == 0
+            ok, landed = self.spark_try(batch_id, hooks.spark_strike if first else None,
+                                        hooks.commit_failpoints if first and connect else None,
+                                        hooks.commit_during if first and connect else None)
             if landed:
                 landings.append(landed)
             if ok:
@@ -370,9 +418,11 @@ class Campaign:
         else:
             fail_batch(self.dsn, batch_id, f"Spark task failed after {retries + 1} tries (fault campaign)")
             return "failed in Spark", batch_id, landings
-        if hooks.repeat_spark:
+        if hooks.repeat_spark or (connect and hooks.repeat_commit):
             ok, _ = self.spark_try(batch_id)
             landings.append("Spark task run again after success: " + ("no-op" if ok else "FAILED"))
+        if connect:
+            return "success", batch_id, landings
 
         for try_number in range(retries + 1):
             ok, landed = self.commit_try(batch_id, hooks.commit_failpoints if try_number == 0 else None,
@@ -416,8 +466,17 @@ class Campaign:
             staging_table(self.pipeline))
         return self._query(statement, {"b": batch_id, "a": attempt})[0][0]
 
+    def copying(self) -> bool:
+        """Whether a task is copying rows into the output table (connect: the query runs, rows stream)."""
+        return bool(self._query("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'COPY%%' AND query LIKE "
+                                "%(t)s", {"t": f"%{self.pipeline.output_table}%"})[0][0])
+
     def phase(self, batch_id: int, attempt: int) -> str:
         status, attempts = self.batch_state(batch_id)
+        if self.runtime == "connect":
+            if status == "committed" or attempts != attempt:
+                return "after the batch was committed (the task was finishing)"
+            return "mid-streaming (rows flowing into COPY)" if self.copying() else "before streaming (connect or read)"
         if status in ("written", "committed") or attempts != attempt:
             return "after staging (the job was finishing)"
         return "mid-staging" if self.staged_rows(batch_id, attempt) else "before staging (session start or read)"
@@ -428,9 +487,12 @@ class Campaign:
             "'failed')", {"p": self.pipeline.name})]
 
     # --- faults -------------------------------------------------------------------------------------------
-    def _wait(self, condition: Callable[[], bool], thread: threading.Thread, timeout: float = 300) -> bool:
+    def _wait(self, condition: Callable[[], bool], alive: threading.Thread | subprocess.Popen,
+              timeout: float = 300) -> bool:
+        """Wait for `condition` while the Spark task (a thread driving spark-submit, or a process) is alive."""
+        is_alive = alive.is_alive if isinstance(alive, threading.Thread) else (lambda: alive.poll() is None)
         deadline = time.monotonic() + timeout
-        while thread.is_alive() and time.monotonic() < deadline:
+        while is_alive() and time.monotonic() < deadline:
             if condition():
                 return True
             time.sleep(0.02)
@@ -470,14 +532,46 @@ class Campaign:
         return strike
 
     def _strike_kafka(self, delay: float) -> Callable[..., str]:
-        def strike(hook: Any, batch_id: int, attempts_before: int, thread: threading.Thread) -> str:
+        def strike(task: Any, batch_id: int, attempts_before: int, thread: threading.Thread | None = None) -> str:
+            # spark-submit's task is a thread driving the hook; the connect runtime's is a process.
+            alive = thread if thread is not None else task
+            running = alive.is_alive if thread is not None else (lambda: task.poll() is None)
             attempt = attempts_before + 1
-            if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, thread):
+            if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, alive):
                 return "broker restart missed: the job ended before its attempt began"
             time.sleep(delay)
-            landed = self.phase(batch_id, attempt) if thread.is_alive() else "after the job ended"
+            landed = self.phase(batch_id, attempt) if running() else "after the job ended"
             self._stack("restart-kafka")
             return f"Kafka broker restarted {landed}"
+        return strike
+
+    def _strike_connect(self, target: str, timing: str, delay: float) -> Callable[..., str]:
+        """A fault of the connect runtime, once the task's attempt began: after `delay`, or as rows stream."""
+        def strike(proc: subprocess.Popen, batch_id: int, attempts_before: int) -> str:
+            attempt = attempts_before + 1
+            if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, proc):
+                return f"{target} missed: the task ended before its attempt began"
+            if timing == "as rows stream":
+                self._wait(lambda: self.copying() or self.batch_state(batch_id)[0] != "planned", proc)
+            else:
+                time.sleep(delay)
+            landed = self.phase(batch_id, attempt)
+            if target == "task kill":
+                if proc.poll() is not None:
+                    return f"task kill missed: the task had ended ({landed})"
+                os.kill(proc.pid, signal.SIGKILL)
+                return f"task SIGKILLed {landed}"
+            if target == "server kill":
+                self._stack("kill-spark-connect")
+                self._stack("start")
+                return f"Spark Connect server SIGKILLed {landed}, then started again"
+            if target == "server restart":
+                self._stack("restart-spark-connect")
+                return f"Spark Connect server restarted {landed}"
+            # A racing attempt: the same batch's task once more, on the same server, while the first runs.
+            racer, _ = self._start_task(["read_and_commit", "--batch-id", str(batch_id)])
+            won = self._finish_task(racer) is not None
+            return f"a second attempt raced the first {landed}: the second {'committed' if won else 'failed'}"
         return strike
 
     def _restart_postgres_during(self, point: str) -> Callable[[subprocess.Popen, Path], str]:
@@ -498,21 +592,29 @@ class Campaign:
 
     def fault_hooks(self, kind: str) -> tuple[str, RunHooks]:
         rng = self.rng
+        low, high = STRIKE_DELAYS[self.runtime]
         if kind in ("kill_spark_submit", "kill_spark_driver"):
             target = "spark-submit" if kind == "kill_spark_submit" else "driver"
             timing = rng.choice(["timed", "first staged rows"])
-            delay = round(rng.uniform(1.0, 15.0), 2)
+            delay = round(rng.uniform(low, high), 2)
             variant = f"{timing}" + (f" ({delay}s after the attempt began)" if timing == "timed" else "")
             return variant, RunHooks(spark_strike=self._strike_spark(target, timing, delay))
+        if kind in ("kill_task_in_read", "kill_spark_connect", "restart_spark_connect", "racing_attempts"):
+            target = {"kill_task_in_read": "task kill", "kill_spark_connect": "server kill",
+                      "restart_spark_connect": "server restart", "racing_attempts": "racing attempt"}[kind]
+            timing = rng.choice(["timed", "as rows stream"])
+            delay = round(rng.uniform(low, high), 2)
+            variant = f"{timing}" + (f" ({delay}s after the attempt began)" if timing == "timed" else "")
+            return variant, RunHooks(spark_strike=self._strike_connect(target, timing, delay))
         if kind == "kill_commit":
-            point = rng.choice(COMMIT_FAIL_POINTS)
+            point = rng.choice(COMMIT_FAIL_POINTS[self.runtime])
             return point, RunHooks(commit_failpoints=f"{point}=kill")
         if kind == "restart_postgres_in_commit":
-            point = rng.choice(COMMIT_FAIL_POINTS)
+            point = rng.choice(COMMIT_FAIL_POINTS[self.runtime])
             return point, RunHooks(commit_failpoints=f"{point}=pause",
                                    commit_during=self._restart_postgres_during(point))
         if kind == "restart_kafka_in_read":
-            delay = round(rng.uniform(2.0, 15.0), 2)
+            delay = round(rng.uniform(max(low, 0.5) if self.runtime == "connect" else 2.0, high), 2)
             return f"timed ({delay}s after the attempt began)", RunHooks(spark_strike=self._strike_kafka(delay))
         if kind == "crash_after_plan":
             return "after_plan", RunHooks(plan_failpoints="after_plan=kill")
@@ -685,7 +787,7 @@ class Campaign:
             "pipeline": self.pipeline.name, "rng": [version, list(internal), gauss],
             "iterations": [asdict(it) for it in self.iterations],
             "positions": {str(p): pos for p, pos in self.positions.items()},
-            "runs": self.runs, "spark_submits": self.spark_submits,
+            "runs": self.runs, "spark_tasks": self.spark_tasks, "runtime": self.runtime,
             "variants": {k: dict(v) for k, v in self.variants.items()},
             "started_at": self.started_at, "elapsed_seconds": self.elapsed(), "sessions": self.sessions,
             "interruptions": self.interruptions,
@@ -703,7 +805,7 @@ class Campaign:
         campaign.rng.setstate((version, tuple(internal), gauss))
         campaign.iterations = [IterationReport(**it) for it in state["iterations"]]
         campaign.positions = {int(p): pos for p, pos in state["positions"].items()}
-        campaign.runs, campaign.spark_submits = state["runs"], state["spark_submits"]
+        campaign.runs, campaign.spark_tasks = state["runs"], state["spark_tasks"]
         for kind, variants in state["variants"].items():
             campaign.variants[kind] = Counter(variants)
         campaign.started_at, campaign.elapsed_before = state["started_at"], state["elapsed_seconds"]
@@ -780,7 +882,8 @@ class Campaign:
             "records_per_fault": self.records_per_fault,
             "partitions": len(self.positions),
             "pipeline_runs": self.runs,
-            "spark_submits": self.spark_submits,
+            "spark_tasks": self.spark_tasks,
+            "runtime": self.runtime,
             "drain_runs": drain_runs,
             "started_at": self.started_at,
             "elapsed_seconds": self.elapsed(),
@@ -845,37 +948,35 @@ BAD_RECORDS = ("malformed JSON, non-UTF-8 bytes, a null value (tombstone), a nul
                "`test_bad_records.py`")
 
 
-def render_report(data: dict[str, Any], iterations: list[dict[str, Any]]) -> str:
-    """docs/reliability.md: the campaign's figures, how to reproduce them, and what else is tested."""
+RUNTIMES = {
+    "connect": "Spark 4.0.0 on the warm Spark Connect server (local[*]), the task publishing and committing in "
+               "one transaction",
+    "submit": "Spark 4.0.0 local[*] through one spark-submit per batch, staging then committing",
+}
+
+
+def render_campaign(data: dict[str, Any], iterations: list[dict[str, Any]]) -> list[str]:
+    """The section of docs/reliability.md for one runtime's last campaign."""
+    runtime = data.get("runtime", "submit")
     full = data["faults_injected"] >= 200 and data["records_produced"] >= 1_000_000
     hours, rest = divmod(int(data["elapsed_seconds"]), 3600)
     took = f"{hours} h {rest // 60} min" if hours else f"{rest // 60} min {rest % 60} s"
     recovered: dict[str, Counter] = defaultdict(Counter)
     for it in iterations:
         recovered[it["fault"]][it["recovered_by"]] += 1
-    lines = [
-        "# Reliability report",
-        "",
-        "Generated by `tests/integration/fault_campaign.py --write-docs` from its last run; the same figures "
-        "are in [reliability.json](reliability.json), every iteration in "
-        "[reliability-iterations.json](reliability-iterations.json). How the campaign works is in the "
-        "README's *Fault campaign*.",
-        "",
-    ]
+    lines = [f"## Runtime `{runtime}`", ""]
     if not full:
-        lines += ["**This is not the full campaign** (at least 200 faults over at least 1,000,000 records): "
+        lines += ["**This is not a full campaign** (at least 200 faults over at least 1,000,000 records): "
                   "it is the last shorter one.", ""]
     sessions = data.get("sessions", 1)
     lines += [
         f"Commit `{data.get('git_commit', '?')}`, started {data['started_at']}, took {took} "
-        f"on a 2-core machine (Kafka 4.1.1 KRaft, PostgreSQL 15, Spark 4.0.0 local[*] "
-        "through spark-submit)" + (f", over {sessions} working sessions: the campaign was resumed from its "
-                                   "last checkpoint, every process of the interrupted iteration having been "
-                                   "killed and the services restarted; the next runs recovered and the checks "
-                                   "passed before it went on (" + "; ".join(data.get("interruptions", [])) + ")"
-                                   if sessions > 1 else "") + ".",
-        "",
-        "## Result",
+        f"on a 2-core machine (Kafka 4.1.1 KRaft, PostgreSQL 15, {RUNTIMES[runtime]})"
+        + (f", over {sessions} working sessions: the campaign was resumed from its "
+           "last checkpoint, every process of the interrupted iteration having been "
+           "killed and the services restarted; the next runs recovered and the checks "
+           "passed before it went on (" + "; ".join(data.get("interruptions", [])) + ")"
+           if sessions > 1 else "") + ".",
         "",
         "| | |",
         "| --- | --- |",
@@ -888,13 +989,12 @@ def render_report(data: dict[str, Any], iterations: list[dict[str, Any]]) -> str
         f"| rows for records never produced | {data['unexpected']} |",
         f"| rows or dead letters with the wrong content | {data['wrong_content']} |",
         f"| `kafka-ledger verify` against Kafka | {'OK' if data['verify_ok'] else 'FAILED'} |",
-        f"| pipeline runs / spark-submits | {data['pipeline_runs']} / {data['spark_submits']} |",
+        f"| pipeline runs / Spark task tries | {data['pipeline_runs']} / "
+        f"{data.get('spark_tasks', data.get('spark_submits'))} |",
         "",
         "Every check passed after every fault: output ∪ dead letters equal to the records produced below the "
         "positions as sets of (topic, partition, offset), no record twice, committed ranges tiling each "
         "partition without gap or overlap, no position moving back.",
-        "",
-        "## Faults",
         "",
         "| fault | injected | variants | where it landed | recovered by |",
         "| --- | --- | --- | --- | --- |",
@@ -903,25 +1003,40 @@ def render_report(data: dict[str, Any], iterations: list[dict[str, Any]]) -> str
     def cell(counter: dict[str, int]) -> str:
         return "<br>".join(f"{name}: {n}" for name, n in sorted(counter.items(), key=lambda kv: -kv[1]))
 
-    for kind in FAULT_KINDS:
+    for kind in FAULT_KINDS[runtime]:
         lines.append(f"| `{kind}` | {data['faults_by_kind'].get(kind, 0)} | "
                      f"{cell(data['fault_variants'].get(kind, {}))} | {cell(data['fault_landings'].get(kind, {}))} "
                      f"| {cell(recovered.get(kind, {}))} |")
     lines += [
         "",
-        "A timed kill that found the job already past staging still killed it; such landings are listed as "
-        "*after staging*. \"Recovered by\" is what completed the batch the fault hit: the failed task's "
-        "retry, the next run (when the faulted run had no retries left), or nothing (the fault did no harm, "
-        "as a retry after success should).",
-        "",
-        "## Reproduce",
+        "Reproduce:",
         "",
         "```bash",
         data["command"],
         "```",
         "",
-        "The seed fixes the fault sequence, variants and delays; where a timed fault lands depends on the "
-        "machine's speed, which is why the landings are counted above.",
+    ]
+    return lines
+
+
+def render_report(campaigns: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]) -> str:
+    """docs/reliability.md: each runtime's last campaign, how to reproduce it, and what else is tested."""
+    lines = [
+        "# Reliability report",
+        "",
+        "Generated by `tests/integration/fault_campaign.py --write-docs` from the last campaign of each Spark "
+        "runtime; the same figures are in [reliability.json](reliability.json), every iteration in "
+        "`reliability-<runtime>-iterations.json`. How the campaign works is in the README's *Fault campaign*.",
+        "",
+    ]
+    for runtime in sorted(campaigns, key=list(RUNTIMES).index):
+        lines += render_campaign(*campaigns[runtime])
+    lines += [
+        "\"Where it landed\" is the phase of the batch the fault found; a timed fault that found the job "
+        "already finishing is listed as such. \"Recovered by\" is what completed the batch the fault hit: the "
+        "failed task's retry, the next run (when the faulted run had no retries left), or nothing (the fault "
+        "did no harm, as a retry after success should). The seed fixes the fault sequence, variants and "
+        "delays; where a timed fault lands depends on the machine's speed.",
         "",
         "## Hostile topics and bad records",
         "",
@@ -938,12 +1053,21 @@ def render_report(data: dict[str, Any], iterations: list[dict[str, Any]]) -> str
 
 
 def write_docs(report: dict[str, Any], command: str, docs: Path) -> None:
-    """reliability.json, reliability-iterations.json and reliability.md in `docs`, from a campaign's report."""
+    """A campaign's figures into `docs` (reliability-<runtime>.json and -iterations.json), then
+    reliability.json and reliability.md again, from the last campaign of every runtime found there."""
+    runtime = report["runtime"]
     data = {"command": command, **{k: v for k, v in report.items() if k != "iterations"}}
     docs.mkdir(parents=True, exist_ok=True)
-    (docs / "reliability.json").write_text(json.dumps(data, indent=2) + "\n")
-    (docs / "reliability-iterations.json").write_text(json.dumps(report["iterations"], indent=1) + "\n")
-    (docs / "reliability.md").write_text(render_report(data, report["iterations"]))
+    (docs / f"reliability-{runtime}.json").write_text(json.dumps(data, indent=2) + "\n")
+    (docs / f"reliability-{runtime}-iterations.json").write_text(json.dumps(report["iterations"], indent=1) + "\n")
+    campaigns = {}
+    for name in RUNTIMES:
+        figures = docs / f"reliability-{name}.json"
+        if figures.exists():
+            campaigns[name] = (json.loads(figures.read_text()),
+                               json.loads((docs / f"reliability-{name}-iterations.json").read_text()))
+    (docs / "reliability.json").write_text(json.dumps({name: c[0] for name, c in campaigns.items()}, indent=2) + "\n")
+    (docs / "reliability.md").write_text(render_report(campaigns))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -957,6 +1081,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records-per-fault", type=int, default=5000,
                         help="records produced during each iteration (default 5000)")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of the campaign's topic (default 4)")
+    parser.add_argument("--runtime", choices=list(FAULT_KINDS),
+                        help="Spark runtime under test (default: the deployment's, $KAFKA_LEDGER_SPARK_RUNTIME)")
     parser.add_argument("--write-docs", type=Path, metavar="DIR",
                         help="write reliability.json (and the per-iteration log) into DIR, e.g. docs")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows afterwards")
@@ -970,7 +1096,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from kafka_ledger.config import get_pipeline
     from kafka_ledger.ledger import delete_pipeline
-    from kafka_ledger.settings import bootstrap_servers, ledger_dsn
+    from kafka_ledger.settings import bootstrap_servers, deployment_spark_runtime, ledger_dsn
 
     dsn, servers = ledger_dsn(), bootstrap_servers()
     if args.resume:
@@ -981,14 +1107,17 @@ def main(argv: list[str] | None = None) -> int:
     else:
         tag = f"{args.seed}_{uuid.uuid4().hex[:6]}"
         workdir = Path(os.environ.get("KL_STATE", PROJECT_ROOT / ".stack")) / "fault-campaign" / tag
+        runtime = args.runtime or deployment_spark_runtime()
         command = "bash scripts/fault_campaign.sh " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in (("faults", args.faults), ("seed", args.seed),
+            f"--{k.replace('_', '-')} {v}" for k, v in (("runtime", runtime), ("faults", args.faults),
+                                                        ("seed", args.seed),
                                                         ("records_per_fault", args.records_per_fault),
                                                         ("partitions", args.partitions)))
         if args.write_docs:
             command += f" --write-docs {args.write_docs}"
         settings = {"command": command, "write_docs": str(args.write_docs) if args.write_docs else None,
                     "keep": args.keep, "pipeline": f"fault_campaign_{tag}", "partitions": args.partitions,
+                    "runtime": runtime,
                     "topic": f"fault-campaign-{tag.replace('_', '-')}"}
     workdir.mkdir(parents=True, exist_ok=True)
     # Airflow's logging (which relays the Spark jobs' output) writes to stdout: point stdout at a log file,
@@ -1014,7 +1143,7 @@ def main(argv: list[str] | None = None) -> int:
         config.write_text(yaml.safe_dump({"pipelines": {name: {
             "topics": [topic], "output_schema": "fault_campaign", "output_table": name, "columns": COLUMNS,
             "max_records_per_partition": max(100, args.records_per_fault // args.partitions), "schedule": None,
-            "spark_conf": {"spark.sql.shuffle.partitions": "2"},
+            "spark_conf": {"spark.sql.shuffle.partitions": "2"}, "spark_runtime": settings["runtime"],
         }}}))
         # Every acknowledged record on disk at once, so a campaign resumed after the machine stopped still has
         # them all (the broker otherwise leaves flushing to the OS).
@@ -1023,7 +1152,8 @@ def main(argv: list[str] | None = None) -> int:
         admin.create_topics([new_topic])[topic].result()
         pipeline = get_pipeline(name)
         campaign = Campaign(pipeline, dsn, servers, args.seed, args.faults, args.records_per_fault, workdir)
-        say(f"fault campaign: {args.faults} faults, seed {args.seed}, {args.records_per_fault} records per fault, "
+        say(f"fault campaign ({campaign.runtime} runtime): {args.faults} faults, seed {args.seed}, "
+            f"{args.records_per_fault} records per fault, "
             f"topic {topic} ({args.partitions} partitions); logs in {workdir}; if it is interrupted, go on with "
             f"`bash scripts/fault_campaign.sh --resume {workdir}`")
     try:

@@ -23,7 +23,7 @@ from test_pipeline_dag import assert_exactly_once, batches, stored
 
 from kafka_ledger import ledger
 from kafka_ledger.batches import plan_next_batch
-from kafka_ledger.spark_runtime import ConnectBatch, SparkServerError
+from kafka_ledger.spark_runtime import SparkServerError
 
 pytestmark = pytest.mark.integration
 
@@ -171,12 +171,14 @@ def test_racing_attempts_on_the_same_batch_publish_it_once(dsn, servers, pipelin
             json.loads(out.strip().splitlines()[-1])
 
 
-def test_no_server_fails_with_a_clear_message_and_writes_nothing(dsn, servers, pipeline_factory, producer,
-                                                                 monkeypatch):
+def test_no_server_fails_with_a_clear_message_and_writes_nothing(dsn, servers, pipeline_factory, producer):
     pipeline = pipeline_factory("connect_unreachable", partitions=1)
     batch_id, _ = produce_and_plan(dsn, servers, pipeline, producer, 20, bad=False)
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT",
-                       '{"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": 9}')
-    with pytest.raises(SparkServerError, match="not reachable.*nothing was read or published"):
-        ConnectBatch(pipeline, batch_id).run(dsn, servers)
+    # In a task process of its own: Airflow caches connections for the life of a process.
+    task = start_task(pipeline, batch_id, AIRFLOW_CONN_SPARK_CONNECT_DEFAULT=(
+        '{"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": 9}'))
+    code, _, err = finish(task)
+    assert code != 0
+    assert f"{SparkServerError.__name__}: the Spark Connect server at sc://127.0.0.1:9/" in err, err[-2000:]
+    assert "not reachable" in err and "nothing was read or published" in err
     nothing_published(dsn, pipeline)

@@ -1,9 +1,12 @@
 """The fault campaign's pure parts: a schedule reproducible from the seed, its records, and its report."""
 
+import json
 import random
 import sys
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
@@ -14,25 +17,37 @@ from fault_campaign import (  # noqa: E402
     fault_schedule,
     record_value,
     render_report,
+    write_docs,
 )
+
+CONNECT = FAULT_KINDS["connect"]
 
 
 def test_the_same_seed_gives_the_same_schedule():
-    assert fault_schedule(50, random.Random(7)) == fault_schedule(50, random.Random(7))
-    assert fault_schedule(50, random.Random(7)) != fault_schedule(50, random.Random(8))
+    assert fault_schedule(50, random.Random(7), CONNECT) == fault_schedule(50, random.Random(7), CONNECT)
+    assert fault_schedule(50, random.Random(7), CONNECT) != fault_schedule(50, random.Random(8), CONNECT)
 
 
-def test_every_kind_appears_once_per_round():
-    schedule = fault_schedule(200, random.Random(20261121))
-    assert len(schedule) == 200
-    rounds = len(FAULT_KINDS)
-    for start in range(0, 200 - rounds + 1, rounds):
-        assert sorted(schedule[start:start + rounds]) == sorted(FAULT_KINDS)
-    assert Counter(schedule) == dict.fromkeys(FAULT_KINDS, 25)
+@pytest.mark.parametrize("runtime", ["connect", "submit"])
+def test_every_kind_appears_once_per_round(runtime):
+    kinds = FAULT_KINDS[runtime]
+    schedule = fault_schedule(len(kinds) * 25, random.Random(20261121), kinds)
+    rounds = len(kinds)
+    for start in range(0, len(schedule) - rounds + 1, rounds):
+        assert sorted(schedule[start:start + rounds]) == sorted(kinds)
+    assert Counter(schedule) == dict.fromkeys(kinds, 25)
+
+
+def test_the_warm_runtime_has_its_own_faults_and_the_common_ones():
+    assert {"kill_task_in_read", "kill_spark_connect", "restart_spark_connect", "racing_attempts"} <= set(CONNECT)
+    assert not {"kill_spark_submit", "kill_spark_driver"} & set(CONNECT)
+    assert set(FAULT_KINDS["submit"]) & set(CONNECT) == {
+        "kill_commit", "restart_postgres_in_commit", "restart_kafka_in_read", "racing_runs", "retry_after_success",
+        "crash_after_plan"}
 
 
 def test_a_short_schedule_still_has_every_kind_once():
-    assert sorted(fault_schedule(len(FAULT_KINDS), random.Random(4))) == sorted(FAULT_KINDS)
+    assert sorted(fault_schedule(len(CONNECT), random.Random(4), CONNECT)) == sorted(CONNECT)
 
 
 def test_records_carry_their_sequence_number_and_bad_ones_their_reason():
@@ -42,13 +57,13 @@ def test_records_carry_their_sequence_number_and_bad_ones_their_reason():
     assert len({expected_reason(seq) for seq in bad}) == 5  # every kind of bad record
 
 
-def report_data(faults: int, records: int) -> dict:
+def report_data(faults: int, records: int, runtime: str = "submit") -> dict:
     return {
         "command": "bash scripts/fault_campaign.sh --faults 200", "git_commit": "abc1234",
         "started_at": "2026-11-21T16:00:00+00:00", "elapsed_seconds": 9000.0,
         "faults_injected": faults, "records_produced": records, "output_rows": records - records // 50,
         "dead_letters": records // 50, "lost": 0, "duplicated": 0, "unexpected": 0, "wrong_content": 0,
-        "verify_ok": True, "pipeline_runs": 260, "spark_submits": 330,
+        "verify_ok": True, "pipeline_runs": 260, "spark_tasks": 330, "runtime": runtime,
         "faults_by_kind": {"kill_commit": faults}, "fault_variants": {"kill_commit": {"commit_before_end": faults}},
         "fault_landings": {"kill_commit": {"commit task died at commit_before_end=kill": faults}},
     }
@@ -56,11 +71,23 @@ def report_data(faults: int, records: int) -> dict:
 
 def test_the_report_shows_the_figures_and_flags_a_short_campaign():
     iterations = [{"fault": "kill_commit", "recovered_by": "task retry (commit)"}] * 3
-    short = render_report(report_data(3, 15_000), iterations)
-    assert "**This is not the full campaign**" in short
+    short = render_report({"submit": (report_data(3, 15_000), iterations)})
+    assert "**This is not a full campaign**" in short and "## Runtime `submit`" in short
     assert "| **lost** | **0** |" in short and "| **duplicated** | **0** |" in short
     assert "| `kill_commit` | 3 | commit_before_end: 3 |" in short and "task retry (commit): 3" in short
     assert "bash scripts/fault_campaign.sh --faults 200" in short
-    full = render_report(report_data(200, 1_000_000), iterations)
-    assert "not the full campaign" not in full
+    full = render_report({"submit": (report_data(200, 1_000_000), iterations)})
+    assert "not a full campaign" not in full
     assert "| records produced | 1,000,000 |" in full and "took 2 h 30 min" in full
+
+
+def test_each_runtime_keeps_its_last_campaign_in_the_docs(tmp_path):
+    iterations = [{"fault": "kill_commit", "recovered_by": "task retry (Spark)"}]
+    for runtime, faults in (("submit", 200), ("connect", 8)):
+        data = report_data(faults, 40_000, runtime)
+        write_docs({**data, "iterations": iterations}, data.pop("command"), tmp_path)
+    figures = json.loads((tmp_path / "reliability.json").read_text())
+    assert (figures["connect"]["faults_injected"], figures["submit"]["faults_injected"]) == (8, 200)
+    report = (tmp_path / "reliability.md").read_text()
+    assert report.index("## Runtime `connect`") < report.index("## Runtime `submit`")
+    assert "warm Spark Connect server" in report and "one spark-submit per batch" in report
