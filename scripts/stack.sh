@@ -205,7 +205,7 @@ stop_pidfile() {  # stop_pidfile <name> <pidfile>: SIGTERM (a controlled shutdow
   pid_alive "$2" || { rm -f "$2"; return 0; }
   local pid i; pid=$(cat "$2")
   kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
-  for i in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  for i in $(seq 1 600); do kill -0 -- "-$pid" 2>/dev/null || kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
   rm -f "$2"; say "$1: stopped"
 }
@@ -247,7 +247,13 @@ start_spark_connect() {
 
 kill_spark_connect() {  # SIGKILL of the whole server (JVM and its spark-submit wrapper), as a crash would
   pid_alive "$SPARK_CONNECT_PID" || return 0
-  kill -KILL -- "-$(cat "$SPARK_CONNECT_PID")" 2>/dev/null || kill -KILL "$(cat "$SPARK_CONNECT_PID")"
+  local pid i; pid=$(cat "$SPARK_CONNECT_PID")
+  kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"
+  # Gone only once the process has exited and its port is free: a start right after must find it so.
+  for i in $(seq 1 100); do
+    kill -0 "$pid" 2>/dev/null || port_open "$KL_SPARK_CONNECT_PORT" || break
+    sleep 0.1
+  done
   rm -f "$SPARK_CONNECT_PID"; say "spark connect: killed"
 }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -230,13 +231,18 @@ def mark_nothing_to_read(dsn: str, attempt: Attempt) -> None:
 
 
 # --- Spark Connect: publish in the commit's transaction -------------------------------------------------------
+class AttemptInterrupted(RuntimeError):
+    """The attempt was interrupted (its task is being stopped): nothing it read is published."""
+
+
 def publish(
-    spark: SparkSession | None, pipeline: PipelineConfig, attempt: Attempt, dsn: str, servers: str
+    spark: SparkSession | None, pipeline: PipelineConfig, attempt: Attempt, dsn: str, servers: str,
+    interrupted: threading.Event | None = None,
 ) -> CommitResult:
     """Read the attempt's ranges and publish them and the offsets in ONE transaction (see batches.publish_batch).
 
     The rows stream from the Spark Connect server into COPY as Spark produces them. `spark` may be None
-    when there is nothing to read.
+    when there is nothing to read. Once `interrupted` is set, the stream stops and nothing is published.
     """
     from kafka_ledger.batches import publish_batch
 
@@ -249,14 +255,23 @@ def publish(
     started = time.monotonic()
     lines = copy_lines(decode_records(read_records(spark, attempt, servers), pipeline), pipeline,
                        attempt.batch.batch_id)
-    return publish_batch(dsn, pipeline, attempt.batch.batch_id, attempt.number, arrow_stream(lines), started=started)
+    return publish_batch(dsn, pipeline, attempt.batch.batch_id, attempt.number,
+                         arrow_stream(lines, attempt, interrupted), started=started)
 
 
-def arrow_stream(frame: DataFrame):  # noqa: ANN201 - an iterator of pyarrow Tables
+def arrow_stream(frame: DataFrame, attempt: Attempt, interrupted: threading.Event | None = None):  # noqa: ANN201
     """The frame's rows as Arrow tables, as the Spark Connect server sends them (not all at once)."""
     client = frame.sparkSession.client
     # DataFrame.toArrow() would hold the whole batch in memory; the client's iterator yields each
     # Arrow batch as it arrives (PySpark 4.0 exposes it only on the client object).
+    def stop_if_interrupted() -> None:
+        # An interruption that came before the query started on the server, or after its last rows came
+        # in, is caught here: the stream fails and the transaction with it.
+        if interrupted is not None and interrupted.is_set():
+            raise AttemptInterrupted(f"attempt {attempt.number} of batch {attempt.batch.batch_id} was interrupted")
+
     for item in client.to_table_as_iterator(frame._plan.to_proto(client), {}):
+        stop_if_interrupted()
         if not hasattr(item, "fields"):  # the first item is the schema
             yield item
+    stop_if_interrupted()

@@ -72,6 +72,7 @@ class ConnectBatch:
         self._spark: SparkSession | None = None
         self._tag: str | None = None
         self._lock = threading.Lock()
+        self._interrupted = threading.Event()
 
     def _connect(self) -> SparkSession:
         from pyspark.sql import SparkSession
@@ -114,10 +115,10 @@ class ConnectBatch:
         with self._lock:
             self._spark, self._tag = spark, tag
         try:
-            result = ingest.publish(spark, self.pipeline, attempt, dsn, servers)
+            result = ingest.publish(spark, self.pipeline, attempt, dsn, servers, self._interrupted)
         except BaseException as exc:
             self.interrupt()
-            spark.client.close()  # not released: the next attempt reuses the session to clean up
+            _close(spark, release_session=False)  # the next attempt reuses the session to clean up
             if _lost_server(exc):
                 raise SparkServerError(
                     f"the Spark Connect server went away during attempt {attempt.number} of batch {self.batch_id} "
@@ -127,11 +128,20 @@ class ConnectBatch:
         finally:
             with self._lock:
                 self._spark = self._tag = None
-        spark.stop()  # the batch is done: release its server-side session
+        _close(spark, release_session=True)  # the batch is done: its server-side session goes too
         return result
 
+    def running(self) -> bool:
+        """Whether an attempt's query may be running on the server now."""
+        with self._lock:
+            return self._spark is not None
+
     def interrupt(self) -> None:
-        """Interrupt the running attempt's query on the server, if any (safe to call from another thread)."""
+        """Interrupt the running attempt's query on the server, if any (safe to call from another thread).
+
+        The attempt stops streaming rows too, so a query that starts just after this call publishes nothing.
+        """
+        self._interrupted.set()
         with self._lock:
             spark, tag = self._spark, self._tag
         if spark is None or tag is None:
@@ -142,6 +152,22 @@ class ConnectBatch:
                 log.warning("interrupted the query of %s on the Spark Connect server", tag)
         except Exception as exc:  # noqa: BLE001 - best effort: the next attempt interrupts it anyway
             log.warning("could not interrupt %s (%s); the next attempt of the batch will", tag, exc)
+
+
+def _close(spark: SparkSession, release_session: bool) -> None:
+    """Close the client's channel (and release the server-side session), without SparkSession.stop().
+
+    PySpark 4.0's client close waits, holding a lock, for the threads that release finished operations on
+    the server, and such a thread can need that lock to release an abandoned (interrupted) operation: a
+    deadlock. Closing the gRPC channel itself waits for nothing.
+    """
+    try:
+        if release_session:
+            spark.client.release_session()
+    except Exception as exc:  # noqa: BLE001 - the server frees idle sessions itself, later
+        log.warning("could not release the Spark Connect session (%s); the server expires it when idle", exc)
+    finally:
+        spark.client._channel.close()
 
 
 def _lost_server(exc: BaseException) -> bool:

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -23,7 +24,7 @@ from test_pipeline_dag import assert_exactly_once, batches, stored
 
 from kafka_ledger import ledger
 from kafka_ledger.batches import plan_next_batch
-from kafka_ledger.spark_runtime import SparkServerError
+from kafka_ledger.spark_runtime import ConnectBatch, SparkServerError
 
 pytestmark = pytest.mark.integration
 
@@ -61,8 +62,10 @@ def wait_for_attempt(dsn: str, batch_id: int, attempt: int, task: subprocess.Pop
         time.sleep(0.05)
 
 
-def wait_for_rows_streaming(dsn: str, pipeline, task: subprocess.Popen, timeout: float = 120) -> None:
+def wait_for_rows_streaming(dsn: str, pipeline, task: subprocess.Popen | threading.Thread,
+                            timeout: float = 120) -> None:
     """Until the task's transaction is copying rows into the output table: the query runs on the server."""
+    alive = task.is_alive if isinstance(task, threading.Thread) else (lambda: task.poll() is None)
     deadline = time.monotonic() + timeout
     while True:
         with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
@@ -72,7 +75,7 @@ def wait_for_rows_streaming(dsn: str, pipeline, task: subprocess.Popen, timeout:
         conn.close()
         if copying:
             return
-        assert task.poll() is None, f"the task ended before it streamed rows: {task.communicate()}"
+        assert alive(), "the task ended before it streamed rows"
         assert time.monotonic() < deadline, "the task never streamed rows"
         time.sleep(0.02)
 
@@ -182,3 +185,30 @@ def test_no_server_fails_with_a_clear_message_and_writes_nothing(dsn, servers, p
     assert f"{SparkServerError.__name__}: the Spark Connect server at sc://127.0.0.1:9/" in err, err[-2000:]
     assert "not reachable" in err and "nothing was read or published" in err
     nothing_published(dsn, pipeline)
+
+
+def test_interrupting_the_attempt_stops_its_query_and_publishes_nothing(dsn, servers, pipeline_factory, producer):
+    # What Airflow's on_kill does for the read_and_commit task (a timeout, a run marked failed).
+    pipeline = pipeline_factory("connect_interrupt", partitions=3)
+    batch_id, expected_dead = produce_and_plan(dsn, servers, pipeline, producer, 200_000)
+    batch = ConnectBatch(pipeline, batch_id)
+    outcome: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            batch.run(dsn, servers)
+        except BaseException as exc:  # noqa: BLE001 - the interruption is what this test wants to see
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for_rows_streaming(dsn, pipeline, thread)
+    batch.interrupt()
+    thread.join(120)
+    assert "error" in outcome, "the attempt finished although it was interrupted"
+    assert "OPERATION_CANCELED" in str(outcome["error"]) or "interrupted" in str(outcome["error"]), outcome
+    nothing_published(dsn, pipeline)
+
+    code, _, err = finish(start_task(pipeline, batch_id))  # the retry
+    assert code == 0, err
+    assert_exactly_once(dsn, servers, pipeline, expected_dead)
