@@ -50,16 +50,17 @@ class _Timestamp:
         declared = ", ".join(formats)
         first, last = column.timestamp_years
         years = f"{first}-{last}"
-        lowest, beyond = datetime(first, 1, 1, tzinfo=UTC), datetime(last + 1, 1, 1, tzinfo=UTC)
-        # The accepted range in epoch microseconds, [lowest, beyond).
-        micros_range = [int((moment - _EPOCH).total_seconds()) * 1_000_000 for moment in (lowest, beyond)]
+        # The accepted range in epoch microseconds: [first year's start, the year after last's start).
+        micros_range = [int((datetime(year, 1, 1, tzinfo=UTC) - _EPOCH).total_seconds()) * 1_000_000
+                        for year in (first, last + 1)]
         invalid = F.lit(f"field '{column.name}' is not a valid timestamp")
         iso_like = F.substring(raw, 5, 1) == F.lit("-")
 
         text = raw.try_cast("timestamp")
         if "iso8601" in formats:
+            # Compared as epoch microseconds: a datetime literal would ask the session for its settings.
             text_problem = F.when(text.isNull(), invalid).when(
-                (text < F.lit(lowest)) | (text >= F.lit(beyond)),
+                (F.unix_micros(text) < F.lit(micros_range[0])) | (F.unix_micros(text) >= F.lit(micros_range[1])),
                 F.lit(f"field '{column.name}' is not a valid timestamp (a date outside {years})"),
             )
         else:

@@ -102,9 +102,17 @@ def begin(dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int) -> At
             log.info("batch %s is already %s (attempt %s staged it): nothing to read", batch_id, batch.status,
                      batch.staged_attempt)
             return None
-        with conn, conn.cursor() as cur:
-            number = ledger.begin_attempt(cur, batch_id)
-            removed = ledger.delete_older_staged(cur, pipeline, batch_id, number)
+        try:
+            with conn, conn.cursor() as cur:
+                number = ledger.begin_attempt(cur, batch_id)
+                removed = ledger.delete_older_staged(cur, pipeline, batch_id, number)
+        except ledger.LedgerError:
+            with conn, conn.cursor() as cur:
+                batch = ledger.get_batch(cur, batch_id)
+            if batch.status in ("committed", "written"):  # a racing attempt finished it meanwhile
+                log.info("batch %s was %s by another attempt meanwhile: nothing to read", batch_id, batch.status)
+                return None
+            raise
     finally:
         conn.close()
     log.info(

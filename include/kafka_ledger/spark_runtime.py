@@ -155,12 +155,15 @@ class ConnectBatch:
 
 
 def _close(spark: SparkSession, release_session: bool) -> None:
-    """Close the client's channel (and release the server-side session), without SparkSession.stop().
+    """SparkSession.stop() without its client close: release the server-side session if asked, close the
+    gRPC channel, and stop being the process's default and active session.
 
     PySpark 4.0's client close waits, holding a lock, for the threads that release finished operations on
     the server, and such a thread can need that lock to release an abandoned (interrupted) operation: a
     deadlock. Closing the gRPC channel itself waits for nothing.
     """
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
     try:
         if release_session:
             spark.client.release_session()
@@ -168,6 +171,11 @@ def _close(spark: SparkSession, release_session: bool) -> None:
         log.warning("could not release the Spark Connect session (%s); the server expires it when idle", exc)
     finally:
         spark.client._channel.close()
+        with ConnectSession._lock:
+            if spark is ConnectSession._default_session:
+                ConnectSession._default_session = None
+            if spark is getattr(ConnectSession._active_session, "session", None):
+                ConnectSession._active_session.session = None
 
 
 def _lost_server(exc: BaseException) -> bool:
