@@ -327,9 +327,7 @@ def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitRes
     conn = ledger.connect(dsn)
     try:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
-            batch = ledger.get_batch(cur, batch_id, for_update=True)
-            if batch.pipeline != pipeline.name:
-                raise CommitError(f"batch {batch_id} belongs to pipeline {batch.pipeline!r}, not {pipeline.name!r}")
+            batch = _lock_batch(cur, pipeline, batch_id)
             if batch.status == "committed":
                 log.info("batch %s was already committed at %s: nothing to do", batch_id, batch.committed_at)
                 return CommitResult(batch_id, True, batch.records_written or 0, batch.records_dead_lettered or 0, 0.0)
@@ -382,9 +380,7 @@ def publish_batch(
     conn = ledger.connect(dsn)
     try:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
-            batch = ledger.get_batch(cur, batch_id, for_update=True)
-            if batch.pipeline != pipeline.name:
-                raise CommitError(f"batch {batch_id} belongs to pipeline {batch.pipeline!r}, not {pipeline.name!r}")
+            batch = _lock_batch(cur, pipeline, batch_id)
             if batch.status != "planned" or batch.attempts != attempt:
                 raise ledger.LedgerError(
                     f"batch {batch_id} attempt {attempt} may not publish: the batch is {batch.status} with "
@@ -418,6 +414,14 @@ def publish_batch(
         return result
     finally:
         conn.close()
+
+
+def _lock_batch(cur: ledger.Cursor, pipeline: PipelineConfig, batch_id: int) -> ledger.Batch:
+    """The batch, locked until the transaction ends: no attempt can start or commit it meanwhile."""
+    batch = ledger.get_batch(cur, batch_id, for_update=True)
+    if batch.pipeline != pipeline.name:
+        raise CommitError(f"batch {batch_id} belongs to pipeline {batch.pipeline!r}, not {pipeline.name!r}")
+    return batch
 
 
 def _finish_commit(
