@@ -152,7 +152,10 @@ MARK_FAILED = """
     WHERE batch_id = %(batch_id)s AND status = 'planned'
 """
 
-RECORD_ERROR = "UPDATE kafka_ledger.batches SET last_error = %(error)s WHERE batch_id = %(batch_id)s"
+# A committed batch keeps no error: a task failing after a racing attempt committed it changes nothing.
+RECORD_ERROR = """
+    UPDATE kafka_ledger.batches SET last_error = %(error)s WHERE batch_id = %(batch_id)s AND status <> 'committed'
+"""
 
 # A catch-up batch's coverage: the ranges it read, and the stretches a latest_only batch skipped.
 INSERT_COMMITTED_RANGES = """
