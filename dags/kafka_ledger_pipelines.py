@@ -1,12 +1,13 @@
-"""One DAG per pipeline declared in config/pipelines.yaml (or $KAFKA_LEDGER_PIPELINES).
+"""One DAG per valid pipeline declared in config/pipelines.yaml (or $KAFKA_LEDGER_PIPELINES).
 
 Each DAG plans a batch (exact offset ranges recorded in the ledger before anything is read), reads and
 stages it with Spark, then commits the rows and the offsets in one Postgres transaction. The logic lives
-in include/kafka_ledger; this file only wires it together.
+in include/kafka_ledger; this file only wires it together. Each entry of the pipelines file is validated on
+its own: an invalid one is left out here and reported by kafka_ledger_invalid_pipelines.py.
 """
 
 from kafka_ledger.airflow_dag import build_pipeline_dag
-from kafka_ledger.config import load_pipelines
+from kafka_ledger.config import read_pipelines
 
-for _pipeline in load_pipelines().values():
+for _pipeline in read_pipelines().valid.values():
     globals()[_pipeline.dag_id] = build_pipeline_dag(_pipeline)

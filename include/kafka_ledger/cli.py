@@ -20,7 +20,7 @@ import psycopg2
 from kafka_ledger import kafka_offsets, ledger, planning, settings
 from kafka_ledger.batch_requests import BatchRequest, RequestError, parse_request
 from kafka_ledger.batches import CommitError
-from kafka_ledger.config import ConfigError, PipelineConfig, get_pipeline, load_pipelines
+from kafka_ledger.config import ConfigError, PipelineConfig, get_pipeline, read_pipelines
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REFUSED, EXIT_FAILED = 0, 1, 2, 3, 4
 
@@ -46,7 +46,13 @@ def _services() -> tuple[str, str]:
 
 
 def _pipelines(names: list[str]) -> list[PipelineConfig]:
-    return [get_pipeline(n) for n in names] if names else list(load_pipelines().values())
+    """The named pipelines, or every valid one (saying on stderr which entries are left out as invalid)."""
+    if names:
+        return [get_pipeline(n) for n in names]
+    declarations = read_pipelines()
+    for name in declarations.invalid:
+        print(f"kafka-ledger: left out: {declarations.problem(name)}", file=sys.stderr)
+    return list(declarations.valid.values())
 
 
 def _range_arg(text: str) -> dict[str, Any]:

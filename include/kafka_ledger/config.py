@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -250,36 +251,78 @@ class PipelineConfig(BaseModel):
 
 
 class PipelinesFile(BaseModel):
-    """The whole pipelines file: a mapping of pipeline name to its declaration."""
+    """The pipelines file's top level: a mapping of pipeline name to its declaration (checked one by one)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    pipelines: dict[str, PipelineConfig]
+    pipelines: dict[str, Any] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _inject_names(cls, data: object) -> object:
-        # Pipelines are keyed by name in YAML; copy the key into each body so a pipeline knows its name.
-        if isinstance(data, dict) and isinstance(data.get("pipelines"), dict):
-            data = dict(data)
-            for name, body in data["pipelines"].items():
-                if isinstance(body, dict) and "name" in body and body["name"] != name:
-                    raise ValueError(f"pipeline {name!r} sets name {body['name']!r}: the key is the pipeline's name")
-            data["pipelines"] = {
-                name: {**body, "name": name} if isinstance(body, dict) else body
-                for name, body in data["pipelines"].items()
-            }
-        return data
 
-    @model_validator(mode="after")
-    def _output_tables_are_unique(self) -> PipelinesFile:
-        seen: dict[str, str] = {}
-        for pipeline in self.pipelines.values():
-            table = pipeline.qualified_output_table
-            if table in seen:
-                raise ValueError(f"pipelines {seen[table]!r} and {pipeline.name!r} both write {table}")
-            seen[table] = pipeline.name
-        return self
+def _error_lines(exc: ValidationError, prefix: tuple[str, ...] = ()) -> list[str]:
+    return [f"  - {'.'.join(str(part) for part in (*prefix, *error['loc'])) or '(top level)'}: {error['msg']}"
+            for error in exc.errors()]
+
+
+@dataclass(frozen=True)
+class PipelineDeclarations:
+    """Every entry of a pipelines file, each validated on its own, so one broken entry hides no other."""
+
+    source: str
+    valid: dict[str, PipelineConfig]
+    # Pipeline name -> what is wrong with its entry, one indented line per field.
+    invalid: dict[str, str]
+
+    def problem(self, name: str) -> ConfigError:
+        return ConfigError(f"{self.source}: pipeline {name!r} is invalid:\n{self.invalid[name]}")
+
+    def all_valid(self) -> dict[str, PipelineConfig]:
+        """The pipelines, or a ConfigError naming every invalid entry and field."""
+        if self.invalid:
+            raise ConfigError(f"{self.source}: invalid pipeline configuration:\n" + "\n".join(self.invalid.values()))
+        return self.valid
+
+
+def _declare(name: str, body: object) -> PipelineConfig:
+    # Pipelines are keyed by name in YAML; the key is copied into the body so a pipeline knows its name.
+    if not isinstance(body, dict):
+        raise ValueError("must be a mapping of the pipeline's fields")
+    if "name" in body and body["name"] != name:
+        raise ValueError(f"sets name {body['name']!r}: the key is the pipeline's name")
+    return PipelineConfig.model_validate({**body, "name": name})
+
+
+def read_declarations(text: str, source: str = "<string>") -> PipelineDeclarations:
+    """Validate pipelines YAML text entry by entry; only an unreadable file as a whole raises ConfigError."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    try:
+        entries = PipelinesFile.model_validate(data if data is not None else {}).pipelines or {}
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: invalid pipeline configuration:\n" + "\n".join(_error_lines(exc))) from exc
+    valid: dict[str, PipelineConfig] = {}
+    invalid: dict[str, str] = {}
+    table_writers: dict[str, str] = {}
+    for name, body in entries.items():
+        try:
+            pipeline = _declare(name, body)
+        except ValidationError as exc:
+            invalid[name] = "\n".join(_error_lines(exc, ("pipelines", name)))
+            continue
+        except ValueError as exc:
+            invalid[name] = f"  - pipelines.{name}: {exc}"
+            continue
+        # Two pipelines writing one table would publish into each other's rows; the entry declared first
+        # in the file keeps the table, so adding an entry can never take a running pipeline's table away.
+        table = pipeline.qualified_output_table
+        if table in table_writers:
+            invalid[name] = (f"  - pipelines.{name}.output_table: {table} is already written by pipeline "
+                             f"{table_writers[table]!r}")
+            continue
+        table_writers[table] = name
+        valid[name] = pipeline
+    return PipelineDeclarations(source, valid, invalid)
 
 
 def config_path() -> Path:
@@ -288,37 +331,31 @@ def config_path() -> Path:
 
 
 def parse_pipelines(text: str, source: str = "<string>") -> dict[str, PipelineConfig]:
-    """Validate pipelines YAML text; raise ConfigError naming the file and every bad field."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
-    if data is None:
-        data = {"pipelines": {}}
-    try:
-        return PipelinesFile.model_validate(data).pipelines
-    except ValidationError as exc:
-        problems = "\n".join(
-            f"  - {'.'.join(str(part) for part in error['loc']) or '(top level)'}: {error['msg']}"
-            for error in exc.errors()
-        )
-        raise ConfigError(f"{source}: invalid pipeline configuration:\n{problems}") from exc
+    """Validate pipelines YAML text; raise ConfigError naming the file and every bad field of every entry."""
+    return read_declarations(text, source).all_valid()
 
 
-def load_pipelines(path: Path | str | None = None) -> dict[str, PipelineConfig]:
-    """Load and validate the pipelines file (default: config_path())."""
+def read_pipelines(path: Path | str | None = None) -> PipelineDeclarations:
+    """Read the pipelines file (default: config_path()), each entry validated on its own."""
     path = Path(path) if path else config_path()
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read pipelines file {path}: {exc.strerror}") from exc
-    return parse_pipelines(text, str(path))
+    return read_declarations(text, str(path))
+
+
+def load_pipelines(path: Path | str | None = None) -> dict[str, PipelineConfig]:
+    """Every pipeline of the pipelines file, or a ConfigError if any entry is invalid."""
+    return read_pipelines(path).all_valid()
 
 
 def get_pipeline(name: str, path: Path | str | None = None) -> PipelineConfig:
-    """One pipeline by name, with a helpful error when it is not declared."""
-    pipelines = load_pipelines(path)
-    if name not in pipelines:
-        known = ", ".join(sorted(pipelines)) or "none"
-        raise ConfigError(f"pipeline {name!r} is not declared in {path or config_path()} (declared: {known})")
-    return pipelines[name]
+    """One pipeline by name, valid whatever the other entries hold, with a helpful error when it is not."""
+    declarations = read_pipelines(path)
+    if name in declarations.invalid:
+        raise declarations.problem(name)
+    if name not in declarations.valid:
+        known = ", ".join(sorted(declarations.valid)) or "none"
+        raise ConfigError(f"pipeline {name!r} is not declared in {declarations.source} (declared: {known})")
+    return declarations.valid[name]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from integration_support import BAD_VALUES, good_value
 from psycopg2 import sql
 
 from kafka_ledger import audit, kafka_offsets, ledger
-from kafka_ledger.config import PipelineConfig, load_pipelines
+from kafka_ledger.config import PipelineConfig, read_pipelines
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +90,7 @@ def rest(airflow: AirflowClient, servers: str, test_pipelines_file: Path) -> Ite
     """
     # conftest.pipeline_name("rest"), read from the session's pipelines file: `import conftest` could
     # give tests/unit's conftest, which pytest also loads under that module name.
-    (pipeline,) = [p for name, p in load_pipelines(test_pipelines_file).items() if name.endswith("_rest")]
+    (pipeline,) = [p for name, p in read_pipelines(test_pipelines_file).valid.items() if name.endswith("_rest")]
     topic = pipeline.topics[0]
     admin = AdminClient({"bootstrap.servers": servers})  # keep a reference: a collected client fails the future
     admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result()
@@ -287,3 +288,24 @@ def test_invalid_offset_ranges_conf_fails_the_run_without_a_batch(
 
     assert final["state"] == "failed", airflow.describe_run(rest.dag_id, run["dag_run_id"])
     assert batch_rows(dsn, rest.pipeline) == before, "the invalid request wrote a batch"
+
+
+def test_an_invalid_pipeline_entry_is_an_import_error_and_hides_no_other_dag(
+    airflow: AirflowClient, rest: RestCase, test_pipelines_file: Path
+):
+    declarations = read_pipelines(test_pipelines_file)
+    (invalid,) = declarations.invalid  # conftest's INVALID entry, beside every pipeline of the session
+    assert airflow.dag(rest.dag_id) is not None
+    deadline = time.monotonic() + 120
+    while True:
+        errors = airflow.request("GET", "/api/v2/importErrors", params={"limit": 100}).json()["import_errors"]
+        reported = [e for e in errors if e["filename"].endswith("kafka_ledger_invalid_pipelines.py")]
+        if reported or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert reported, f"no import error for the invalid entry {invalid!r}: {errors}"
+    (error,) = reported
+    assert f"pipeline {invalid!r} is invalid" in error["stack_trace"]
+    assert f"pipelines.{invalid}.columns.0.type" in error["stack_trace"]
+    assert airflow.dag(f"kafka_ledger__{invalid}") is None
+    assert {e["filename"] for e in errors} == {error["filename"]}, "only the invalid entry's file is an import error"

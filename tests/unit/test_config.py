@@ -226,7 +226,7 @@ def test_two_pipelines_writing_the_same_output_table_are_rejected():
         "  q:\n    topics: [other]\n    output_table: events\n    columns: [{name: x, type: int}]\n"
     )
     message = config_error(text)
-    assert "pipelines 'p' and 'q' both write public.events" in message
+    assert "pipelines.q.output_table: public.events is already written by pipeline 'p'" in message
 
 
 def test_invalid_yaml_is_a_config_error_naming_the_source():
@@ -400,3 +400,45 @@ def test_spark_runtime_is_connect_submit_or_the_deployment_default():
     assert parse_pipelines(pipeline_yaml())["p"].spark_runtime is None
     assert parse_pipelines(pipeline_yaml(spark_runtime="submit"))["p"].spark_runtime == "submit"
     assert "spark_runtime" in config_error(pipeline_yaml(spark_runtime="yarn"))
+
+
+# --- one entry at a time ------------------------------------------------------------------------------------------
+
+BROKEN = VALID + textwrap.indent(textwrap.dedent(
+    """
+    broken:
+      topics: [broken]
+      output_table: broken
+      columns:
+        - {name: id, type: varchar}
+    not_a_mapping: 3
+    steals_table:
+      topics: [other]
+      output_table: clicks
+      columns: [{name: x, type: int}]
+    """
+), "  ")
+
+
+def test_a_broken_entry_hides_no_other_pipeline():
+    declarations = config.read_declarations(BROKEN, "pipelines.yaml")
+    assert list(declarations.valid) == ["clicks", "views"]
+    assert set(declarations.invalid) == {"broken", "not_a_mapping", "steals_table"}
+    assert "pipelines.broken.columns.0.type" in declarations.invalid["broken"]
+    assert "pipelines.not_a_mapping: must be a mapping" in declarations.invalid["not_a_mapping"]
+    assert "already written by pipeline 'clicks'" in declarations.invalid["steals_table"]
+
+
+def test_strict_loading_names_every_broken_entry():
+    message = config_error(BROKEN)
+    for field in ("pipelines.broken.columns.0.type", "pipelines.not_a_mapping", "pipelines.steals_table.output_table"):
+        assert field in message
+
+
+def test_get_pipeline_ignores_other_broken_entries_and_names_its_own(tmp_path):
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(BROKEN)
+    assert get_pipeline("views", path).output_table == "page_views"
+    with pytest.raises(ConfigError) as exc_info:
+        get_pipeline("broken", path)
+    assert str(exc_info.value).startswith(f"{path}: pipeline 'broken' is invalid:\n  - pipelines.broken.columns.0.type")

@@ -91,6 +91,22 @@ def test_dags_folder_builds_a_dag_per_declared_pipeline(monkeypatch):
     assert set(bag.dag_ids) == {"kafka_ledger__impressions"}
 
 
+def test_an_invalid_pipeline_is_an_import_error_and_the_others_keep_their_dags(monkeypatch, tmp_path):
+    from airflow.dag_processing.dagbag import DagBag
+
+    path = tmp_path / "pipelines.yaml"
+    text = (REPO / "config" / "pipelines.yaml").read_text()
+    path.write_text(text + "  orders:\n    topics: [orders]\n    output_table: orders\n"
+                           "    columns: [{name: id, type: varchar}]\n")
+    monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", str(path))
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert set(bag.dag_ids) == {"kafka_ledger__impressions"}
+    assert list(bag.import_errors) == [str(REPO / "dags" / "kafka_ledger_invalid_pipelines.py")]
+    (error,) = bag.import_errors.values()
+    assert "pipeline 'orders' is invalid" in error
+    assert "pipelines.orders.columns.0.type" in error
+
+
 def test_trigger_form_offers_every_mode_in_sections_with_catch_up_as_default(dag):
     params = dag.params
     assert set(params.keys()) == {"mode", "reason", "ranges", "window_from", "window_to", "batch_id"}
