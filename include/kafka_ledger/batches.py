@@ -327,6 +327,7 @@ def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitRes
     conn = ledger.connect(dsn)
     try:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
+            ledger.allow_batch_duration(cur, pipeline)
             batch = _lock_batch(cur, pipeline, batch_id)
             if batch.status == "committed":
                 log.info("batch %s was already committed at %s: nothing to do", batch_id, batch.committed_at)
@@ -380,6 +381,7 @@ def publish_batch(
     conn = ledger.connect(dsn)
     try:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
+            ledger.allow_batch_duration(cur, pipeline)
             batch = _lock_batch(cur, pipeline, batch_id)
             if batch.status != "planned" or batch.attempts != attempt:
                 raise ledger.LedgerError(

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extensions
 import psycopg2.extras
 
-from kafka_ledger import sql
+from kafka_ledger import settings, sql
 from kafka_ledger.config import ConfigError, PipelineConfig
 from kafka_ledger.planning import Coverage, OffsetRange, PartitionReadStats, TopicPartition
 
@@ -66,16 +67,48 @@ class Batch:
 
 
 def connect(dsn: str) -> psycopg2.extensions.connection:
-    """A connection to the ledger database; every `with conn:` block is one transaction."""
-    return psycopg2.connect(dsn, application_name="kafka-ledger", connect_timeout=10)
+    """A connection to the ledger database, its statements and lock waits bounded (settings.LedgerTimeouts).
+
+    Every `with conn:` block is one transaction.
+    """
+    timeouts = settings.ledger_timeouts()
+    conn = psycopg2.connect(dsn, application_name="kafka-ledger", connect_timeout=10)
+    try:
+        conn.autocommit = True  # a session setting, outside any transaction
+        with conn.cursor() as cur:
+            cur.execute(sql.SET_SESSION_TIMEOUTS, {"statement_timeout": f"{timeouts.db_statement_timeout}s",
+                                                   "lock_timeout": f"{timeouts.db_lock_timeout}s"})
+        conn.autocommit = False
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 @contextmanager
 def pipeline_transaction(conn: psycopg2.extensions.connection, pipeline: str) -> Iterator[Cursor]:
     """One transaction holding the pipeline's lock: no other plan or commit of it runs meanwhile."""
+    timeouts = settings.ledger_timeouts()
     with conn, conn.cursor() as cur:
-        cur.execute(sql.LOCK_PIPELINE, {"pipeline": pipeline})
+        try:
+            cur.execute(sql.LOCK_PIPELINE, {"pipeline": pipeline})
+        except psycopg2.errors.LockNotAvailable:
+            conn.rollback()
+            cur.execute(sql.PIPELINE_LOCK_HOLDERS, {"pipeline": pipeline})
+            holders = "; ".join(f"pid {pid} ({app or 'no application name'}, {state}, transaction open {age})"
+                                for pid, app, state, age in cur.fetchall()) or "a session that has ended since"
+            raise LedgerError(
+                f"pipeline {pipeline!r}: waited {timeouts.db_lock_timeout} s for its ledger lock, held by "
+                f"{holders}. One plan, commit or reset of a pipeline runs at a time; if that one is hung, end it "
+                "with SELECT pg_terminate_backend(<pid>) (its transaction rolls back); if batches legitimately take "
+                "longer, raise KAFKA_LEDGER_DB_LOCK_TIMEOUT. Nothing was written."
+            ) from None
         yield cur
+
+
+def allow_batch_duration(cur: Cursor, pipeline: PipelineConfig) -> None:
+    """Let this transaction's statements run as long as the pipeline's Spark task may (a whole batch's rows)."""
+    cur.execute(sql.SET_TRANSACTION_STATEMENT_TIMEOUT, {"statement_timeout": f"{pipeline.spark_timeout_minutes}min"})
 
 
 def _load_ranges(cur: Cursor, batch: Batch) -> Batch:

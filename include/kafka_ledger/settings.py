@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import get_args
 from urllib.parse import unquote, urlsplit
 
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
 from kafka_ledger.config import PipelineConfig, SparkRuntime
 
 LEDGER_DB_CONN_ID = "kafka_ledger_db"
@@ -29,6 +32,27 @@ def _airflow_connection(conn_id: str):  # noqa: ANN202 - airflow's Connection ty
     except ImportError as exc:  # pragma: no cover - airflow is always installed by set-up
         raise SettingsError(f"Airflow is not importable to look up connection {conn_id!r}") from exc
     return BaseHook.get_connection(conn_id)
+
+
+class LedgerTimeouts(BaseSettings):
+    """How long a ledger connection may wait, in seconds, each from $KAFKA_LEDGER_<FIELD>: nothing waits unbounded."""
+
+    model_config = SettingsConfigDict(env_prefix="KAFKA_LEDGER_", frozen=True)
+
+    db_statement_timeout: int = Field(
+        default=600, ge=1,
+        description="any one ledger statement (a batch's publish and commit get its `spark_timeout_minutes`)")
+    db_lock_timeout: int = Field(
+        default=600, ge=1,
+        description="a wait for a lock: the pipeline's or a batch's, held by the one plan, commit or reset of the "
+                    "pipeline that runs at a time")
+
+
+def ledger_timeouts() -> LedgerTimeouts:
+    try:
+        return LedgerTimeouts()
+    except ValueError as exc:
+        raise SettingsError(f"invalid ledger timeout in the environment: {exc}") from exc
 
 
 def ledger_dsn() -> str:

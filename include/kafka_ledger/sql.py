@@ -9,7 +9,25 @@ from kafka_ledger.config import POSTGRES_TYPES, PipelineConfig
 STAGING_SCHEMA = "kafka_ledger_staging"
 
 # Serialises planning and committing of one pipeline across processes, held to the end of the transaction.
-LOCK_PIPELINE = "SELECT pg_advisory_xact_lock(hashtextextended('kafka_ledger:' || %(pipeline)s, 0))"
+PIPELINE_LOCK_KEY = "hashtextextended('kafka_ledger:' || %(pipeline)s, 0)"
+LOCK_PIPELINE = f"SELECT pg_advisory_xact_lock({PIPELINE_LOCK_KEY})"
+# Who holds a pipeline's lock: Postgres keeps a bigint advisory key as classid (high half) and objid.
+PIPELINE_LOCK_HOLDERS = f"""
+    SELECT a.pid, a.application_name, a.state, date_trunc('second', now() - a.xact_start)::text
+    FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND ((l.classid::int8 << 32) | l.objid::int8) = {PIPELINE_LOCK_KEY}
+"""
+
+# Every ledger connection's bounds, for the session (a lock wait too is a wait for the plan, commit or reset
+# holding it); a batch's publish and commit widen the statement bound for their own transaction
+# (SET_TRANSACTION_STATEMENT_TIMEOUT): they run as long as the batch.
+SET_SESSION_TIMEOUTS = """
+    SELECT set_config('statement_timeout', %(statement_timeout)s, false),
+           set_config('lock_timeout', %(lock_timeout)s, false)
+"""
+SET_TRANSACTION_STATEMENT_TIMEOUT = "SELECT set_config('statement_timeout', %(statement_timeout)s, true)"
 
 BATCH_COLUMNS = """
     batch_id, pipeline, status, attempts, staged_attempt, dag_id, run_id, planned_at, started_at,

@@ -34,6 +34,7 @@ PIPELINES = {
     "latest": {"start_position": "latest"},
     "partitions": {},
     "cas": {},
+    "locked": {},
     "unwritten": {},
     # Operator controls (test_operator_controls.py).
     "replay": {},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import psycopg2
 import psycopg2.errors
 import pytest
@@ -9,7 +11,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 from integration_support import RecordedProducer, good_value
 
-from kafka_ledger import ledger
+from kafka_ledger import ledger, sql
 from kafka_ledger.batches import CommitError, commit_batch, plan_next_batch
 from kafka_ledger.planning import LostDataError, OffsetRange, PartitionReadStats
 
@@ -161,3 +163,35 @@ def test_database_allows_one_unfinished_batch_per_pipeline(ledger_cursor):
     cur.execute("INSERT INTO kafka_ledger.batches (pipeline, status) VALUES ('db_rules', 'failed')")
     with pytest.raises(psycopg2.errors.UniqueViolation):
         cur.execute("INSERT INTO kafka_ledger.batches (pipeline, status) VALUES ('db_rules', 'planned')")
+
+
+def test_a_held_pipeline_lock_fails_the_plan_after_its_bound_naming_the_holder(
+    dsn, servers, pipeline_factory, producer, monkeypatch
+):
+    pipeline = pipeline_factory("locked", partitions=1)
+    topic = pipeline.topics[0]
+    producer.send(topic, [good_value(i) for i in range(5)], partition=0)
+    hung = psycopg2.connect(dsn, application_name="hung-commit")  # a commit stuck with its transaction open
+    try:
+        with hung.cursor() as cur:
+            cur.execute(f"SELECT pg_advisory_xact_lock({sql.PIPELINE_LOCK_KEY})", {"pipeline": pipeline.name})
+        monkeypatch.setenv("KAFKA_LEDGER_DB_LOCK_TIMEOUT", "2")
+        started = time.monotonic()
+        with pytest.raises(ledger.LedgerError) as raised:
+            plan_next_batch(dsn, servers, pipeline)
+        assert 1.5 < time.monotonic() - started < 30
+        message = str(raised.value)
+        assert f"pipeline {pipeline.name!r}: waited 2 s for its ledger lock" in message
+        assert f"pid {hung.get_backend_pid()} (hung-commit, idle in transaction" in message
+        assert "Nothing was written" in message
+    finally:
+        hung.close()
+    monkeypatch.delenv("KAFKA_LEDGER_DB_LOCK_TIMEOUT")
+    with ledger.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM kafka_ledger.batches WHERE pipeline = %s", (pipeline.name,))
+        assert cur.fetchone() == (0,)
+        cur.execute("SELECT current_setting('statement_timeout'), current_setting('lock_timeout')")
+        assert cur.fetchone() == ("10min", "10min")  # every ledger connection's defaults
+    conn.close()
+    # The holder gone, the same plan goes through.
+    assert plan_next_batch(dsn, servers, pipeline).ranges == [OffsetRange(topic, 0, 0, 5)]

@@ -1,11 +1,19 @@
 """Service settings: environment look-ups, Airflow connection fallback, SQLAlchemy and JDBC URL conversions."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from kafka_ledger import settings
-from kafka_ledger.settings import JdbcTarget, SettingsError, jdbc_target, sqlalchemy_url
+from kafka_ledger.settings import (
+    JdbcTarget,
+    LedgerTimeouts,
+    SettingsError,
+    jdbc_target,
+    ledger_timeouts,
+    sqlalchemy_url,
+)
 
 
 @pytest.fixture
@@ -164,3 +172,18 @@ def test_spark_connect_url_names_the_batch_session(monkeypatch):
                        '"password": "t0k"}')
     assert spark_connect_url() == "sc://spark.internal:15002/;token=t0k"
     assert spark_connect_url("abc") == "sc://spark.internal:15002/;token=t0k;session_id=abc"
+
+
+def test_ledger_timeouts_default_and_come_from_the_environment(monkeypatch):
+    assert ledger_timeouts() == LedgerTimeouts(db_statement_timeout=600, db_lock_timeout=600)
+    monkeypatch.setenv("KAFKA_LEDGER_DB_LOCK_TIMEOUT", "5")
+    assert ledger_timeouts().db_lock_timeout == 5
+    monkeypatch.setenv("KAFKA_LEDGER_DB_LOCK_TIMEOUT", "0")
+    with pytest.raises(SettingsError, match="db_lock_timeout"):
+        ledger_timeouts()
+
+
+def test_readme_documents_every_ledger_timeout_with_its_default():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for name, field in LedgerTimeouts.model_fields.items():
+        assert f"| `KAFKA_LEDGER_{name.upper()}` | {field.default} | {field.description} |" in readme
