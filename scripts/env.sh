@@ -14,6 +14,24 @@ KL_SPARK_CONNECT_PORT=${KL_SPARK_CONNECT_PORT:-19002}
 # Heap of the Spark Connect server (its driver, which runs the local executors too): bounds its memory.
 KL_SPARK_CONNECT_MEMORY=${KL_SPARK_CONNECT_MEMORY:-1g}
 
+# Passwords of the local stack's Postgres roles: random, made once per stack and kept in $KL_SECRETS (mode
+# 600). Not common words: Airflow masks a password wherever it appears in a task log, so a password such as
+# the project's name would hide that name in every log line.
+KL_SECRETS=${KL_SECRETS:-$KL_STATE/secrets.env}
+if [ ! -f "$KL_SECRETS" ]; then
+  mkdir -p "$(dirname "$KL_SECRETS")"
+  (
+    umask 077
+    tmp=$(mktemp "$KL_SECRETS.XXXXXX")
+    for name in KL_PG_SUPERUSER_PASSWORD KL_PG_LEDGER_PASSWORD KL_PG_AIRFLOW_PASSWORD KL_PG_AIRFLOW_TEST_PASSWORD; do
+      printf '%s=%s\n' "$name" "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
+    done >"$tmp"
+    # A hard link is created whole or not at all: of two first runs at once, one file wins and both use it.
+    ln "$tmp" "$KL_SECRETS" 2>/dev/null; rm -f "$tmp"
+  )
+fi
+. "$KL_SECRETS"
+
 # Where the project's own services are. Set these to use external ones: `scripts/stack.sh start`
 # then skips starting the local service whose address you replaced.
 [ -n "${KAFKA_LEDGER_BOOTSTRAP_SERVERS:-}" ] && KL_LOCAL_KAFKA=${KL_LOCAL_KAFKA:-0}
@@ -23,7 +41,7 @@ KL_LOCAL_KAFKA=${KL_LOCAL_KAFKA:-1}
 KL_LOCAL_POSTGRES=${KL_LOCAL_POSTGRES:-1}
 KL_LOCAL_SPARK_CONNECT=${KL_LOCAL_SPARK_CONNECT:-1}
 KAFKA_LEDGER_BOOTSTRAP_SERVERS=${KAFKA_LEDGER_BOOTSTRAP_SERVERS:-127.0.0.1:$KL_KAFKA_PORT}
-KAFKA_LEDGER_DB_URL=${KAFKA_LEDGER_DB_URL:-postgresql://kafka_ledger:kafka_ledger@127.0.0.1:$KL_PG_PORT/kafka_ledger}
+KAFKA_LEDGER_DB_URL=${KAFKA_LEDGER_DB_URL:-postgresql://kafka_ledger:$KL_PG_LEDGER_PASSWORD@127.0.0.1:$KL_PG_PORT/kafka_ledger}
 KAFKA_LEDGER_SPARK_MASTER=${KAFKA_LEDGER_SPARK_MASTER:-local[*]}
 KAFKA_LEDGER_SPARK_JARS_DIR=${KAFKA_LEDGER_SPARK_JARS_DIR:-$KL_STATE/cache/spark-jars}
 KAFKA_LEDGER_PIPELINES=${KAFKA_LEDGER_PIPELINES:-$KL_HOME/config/pipelines.yaml}
@@ -33,12 +51,14 @@ KAFKA_LEDGER_SPARK_RUNTIME=${KAFKA_LEDGER_SPARK_RUNTIME:-connect}
 # Airflow: Postgres metadata DB, the project's dags/ and plugins/, and every connection defined
 # explicitly (a missing spark_default silently means master "yarn").
 export AIRFLOW_HOME=${AIRFLOW_HOME:-$KL_STATE/airflow}
-export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN:-postgresql+psycopg2://airflow:airflow@127.0.0.1:$KL_PG_PORT/airflow}
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN:-postgresql+psycopg2://airflow:$KL_PG_AIRFLOW_PASSWORD@127.0.0.1:$KL_PG_PORT/airflow}
 export AIRFLOW__CORE__DAGS_FOLDER=${AIRFLOW__CORE__DAGS_FOLDER:-$KL_HOME/dags}
 export AIRFLOW__CORE__PLUGINS_FOLDER=${AIRFLOW__CORE__PLUGINS_FOLDER:-$KL_HOME/plugins}
 export AIRFLOW__CORE__LOAD_EXAMPLES=${AIRFLOW__CORE__LOAD_EXAMPLES:-False}
 export AIRFLOW__CORE__EXECUTOR=${AIRFLOW__CORE__EXECUTOR:-LocalExecutor}
 export AIRFLOW__API__PORT=${AIRFLOW__API__PORT:-$KL_AIRFLOW_PORT}
+# Airflow's default is every interface: the UI and API of the local stack answer on loopback only.
+export AIRFLOW__API__HOST=${AIRFLOW__API__HOST:-127.0.0.1}
 # Task processes report to the api-server's execution API: it must name the port we serve on.
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL=${AIRFLOW__CORE__EXECUTION_API_SERVER_URL:-http://127.0.0.1:$KL_AIRFLOW_PORT/execution/}
 export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL=${AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL:-30}
@@ -47,6 +67,7 @@ export AIRFLOW_CONN_SPARK_CONNECT_DEFAULT=${AIRFLOW_CONN_SPARK_CONNECT_DEFAULT:-
 export AIRFLOW_CONN_KAFKA_LEDGER_DB=${AIRFLOW_CONN_KAFKA_LEDGER_DB:-$KAFKA_LEDGER_DB_URL}
 export AIRFLOW_CONN_KAFKA_LEDGER_KAFKA=${AIRFLOW_CONN_KAFKA_LEDGER_KAFKA:-"{\"conn_type\": \"generic\", \"extra\": {\"bootstrap.servers\": \"$KAFKA_LEDGER_BOOTSTRAP_SERVERS\"}}"}
 
+export KL_SECRETS KL_PG_AIRFLOW_TEST_PASSWORD
 export KL_HOME KL_STATE KL_VENV KL_LOCAL_KAFKA KL_LOCAL_POSTGRES KL_LOCAL_SPARK_CONNECT KL_KAFKA_PORT
 export KL_KAFKA_CONTROLLER_PORT KL_PG_PORT KL_AIRFLOW_PORT KL_SPARK_CONNECT_PORT KL_SPARK_CONNECT_MEMORY
 export KAFKA_LEDGER_BOOTSTRAP_SERVERS KAFKA_LEDGER_DB_URL KAFKA_LEDGER_SPARK_MASTER KAFKA_LEDGER_SPARK_RUNTIME

@@ -21,7 +21,6 @@ LOGS=$KL_STATE/logs
 RUN=$KL_STATE/run
 STAMPS=$KL_STATE/stamps
 KAFKA_LIBS=$KL_STATE/cache/kafka-libs
-PG_SUPERUSER_PASSWORD=postgres
 mkdir -p "$LOGS" "$RUN" "$STAMPS" "$KL_STATE/cache"
 
 say() { printf '[stack] %s\n' "$*"; }
@@ -123,11 +122,12 @@ start_postgres() {
     say "initialising a Postgres cluster in $PG_DATA"
     mkdir -p "$PG_DATA"; chmod 700 "$PG_DATA"
     [ "$PG_DIR" = "$KL_STATE/postgres" ] || ln -sfn "$PG_DIR" "$KL_STATE/postgres"
-    printf '%s\n' "$PG_SUPERUSER_PASSWORD" >"$PG_DIR/pwfile"
+    (umask 077; printf '%s\n' "$KL_PG_SUPERUSER_PASSWORD" >"$PG_DIR/pwfile")
     [ "$(id -u)" = 0 ] && chown -R postgres: "$PG_DIR"
     as_pg "$bin/initdb" -D "$PG_DATA" -U postgres --pwfile="$PG_DIR/pwfile" \
       --auth-host=scram-sha-256 --auth-local=peer -E UTF8 >"$LOGS/initdb.log" 2>&1 \
       || { cat "$LOGS/initdb.log" >&2; die "initdb failed"; }
+    rm -f "$PG_DIR/pwfile"
     rm -f "$STAMPS/databases" "$STAMPS/airflow-db" "$STAMPS/airflow-test-db"
   fi
   if pg_ready; then
@@ -145,20 +145,37 @@ stop_postgres() {
   as_pg "$(pg_bin)/pg_ctl" -D "$PG_DATA" -m fast -w stop >/dev/null && say "postgres: stopped"
 }
 
-psql_super() { PGPASSWORD=$PG_SUPERUSER_PASSWORD psql -v ON_ERROR_STOP=1 -q -h 127.0.0.1 -p "$KL_PG_PORT" -U postgres "$@"; }
+# Passwords reach psql in its environment and SQL on stdin, never on a command line.
+psql_super() { PGPASSWORD=$KL_PG_SUPERUSER_PASSWORD psql -v ON_ERROR_STOP=1 -q -h 127.0.0.1 -p "$KL_PG_PORT" -U postgres "$@"; }
 
 create_databases() {
   [ "$KL_LOCAL_POSTGRES" = 1 ] || return 0
-  stamp_ok databases v2 && return 0
+  local key; key=v3-$(hash_files "$KL_SECRETS")
+  stamp_ok databases "$key" && return 0
+  # A cluster made before passwords were generated has the superuser password "postgres": replace it.
+  if ! psql_super -d postgres -c "SELECT 1" >/dev/null 2>&1 \
+     && PGPASSWORD=postgres psql -q -h 127.0.0.1 -p "$KL_PG_PORT" -U postgres -d postgres -c "SELECT 1" >/dev/null 2>&1; then
+    say "postgres: replacing the superuser's old password with the generated one ($KL_SECRETS)"
+    printf "ALTER ROLE postgres PASSWORD '%s';\n" "$KL_PG_SUPERUSER_PASSWORD" \
+      | PGPASSWORD=postgres psql -v ON_ERROR_STOP=1 -q -h 127.0.0.1 -p "$KL_PG_PORT" -U postgres -d postgres
+  fi
   # airflow_test: the metadata DB of the dedicated Airflow that tests/integration/test_airflow_rest.py starts.
   say "creating roles and databases (kafka_ledger, airflow, airflow_test)"
-  local name
+  local name password
   for name in kafka_ledger airflow airflow_test; do
-    psql_super -d postgres -c "DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$name') THEN CREATE ROLE $name LOGIN PASSWORD '$name'; END IF; END \$\$;"
+    case $name in
+      kafka_ledger) password=$KL_PG_LEDGER_PASSWORD ;;
+      airflow) password=$KL_PG_AIRFLOW_PASSWORD ;;
+      airflow_test) password=$KL_PG_AIRFLOW_TEST_PASSWORD ;;
+    esac
+    psql_super -d postgres <<SQL
+DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$name') THEN CREATE ROLE $name LOGIN; END IF; END \$\$;
+ALTER ROLE $name PASSWORD '$password';
+SQL
     psql_super -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$name'" | grep -q 1 \
       || psql_super -d postgres -c "CREATE DATABASE $name OWNER $name"
   done
-  stamp_set databases v2
+  stamp_set databases "$key"
 }
 
 # --- Kafka -----------------------------------------------------------------------------------------
@@ -275,7 +292,7 @@ migrate() {
 AIRFLOW_PID=$RUN/airflow.pid
 start_airflow() {
   if pid_alive "$AIRFLOW_PID"; then say "airflow: already running (pid $(cat "$AIRFLOW_PID"))"; return; fi
-  setsid nohup "$KL_VENV/bin/airflow" standalone >"$LOGS/airflow.log" 2>&1 &
+  setsid nohup bash "$KL_HOME/scripts/airflow.sh" >"$LOGS/airflow.log" 2>&1 </dev/null &
   echo $! >"$AIRFLOW_PID"
   local i
   for i in $(seq 1 120); do

@@ -1,4 +1,4 @@
-"""A dedicated `airflow standalone` for integration tests and a small client of its REST API v2."""
+"""A dedicated Airflow (scripts/airflow.sh) for integration tests and a small client of its REST API v2."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ from typing import Any
 
 import httpx
 import psycopg2
+
+# Airflow's components on loopback, as the local stack runs them (`scripts/stack.sh airflow`).
+AIRFLOW_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "airflow.sh"
 
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 ACTIVE_RUN_STATES = frozenset({"queued", "running"})
@@ -45,11 +48,11 @@ class AirflowTestSettings:
 
     @property
     def log_path(self) -> Path:
-        return self.home / "standalone.log"
+        return self.home / "airflow.log"
 
     @property
     def pid_path(self) -> Path:
-        return self.home / "standalone.pid"
+        return self.home / "airflow.pid"
 
 
 def airflow_test_settings() -> AirflowTestSettings:
@@ -57,7 +60,7 @@ def airflow_test_settings() -> AirflowTestSettings:
     state = Path(os.environ.get("KL_STATE") or Path(__file__).resolve().parents[2] / ".stack")
     pg_port = os.environ.get("KL_PG_PORT", "15432")
     db_url = os.environ.get("KL_AIRFLOW_TEST_DB_URL") or (
-        f"postgresql+psycopg2://airflow_test:airflow_test@127.0.0.1:{pg_port}/airflow_test"
+        f"postgresql+psycopg2://airflow_test:{os.environ['KL_PG_AIRFLOW_TEST_PASSWORD']}@127.0.0.1:{pg_port}/airflow_test"
     )
     return AirflowTestSettings(
         home=state / "airflow-test",
@@ -79,7 +82,6 @@ def airflow_env(settings: AirflowTestSettings) -> dict[str, str]:
         "AIRFLOW_HOME": str(settings.home),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": settings.db_url,
         "AIRFLOW__API__PORT": str(settings.port),
-        "AIRFLOW__API__HOST": "127.0.0.1",
         # Task processes report to the api-server's execution API: it must name the port we serve on.
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{settings.base_url}/execution/",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
@@ -95,7 +97,7 @@ def airflow_env(settings: AirflowTestSettings) -> dict[str, str]:
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
         "PYTHONUNBUFFERED": "1",
     })
-    # The standalone starts its components by bare name: the venv's airflow must come first on PATH.
+    # scripts/airflow.sh starts the components by bare name: the venv's airflow must come first on PATH.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 
@@ -162,7 +164,7 @@ def _tail(path: Path, lines: int) -> str:
         return f"({path} does not exist)"
 
 
-def _session_members(sid: int) -> list[int]:
+def session_members(sid: int) -> list[int]:
     """Live processes of session `sid` (task processes get their own process group, not session)."""
     members = []
     for entry in Path("/proc").iterdir():
@@ -186,27 +188,27 @@ def _signal_all(pids: list[int], sig: signal.Signals) -> None:
 
 
 def stop_session(sid: int, grace: float = 30.0) -> None:
-    """Stop the standalone whose pid (and session id) is `sid`, then every process left in its session.
+    """Stop the Airflow whose pid (and session id) is `sid`, then every process left in its session.
 
-    SIGINT is the standalone's own way to stop: it terminates its components and reaps them. Task
+    SIGINT is scripts/airflow.sh's way to stop: it terminates its components and reaps them. Task
     supervisors put each task in a process group of its own (a spark-submit JVM may be in there), so
     what is left is found by session id, not process group.
     """
-    if sid in _session_members(sid):
+    if sid in session_members(sid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(sid, signal.SIGINT)
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
         deadline = time.monotonic() + wait
-        while _session_members(sid) and time.monotonic() < deadline:
+        while session_members(sid) and time.monotonic() < deadline:
             time.sleep(0.5)
-        _signal_all(_session_members(sid), sig)
+        _signal_all(session_members(sid), sig)
 
 
 def _started_here(pid: int, home: Path) -> bool:
     """Whether a process has AIRFLOW_HOME=`home` in its environment, i.e. this harness started it.
 
     Components that retitle themselves (api-server, executor workers) may lose their environment
-    listing, but the standalone itself and most components keep it.
+    listing, but scripts/airflow.sh itself and most components keep it.
     """
     try:
         return f"AIRFLOW_HOME={home}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -214,15 +216,15 @@ def _started_here(pid: int, home: Path) -> bool:
         return False
 
 
-def _stop_stale_standalone(settings: AirflowTestSettings) -> None:
-    """Stop the standalone a killed test session left behind (only called while holding the lock)."""
+def _stop_stale_airflow(settings: AirflowTestSettings) -> None:
+    """Stop the Airflow a killed test session left behind (only called while holding the lock)."""
     try:
         pid = int(settings.pid_path.read_text())
     except (FileNotFoundError, ValueError):
         return
     # The session is ours if a member carries the test AIRFLOW_HOME (Linux does not hand out a pid that
     # still names a live session, so a session with members is the one we recorded).
-    members = _session_members(pid)
+    members = session_members(pid)
     if any(_started_here(member, settings.home) for member in members):
         print(f"stopping the test Airflow a previous session left running (pid {pid})", file=sys.stderr)
         stop_session(pid)
@@ -268,7 +270,7 @@ def _wait_healthy(settings: AirflowTestSettings, process: subprocess.Popen, time
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise AirflowStartError(
-                f"airflow standalone exited with {process.returncode} during start (log: {settings.log_path}):\n"
+                f"scripts/airflow.sh exited with {process.returncode} during start (log: {settings.log_path}):\n"
                 f"{_tail(settings.log_path, 40)}"
             )
         try:
@@ -302,11 +304,11 @@ def admin_token(settings: AirflowTestSettings) -> str:
 
 @contextlib.contextmanager
 def running_airflow(startup_timeout: float = 300.0) -> Iterator[AirflowClient]:
-    """Start a dedicated `airflow standalone`, yield a REST client, and stop every process it started."""
+    """Start a dedicated Airflow (scripts/airflow.sh), yield a REST client, and stop every process it started."""
     settings = airflow_test_settings()
     env = airflow_env(settings)
     with _exclusive(settings):
-        _stop_stale_standalone(settings)
+        _stop_stale_airflow(settings)
         if _port_answers(settings.port):
             raise AirflowStartError(
                 f"port {settings.port} is already taken by another server: stop it or set KL_AIRFLOW_TEST_PORT"
@@ -315,13 +317,13 @@ def running_airflow(startup_timeout: float = 300.0) -> Iterator[AirflowClient]:
         with settings.log_path.open("w") as log:
             # A session of its own: stopping it reaches every process it starts, task processes included.
             process = subprocess.Popen(
-                [_airflow_bin(), "standalone"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                ["bash", str(AIRFLOW_SCRIPT)], env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=settings.home,
             )
         settings.pid_path.write_text(str(process.pid))
         try:
             _wait_healthy(settings, process, startup_timeout)
-            with AirflowClient(settings.base_url, admin_token(settings), settings.log_path) as client:
+            with AirflowClient(settings.base_url, admin_token(settings), settings.log_path, process.pid) as client:
                 yield client
         finally:
             stop_session(process.pid)
@@ -337,8 +339,9 @@ class AirflowError(AssertionError):
 class AirflowClient:
     """The few REST API v2 calls the tests need, with polling helpers that explain their failures."""
 
-    def __init__(self, base_url: str, token: str, log_path: Path):
+    def __init__(self, base_url: str, token: str, log_path: Path, session_id: int | None = None):
         self.log_path = log_path
+        self.session_id = session_id  # the process session of the Airflow components, when started here
         self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
 
     def __enter__(self) -> AirflowClient:

@@ -1,8 +1,11 @@
-"""Helpers shared by the integration tests: test records and a producer that remembers where they landed."""
+"""Helpers shared by the integration tests: test records, a producer that remembers where they landed, sockets."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
+from pathlib import Path
 
 from confluent_kafka import Producer
 
@@ -65,3 +68,33 @@ class RecordedProducer:
         self.producer.flush(30)
         assert not errors, errors
         return [landed[i] for i in range(len(values))]
+
+
+def listening_sockets(pids: list[int]) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket in LISTEN state that one of `pids` holds (read from /proc)."""
+    inodes: set[str] = set()
+    for pid in pids:
+        fd_dir = Path(f"/proc/{pid}/fd")
+        try:
+            links = [os.readlink(fd_dir / fd) for fd in os.listdir(fd_dir)]
+        except OSError:  # the process ended meanwhile
+            continue
+        inodes.update(link[len("socket:["):-1] for link in links if link.startswith("socket:["))
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                continue
+            address, port = local.split(":")
+            raw = bytes.fromhex(address)
+            # The kernel prints each 32-bit word of the address in host (little-endian) byte order.
+            packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            ip = ipaddress.ip_address(packed)
+            found.add((str(getattr(ip, "ipv4_mapped", None) or ip), int(port, 16)))
+    return found
+
+
+def not_loopback(sockets: set[tuple[str, int]]) -> set[tuple[str, int]]:
+    return {(address, port) for address, port in sockets if not ipaddress.ip_address(address).is_loopback}

@@ -1,4 +1,4 @@
-"""A pipeline driven end to end through a real `airflow standalone` and its REST API v2."""
+"""A pipeline driven end to end through a real Airflow (scripts/airflow.sh) and its REST API v2."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from airflow_server import AirflowClient, running_airflow
+from airflow_server import AirflowClient, running_airflow, session_members
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from integration_support import BAD_VALUES, good_value
+from integration_support import BAD_VALUES, good_value, listening_sockets, not_loopback
 from psycopg2 import sql
 
 from kafka_ledger import audit, kafka_offsets, ledger
@@ -218,6 +218,11 @@ def test_trigger_with_conf_catches_up_exactly_once(airflow: AirflowClient, rest:
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         assert all(r.span <= 100 for batch_id, _ in done for r in ledger.get_batch(cur, batch_id).ranges)
     conn.close()
+    # The project's own names are readable in task logs: no password of the stack is a word Airflow
+    # would mask in them.
+    plan_log = "\n".join(airflow.task_log(rest.dag_id, manual["dag_run_id"], "plan_batch", 1))
+    assert "planned batch" in plan_log or "resum" in plan_log, plan_log[-2000:]
+    assert "***" not in plan_log, plan_log[-2000:]
 
 
 def test_backfill_replays_the_hours_exactly_once(airflow: AirflowClient, rest: RestCase, dsn: str, servers: str):
@@ -309,3 +314,9 @@ def test_an_invalid_pipeline_entry_is_an_import_error_and_hides_no_other_dag(
     assert f"pipelines.{invalid}.columns.0.type" in error["stack_trace"]
     assert airflow.dag(f"kafka_ledger__{invalid}") is None
     assert {e["filename"] for e in errors} == {error["filename"]}, "only the invalid entry's file is an import error"
+
+
+def test_every_airflow_component_listens_on_loopback_only(airflow: AirflowClient):
+    sockets = listening_sockets(session_members(airflow.session_id))
+    assert int(airflow.http.base_url.port) in {port for _, port in sockets}  # the api-server was found
+    assert not_loopback(sockets) == set(), f"Airflow listens beyond loopback: {sorted(sockets)}"

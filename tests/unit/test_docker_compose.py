@@ -118,8 +118,8 @@ def test_airflow_services_share_one_environment(services):
 def test_airflow_service_reaches_the_other_services(services, name):
     service = services[name]
     variables = env(service)
-    assert variables["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith(
-        "postgresql+psycopg2://airflow:airflow@postgres:"
+    assert variables["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == (
+        "postgresql+psycopg2://airflow:${KAFKA_LEDGER_AIRFLOW_DB_PASSWORD:?set it in .env}@postgres:5432/airflow"
     )
     assert variables["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
     assert variables["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-apiserver:8080/execution/"
@@ -133,7 +133,7 @@ def test_airflow_service_reaches_the_other_services(services, name):
     kafka_conn = json.loads(variables["AIRFLOW_CONN_KAFKA_LEDGER_KAFKA"])
     assert kafka_conn["extra"]["bootstrap.servers"] == "kafka:9092"
 
-    ledger = "postgresql://kafka_ledger:kafka_ledger@postgres:5432/kafka_ledger"
+    ledger = "postgresql://kafka_ledger:${KAFKA_LEDGER_DB_PASSWORD:?set it in .env}@postgres:5432/kafka_ledger"
     assert variables["KAFKA_LEDGER_DB_URL"] == ledger
     assert variables["AIRFLOW_CONN_KAFKA_LEDGER_DB"] == ledger
 
@@ -186,7 +186,7 @@ def test_kafka_listeners(services):
     assert advertised[variables["KAFKA_INTER_BROKER_LISTENER_NAME"]] == "kafka:9092"
     external = [address for address in advertised.values() if address.startswith("localhost:")]
     assert external == ["localhost:19092"]
-    assert "19092:19092" in services["kafka"]["ports"]
+    assert "127.0.0.1:19092:19092" in services["kafka"]["ports"]
     assert variables["KAFKA_PROCESS_ROLES"] == "broker,controller"
     assert variables["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == "1"
     assert variables["KAFKA_LOG_RETENTION_MS"] == "-1"
@@ -194,11 +194,15 @@ def test_kafka_listeners(services):
 
 def test_postgres_creates_both_databases(services):
     postgres = services["postgres"]
-    assert "15432:5432" in postgres["ports"]
+    assert "127.0.0.1:15432:5432" in postgres["ports"]
     assert "pg_isready" in " ".join(postgres["healthcheck"]["test"])
     init_sql = "\n".join((REPO / source).read_text() for source in bind_sources(postgres) if source.endswith(".sql"))
-    for name in ("kafka_ledger", "airflow"):
-        assert f"CREATE ROLE {name} LOGIN PASSWORD '{name}'" in init_sql
+    roles = {"kafka_ledger": "KAFKA_LEDGER_DB_PASSWORD", "airflow": "KAFKA_LEDGER_AIRFLOW_DB_PASSWORD"}
+    for name, variable in roles.items():
+        # The password comes from the container's environment, which compose requires.
+        password = re.search(rf"CREATE ROLE {name} LOGIN PASSWORD :'(\w+)';", init_sql).group(1)
+        assert f"\\getenv {password} {variable}" in init_sql
+        assert env(postgres)[variable] == f"${{{variable}:?set it in .env}}"
         assert f"CREATE DATABASE {name} OWNER {name}" in init_sql
 
 
@@ -237,3 +241,22 @@ def test_airflow_image_is_built_from_the_locked_requirements(services):
     assert "stack/maven/spark-jars/pom.xml" in dockerfile
     assert "ENV KAFKA_LEDGER_SPARK_JARS_DIR=/opt/kafka-ledger/spark-jars" in dockerfile
     assert env(services["airflow-scheduler"])["KAFKA_LEDGER_SPARK_JARS_DIR"] == "/opt/kafka-ledger/spark-jars"
+
+
+def test_no_secret_has_a_default_and_every_variable_is_required():
+    text = COMPOSE_FILE.read_text()
+    variables = re.findall(r"(?<!\$)\$\{([^}]*)\}", text)
+    assert variables, "no ${...} found"
+    for variable in variables:
+        if variable.startswith("VAR"):  # the header comment's example
+            continue
+        assert re.fullmatch(r"[A-Z_]+:\?.+", variable), f"${{{variable}}} is not required (use ${{NAME:?message}})"
+    for secret in ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY"):
+        assert re.search(rf"{secret}: \$\{{KAFKA_LEDGER_\w+:\?", text), secret
+
+
+def test_ports_are_published_on_the_hosts_loopback_only(services):
+    published = [(name, port) for name, service in services.items() for port in service.get("ports") or []]
+    assert published
+    for name, port in published:
+        assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
