@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import get_args
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, urlencode
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -119,34 +119,84 @@ def spark_connect_url(session_id: str | None = None) -> str:
     return f"{url};session_id={session_id}" if session_id else url
 
 
+def _libpq_settings(dsn: str) -> dict[str, str]:
+    """The settings of a libpq connection string, URL (postgresql://...) or key=value, parsed by libpq itself."""
+    from psycopg2.extensions import parse_dsn
+
+    try:
+        return parse_dsn(dsn)
+    except Exception as exc:  # psycopg2.ProgrammingError: libpq's own message says what is wrong
+        raise SettingsError(f"the ledger database setting is not a valid Postgres connection string: {exc}") from None
+
+
 def sqlalchemy_url(dsn: str) -> str:
-    """The same database as a SQLAlchemy URL with the psycopg2 driver."""
-    scheme, _, rest = dsn.partition("://")
-    if scheme not in ("postgres", "postgresql", "postgresql+psycopg2"):
-        raise SettingsError(f"unsupported ledger database URL scheme {scheme!r} (expected postgresql://)")
-    return f"postgresql+psycopg2://{rest}"
+    """The same database as a SQLAlchemy URL with the psycopg2 driver (from a URL or a key=value DSN)."""
+    if "://" in dsn:
+        scheme, _, rest = dsn.partition("://")
+        if scheme not in ("postgres", "postgresql", "postgresql+psycopg2"):
+            raise SettingsError(f"unsupported ledger database URL scheme {scheme!r} (expected postgresql://)")
+        return f"postgresql+psycopg2://{rest}"
+    from sqlalchemy.engine import URL
+
+    parts = _libpq_settings(dsn)
+    port = parts.pop("port", None)
+    url = URL.create(
+        "postgresql+psycopg2", username=parts.pop("user", None), password=parts.pop("password", None),
+        host=parts.pop("host", None), port=int(port) if port else None, database=parts.pop("dbname", None),
+        query=parts,
+    )
+    return url.render_as_string(hide_password=False)
 
 
 @dataclass(frozen=True)
 class JdbcTarget:
-    """A Postgres URL split the way Spark's JDBC writer wants it."""
+    """A Postgres connection string split the way Spark's JDBC writer wants it."""
 
     url: str
     user: str
     password: str
 
 
+# libpq settings and the Postgres JDBC driver's name for each; any other setting has no JDBC equivalent
+# here and is refused rather than dropped (a dropped sslmode would silently connect without TLS).
+JDBC_PROPERTIES = {
+    "sslmode": "sslmode",
+    "sslrootcert": "sslrootcert",
+    "sslcert": "sslcert",
+    "sslkey": "sslkey",
+    "sslpassword": "sslpassword",
+    "connect_timeout": "connectTimeout",
+    "application_name": "ApplicationName",
+    "options": "options",
+}
+
+
 def jdbc_target(dsn: str) -> JdbcTarget:
-    """Split a postgresql:// URL into a JDBC URL plus credentials (kept out of the URL)."""
-    parts = urlsplit(dsn)
-    host = parts.hostname or "127.0.0.1"
-    if ":" in host:  # an IPv6 literal keeps its brackets in a URL
-        host = f"[{host}]"
-    port = parts.port or 5432
-    database = parts.path.lstrip("/") or "postgres"
-    query = f"?{parts.query}&reWriteBatchedInserts=true" if parts.query else "?reWriteBatchedInserts=true"
+    """Split a libpq connection string (URL or key=value) into a JDBC URL plus credentials kept out of it."""
+    parts = _libpq_settings(dsn)
+    user = parts.pop("user", "")
+    password = parts.pop("password", "")
+    hosts = (parts.pop("host", None) or "127.0.0.1").split(",")
+    ports = (parts.pop("port", None) or "5432").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    if len(ports) != len(hosts):
+        raise SettingsError(f"the ledger database names {len(hosts)} host(s) but {len(ports)} port(s)")
+    addresses = []
+    for host, port in zip(hosts, ports, strict=True):
+        if host.startswith("/"):
+            raise SettingsError(f"the ledger database host {host!r} is a Unix socket folder: Spark's JDBC "
+                                "writer needs a TCP host name or address")
+        addresses.append(f"[{host}]:{port or 5432}" if ":" in host else f"{host}:{port or 5432}")
+    database = parts.pop("dbname", None) or user or "postgres"
+    unsupported = sorted(set(parts) - set(JDBC_PROPERTIES))
+    if unsupported:
+        raise SettingsError(f"ledger database setting(s) {', '.join(unsupported)} have no equivalent for Spark's "
+                            f"JDBC writer (supported: {', '.join(JDBC_PROPERTIES)})")
+    properties = {JDBC_PROPERTIES[key]: value for key, value in parts.items()}
+    properties["reWriteBatchedInserts"] = "true"
     return JdbcTarget(
-        url=f"jdbc:postgresql://{host}:{port}/{database}{query}",
-        user=unquote(parts.username or ""),
-        password=unquote(parts.password or ""),
+        url=f"jdbc:postgresql://{','.join(addresses)}/{quote(database, safe='')}?{urlencode(properties)}",
+        user=user,
+        password=password,
     )

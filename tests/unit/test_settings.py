@@ -107,7 +107,7 @@ def test_sqlalchemy_url_uses_psycopg2_driver(dsn, expected):
     assert sqlalchemy_url(dsn) == expected
 
 
-@pytest.mark.parametrize("dsn", ["mysql://u:p@h/db", "sqlite:///x.db", "postgresql+asyncpg://h/db", "host=h dbname=d"])
+@pytest.mark.parametrize("dsn", ["mysql://u:p@h/db", "sqlite:///x.db", "postgresql+asyncpg://h/db"])
 def test_sqlalchemy_url_rejects_other_schemes(dsn):
     with pytest.raises(SettingsError, match="unsupported ledger database URL scheme"):
         sqlalchemy_url(dsn)
@@ -132,9 +132,35 @@ def test_jdbc_target_decodes_percent_encoded_credentials():
     assert "p@ss" not in target.url and "p%40ss" not in target.url
 
 
-def test_jdbc_target_preserves_existing_query_params():
-    target = jdbc_target("postgresql://u:p@h:5432/db?sslmode=require&connectTimeout=5")
-    assert target.url == "jdbc:postgresql://h:5432/db?sslmode=require&connectTimeout=5&reWriteBatchedInserts=true"
+def test_jdbc_target_translates_libpq_settings_to_the_jdbc_driver():
+    target = jdbc_target("postgresql://u:p@h:5432/db?sslmode=verify-full&sslrootcert=/ca/root.crt&connect_timeout=5")
+    assert target.url == ("jdbc:postgresql://h:5432/db?connectTimeout=5&sslmode=verify-full"
+                          "&sslrootcert=%2Fca%2Froot.crt&reWriteBatchedInserts=true")
+
+
+def test_a_key_value_dsn_gives_the_same_targets_as_its_url():
+    dsn = "host=db.local port=6543 dbname=kafka_ledger user=ledger password='s3 cr=t' sslmode=require"
+    assert jdbc_target(dsn) == JdbcTarget(
+        url="jdbc:postgresql://db.local:6543/kafka_ledger?sslmode=require&reWriteBatchedInserts=true",
+        user="ledger", password="s3 cr=t")
+    from sqlalchemy.engine import make_url
+
+    url = make_url(sqlalchemy_url(dsn))
+    assert (url.drivername, url.username, url.password, url.host, url.port, url.database, dict(url.query)) == (
+        "postgresql+psycopg2", "ledger", "s3 cr=t", "db.local", 6543, "kafka_ledger", {"sslmode": "require"})
+
+
+def test_jdbc_target_refuses_what_jdbc_cannot_do_instead_of_dropping_it():
+    with pytest.raises(SettingsError, match="gssencmode have no equivalent"):
+        jdbc_target("host=h dbname=d gssencmode=require")
+    with pytest.raises(SettingsError, match="Unix socket"):
+        jdbc_target("host=/var/run/postgresql dbname=d")
+    with pytest.raises(SettingsError, match="not a valid Postgres connection string"):
+        jdbc_target("host=h dbname")
+
+
+def test_jdbc_target_lists_every_host():
+    assert jdbc_target("postgresql://u@h1:5432,h2:5433/db").url.startswith("jdbc:postgresql://h1:5432,h2:5433/db?")
 
 
 def test_jdbc_target_defaults_host_port_database_and_empty_credentials():
