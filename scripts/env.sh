@@ -11,6 +11,10 @@ KL_KAFKA_CONTROLLER_PORT=${KL_KAFKA_CONTROLLER_PORT:-19093}
 KL_PG_PORT=${KL_PG_PORT:-15432}
 KL_AIRFLOW_PORT=${KL_AIRFLOW_PORT:-18080}
 KL_SPARK_CONNECT_PORT=${KL_SPARK_CONNECT_PORT:-19002}
+# Spark batches running at once across all pipelines (the slots of the Airflow pool kafka_ledger_spark; one
+# per pipeline at a time whatever this says). Each batch in the connect runtime shares the server's heap.
+KL_SPARK_SLOTS=${KL_SPARK_SLOTS:-2}
+KL_SPARK_POOL_DESCRIPTION="Spark batches at once across all kafka-ledger pipelines (each pipeline runs one at a time)"
 # Heap of the Spark Connect server (its driver, which runs the local executors too): bounds its memory.
 KL_SPARK_CONNECT_MEMORY=${KL_SPARK_CONNECT_MEMORY:-1g}
 
@@ -69,7 +73,7 @@ export AIRFLOW_CONN_KAFKA_LEDGER_KAFKA=${AIRFLOW_CONN_KAFKA_LEDGER_KAFKA:-"{\"co
 
 export KL_SECRETS KL_PG_AIRFLOW_TEST_PASSWORD
 export KL_HOME KL_STATE KL_VENV KL_LOCAL_KAFKA KL_LOCAL_POSTGRES KL_LOCAL_SPARK_CONNECT KL_KAFKA_PORT
-export KL_KAFKA_CONTROLLER_PORT KL_PG_PORT KL_AIRFLOW_PORT KL_SPARK_CONNECT_PORT KL_SPARK_CONNECT_MEMORY
+export KL_SPARK_SLOTS KL_SPARK_POOL_DESCRIPTION KL_KAFKA_CONTROLLER_PORT KL_PG_PORT KL_AIRFLOW_PORT KL_SPARK_CONNECT_PORT KL_SPARK_CONNECT_MEMORY
 export KAFKA_LEDGER_BOOTSTRAP_SERVERS KAFKA_LEDGER_DB_URL KAFKA_LEDGER_SPARK_MASTER KAFKA_LEDGER_SPARK_RUNTIME
 export KAFKA_LEDGER_SPARK_JARS_DIR KAFKA_LEDGER_PIPELINES
 # spark-submit is called by bare name by the Spark provider, and the driver must use the venv's Python.

@@ -279,12 +279,12 @@ migrate() {
   create_databases
   say "ledger: applying migrations"
   "$KL_VENV/bin/python" -m kafka_ledger.migrations
-  local key; key=$(printf '%s|%s' "$("$KL_VENV/bin/python" -c 'import airflow; print(airflow.__version__)')" "$AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" | sha256sum | cut -c1-16)
+  local key; key=$(printf '%s|%s|%s' "$("$KL_VENV/bin/python" -c 'import airflow; print(airflow.__version__)')" "$AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" "$KL_SPARK_SLOTS" | sha256sum | cut -c1-16)
   if ! stamp_ok airflow-db "$key"; then
     say "airflow: migrating the metadata database"
     mkdir -p "$AIRFLOW_HOME"
     "$KL_VENV/bin/airflow" db migrate >"$LOGS/airflow-migrate.log" 2>&1 || { tail -n 30 "$LOGS/airflow-migrate.log" >&2; die "airflow db migrate failed"; }
-    "$KL_VENV/bin/airflow" pools set kafka_ledger_spark 1 "One Spark batch at a time on the local machine" >>"$LOGS/airflow-migrate.log" 2>&1
+    "$KL_VENV/bin/airflow" pools set kafka_ledger_spark "$KL_SPARK_SLOTS" "$KL_SPARK_POOL_DESCRIPTION" >>"$LOGS/airflow-migrate.log" 2>&1
     stamp_set airflow-db "$key"
   fi
 }

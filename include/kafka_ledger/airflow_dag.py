@@ -259,8 +259,11 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         )(pipeline.name, pipeline.dag_id)
 
         runtime = spark_runtime(pipeline)
+        # One Spark task of the pipeline at a time, over all its runs (scheduled, manual, backfill); the
+        # pool caps the deployment's concurrent Spark batches over all pipelines at its slots.
         spark_task_args = {
             "pool": SPARK_POOL,
+            "max_active_tis_per_dag": 1,
             "execution_timeout": timedelta(minutes=pipeline.spark_timeout_minutes),
             "on_failure_callback": record_spark_failure,
         }

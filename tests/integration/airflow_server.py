@@ -136,15 +136,16 @@ def migrate_metadata_db(settings: AirflowTestSettings, env: dict[str, str]) -> N
 
     The stamp holds the DB's Alembic revision too, so a dropped or re-created database is migrated again.
     """
+    slots = env["KL_SPARK_SLOTS"]  # scripts/env.sh's deployment-wide cap, as the local stack sets it
     revision = _alembic_revision(settings)
-    key = hashlib.sha256(f"{version('apache-airflow')}|{settings.db_url}|{revision}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{version('apache-airflow')}|{settings.db_url}|{revision}|{slots}".encode()).hexdigest()[:16]
     if revision is not None and settings.stamp.exists() and settings.stamp.read_text() == key:
         return
     log = settings.home / "migrate.log"
     with log.open("w") as out:
         for command in (
             ["db", "migrate"],
-            ["pools", "set", "kafka_ledger_spark", "1", "One Spark batch at a time on the local machine"],
+            ["pools", "set", "kafka_ledger_spark", slots, env["KL_SPARK_POOL_DESCRIPTION"]],
         ):
             done = subprocess.run(
                 [_airflow_bin(), *command], env=env, stdout=out, stderr=subprocess.STDOUT, timeout=900, check=False
@@ -152,7 +153,7 @@ def migrate_metadata_db(settings: AirflowTestSettings, env: dict[str, str]) -> N
             if done.returncode != 0:
                 raise AirflowStartError(f"`airflow {' '.join(command)}` failed (log: {log}):\n{_tail(log, 30)}")
     revision = _alembic_revision(settings)
-    key = hashlib.sha256(f"{version('apache-airflow')}|{settings.db_url}|{revision}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{version('apache-airflow')}|{settings.db_url}|{revision}|{slots}".encode()).hexdigest()[:16]
     settings.stamp.parent.mkdir(parents=True, exist_ok=True)
     settings.stamp.write_text(key)
 

@@ -72,8 +72,10 @@ PIPELINES = {
     # The short fault campaigns (test_fault_campaign.py), one per Spark runtime.
     "campaign_connect": {"max_records_per_partition": 300, "spark_runtime": "connect"},
     "campaign_submit": {"max_records_per_partition": 300, "spark_runtime": "submit"},
-    # Driven through a running `airflow standalone` and its REST API (test_airflow_rest.py).
+    # Driven through a running Airflow and its REST API (test_airflow_rest.py).
     "rest": {"schedule": "@hourly", "max_records_per_partition": 100},
+    # Three pipelines run at once under the scheduler (test_airflow_rest.py).
+    **{f"parallel_{n}": {} for n in range(3)},
 }
 
 

@@ -17,7 +17,7 @@ import pytest
 from airflow_server import AirflowClient, running_airflow, session_members
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from integration_support import BAD_VALUES, good_value, listening_sockets, not_loopback
+from integration_support import BAD_VALUES, RecordedProducer, good_value, listening_sockets, not_loopback
 from psycopg2 import sql
 
 from kafka_ledger import audit, kafka_offsets, ledger
@@ -320,3 +320,42 @@ def test_every_airflow_component_listens_on_loopback_only(airflow: AirflowClient
     sockets = listening_sockets(session_members(airflow.session_id))
     assert int(airflow.http.base_url.port) in {port for _, port in sockets}  # the api-server was found
     assert not_loopback(sockets) == set(), f"Airflow listens beyond loopback: {sorted(sockets)}"
+
+
+def test_three_pipelines_run_their_spark_work_at_once_each_exactly_once(
+    airflow: AirflowClient, dsn: str, servers: str, test_pipelines_file: Path
+):
+    pipelines = [p for name, p in read_pipelines(test_pipelines_file).valid.items() if "_parallel_" in name]
+    assert len(pipelines) == 3
+    producer = RecordedProducer(servers)
+    admin = AdminClient({"bootstrap.servers": servers})
+    expected_dead: dict[str, dict[RecordId, str]] = {}
+    for pipeline in pipelines:
+        topic = pipeline.topics[0]
+        admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result()
+        producer.send(topic, [good_value(i) for i in range(5000)])
+        value, reason = BAD_VALUES[0]
+        expected_dead[pipeline.name] = {producer.send(topic, [value])[0]: reason}
+        airflow.wait_for_dag(pipeline.dag_id)
+        airflow.set_paused(pipeline.dag_id, False)
+    triggered = {p.dag_id: airflow.trigger(p.dag_id, {"mode": "catch_up"})["dag_run_id"] for p in pipelines}
+
+    spark_spans = []
+    for pipeline in pipelines:
+        runs = airflow.wait_until_idle(pipeline.dag_id, timeout=900)
+        assert_all_succeeded(airflow, pipeline.dag_id, runs)
+        (spark,) = [ti for ti in airflow.task_instances(pipeline.dag_id, triggered[pipeline.dag_id])
+                    if ti["task_id"] in ("read_and_commit", "read_and_stage")]
+        spark_spans.append((_parse(spark["start_date"]), _parse(spark["end_date"])))
+        airflow.set_paused(pipeline.dag_id, True)
+
+        produced = audit.kafka_record_ids(servers, pipeline.topics)
+        stored = audit.postgres_record_ids(dsn, pipeline)
+        output, dead = Counter(stored.output), Counter(stored.dead_letters)
+        assert max(output.values()) == 1 and max(dead.values()) == 1, "a record is stored twice"
+        assert set(output) | set(dead) == produced and not set(output) & set(dead)
+        assert set(dead) == set(expected_dead[pipeline.name])
+    # Spark work is serialised per pipeline, not across pipelines: the pool's slots (2 here) run at once.
+    overlapping = [(a, b) for i, a in enumerate(spark_spans) for b in spark_spans[i + 1:]
+                   if a[0] < b[1] and b[0] < a[1]]
+    assert overlapping, f"no two pipelines' Spark tasks ran at the same time: {spark_spans}"

@@ -52,6 +52,7 @@ def test_one_run_at_a_time_hourly_with_retries_and_timeouts(dag):
     assert dag.timetable.summary == "0 * * * *"
     spark = dag.get_task("read_and_stage")
     assert spark.pool == SPARK_POOL
+    assert spark.max_active_tis_per_dag == 1  # one Spark batch of the pipeline at a time, over all its runs
     assert spark.retries == 3 and spark.retry_delay == timedelta(seconds=10) and spark.retry_exponential_backoff
     assert spark.execution_timeout == timedelta(minutes=20)
     assert dag.get_task("plan_batch").execution_timeout == timedelta(minutes=10)

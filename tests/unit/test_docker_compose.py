@@ -168,7 +168,7 @@ def test_airflow_init_migrates_both_databases_and_creates_the_pool(services):
     script = " ".join(services["airflow-init"]["command"])
     assert "airflow db migrate" in script
     assert "python -m kafka_ledger.migrations" in script
-    assert "airflow pools set kafka_ledger_spark 1" in script
+    assert "airflow pools set kafka_ledger_spark 2" in script
 
 
 def test_bind_mounted_host_paths_exist(services):
