@@ -11,7 +11,6 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -22,7 +21,7 @@ from airflow.timetables.interval import CronDataIntervalTimetable
 
 from kafka_ledger.batch_requests import MODES
 from kafka_ledger.config import PipelineConfig, config_path, get_pipeline
-from kafka_ledger.settings import SPARK_SUBMIT_CONN_ID, bootstrap_servers, ledger_dsn, spark_runtime
+from kafka_ledger.settings import SPARK_SUBMIT_CONN_ID, bootstrap_servers, ledger_dsn, libpq_settings, spark_runtime
 from kafka_ledger.spark_submit import BASE_SPARK_CONF, SPARK_APPLICATION, spark_conf, spark_jars
 
 __all__ = ["BASE_SPARK_CONF", "SPARK_APPLICATION", "SPARK_POOL", "SPARK_TASK", "build_pipeline_dag",
@@ -41,7 +40,7 @@ def masked_ledger_dsn() -> str:
 
     dsn = ledger_dsn()
     mask_secret(dsn)
-    password = urlsplit(dsn).password
+    password = libpq_settings(dsn).get("password")  # a URL's or a key=value DSN's
     if password:
         mask_secret(password)
     return dsn

@@ -119,7 +119,7 @@ def spark_connect_url(session_id: str | None = None) -> str:
     return f"{url};session_id={session_id}" if session_id else url
 
 
-def _libpq_settings(dsn: str) -> dict[str, str]:
+def libpq_settings(dsn: str) -> dict[str, str]:
     """The settings of a libpq connection string, URL (postgresql://...) or key=value, parsed by libpq itself."""
     from psycopg2.extensions import parse_dsn
 
@@ -138,7 +138,7 @@ def sqlalchemy_url(dsn: str) -> str:
         return f"postgresql+psycopg2://{rest}"
     from sqlalchemy.engine import URL
 
-    parts = _libpq_settings(dsn)
+    parts = libpq_settings(dsn)
     port = parts.pop("port", None)
     url = URL.create(
         "postgresql+psycopg2", username=parts.pop("user", None), password=parts.pop("password", None),
@@ -173,7 +173,7 @@ JDBC_PROPERTIES = {
 
 def jdbc_target(dsn: str) -> JdbcTarget:
     """Split a libpq connection string (URL or key=value) into a JDBC URL plus credentials kept out of it."""
-    parts = _libpq_settings(dsn)
+    parts = libpq_settings(dsn)
     user = parts.pop("user", "")
     password = parts.pop("password", "")
     hosts = (parts.pop("host", None) or "127.0.0.1").split(",")

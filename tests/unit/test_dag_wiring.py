@@ -146,3 +146,17 @@ def test_a_pipeline_can_keep_spark_submit_in_a_connect_deployment(monkeypatch):
     monkeypatch.setenv("KAFKA_LEDGER_SPARK_RUNTIME", "connect")
     pinned = PIPELINES["clicks"].model_copy(update={"spark_runtime": "submit"})
     assert {"read_and_stage", "commit_batch"} <= set(build_pipeline_dag(pinned).task_ids)
+
+
+@pytest.mark.parametrize("dsn", ["postgresql://ledger:s3cr%2Ft@db:5432/ledger",
+                                 "host=db dbname=ledger user=ledger password=s3cr/t"])
+def test_the_ledger_password_is_registered_as_a_secret_whatever_the_dsn_form(monkeypatch, dsn):
+    import airflow.sdk.log
+
+    from kafka_ledger import airflow_dag
+
+    masked: list[str] = []
+    monkeypatch.setattr(airflow.sdk.log, "mask_secret", masked.append)
+    monkeypatch.setenv("KAFKA_LEDGER_DB_URL", dsn)
+    assert airflow_dag.masked_ledger_dsn() == dsn
+    assert masked == [dsn, "s3cr/t"]
