@@ -7,6 +7,7 @@ warm Spark Connect server and commits (`read_and_commit`); with `submit`, spark-
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,9 +20,17 @@ from airflow.sdk import DAG, BaseOperator, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.timetables.interval import CronDataIntervalTimetable
 
+from kafka_ledger import kafka_security
 from kafka_ledger.batch_requests import MODES
 from kafka_ledger.config import PipelineConfig, config_path, get_pipeline
-from kafka_ledger.settings import SPARK_SUBMIT_CONN_ID, bootstrap_servers, ledger_dsn, libpq_settings, spark_runtime
+from kafka_ledger.settings import (
+    SPARK_SUBMIT_CONN_ID,
+    bootstrap_servers,
+    kafka_settings,
+    ledger_dsn,
+    libpq_settings,
+    spark_runtime,
+)
 from kafka_ledger.spark_submit import BASE_SPARK_CONF, SPARK_APPLICATION, spark_conf, spark_jars
 
 __all__ = ["BASE_SPARK_CONF", "SPARK_APPLICATION", "SPARK_POOL", "SPARK_TASK", "build_pipeline_dag",
@@ -44,6 +53,16 @@ def masked_ledger_dsn() -> str:
     if password:
         mask_secret(password)
     return dsn
+
+
+def masked_kafka_settings() -> str:
+    """The deployment's Kafka client settings as JSON for the Spark task's environment, their secrets masked."""
+    from airflow.sdk.log import mask_secret
+
+    values = kafka_settings()
+    for secret in kafka_security.secret_values(values):
+        mask_secret(secret)
+    return json.dumps(values)
 
 
 def trigger_form(pipeline: PipelineConfig) -> dict[str, Param]:
@@ -249,6 +268,7 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         user_defined_macros={
             "spark_jars": spark_jars,
             "ledger_dsn": masked_ledger_dsn,
+            "kafka_settings": masked_kafka_settings,
             "bootstrap_servers": bootstrap_servers,
             "pipelines_path": lambda: str(config_path()),
         },
@@ -287,6 +307,7 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
                 env_vars={
                     "KAFKA_LEDGER_DB_URL": "{{ ledger_dsn() }}",
                     "KAFKA_LEDGER_BOOTSTRAP_SERVERS": "{{ bootstrap_servers() }}",
+                    "KAFKA_LEDGER_KAFKA_CONFIG": "{{ kafka_settings() }}",
                     "KAFKA_LEDGER_PIPELINES": "{{ pipelines_path() }}",
                 },
                 **spark_task_args,

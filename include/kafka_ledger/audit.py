@@ -14,6 +14,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from kafka_ledger import kafka_offsets, ledger, sql
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import PartitionOffsets, TopicPartition, backlog, start_positions
+from kafka_ledger.settings import kafka_config
 
 RecordId = tuple[str, int, int]  # (topic, partition, offset)
 
@@ -33,13 +34,12 @@ def read_back(
     remaining = {(tp.topic, tp.partition) for tp, o in offsets.items() if o.end > o.log_start}
     if not remaining:
         return
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap_servers,
+    consumer = Consumer(kafka_config(bootstrap_servers, **{
         "group.id": f"kafka-ledger-audit-{uuid.uuid4().hex}",
         "enable.auto.commit": False,
         "isolation.level": "read_committed",
         "enable.partition.eof": True,
-    })
+    }))
     deadline = time.monotonic() + timeout
     try:
         consumer.assign([KafkaTopicPartition(t, p, offsets[TopicPartition(t, p)].log_start) for t, p in remaining])

@@ -40,7 +40,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka_ledger import benchmark_peers, ledger
 from kafka_ledger.benchmark_peers import COLUMNS
 from kafka_ledger.config import PipelineConfig, get_pipeline
-from kafka_ledger.settings import bootstrap_servers, deployment_spark_runtime, jdbc_target, ledger_dsn
+from kafka_ledger.settings import bootstrap_servers, deployment_spark_runtime, jdbc_target, kafka_config, ledger_dsn
 
 log = logging.getLogger("kafka_ledger.benchmark")
 
@@ -50,8 +50,8 @@ SMALL_BATCH = 1_000
 
 def produce(servers: str, topic: str, records: int, partitions: int) -> float:
     """Produce `records` JSON events round-robin over the partitions; returns records per second."""
-    producer = Producer({"bootstrap.servers": servers, "enable.idempotence": True, "linger.ms": 50,
-                         "batch.size": 1_000_000, "compression.type": "lz4"})
+    producer = Producer(kafka_config(servers, **{"enable.idempotence": True, "linger.ms": 50,
+                                                 "batch.size": 1_000_000, "compression.type": "lz4"}))
     started = time.monotonic()
     for i in range(records):
         value = json.dumps({"event_id": f"e{i}", "user_id": f"u{i % 5000}", "amount": i, "price": i / 7,
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     topic = f"bench-{run_id}"
     runtime = args.runtime or deployment_spark_runtime()
     setup = Setup(servers, dsn, topic, records, args.cap, runtime, Path(tempfile.mkdtemp(prefix="kl-benchmark-")))
-    admin = AdminClient({"bootstrap.servers": servers})
+    admin = AdminClient(kafka_config(servers))
     admin.create_topics([NewTopic(topic, num_partitions=args.partitions, replication_factor=1)])[topic].result(30)
     # Warm, as a worker is: the Spark Connect client and the Airflow connection look-up imported once.
     from kafka_ledger import spark_runtime as _runtime  # noqa: F401

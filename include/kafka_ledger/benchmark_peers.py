@@ -66,9 +66,11 @@ def python_peer(servers: str, dsn: str, topic: str, schema: str, table: str) -> 
     """Read the whole topic with confluent-kafka and COPY every row into `table` in one transaction."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": servers, "group.id": f"benchmark-python-peer-{table}",
-                         "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "enable.partition.eof": True})
+    from kafka_ledger.settings import kafka_config
+
+    consumer = Consumer(kafka_config(servers, **{"group.id": f"benchmark-python-peer-{table}",
+                                                 "enable.auto.commit": False, "isolation.level": "read_committed",
+                                                 "enable.partition.eof": True}))
     partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
     remaining = {p for p, end in ends.items() if end > 0}
@@ -102,6 +104,9 @@ def _spark_peer(args: argparse.Namespace) -> None:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
+    from kafka_ledger.kafka_security import spark_options
+    from kafka_ledger.settings import kafka_settings
+
     os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     spark = SparkSession.builder.appName(f"benchmark spark peer {args.table}").getOrCreate()
     types = {"string": T.StringType(), "long": T.LongType(), "double": T.DoubleType(), "timestamp": T.TimestampType()}
@@ -109,6 +114,7 @@ def _spark_peer(args: argparse.Namespace) -> None:
     stream = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", args.servers)
+        .options(**spark_options(kafka_settings()))
         .option("subscribe", args.topic)
         .option("startingOffsets", "earliest")
         .option("kafka.isolation.level", "read_committed")

@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_ledger.config import PipelineConfig, get_pipeline
-from kafka_ledger.settings import bootstrap_servers, ledger_dsn
+from kafka_ledger.settings import bootstrap_servers, kafka_config, ledger_dsn
 
 log = logging.getLogger("kafka_ledger.demo")
 
@@ -31,7 +31,7 @@ DEVICES = ["android", "ios", "desktop", "tablet"]
 
 def ensure_topic(servers: str, topic: str, partitions: int) -> None:
     """Create the topic if it does not exist (idempotent)."""
-    admin = AdminClient({"bootstrap.servers": servers})
+    admin = AdminClient(kafka_config(servers))
     if topic in admin.list_topics(timeout=10).topics:
         return
     admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result()
@@ -77,7 +77,7 @@ def impression_events(count: int, rng: random.Random, malformed_ratio: float = 0
 
 def produce_impressions(servers: str, topic: str, count: int, seed: int) -> None:
     """Produce `count` impressions with an idempotent producer (no duplicates from producer retries)."""
-    producer = Producer({"bootstrap.servers": servers, "enable.idempotence": True, "linger.ms": 20})
+    producer = Producer(kafka_config(servers, **{"enable.idempotence": True, "linger.ms": 20}))
     failures: list[str] = []
 
     def on_delivery(err, _msg) -> None:  # noqa: ANN001 - confluent-kafka callback

@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kafka_ledger import failpoints, kafka_offsets, ledger, sql
+from kafka_ledger import failpoints, kafka_offsets, kafka_security, ledger, sql
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import LostDataError, OffsetRange, PartitionReadStats, check_read_coverage, lost_ranges
-from kafka_ledger.settings import jdbc_target
+from kafka_ledger.settings import jdbc_target, kafka_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -53,6 +53,7 @@ def kafka_read_options(ranges: list[OffsetRange], servers: str, pipeline: str) -
         ending.setdefault(r.topic, {})[str(r.partition)] = r.until_offset
     return {
         "kafka.bootstrap.servers": servers,
+        **kafka_security.spark_options(kafka_settings()),
         "assign": json.dumps(assign),
         "startingOffsets": json.dumps(starting),
         "endingOffsets": json.dumps(ending),

@@ -8,6 +8,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import PartitionOffsets, PlanError, TopicPartition
+from kafka_ledger.settings import kafka_config
 
 
 class KafkaUnavailable(PlanError):
@@ -15,7 +16,7 @@ class KafkaUnavailable(PlanError):
 
 
 def admin_client(bootstrap_servers: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap_servers, "socket.timeout.ms": 10_000})
+    return AdminClient(kafka_config(bootstrap_servers, **{"socket.timeout.ms": 10_000}))
 
 
 def _list_offsets(admin: AdminClient, tps: list[TopicPartition], spec: OffsetSpec, timeout: float) -> dict:

@@ -10,6 +10,7 @@ from urllib.parse import quote, urlencode
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kafka_ledger import kafka_security
 from kafka_ledger.config import PipelineConfig, SparkRuntime
 
 LEDGER_DB_CONN_ID = "kafka_ledger_db"
@@ -85,6 +86,27 @@ def bootstrap_servers() -> str:
     if not servers:
         raise SettingsError(f"Airflow connection {KAFKA_CONN_ID!r} has no bootstrap.servers in its extra")
     return servers
+
+
+def kafka_settings() -> dict[str, str]:
+    """The deployment's Kafka client settings beyond the servers (security and the like), in librdkafka's names.
+
+    They come from where the servers come from: $KAFKA_LEDGER_KAFKA_CONFIG (a JSON object) beside
+    $KAFKA_LEDGER_BOOTSTRAP_SERVERS, else the extra of the Airflow connection `kafka_ledger_kafka`.
+    """
+    if os.environ.get("KAFKA_LEDGER_BOOTSTRAP_SERVERS") or os.environ.get(kafka_security.KAFKA_CONFIG_ENV):
+        return kafka_security.client_settings()
+    try:
+        conn = _airflow_connection(KAFKA_CONN_ID)
+    except Exception as exc:
+        raise SettingsError(f"no Kafka configured: set KAFKA_LEDGER_BOOTSTRAP_SERVERS or the Airflow connection "
+                            f"{KAFKA_CONN_ID!r}") from exc
+    return kafka_security.client_settings(conn.extra_dejson)
+
+
+def kafka_config(servers: str, **overrides: object) -> dict[str, object]:
+    """A confluent-kafka client configuration for `servers` with the deployment's settings, then `overrides`."""
+    return kafka_security.confluent_config(servers, kafka_settings(), **overrides)
 
 
 def deployment_spark_runtime() -> str:

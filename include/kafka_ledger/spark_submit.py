@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kafka_ledger.config import PipelineConfig, config_path
+from kafka_ledger.kafka_security import KAFKA_CONFIG_ENV
+from kafka_ledger.settings import kafka_settings
 
 if TYPE_CHECKING:
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -56,6 +58,7 @@ def spark_submit_hook(pipeline: PipelineConfig, batch_id: int, dsn: str, servers
         name=f"kafka-ledger-{pipeline.name}",
         application_args=["--pipeline", pipeline.name, "--batch-id", str(batch_id)],
         env_vars={"KAFKA_LEDGER_DB_URL": dsn, "KAFKA_LEDGER_BOOTSTRAP_SERVERS": servers,
+                  KAFKA_CONFIG_ENV: json.dumps(kafka_settings()),
                   "KAFKA_LEDGER_PIPELINES": str(config_path()), "PATH": os.environ.get("PATH", "")},
     )
 

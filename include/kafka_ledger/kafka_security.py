@@ -1,0 +1,105 @@
+"""The deployment's Kafka client settings (security and the like) for the Python clients and Spark's Java client."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+KAFKA_CONFIG_ENV = "KAFKA_LEDGER_KAFKA_CONFIG"
+
+# librdkafka (confluent-kafka) settings that reach Spark's Java Kafka client under the same name.
+SAME_NAME_IN_JAVA = ("security.protocol", "sasl.mechanism", "ssl.key.password")
+SASL_LOGIN_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+# Values of these settings are secrets: never logged, and registered with Airflow's masker.
+SECRET_SETTINGS = ("sasl.password", "ssl.key.password", "ssl.keystore.password")
+
+
+class KafkaConfigError(ValueError):
+    """The Kafka client settings are malformed or cannot be given to one of the clients."""
+
+
+def client_settings(extra: dict[str, object] | None = None) -> dict[str, str]:
+    """Kafka client settings beyond bootstrap.servers, in librdkafka's names (security.protocol, sasl.*, ssl.*, ...).
+
+    From $KAFKA_LEDGER_KAFKA_CONFIG (a JSON object) when it is set, else `extra`: the extra of the Airflow
+    connection the bootstrap servers came from (the Kafka provider's `kafka` connection type holds a
+    confluent-kafka configuration there). bootstrap.servers itself is decided by settings.bootstrap_servers().
+    """
+    raw = os.environ.get(KAFKA_CONFIG_ENV)
+    if raw:
+        try:
+            extra = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise KafkaConfigError(f"${KAFKA_CONFIG_ENV} is not a JSON object: {exc.msg}") from None
+    if extra is None:
+        return {}
+    if not isinstance(extra, dict):
+        raise KafkaConfigError(f"the Kafka client settings must be a JSON object, not {type(extra).__name__}")
+    return {str(key): str(value) for key, value in extra.items() if key != "bootstrap.servers"}
+
+
+def confluent_config(servers: str, settings: dict[str, str], **overrides: object) -> dict[str, object]:
+    """A confluent-kafka client configuration: the servers, the deployment's settings, then the caller's own."""
+    return {"bootstrap.servers": servers, **settings, **overrides}
+
+
+def _jaas_value(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def spark_options(settings: dict[str, str]) -> dict[str, str]:
+    """The same settings as options of Spark's Kafka source (`kafka.`-prefixed Java client properties).
+
+    SASL credentials become the JAAS configuration the Java client wants; PEM files (ssl.ca.location, a
+    client certificate and key) become PEM trust and key stores. Security settings the Java client has no
+    translation for here are refused by name rather than dropped: a dropped one would connect differently.
+    """
+    options: dict[str, str] = {}
+    remaining = dict(settings)
+    for key in SAME_NAME_IN_JAVA:
+        if key in remaining:
+            options[f"kafka.{key}"] = remaining.pop(key)
+    mechanism = settings.get("sasl.mechanism", settings.get("sasl.mechanisms"))
+    remaining.pop("sasl.mechanisms", None)
+    if mechanism is not None:
+        options["kafka.sasl.mechanism"] = mechanism
+    username, password = remaining.pop("sasl.username", None), remaining.pop("sasl.password", None)
+    if username is not None or password is not None:
+        module = SASL_LOGIN_MODULES.get(mechanism or "")
+        if module is None:
+            raise KafkaConfigError(f"sasl.mechanism {mechanism!r} with a username and password: supported "
+                                   f"mechanisms are {', '.join(SASL_LOGIN_MODULES)}")
+        options["kafka.sasl.jaas.config"] = (
+            f"{module} required username={_jaas_value(username or '')} password={_jaas_value(password or '')};")
+    ca = remaining.pop("ssl.ca.location", None)
+    if ca is not None:
+        options["kafka.ssl.truststore.type"] = "PEM"
+        options["kafka.ssl.truststore.location"] = ca
+    certificate, key = remaining.pop("ssl.certificate.location", None), remaining.pop("ssl.key.location", None)
+    if (certificate is None) != (key is None):
+        raise KafkaConfigError("a client certificate needs both ssl.certificate.location and ssl.key.location")
+    if certificate is not None and key is not None:
+        # The Java client takes a PEM key store as values: the certificate chain and the PKCS#8 key.
+        options["kafka.ssl.keystore.type"] = "PEM"
+        options["kafka.ssl.keystore.certificate.chain"] = Path(certificate).read_text()
+        options["kafka.ssl.keystore.key"] = Path(key).read_text()
+    identification = remaining.pop("ssl.endpoint.identification.algorithm", None)
+    if identification is not None:
+        options["kafka.ssl.endpoint.identification.algorithm"] = "" if identification == "none" else identification
+    unsupported = sorted(key for key in remaining if key.split(".")[0] in ("security", "sasl", "ssl"))
+    if unsupported:
+        raise KafkaConfigError(f"Kafka setting(s) {', '.join(unsupported)} cannot be given to Spark's Kafka "
+                               "reader here; supported: security.protocol, sasl.mechanism, sasl.username, "
+                               "sasl.password, ssl.ca.location, ssl.certificate.location, ssl.key.location, "
+                               "ssl.key.password, ssl.endpoint.identification.algorithm")
+    return options
+
+
+def secret_values(settings: dict[str, str]) -> list[str]:
+    """The values among the settings that are secrets (to mask in logs and the UI)."""
+    return [settings[key] for key in SECRET_SETTINGS if settings.get(key)]

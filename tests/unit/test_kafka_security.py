@@ -1,0 +1,80 @@
+"""Kafka client settings: where they come from, and their translation for Spark's Java Kafka client."""
+
+import json
+
+import pytest
+
+from kafka_ledger import kafka_security, settings
+from kafka_ledger.kafka_security import KafkaConfigError, client_settings, secret_values, spark_options
+
+SCRAM = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "ingest",
+         "sasl.password": 'p"a\\ss', "ssl.ca.location": "/etc/kafka/ca.pem"}
+
+
+def test_settings_come_from_the_environment_first_without_bootstrap_servers(monkeypatch):
+    monkeypatch.setenv(kafka_security.KAFKA_CONFIG_ENV, json.dumps({**SCRAM, "bootstrap.servers": "x:1"}))
+    assert client_settings({"security.protocol": "PLAINTEXT"}) == SCRAM
+    monkeypatch.delenv(kafka_security.KAFKA_CONFIG_ENV)
+    assert client_settings({"security.protocol": "SSL", "bootstrap.servers": "x:1"}) == {"security.protocol": "SSL"}
+    assert client_settings(None) == {}
+
+
+def test_malformed_environment_settings_are_a_clear_error(monkeypatch):
+    monkeypatch.setenv(kafka_security.KAFKA_CONFIG_ENV, "{security.protocol: SSL}")
+    with pytest.raises(KafkaConfigError, match=r"\$KAFKA_LEDGER_KAFKA_CONFIG is not a JSON object"):
+        client_settings()
+    monkeypatch.setenv(kafka_security.KAFKA_CONFIG_ENV, '["SSL"]')
+    with pytest.raises(KafkaConfigError, match="must be a JSON object, not list"):
+        client_settings()
+
+
+def test_deployment_settings_follow_the_servers_environment(monkeypatch):
+    monkeypatch.setenv("KAFKA_LEDGER_BOOTSTRAP_SERVERS", "k:9093")
+    monkeypatch.setenv(kafka_security.KAFKA_CONFIG_ENV, json.dumps(SCRAM))
+    config = settings.kafka_config("k:9093", **{"group.id": "g"})
+    assert config == {"bootstrap.servers": "k:9093", **SCRAM, "group.id": "g"}
+
+
+def test_scram_over_tls_becomes_a_jaas_configuration_and_a_pem_trust_store():
+    assert spark_options(SCRAM) == {
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "kafka.sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required '
+                                  'username="ingest" password="p\\"a\\\\ss";',
+        "kafka.ssl.truststore.type": "PEM",
+        "kafka.ssl.truststore.location": "/etc/kafka/ca.pem",
+    }
+
+
+def test_plain_mechanism_and_librdkafka_plural_name():
+    options = spark_options({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "PLAIN",
+                             "sasl.username": "u", "sasl.password": "p"})
+    assert options["kafka.sasl.mechanism"] == "PLAIN"
+    assert options["kafka.sasl.jaas.config"].startswith("org.apache.kafka.common.security.plain.PlainLoginModule")
+
+
+def test_mutual_tls_reads_the_pem_files_into_a_key_store(tmp_path):
+    cert, key = tmp_path / "client.pem", tmp_path / "client.key"
+    cert.write_text("-----BEGIN CERTIFICATE-----\nX\n-----END CERTIFICATE-----\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\nY\n-----END PRIVATE KEY-----\n")
+    options = spark_options({"security.protocol": "SSL", "ssl.certificate.location": str(cert),
+                             "ssl.key.location": str(key), "ssl.endpoint.identification.algorithm": "none"})
+    assert options["kafka.ssl.keystore.type"] == "PEM"
+    assert options["kafka.ssl.keystore.certificate.chain"] == cert.read_text()
+    assert options["kafka.ssl.keystore.key"] == key.read_text()
+    assert options["kafka.ssl.endpoint.identification.algorithm"] == ""
+
+
+def test_what_spark_cannot_be_given_is_refused_by_name():
+    with pytest.raises(KafkaConfigError, match="sasl.oauthbearer.config"):
+        spark_options({"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER",
+                       "sasl.oauthbearer.config": "x"})
+    with pytest.raises(KafkaConfigError, match="supported mechanisms"):
+        spark_options({"sasl.mechanism": "GSSAPI", "sasl.username": "u", "sasl.password": "p"})
+    with pytest.raises(KafkaConfigError, match="needs both"):
+        spark_options({"ssl.certificate.location": "/c.pem"})
+    assert spark_options({"client.id": "me"}) == {}  # client tuning is the Python clients' business
+
+
+def test_secret_values_are_the_passwords():
+    assert secret_values({**SCRAM, "ssl.key.password": "k"}) == ['p"a\\ss', "k"]
