@@ -8,6 +8,10 @@ KL_VENV=${KL_VENV:-$KL_HOME/.venv}
 
 KL_KAFKA_PORT=${KL_KAFKA_PORT:-19092}
 KL_KAFKA_CONTROLLER_PORT=${KL_KAFKA_CONTROLLER_PORT:-19093}
+# The broker's second client listener: SASL_SSL (SCRAM-SHA-512 over TLS), its CA made at set-up.
+KL_KAFKA_SASL_PORT=${KL_KAFKA_SASL_PORT:-19094}
+KL_KAFKA_TLS_DIR=${KL_KAFKA_TLS_DIR:-$KL_STATE/kafka-tls}
+KL_KAFKA_SASL_USER=${KL_KAFKA_SASL_USER:-ingest}
 KL_PG_PORT=${KL_PG_PORT:-15432}
 KL_AIRFLOW_PORT=${KL_AIRFLOW_PORT:-18080}
 KL_SPARK_CONNECT_PORT=${KL_SPARK_CONNECT_PORT:-19002}
@@ -18,22 +22,20 @@ KL_SPARK_POOL_DESCRIPTION="Spark batches at once across all kafka-ledger pipelin
 # Heap of the Spark Connect server (its driver, which runs the local executors too): bounds its memory.
 KL_SPARK_CONNECT_MEMORY=${KL_SPARK_CONNECT_MEMORY:-1g}
 
-# Passwords of the local stack's Postgres roles: random, made once per stack and kept in $KL_SECRETS (mode
-# 600). Not common words: Airflow masks a password wherever it appears in a task log, so a password such as
+# Passwords of the local stack (Postgres roles, Kafka's SCRAM user and the broker's key store): random, made
+# once per stack and kept in $KL_SECRETS (mode 600). Not common words: Airflow masks a password wherever it appears in a task log, so a password such as
 # the project's name would hide that name in every log line.
 KL_SECRETS=${KL_SECRETS:-$KL_STATE/secrets.env}
-if [ ! -f "$KL_SECRETS" ]; then
-  mkdir -p "$(dirname "$KL_SECRETS")"
-  (
-    umask 077
-    tmp=$(mktemp "$KL_SECRETS.XXXXXX")
-    for name in KL_PG_SUPERUSER_PASSWORD KL_PG_LEDGER_PASSWORD KL_PG_AIRFLOW_PASSWORD KL_PG_AIRFLOW_TEST_PASSWORD; do
-      printf '%s=%s\n' "$name" "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
-    done >"$tmp"
-    # A hard link is created whole or not at all: of two first runs at once, one file wins and both use it.
-    ln "$tmp" "$KL_SECRETS" 2>/dev/null; rm -f "$tmp"
-  )
-fi
+mkdir -p "$(dirname "$KL_SECRETS")"
+(
+  umask 077
+  flock 9  # two first runs at once: one writes, the other then reads the same values
+  for name in KL_PG_SUPERUSER_PASSWORD KL_PG_LEDGER_PASSWORD KL_PG_AIRFLOW_PASSWORD KL_PG_AIRFLOW_TEST_PASSWORD \
+              KL_KAFKA_SASL_PASSWORD KL_KAFKA_KEYSTORE_PASSWORD; do
+    grep -q "^$name=" "$KL_SECRETS" 2>/dev/null \
+      || printf '%s=%s\n' "$name" "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" >>"$KL_SECRETS"
+  done
+) 9>>"$KL_SECRETS.lock"
 . "$KL_SECRETS"
 
 # Where the project's own services are. Set these to use external ones: `scripts/stack.sh start`
@@ -71,7 +73,7 @@ export AIRFLOW_CONN_SPARK_CONNECT_DEFAULT=${AIRFLOW_CONN_SPARK_CONNECT_DEFAULT:-
 export AIRFLOW_CONN_KAFKA_LEDGER_DB=${AIRFLOW_CONN_KAFKA_LEDGER_DB:-$KAFKA_LEDGER_DB_URL}
 export AIRFLOW_CONN_KAFKA_LEDGER_KAFKA=${AIRFLOW_CONN_KAFKA_LEDGER_KAFKA:-"{\"conn_type\": \"generic\", \"extra\": {\"bootstrap.servers\": \"$KAFKA_LEDGER_BOOTSTRAP_SERVERS\"}}"}
 
-export KL_SECRETS KL_PG_AIRFLOW_TEST_PASSWORD
+export KL_SECRETS KL_PG_AIRFLOW_TEST_PASSWORD KL_KAFKA_SASL_PASSWORD KL_KAFKA_SASL_PORT KL_KAFKA_TLS_DIR KL_KAFKA_SASL_USER
 export KL_HOME KL_STATE KL_VENV KL_LOCAL_KAFKA KL_LOCAL_POSTGRES KL_LOCAL_SPARK_CONNECT KL_KAFKA_PORT
 export KL_SPARK_SLOTS KL_SPARK_POOL_DESCRIPTION KL_KAFKA_CONTROLLER_PORT KL_PG_PORT KL_AIRFLOW_PORT KL_SPARK_CONNECT_PORT KL_SPARK_CONNECT_MEMORY
 export KAFKA_LEDGER_BOOTSTRAP_SERVERS KAFKA_LEDGER_DB_URL KAFKA_LEDGER_SPARK_MASTER KAFKA_LEDGER_SPARK_RUNTIME

@@ -193,14 +193,55 @@ AdminClient({"bootstrap.servers": sys.argv[1]}).list_topics(timeout=2)
 PY
 }
 
+# A CA and the broker's certificate (for 127.0.0.1 and localhost) for the SASL_SSL listener, made once.
+# Passwords reach openssl in its environment, never its command line.
+make_kafka_tls() {
+  local d=$KL_KAFKA_TLS_DIR
+  [ -f "$d/broker.p12" ] && [ -f "$d/ca.pem" ] && return 0
+  say "kafka: making a CA and the broker's TLS certificate in $d"
+  mkdir -p "$d"; chmod 700 "$d"
+  {
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=kafka-ledger local CA" \
+      -keyout "$d/ca.key" -out "$d/ca.pem" &&
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout "$d/broker.key" -out "$d/broker.csr" &&
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$d/broker.ext" &&
+    openssl x509 -req -in "$d/broker.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -days 3650 \
+      -extfile "$d/broker.ext" -out "$d/broker.pem" &&
+    KL_P12_PASSWORD=$KL_KAFKA_KEYSTORE_PASSWORD openssl pkcs12 -export -in "$d/broker.pem" -inkey "$d/broker.key" \
+      -certfile "$d/ca.pem" -name broker -passout env:KL_P12_PASSWORD -out "$d/broker.p12.tmp" &&
+    mv "$d/broker.p12.tmp" "$d/broker.p12"
+  } >"$LOGS/kafka-tls.log" 2>&1 || { cat "$LOGS/kafka-tls.log" >&2; die "making the Kafka TLS certificates failed"; }
+  rm -f "$d/broker.csr" "$d/broker.ext"
+}
+
+# The SASL_SSL listener's SCRAM user (idempotent: set again on every start), through the plaintext listener.
+add_kafka_scram_user() {
+  "$KL_VENV/bin/python" - "$KAFKA_LEDGER_BOOTSTRAP_SERVERS" "$KL_KAFKA_SASL_USER" <<'PY' >>"$LOGS/kafka-scram.log" 2>&1 \
+    || { tail -n 20 "$LOGS/kafka-scram.log" >&2; die "could not create Kafka's SCRAM user"; }
+import os, sys
+from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+servers, user = sys.argv[1:3]
+upsert = UserScramCredentialUpsertion(user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
+                                      os.environ["KL_KAFKA_SASL_PASSWORD"].encode())
+admin = AdminClient({"bootstrap.servers": servers})  # referenced until the futures resolve
+for future in admin.alter_user_scram_credentials([upsert]).values():
+    future.result(timeout=30)
+PY
+}
+
 start_kafka() {
   [ "$KL_LOCAL_KAFKA" = 1 ] || { say "kafka: external ($KAFKA_LEDGER_BOOTSTRAP_SERVERS), not started"; return; }
   if pid_alive "$KAFKA_PID"; then say "kafka: already running (pid $(cat "$KAFKA_PID"))"; return; fi
   kafka_ready && die "another Kafka already answers on $KAFKA_LEDGER_BOOTSTRAP_SERVERS: stop it or set KL_KAFKA_PORT"
   compgen -G "$KAFKA_LIBS/kafka_*.jar" >/dev/null || die "no Kafka broker jars in $KAFKA_LIBS: run scripts/stack.sh install"
   mkdir -p "$KAFKA_DIR"
-  sed -e "s#@KAFKA_PORT@#$KL_KAFKA_PORT#g" -e "s#@CONTROLLER_PORT@#$KL_KAFKA_CONTROLLER_PORT#g" \
-      -e "s#@DATA_DIR@#$KAFKA_DIR/data#g" "$KL_HOME/stack/kafka/server.properties" >"$KAFKA_DIR/server.properties"
+  make_kafka_tls
+  # Holds the key store's password: readable by us only.
+  (umask 077; sed -e "s#@KAFKA_PORT@#$KL_KAFKA_PORT#g" -e "s#@CONTROLLER_PORT@#$KL_KAFKA_CONTROLLER_PORT#g" \
+      -e "s#@SASL_PORT@#$KL_KAFKA_SASL_PORT#g" -e "s#@TLS_DIR@#$KL_KAFKA_TLS_DIR#g" \
+      -e "s#@KEYSTORE_PASSWORD@#$KL_KAFKA_KEYSTORE_PASSWORD#g" \
+      -e "s#@DATA_DIR@#$KAFKA_DIR/data#g" "$KL_HOME/stack/kafka/server.properties" >"$KAFKA_DIR/server.properties")
+  chmod 600 "$KAFKA_DIR/server.properties"
   if [ ! -f "$KAFKA_DIR/data/meta.properties" ]; then
     say "formatting Kafka storage (KRaft, standalone controller)"
     local cluster_id; cluster_id=$("${KAFKA_JAVA[@]}" kafka.tools.StorageTool random-uuid)
@@ -211,7 +252,11 @@ start_kafka() {
   echo $! >"$KAFKA_PID"
   local i
   for i in $(seq 1 90); do
-    if kafka_ready; then say "kafka: started on $KAFKA_LEDGER_BOOTSTRAP_SERVERS (pid $(cat "$KAFKA_PID"))"; return; fi
+    if kafka_ready; then
+      add_kafka_scram_user
+      say "kafka: started on $KAFKA_LEDGER_BOOTSTRAP_SERVERS, SASL_SSL on 127.0.0.1:$KL_KAFKA_SASL_PORT (user $KL_KAFKA_SASL_USER, CA $KL_KAFKA_TLS_DIR/ca.pem) (pid $(cat "$KAFKA_PID"))"
+      return
+    fi
     pid_alive "$KAFKA_PID" || { tail -n 30 "$LOGS/kafka.out" "$LOGS/kafka.log" >&2 2>/dev/null; die "kafka exited during start"; }
     sleep 1
   done

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from confluent_kafka import IsolationLevel, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
@@ -15,11 +17,33 @@ class KafkaUnavailable(PlanError):
     """Kafka did not answer: nothing was planned (retrying later is the remedy)."""
 
 
-def admin_client(bootstrap_servers: str) -> AdminClient:
-    return AdminClient(kafka_config(bootstrap_servers, **{"socket.timeout.ms": 10_000}))
+# librdkafka's own log lines repeat a connection failure many times a second; the failure reaches the user
+# once, in the error that stops the plan (ReportingAdminClient.unreachable).
+LIBRDKAFKA_LOG = logging.getLogger("kafka_ledger.librdkafka")
+LIBRDKAFKA_LOG.setLevel(logging.CRITICAL)
+LIBRDKAFKA_LOG.propagate = False
 
 
-def _list_offsets(admin: AdminClient, tps: list[TopicPartition], spec: OffsetSpec, timeout: float) -> dict:
+class ReportingAdminClient(AdminClient):
+    """An admin client that keeps what librdkafka reports about its connections (why Kafka is unreachable)."""
+
+    def __init__(self, config: dict[str, object]):
+        self.errors: list[str] = []
+        super().__init__({**config, "error_cb": lambda error: self.errors.append(error.str()),
+                          "logger": LIBRDKAFKA_LOG})
+
+    def unreachable(self, bootstrap_servers: str, exc: Exception) -> KafkaUnavailable:
+        """The error to raise when a request failed: the connection's own reason (TLS, SASL) when known."""
+        self.poll(0.5)  # serves the error callbacks queued meanwhile
+        reasons = [e for e in dict.fromkeys(self.errors) if "brokers are down" not in e]
+        return KafkaUnavailable(f"cannot reach Kafka at {bootstrap_servers}: {'; '.join(reasons) or exc}")
+
+
+def admin_client(bootstrap_servers: str) -> ReportingAdminClient:
+    return ReportingAdminClient(kafka_config(bootstrap_servers, **{"socket.timeout.ms": 10_000}))
+
+
+def _list_offsets(admin: ReportingAdminClient, tps: list[TopicPartition], spec: OffsetSpec, timeout: float) -> dict:
     futures = admin.list_offsets(
         {KafkaTopicPartition(tp.topic, tp.partition): spec for tp in tps},
         isolation_level=IsolationLevel.READ_COMMITTED,
@@ -40,7 +64,7 @@ def partition_offsets(
     try:
         metadata = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
-        raise KafkaUnavailable(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
+        raise admin.unreachable(bootstrap_servers, exc) from exc
     missing = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
     if missing:
         raise PlanError(f"topic(s) not found in Kafka at {bootstrap_servers}: {', '.join(missing)}")
@@ -68,7 +92,7 @@ def subscribed_offsets(
         try:
             names = list(admin.list_topics(timeout=timeout).topics)
         except KafkaException as exc:
-            raise KafkaUnavailable(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
+            raise admin.unreachable(bootstrap_servers, exc) from exc
         matching = sorted(t for t in names if pipeline.subscribes(t))
         return partition_offsets(bootstrap_servers, matching, timeout) if matching else {}
     if pipeline.assignment:

@@ -74,6 +74,11 @@ PIPELINES = {
     "campaign_submit": {"max_records_per_partition": 300, "spark_runtime": "submit"},
     # Driven through a running Airflow and its REST API (test_airflow_rest.py).
     "rest": {"schedule": "@hourly", "max_records_per_partition": 100},
+    # Over the broker's SASL_SSL listener, in each Spark runtime (test_secured_kafka.py).
+    "secure_connect": {"spark_runtime": "connect", "retries": 0},
+    "secure_submit": {"spark_runtime": "submit", "retries": 0},
+    "secure_refused_password": {"retries": 0},
+    "secure_refused_certificate": {"retries": 0},
     # Three pipelines run at once under the scheduler (test_airflow_rest.py).
     **{f"parallel_{n}": {} for n in range(3)},
 }
