@@ -134,10 +134,17 @@ start_postgres() {
     [ -f "$PG_DATA/postmaster.pid" ] || die "port $KL_PG_PORT is taken by another Postgres (not the one in $PG_DATA): stop it or set KL_PG_PORT"
     say "postgres: already running on 127.0.0.1:$KL_PG_PORT"; return
   fi
+  make_tls
+  # TLS with the stack's certificate; its key and the access rules live beside the cluster, owned by its user
+  # (the key must be, and that user may not reach $KL_TLS_DIR). Rewritten on every start: older clusters too.
+  cp "$KL_TLS_DIR/postgres.pem" "$PG_DIR/server.pem"; cp "$KL_TLS_DIR/postgres.key" "$PG_DIR/server.key"
+  cp "$KL_HOME/stack/postgres/pg_hba.conf" "$PG_DIR/pg_hba.conf"
+  chmod 600 "$PG_DIR/server.key"
+  [ "$(id -u)" = 0 ] && chown postgres: "$PG_DIR/server.pem" "$PG_DIR/server.key" "$PG_DIR/pg_hba.conf"
   as_pg "$bin/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 start \
-    -o "-c listen_addresses=127.0.0.1 -p $KL_PG_PORT -c unix_socket_directories='' -c max_connections=200 -c shared_buffers=256MB -c fsync=on" >/dev/null \
+    -o "-c listen_addresses=127.0.0.1 -p $KL_PG_PORT -c unix_socket_directories='' -c max_connections=200 -c shared_buffers=256MB -c fsync=on -c ssl=on -c ssl_cert_file=$PG_DIR/server.pem -c ssl_key_file=$PG_DIR/server.key -c hba_file=$PG_DIR/pg_hba.conf" >/dev/null \
     || { tail -n 20 "$PG_LOG" >&2; die "postgres did not start (log: $PG_LOG)"; }
-  say "postgres: started on 127.0.0.1:$KL_PG_PORT"
+  say "postgres: started on 127.0.0.1:$KL_PG_PORT (TLS; the ledger role over TLS only, CA $KL_TLS_DIR/ca.pem)"
 }
 
 stop_postgres() {
@@ -193,25 +200,28 @@ AdminClient({"bootstrap.servers": sys.argv[1]}).list_topics(timeout=2)
 PY
 }
 
-# A CA and the broker's certificate (for 127.0.0.1 and localhost) for the SASL_SSL listener, made once.
-# Passwords reach openssl in its environment, never its command line.
-make_kafka_tls() {
-  local d=$KL_KAFKA_TLS_DIR
-  [ -f "$d/broker.p12" ] && [ -f "$d/ca.pem" ] && return 0
-  say "kafka: making a CA and the broker's TLS certificate in $d"
+# The local stack's CA and the certificates it signs (for 127.0.0.1 and localhost): the broker's SASL_SSL
+# listener and Postgres. Made once; passwords reach openssl in its environment, never its command line.
+make_tls() {
+  local d=$KL_TLS_DIR
+  [ -f "$d/ca.pem" ] && [ -f "$d/broker.p12" ] && [ -f "$d/postgres.pem" ] && return 0
+  say "tls: making the local CA and the certificates of Kafka and Postgres in $d"
   mkdir -p "$d"; chmod 700 "$d"
+  sign() {  # sign <name>: a key and a certificate for this host, signed by the CA
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout "$d/$1.key" -out "$d/$1.csr" &&
+    openssl x509 -req -in "$d/$1.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -days 3650 \
+      -extfile "$d/host.ext" -out "$d/$1.pem" && rm -f "$d/$1.csr"
+  }
   {
-    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=kafka-ledger local CA" \
-      -keyout "$d/ca.key" -out "$d/ca.pem" &&
-    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout "$d/broker.key" -out "$d/broker.csr" &&
-    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$d/broker.ext" &&
-    openssl x509 -req -in "$d/broker.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -days 3650 \
-      -extfile "$d/broker.ext" -out "$d/broker.pem" &&
+    { [ -f "$d/ca.pem" ] || openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=kafka-ledger local CA" \
+        -keyout "$d/ca.key" -out "$d/ca.pem"; } &&
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$d/host.ext" &&
+    sign broker && sign postgres &&
     KL_P12_PASSWORD=$KL_KAFKA_KEYSTORE_PASSWORD openssl pkcs12 -export -in "$d/broker.pem" -inkey "$d/broker.key" \
       -certfile "$d/ca.pem" -name broker -passout env:KL_P12_PASSWORD -out "$d/broker.p12.tmp" &&
     mv "$d/broker.p12.tmp" "$d/broker.p12"
-  } >"$LOGS/kafka-tls.log" 2>&1 || { cat "$LOGS/kafka-tls.log" >&2; die "making the Kafka TLS certificates failed"; }
-  rm -f "$d/broker.csr" "$d/broker.ext"
+  } >"$LOGS/tls.log" 2>&1 || { cat "$LOGS/tls.log" >&2; die "making the TLS certificates failed"; }
+  rm -f "$d/host.ext"
 }
 
 # The SASL_SSL listener's SCRAM user (idempotent: set again on every start), through the plaintext listener.
@@ -235,10 +245,10 @@ start_kafka() {
   kafka_ready && die "another Kafka already answers on $KAFKA_LEDGER_BOOTSTRAP_SERVERS: stop it or set KL_KAFKA_PORT"
   compgen -G "$KAFKA_LIBS/kafka_*.jar" >/dev/null || die "no Kafka broker jars in $KAFKA_LIBS: run scripts/stack.sh install"
   mkdir -p "$KAFKA_DIR"
-  make_kafka_tls
+  make_tls
   # Holds the key store's password: readable by us only.
   (umask 077; sed -e "s#@KAFKA_PORT@#$KL_KAFKA_PORT#g" -e "s#@CONTROLLER_PORT@#$KL_KAFKA_CONTROLLER_PORT#g" \
-      -e "s#@SASL_PORT@#$KL_KAFKA_SASL_PORT#g" -e "s#@TLS_DIR@#$KL_KAFKA_TLS_DIR#g" \
+      -e "s#@SASL_PORT@#$KL_KAFKA_SASL_PORT#g" -e "s#@TLS_DIR@#$KL_TLS_DIR#g" \
       -e "s#@KEYSTORE_PASSWORD@#$KL_KAFKA_KEYSTORE_PASSWORD#g" \
       -e "s#@DATA_DIR@#$KAFKA_DIR/data#g" "$KL_HOME/stack/kafka/server.properties" >"$KAFKA_DIR/server.properties")
   chmod 600 "$KAFKA_DIR/server.properties"
@@ -254,7 +264,7 @@ start_kafka() {
   for i in $(seq 1 90); do
     if kafka_ready; then
       add_kafka_scram_user
-      say "kafka: started on $KAFKA_LEDGER_BOOTSTRAP_SERVERS, SASL_SSL on 127.0.0.1:$KL_KAFKA_SASL_PORT (user $KL_KAFKA_SASL_USER, CA $KL_KAFKA_TLS_DIR/ca.pem) (pid $(cat "$KAFKA_PID"))"
+      say "kafka: started on $KAFKA_LEDGER_BOOTSTRAP_SERVERS, SASL_SSL on 127.0.0.1:$KL_KAFKA_SASL_PORT (user $KL_KAFKA_SASL_USER, CA $KL_TLS_DIR/ca.pem) (pid $(cat "$KAFKA_PID"))"
       return
     fi
     pid_alive "$KAFKA_PID" || { tail -n 30 "$LOGS/kafka.out" "$LOGS/kafka.log" >&2 2>/dev/null; die "kafka exited during start"; }

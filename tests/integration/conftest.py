@@ -79,6 +79,8 @@ PIPELINES = {
     "secure_submit": {"spark_runtime": "submit", "retries": 0},
     "secure_refused_password": {"retries": 0},
     "secure_refused_certificate": {"retries": 0},
+    # The CLI reaching the ledger over TLS through the Airflow connection (test_stack.py).
+    "tls_connection": {},
     # Three pipelines run at once under the scheduler (test_airflow_rest.py).
     **{f"parallel_{n}": {} for n in range(3)},
 }

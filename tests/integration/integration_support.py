@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import subprocess
 from pathlib import Path
 
 from confluent_kafka import Producer
@@ -98,3 +99,11 @@ def listening_sockets(pids: list[int]) -> set[tuple[str, int]]:
 
 def not_loopback(sockets: set[tuple[str, int]]) -> set[tuple[str, int]]:
     return {(address, port) for address, port in sockets if not ipaddress.ip_address(address).is_loopback}
+
+
+def other_ca(folder: Path) -> Path:
+    """A CA (PEM) that signed none of the stack's certificates: a client trusting only it must refuse them."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=other",
+                    "-keyout", str(folder / "other.key"), "-out", str(folder / "other.pem")],
+                   check=True, capture_output=True)
+    return folder / "other.pem"

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections import Counter
 from pathlib import Path
 
 import psycopg2
 import pytest
-from integration_support import BAD_VALUES, good_value
+from integration_support import BAD_VALUES, good_value, other_ca
 
 from kafka_ledger import audit, kafka_offsets
 from kafka_ledger.airflow_dag import run_pipeline_dag
@@ -21,7 +20,7 @@ from kafka_ledger.verify import verify_pipeline
 pytestmark = pytest.mark.integration
 
 SECURED_SERVERS = f"127.0.0.1:{os.environ.get('KL_KAFKA_SASL_PORT', '19094')}"
-TLS_DIR = Path(os.environ.get("KL_KAFKA_TLS_DIR", Path(__file__).resolve().parents[2] / ".stack" / "kafka-tls"))
+TLS_DIR = Path(os.environ.get("KL_TLS_DIR", Path(__file__).resolve().parents[2] / ".stack" / "tls"))
 
 
 def secured_settings(**changes: str) -> dict[str, str]:
@@ -62,14 +61,6 @@ def test_a_pipeline_runs_exactly_once_over_sasl_ssl(runtime, dsn, servers, pipel
     server_log = Path(os.environ.get("KL_STATE", ".stack")) / "logs" / "spark-connect.log"
     if server_log.exists():
         assert os.environ["KL_KAFKA_SASL_PASSWORD"] not in server_log.read_text(errors="replace")
-
-
-def other_ca(tmp_path: Path) -> Path:
-    """A CA the broker's certificate was not signed by."""
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=other",
-                    "-keyout", str(tmp_path / "other.key"), "-out", str(tmp_path / "other.pem")],
-                   check=True, capture_output=True)
-    return tmp_path / "other.pem"
 
 
 @pytest.mark.parametrize("problem", ["password", "certificate"])
