@@ -2,9 +2,43 @@
 # Quick start, command 1: set up everything on a fresh machine (idempotent), then run the demo.
 # The demo prints its JSON accounting (counted from Kafka and Postgres); `kafka-ledger verify` then checks
 # the ledger's invariants and every committed offset against Kafka, and exits non-zero on any problem.
+#
+#   bash scripts/demo.sh [--secure] [--cluster] [demo options, see python -m kafka_ledger.demo --help]
+#     --secure    Kafka over the broker's SASL_SSL listener (SCRAM-SHA-512, the stack's CA); the ledger over
+#                 TLS with sslmode=verify-full (the local stack's default, checked here)
+#     --cluster   Spark on the local standalone cluster (master and worker on loopback): the Spark Connect
+#                 server runs its executors there
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+secure=0
+demo_args=()
+for arg in "$@"; do
+  case $arg in
+    --secure) secure=1 ;;
+    # Before set-up and env.sh: the stack then starts the cluster and puts its Spark on it.
+    --cluster) export KAFKA_LEDGER_SPARK_MASTER="spark://127.0.0.1:${KL_SPARK_MASTER_PORT:-17077}" ;;
+    *) demo_args+=("$arg") ;;
+  esac
+done
+
 bash scripts/stack.sh up
 . scripts/env.sh
-python -m kafka_ledger.demo "$@"
+if [ "$secure" = 1 ]; then
+  python - <<'PY' || exit 1
+import os, sys
+from kafka_ledger.settings import libpq_settings
+if libpq_settings(os.environ["KAFKA_LEDGER_DB_URL"]).get("sslmode") != "verify-full":
+    sys.exit("demo --secure: KAFKA_LEDGER_DB_URL does not say sslmode=verify-full")
+PY
+  export KAFKA_LEDGER_BOOTSTRAP_SERVERS=127.0.0.1:$KL_KAFKA_SASL_PORT
+  KAFKA_LEDGER_KAFKA_CONFIG=$(python -c 'import json, os, sys; print(json.dumps({
+      "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": os.environ["KL_KAFKA_SASL_USER"],
+      "sasl.password": os.environ["KL_KAFKA_SASL_PASSWORD"], "ssl.ca.location": os.environ["KL_TLS_DIR"] + "/ca.pem"}))')
+  export KAFKA_LEDGER_KAFKA_CONFIG
+fi
+if [ "$secure" = 1 ]; then shape="Kafka $KAFKA_LEDGER_BOOTSTRAP_SERVERS over SASL_SSL, the ledger over verified TLS"
+else shape="Kafka $KAFKA_LEDGER_BOOTSTRAP_SERVERS"; fi
+echo "[demo] $shape; Spark master $KAFKA_LEDGER_SPARK_MASTER (runtime $KAFKA_LEDGER_SPARK_RUNTIME)"
+python -m kafka_ledger.demo "${demo_args[@]}"
 kafka-ledger verify impressions

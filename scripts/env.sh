@@ -20,10 +20,17 @@ KL_SPARK_CONNECT_PORT=${KL_SPARK_CONNECT_PORT:-19002}
 # per pipeline at a time whatever this says). Each batch in the connect runtime shares the server's heap.
 KL_SPARK_SLOTS=${KL_SPARK_SLOTS:-2}
 KL_SPARK_POOL_DESCRIPTION="Spark batches at once across all kafka-ledger pipelines (each pipeline runs one at a time)"
+# The local Spark standalone cluster (`scripts/stack.sh cluster`): one master and one worker on loopback.
+KL_SPARK_MASTER_PORT=${KL_SPARK_MASTER_PORT:-17077}
+KL_SPARK_MASTER_UI_PORT=${KL_SPARK_MASTER_UI_PORT:-18081}
+KL_SPARK_WORKER_UI_PORT=${KL_SPARK_WORKER_UI_PORT:-18082}
+KL_SPARK_WORKER_CORES=${KL_SPARK_WORKER_CORES:-2}
+KL_SPARK_WORKER_MEMORY=${KL_SPARK_WORKER_MEMORY:-2g}
+KL_SPARK_CLUSTER_MASTER=spark://127.0.0.1:$KL_SPARK_MASTER_PORT
 # Heap of the Spark Connect server (its driver, which runs the local executors too): bounds its memory.
 KL_SPARK_CONNECT_MEMORY=${KL_SPARK_CONNECT_MEMORY:-1g}
 
-# Passwords of the local stack (Postgres roles, Kafka's SCRAM user and the broker's key store): random, made
+# Passwords of the local stack (Postgres roles, Kafka's SCRAM user, the broker's key store, Spark's RPC secret): random, made
 # once per stack and kept in $KL_SECRETS (mode 600). Not common words: Airflow masks a password wherever it appears in a task log, so a password such as
 # the project's name would hide that name in every log line.
 KL_SECRETS=${KL_SECRETS:-$KL_STATE/secrets.env}
@@ -32,7 +39,7 @@ mkdir -p "$(dirname "$KL_SECRETS")"
   umask 077
   flock 9  # two first runs at once: one writes, the other then reads the same values
   for name in KL_PG_SUPERUSER_PASSWORD KL_PG_LEDGER_PASSWORD KL_PG_AIRFLOW_PASSWORD KL_PG_AIRFLOW_TEST_PASSWORD \
-              KL_KAFKA_SASL_PASSWORD KL_KAFKA_KEYSTORE_PASSWORD; do
+              KL_KAFKA_SASL_PASSWORD KL_KAFKA_KEYSTORE_PASSWORD KL_SPARK_AUTH_SECRET; do
     grep -q "^$name=" "$KL_SECRETS" 2>/dev/null \
       || printf '%s=%s\n' "$name" "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" >>"$KL_SECRETS"
   done
@@ -80,6 +87,12 @@ export KL_HOME KL_STATE KL_VENV KL_LOCAL_KAFKA KL_LOCAL_POSTGRES KL_LOCAL_SPARK_
 export KL_SPARK_SLOTS KL_SPARK_POOL_DESCRIPTION KL_KAFKA_CONTROLLER_PORT KL_PG_PORT KL_AIRFLOW_PORT KL_SPARK_CONNECT_PORT KL_SPARK_CONNECT_MEMORY
 export KAFKA_LEDGER_BOOTSTRAP_SERVERS KAFKA_LEDGER_DB_URL KAFKA_LEDGER_SPARK_MASTER KAFKA_LEDGER_SPARK_RUNTIME
 export KAFKA_LEDGER_SPARK_JARS_DIR KAFKA_LEDGER_PIPELINES
+# Spark's settings for every Spark process of the stack (the cluster, spark-submit, the Connect server): a
+# spark-defaults.conf made from the secrets by scripts/stack.sh, so the RPC secret is on no command line.
+export SPARK_CONF_DIR=${SPARK_CONF_DIR:-$KL_STATE/spark-conf}
+# Spark's own services (drivers, the cluster's daemons and executors, their UIs) bind this address.
+export SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1}
+export KL_SPARK_MASTER_PORT KL_SPARK_MASTER_UI_PORT KL_SPARK_WORKER_UI_PORT KL_SPARK_WORKER_CORES KL_SPARK_WORKER_MEMORY KL_SPARK_CLUSTER_MASTER
 # spark-submit is called by bare name by the Spark provider, and the driver must use the venv's Python.
 export PATH="$KL_VENV/bin:$PATH"
 export PYSPARK_PYTHON=${PYSPARK_PYTHON:-$KL_VENV/bin/python}

@@ -12,6 +12,9 @@
 #   scripts/stack.sh restart-postgres | restart-kafka | restart-spark-connect
 #                               stop and start one service (the fault campaign uses them)
 #   scripts/stack.sh kill-spark-connect   SIGKILL the Spark Connect server (the fault campaign's crash)
+#   scripts/stack.sh cluster    start a Spark standalone master and worker on loopback (KL_SPARK_CLUSTER_MASTER);
+#                               pipelines use it with KAFKA_LEDGER_SPARK_MASTER=spark://127.0.0.1:17077
+#   scripts/stack.sh stop-cluster | kill-spark-worker   stop the cluster; SIGKILL the worker and its executors
 #
 # Everything lives under $KL_STATE (.stack/ by default): data, logs, pid files and downloaded jars.
 set -euo pipefail
@@ -289,7 +292,15 @@ port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 start_spark_connect() {
   [ "$KL_LOCAL_SPARK_CONNECT" = 1 ] || { say "spark connect: external (connection spark_connect_default), not started"; return; }
-  if pid_alive "$SPARK_CONNECT_PID"; then say "spark connect: already running (pid $(cat "$SPARK_CONNECT_PID"))"; return; fi
+  if pid_alive "$SPARK_CONNECT_PID"; then
+    if [ "$(cat "$SPARK_CONNECT_PID.master" 2>/dev/null)" = "$KAFKA_LEDGER_SPARK_MASTER" ]; then
+      say "spark connect: already running (pid $(cat "$SPARK_CONNECT_PID"), master $KAFKA_LEDGER_SPARK_MASTER)"; return
+    fi
+    # Another master than the one asked for: a server left on the wrong one would run the batches there.
+    say "spark connect: restarting on master $KAFKA_LEDGER_SPARK_MASTER (was $(cat "$SPARK_CONNECT_PID.master" 2>/dev/null || echo unknown))"
+    stop_pidfile "spark connect" "$SPARK_CONNECT_PID"
+  fi
+  write_spark_conf
   port_open "$KL_SPARK_CONNECT_PORT" && die "port $KL_SPARK_CONNECT_PORT is taken (another Spark Connect server?): stop it or set KL_SPARK_CONNECT_PORT"
   local jars; jars=$(ls "$KAFKA_LEDGER_SPARK_JARS_DIR"/*.jar 2>/dev/null | paste -sd, -)
   [ -n "$jars" ] || die "no Spark connector jars in $KAFKA_LEDGER_SPARK_JARS_DIR: run scripts/stack.sh install"
@@ -305,10 +316,11 @@ start_spark_connect() {
     --conf "spark.driver.extraJavaOptions=-XX:-DontCompileHugeMethods -XX:MaxDirectMemorySize=256m -XX:ReservedCodeCacheSize=96m -XX:MaxMetaspaceSize=256m -XX:+UseParallelGC -Duser.timezone=UTC -Dlog4j2.configurationFile=file:$KL_HOME/stack/spark-connect/log4j2.properties" \
     spark-internal >"$LOGS/spark-connect.log" 2>&1 &
   echo $! >"$SPARK_CONNECT_PID"
+  printf '%s' "$KAFKA_LEDGER_SPARK_MASTER" >"$SPARK_CONNECT_PID.master"
   local i
   for i in $(seq 1 120); do
     if port_open "$KL_SPARK_CONNECT_PORT"; then
-      say "spark connect: started on sc://127.0.0.1:$KL_SPARK_CONNECT_PORT (pid $(cat "$SPARK_CONNECT_PID"), heap $KL_SPARK_CONNECT_MEMORY, log $LOGS/spark-connect.log)"
+      say "spark connect: started on sc://127.0.0.1:$KL_SPARK_CONNECT_PORT, master $KAFKA_LEDGER_SPARK_MASTER (pid $(cat "$SPARK_CONNECT_PID"), heap $KL_SPARK_CONNECT_MEMORY, log $LOGS/spark-connect.log)"
       return
     fi
     pid_alive "$SPARK_CONNECT_PID" || { tail -n 30 "$LOGS/spark-connect.log" >&2; die "the Spark Connect server exited during start"; }
@@ -327,6 +339,65 @@ kill_spark_connect() {  # SIGKILL of the whole server (JVM and its spark-submit 
     sleep 0.1
   done
   rm -f "$SPARK_CONNECT_PID"; say "spark connect: killed"
+}
+
+# --- Spark settings and the standalone cluster ------------------------------------------------------
+# spark-defaults.conf for every Spark process the stack runs: RPC authenticated by a shared secret (a
+# master that anyone could submit to runs anyone's code), drivers on loopback, UIs without kill buttons.
+write_spark_conf() {
+  mkdir -p "$SPARK_CONF_DIR"
+  (umask 077; cat >"$SPARK_CONF_DIR/spark-defaults.conf.tmp" <<CONF
+spark.authenticate                 true
+spark.authenticate.secret          $KL_SPARK_AUTH_SECRET
+spark.driver.bindAddress           127.0.0.1
+spark.driver.host                  127.0.0.1
+spark.ui.killEnabled               false
+CONF
+  )
+  mv "$SPARK_CONF_DIR/spark-defaults.conf.tmp" "$SPARK_CONF_DIR/spark-defaults.conf"
+}
+
+SPARK_MASTER_PID=$RUN/spark-master.pid
+SPARK_WORKER_PID=$RUN/spark-worker.pid
+
+# A daemon from PySpark's own distribution (spark-class), bound to loopback, its UI too (SPARK_LOCAL_IP).
+start_spark_daemon() {  # start_spark_daemon <name> <pidfile> <class> <args...>
+  local name=$1 pidfile=$2; shift 2
+  if pid_alive "$pidfile"; then say "$name: already running (pid $(cat "$pidfile"))"; return; fi
+  SPARK_LOCAL_IP=127.0.0.1 SPARK_NO_DAEMONIZE=1 setsid nohup "$KL_VENV/bin/spark-class" "$@" \
+    >"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$pidfile"
+}
+
+start_cluster() {
+  write_spark_conf
+  start_spark_daemon spark-master "$SPARK_MASTER_PID" org.apache.spark.deploy.master.Master \
+    --host 127.0.0.1 --port "$KL_SPARK_MASTER_PORT" --webui-port "$KL_SPARK_MASTER_UI_PORT"
+  local i
+  for i in $(seq 1 60); do port_open "$KL_SPARK_MASTER_PORT" && break; sleep 1; done
+  port_open "$KL_SPARK_MASTER_PORT" || { tail -n 30 "$LOGS/spark-master.log" >&2; die "the Spark master did not listen within 60 s"; }
+  start_spark_daemon spark-worker "$SPARK_WORKER_PID" org.apache.spark.deploy.worker.Worker "$KL_SPARK_CLUSTER_MASTER" \
+    --host 127.0.0.1 --cores "$KL_SPARK_WORKER_CORES" --memory "$KL_SPARK_WORKER_MEMORY" \
+    --webui-port "$KL_SPARK_WORKER_UI_PORT" --work-dir "$KL_STATE/spark-work"
+  for i in $(seq 1 60); do
+    if grep -q "Successfully registered with master" "$LOGS/spark-worker.log" 2>/dev/null; then
+      say "spark cluster: master $KL_SPARK_CLUSTER_MASTER (UI http://127.0.0.1:$KL_SPARK_MASTER_UI_PORT), one worker ($KL_SPARK_WORKER_CORES cores, $KL_SPARK_WORKER_MEMORY)"
+      return
+    fi
+    pid_alive "$SPARK_WORKER_PID" || { tail -n 30 "$LOGS/spark-worker.log" >&2; die "the Spark worker exited during start"; }
+    sleep 1
+  done
+  die "the Spark worker did not register with the master within 60 s (log: $LOGS/spark-worker.log)"
+}
+
+# The local cluster is started with the rest when Spark is pointed at it.
+start_cluster_if_used() { [ "$KAFKA_LEDGER_SPARK_MASTER" != "$KL_SPARK_CLUSTER_MASTER" ] || start_cluster; }
+
+kill_spark_worker() {  # SIGKILL of the worker and the executors it started, as a lost machine would look
+  pid_alive "$SPARK_WORKER_PID" || return 0
+  local pid; pid=$(cat "$SPARK_WORKER_PID")
+  kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"
+  rm -f "$SPARK_WORKER_PID"; say "spark worker: killed"
 }
 
 # --- Airflow + ledger migrations -------------------------------------------------------------------
@@ -365,20 +436,25 @@ status() {
   if pg_ready 2>/dev/null; then echo "postgres  up    127.0.0.1:$KL_PG_PORT  data $PG_DATA  log $PG_LOG"; else echo "postgres  down"; fi
   if pid_alive "$KAFKA_PID"; then echo "kafka     up    $KAFKA_LEDGER_BOOTSTRAP_SERVERS  pid $(cat "$KAFKA_PID")"; else echo "kafka     down"; fi
   if pid_alive "$SPARK_CONNECT_PID"; then echo "spark     up    sc://127.0.0.1:$KL_SPARK_CONNECT_PORT  pid $(cat "$SPARK_CONNECT_PID")  log $LOGS/spark-connect.log"; else echo "spark     down  (Spark Connect server)"; fi
+  if pid_alive "$SPARK_MASTER_PID"; then echo "cluster   up    $KL_SPARK_CLUSTER_MASTER  master pid $(cat "$SPARK_MASTER_PID")  worker $(pid_alive "$SPARK_WORKER_PID" && echo "pid $(cat "$SPARK_WORKER_PID")" || echo down)"; else echo "cluster   down  (Spark standalone: scripts/stack.sh cluster)"; fi
   if pid_alive "$AIRFLOW_PID"; then echo "airflow   up    http://127.0.0.1:$KL_AIRFLOW_PORT  pid $(cat "$AIRFLOW_PID")"; else echo "airflow   down"; fi
 }
 
 case "${1:-}" in
   install) install ;;
-  start) start_postgres; start_kafka; start_spark_connect ;;
+  start) start_postgres; start_kafka; start_cluster_if_used; start_spark_connect ;;
   migrate) migrate ;;
-  up) install; start_postgres; start_kafka; start_spark_connect; migrate ;;
+  up) install; start_postgres; start_kafka; start_cluster_if_used; start_spark_connect; migrate ;;
   airflow) start_airflow ;;
   restart-postgres) stop_postgres; start_postgres ;;
   restart-kafka) stop_pidfile kafka "$KAFKA_PID"; start_kafka ;;
   restart-spark-connect) stop_pidfile "spark connect" "$SPARK_CONNECT_PID"; start_spark_connect ;;
   kill-spark-connect) kill_spark_connect ;;
-  stop) stop_pidfile airflow "$AIRFLOW_PID"; stop_pidfile "spark connect" "$SPARK_CONNECT_PID"; stop_pidfile kafka "$KAFKA_PID"; stop_postgres ;;
+  cluster) start_cluster ;;
+  stop-cluster) stop_pidfile "spark worker" "$SPARK_WORKER_PID"; stop_pidfile "spark master" "$SPARK_MASTER_PID" ;;
+  kill-spark-worker) kill_spark_worker ;;
+  stop) stop_pidfile airflow "$AIRFLOW_PID"; stop_pidfile "spark connect" "$SPARK_CONNECT_PID"
+        stop_pidfile "spark worker" "$SPARK_WORKER_PID"; stop_pidfile "spark master" "$SPARK_MASTER_PID"; stop_pidfile kafka "$KAFKA_PID"; stop_postgres ;;
   status) status ;;
-  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

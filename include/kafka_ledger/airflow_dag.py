@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -22,7 +23,7 @@ from airflow.timetables.interval import CronDataIntervalTimetable
 
 from kafka_ledger import kafka_security
 from kafka_ledger.batch_requests import MODES
-from kafka_ledger.config import PipelineConfig, config_path, get_pipeline
+from kafka_ledger.config import PipelineConfig, get_pipeline
 from kafka_ledger.settings import (
     SPARK_SUBMIT_CONN_ID,
     bootstrap_servers,
@@ -31,7 +32,14 @@ from kafka_ledger.settings import (
     libpq_settings,
     spark_runtime,
 )
-from kafka_ledger.spark_submit import BASE_SPARK_CONF, SPARK_APPLICATION, spark_conf, spark_jars
+from kafka_ledger.spark_submit import (
+    BASE_SPARK_CONF,
+    SPARK_APPLICATION,
+    check_master,
+    spark_conf,
+    spark_jars,
+    spark_job_environment,
+)
 
 __all__ = ["BASE_SPARK_CONF", "SPARK_APPLICATION", "SPARK_POOL", "SPARK_TASK", "build_pipeline_dag",
            "run_pipeline_dag"]
@@ -63,6 +71,22 @@ def masked_kafka_settings() -> str:
     for secret in kafka_security.secret_values(values):
         mask_secret(secret)
     return json.dumps(values)
+
+
+class SubmitBatchOperator(SparkSubmitOperator):
+    """spark-submit of a batch's job, its settings (secrets among them) in the environment spark-submit inherits.
+
+    Resolved in the worker when the task runs (environment first, then Airflow connections) and registered
+    with the secret masker; never env_vars, which the Spark provider puts on the command line on YARN and
+    Kubernetes, and never a rendered template field, which the UI shows.
+    """
+
+    def execute(self, context: Any) -> None:
+        check_master(self._get_hook())
+        dsn = masked_ledger_dsn()
+        masked_kafka_settings()
+        os.environ.update(spark_job_environment(dsn, bootstrap_servers()))
+        super().execute(context)
 
 
 def trigger_form(pipeline: PipelineConfig) -> dict[str, Param]:
@@ -267,10 +291,6 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         },
         user_defined_macros={
             "spark_jars": spark_jars,
-            "ledger_dsn": masked_ledger_dsn,
-            "kafka_settings": masked_kafka_settings,
-            "bootstrap_servers": bootstrap_servers,
-            "pipelines_path": lambda: str(config_path()),
         },
     ) as dag:
         plan = task(
@@ -292,7 +312,7 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
             plan >> spark_work
             committed = spark_work
         else:
-            spark_work = SparkSubmitOperator(
+            spark_work = SubmitBatchOperator(
                 task_id=SPARK_TASK[runtime],
                 application=str(SPARK_APPLICATION),
                 conn_id=SPARK_SUBMIT_CONN_ID,
@@ -303,13 +323,6 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
                 ],
                 jars="{{ spark_jars() }}",
                 conf=spark_conf(pipeline),
-                # Resolved in the worker when the task runs (env first, then Airflow connections).
-                env_vars={
-                    "KAFKA_LEDGER_DB_URL": "{{ ledger_dsn() }}",
-                    "KAFKA_LEDGER_BOOTSTRAP_SERVERS": "{{ bootstrap_servers() }}",
-                    "KAFKA_LEDGER_KAFKA_CONFIG": "{{ kafka_settings() }}",
-                    "KAFKA_LEDGER_PIPELINES": "{{ pipelines_path() }}",
-                },
                 **spark_task_args,
             )
             committed = task(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from kafka_ledger.config import PipelineConfig, config_path
 from kafka_ledger.kafka_security import KAFKA_CONFIG_ENV
-from kafka_ledger.settings import kafka_settings
+from kafka_ledger.settings import SPARK_SUBMIT_CONN_ID, SettingsError, kafka_settings
 
 if TYPE_CHECKING:
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -44,10 +44,21 @@ def spark_conf(pipeline: PipelineConfig) -> dict[str, str]:
     return {**BASE_SPARK_CONF, **pipeline.spark_conf}
 
 
-def spark_submit_hook(pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> SparkSubmitHook:
+def spark_job_environment(dsn: str, servers: str) -> dict[str, str]:
+    """What the batch's Spark job reads from its environment: where the ledger, Kafka and the pipelines are.
+
+    It holds secrets, so it reaches spark-submit as the environment it inherits, never as the hook's
+    env_vars: on YARN and Kubernetes the Spark provider turns those into `--conf` arguments on its command line.
+    """
+    return {"KAFKA_LEDGER_DB_URL": dsn, "KAFKA_LEDGER_BOOTSTRAP_SERVERS": servers,
+            KAFKA_CONFIG_ENV: json.dumps(kafka_settings()), "KAFKA_LEDGER_PIPELINES": str(config_path())}
+
+
+def spark_submit_hook(pipeline: PipelineConfig, batch_id: int) -> SparkSubmitHook:
     """The Spark provider's hook for the batch's Spark job, set up as the DAG's operator sets it up.
 
     Uses the `spark_default` connection (AIRFLOW_CONN_SPARK_DEFAULT), or local[*] when none is defined.
+    The job's settings must be in this process's environment (spark_job_environment).
     """
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
@@ -57,12 +68,28 @@ def spark_submit_hook(pipeline: PipelineConfig, batch_id: int, dsn: str, servers
         jars=spark_jars(),
         name=f"kafka-ledger-{pipeline.name}",
         application_args=["--pipeline", pipeline.name, "--batch-id", str(batch_id)],
-        env_vars={"KAFKA_LEDGER_DB_URL": dsn, "KAFKA_LEDGER_BOOTSTRAP_SERVERS": servers,
-                  KAFKA_CONFIG_ENV: json.dumps(kafka_settings()),
-                  "KAFKA_LEDGER_PIPELINES": str(config_path()), "PATH": os.environ.get("PATH", "")},
     )
+
+
+def check_master(hook: SparkSubmitHook) -> None:
+    """Refuse to submit elsewhere than $KAFKA_LEDGER_SPARK_MASTER says, when it says something.
+
+    The `spark_default` connection is derived from that variable when scripts/env.sh is sourced: one
+    exported afterwards would otherwise be ignored, and the job would silently run on the old master.
+    """
+    wanted = os.environ.get("KAFKA_LEDGER_SPARK_MASTER")
+    master = hook._connection["master"]  # the provider's own reading of the connection (host and port)
+    if wanted and wanted != master:
+        raise SettingsError(
+            f"KAFKA_LEDGER_SPARK_MASTER is {wanted!r} but the connection {SPARK_SUBMIT_CONN_ID!r} says {master!r}: "
+            f"spark-submit would run there. Source scripts/env.sh after exporting KAFKA_LEDGER_SPARK_MASTER, or "
+            f"set AIRFLOW_CONN_SPARK_DEFAULT to the same master"
+        )
 
 
 def submit_batch(pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> None:
     """Run the batch's Spark job with spark-submit outside Airflow (the CLI's replay); raises on failure."""
-    spark_submit_hook(pipeline, batch_id, dsn, servers).submit(str(SPARK_APPLICATION))
+    os.environ.update(spark_job_environment(dsn, servers))
+    hook = spark_submit_hook(pipeline, batch_id)
+    check_master(hook)
+    hook.submit(str(SPARK_APPLICATION))

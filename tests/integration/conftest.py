@@ -81,6 +81,10 @@ PIPELINES = {
     "secure_refused_certificate": {"retries": 0},
     # The CLI reaching the ledger over TLS through the Airflow connection (test_stack.py).
     "tls_connection": {},
+    # On the local Spark standalone cluster (test_spark_cluster.py).
+    "cluster_submit": {"spark_runtime": "submit", "retries": 0},
+    "cluster_worker_loss": {"spark_runtime": "submit", "retries": 1},
+    "cluster_connect": {"spark_runtime": "connect", "retries": 0},
     # Three pipelines run at once under the scheduler (test_airflow_rest.py).
     **{f"parallel_{n}": {} for n in range(3)},
 }

@@ -83,6 +83,37 @@ def test_spark_submit_command_is_exact(dag, monkeypatch):
     ]
 
 
+# Kubernetes takes the provider's YARN branch for env_vars, but its hook needs the cncf.kubernetes provider.
+@pytest.mark.parametrize("master", ["yarn", "spark://master:7077"])
+def test_no_secret_reaches_the_spark_submit_command_line_on_any_master(dag, monkeypatch, master):
+    """The Spark provider turns env_vars into --conf arguments on YARN and Kubernetes: the job's settings
+    (the ledger URL, Kafka passwords) reach spark-submit as its inherited environment instead."""
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": master}))
+    monkeypatch.setenv("KAFKA_LEDGER_DB_URL", "postgresql://ledger:s3cret@db:5432/ledger")
+    monkeypatch.setenv("KAFKA_LEDGER_KAFKA_CONFIG", json.dumps({"sasl.password": "k4fka"}))
+    spark = dag.get_task("read_and_stage")
+    hook = spark._get_hook()
+
+    command = " ".join(hook._build_spark_submit_command(spark.application))
+
+    assert f"--master {master}" in command
+    assert "KAFKA_LEDGER" not in command and "s3cret" not in command and "k4fka" not in command
+    assert not hook._env  # nothing for the provider to place anywhere but the inherited environment
+
+
+def test_a_master_exported_after_the_connection_was_made_is_refused_not_ignored(dag, monkeypatch):
+    from kafka_ledger.settings import SettingsError
+    from kafka_ledger.spark_submit import check_master
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
+    monkeypatch.setenv("KAFKA_LEDGER_SPARK_MASTER", "spark://127.0.0.1:17077")
+    with pytest.raises(SettingsError, match=r"KAFKA_LEDGER_SPARK_MASTER is 'spark://127.0.0.1:17077' but the "
+                                            r"connection 'spark_default' says 'local\[\*\]'"):
+        check_master(dag.get_task("read_and_stage")._get_hook())
+    monkeypatch.setenv("KAFKA_LEDGER_SPARK_MASTER", "local[*]")
+    check_master(dag.get_task("read_and_stage")._get_hook())
+
+
 def test_dags_folder_builds_a_dag_per_declared_pipeline(monkeypatch):
     from airflow.dag_processing.dagbag import DagBag
 
