@@ -103,6 +103,31 @@ def test_the_cluster_listens_on_loopback_only(cluster):
         assert sockets and not_loopback(sockets) == set(), (daemon, sorted(sockets))
 
 
+def test_the_cluster_refuses_an_application_without_the_stack_s_secret(cluster, tmp_path):
+    """Anyone who can submit to a master runs code on its workers: the stack's master wants the RPC secret."""
+    job = tmp_path / "job.py"
+    job.write_text("from pyspark.sql import SparkSession\n"
+                   "print('counted', SparkSession.builder.getOrCreate().range(10).count())\n")
+    command = ["spark-submit", "--master", cluster, str(job)]
+    env = {**os.environ, "SPARK_CONF_DIR": str(tmp_path)}  # no spark-defaults.conf: no secret
+    # The driver keeps retrying the master after the refusal: read its output until the reason shows.
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as job_run:
+        timer = threading.Timer(120, job_run.kill)
+        timer.start()
+        output = []
+        for line in job_run.stdout:
+            output.append(line)
+            if "Expected SaslMessage" in line or "counted" in line:
+                break
+        job_run.kill()
+        timer.cancel()
+    assert "counted" not in "".join(output)
+    assert "Expected SaslMessage" in "".join(output), "".join(output)[-3000:]
+    # The same job with the stack's settings runs.
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert "counted 10" in done.stdout, done.stderr[-3000:]
+
+
 def test_spark_submit_on_the_cluster_keeps_the_database_url_off_the_command_line(
     dsn, servers, pipeline_factory, producer, submit_on_cluster, capfd
 ):
