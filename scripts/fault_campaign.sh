@@ -2,9 +2,14 @@
 # The fault-injection campaign (tests/integration/fault_campaign.py): set up the stack, then inject one
 # fault per iteration while records flow, checking that no record is lost or doubled.
 #   bash scripts/fault_campaign.sh --faults 200 --seed 20261121 --write-docs docs   # the full campaign
+#   bash scripts/fault_campaign.sh --cluster --runtime connect --faults 40   # on the local Spark cluster
 # Arguments go to the harness; `--help` lists them.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+for arg in "$@"; do
+  # Before set-up and env.sh: the stack then starts the cluster and puts both runtimes' Spark on it.
+  [ "$arg" != --cluster ] || export KAFKA_LEDGER_SPARK_MASTER="spark://127.0.0.1:${KL_SPARK_MASTER_PORT:-17077}"
+done
 bash scripts/stack.sh up >&2
 . scripts/env.sh
 exec python tests/integration/fault_campaign.py "$@"

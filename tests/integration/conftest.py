@@ -72,6 +72,7 @@ PIPELINES = {
     # The short fault campaigns (test_fault_campaign.py), one per Spark runtime.
     "campaign_connect": {"max_records_per_partition": 300, "spark_runtime": "connect"},
     "campaign_submit": {"max_records_per_partition": 300, "spark_runtime": "submit"},
+    "campaign_connect_cluster": {"max_records_per_partition": 300, "spark_runtime": "connect"},
     # Driven through a running Airflow and its REST API (test_airflow_rest.py).
     "rest": {"schedule": "@hourly", "max_records_per_partition": 100},
     # Over the broker's SASL_SSL listener, in each Spark runtime (test_secured_kafka.py).

@@ -72,6 +72,22 @@ FAULT_KINDS = {
         *COMMON_FAULTS,
     ),
 }
+# On a Spark cluster (KAFKA_LEDGER_SPARK_MASTER=spark://...): the machine running the executors is lost.
+CLUSTER_FAULTS = (
+    "kill_spark_worker",          # SIGKILL of the worker and its executors mid-read, then a new worker started
+)
+
+
+def campaign_shape(runtime: str, on_cluster: bool) -> str:
+    """What a campaign ran on: the Spark runtime, and whether on the local standalone cluster."""
+    return f"{runtime}-cluster" if on_cluster else runtime
+
+
+def fault_kinds(shape: str) -> tuple[str, ...]:
+    runtime, _, cluster = shape.partition("-")
+    return FAULT_KINDS[runtime] + (CLUSTER_FAULTS if cluster else ())
+
+
 BAD_EVERY = 50  # every 50th sequence number is a bad record, cycling through BAD_VALUES
 # Where the committing task dies: in `connect` its one transaction also holds the freshly copied rows.
 COMMIT_FAIL_POINTS = {"connect": ("after_staging", "commit_after_publish", "commit_before_end"),
@@ -112,10 +128,14 @@ class SequenceProducer:
     def __init__(self, servers: str, topic: str, rate: float, landed: dict[tuple[int, int], int] | None = None):
         from confluent_kafka import Producer
 
+        from kafka_ledger.settings import kafka_config
+
         self.topic = topic
         self.rate = rate
-        self.producer = Producer({"bootstrap.servers": servers, "enable.idempotence": True, "acks": "all",
-                                  "linger.ms": 20, "log_level": 2})  # no connection errors while a broker restarts
+        # With the deployment's Kafka settings (security), as every client of the project; log_level 2: no
+        # connection errors while a broker restarts.
+        self.producer = Producer(kafka_config(servers, **{"enable.idempotence": True, "acks": "all", "linger.ms": 20,
+                                                          "log_level": 2}))
         # (partition, offset) -> seq; a resumed campaign starts from what earlier sessions produced.
         self.landed: dict[tuple[int, int], int] = dict(landed or {})
         self.delivered: Counter = Counter(p for p, _ in self.landed)  # partition -> records delivered
@@ -247,7 +267,9 @@ class Campaign:
 
         self.pipeline, self.dsn, self.servers = pipeline, dsn, servers
         self.runtime = spark_runtime(pipeline)
-        self.kinds = FAULT_KINDS[self.runtime]
+        # The stack's cluster serves both runtimes once KAFKA_LEDGER_SPARK_MASTER names it (scripts/stack.sh).
+        self.shape = campaign_shape(self.runtime, os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"))
+        self.kinds = fault_kinds(self.shape)
         self.seed, self.faults, self.records_per_fault = seed, faults, records_per_fault
         self.rng = random.Random(seed)
         self.schedule = fault_schedule(faults, self.rng, self.kinds)
@@ -546,6 +568,20 @@ class Campaign:
             return f"Kafka broker restarted {landed}"
         return strike
 
+    def _strike_worker(self, delay: float) -> Callable[..., str]:
+        def strike(task: Any, batch_id: int, attempts_before: int, thread: threading.Thread | None = None) -> str:
+            alive = thread if thread is not None else task
+            running = alive.is_alive if thread is not None else (lambda: task.poll() is None)
+            attempt = attempts_before + 1
+            if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, alive):
+                return "worker kill missed: the job ended before its attempt began"
+            time.sleep(delay)
+            landed = self.phase(batch_id, attempt) if running() else "after the job ended"
+            self._stack("kill-spark-worker")
+            self._stack("cluster")  # a new worker: Spark runs the lost tasks there, or the task's retry does
+            return f"Spark worker killed {landed}"
+        return strike
+
     def _strike_connect(self, target: str, timing: str, delay: float) -> Callable[..., str]:
         """A fault of the connect runtime, once the task's attempt began: after `delay`, or as rows stream."""
         def strike(proc: subprocess.Popen, batch_id: int, attempts_before: int) -> str:
@@ -617,6 +653,9 @@ class Campaign:
         if kind == "restart_kafka_in_read":
             delay = round(rng.uniform(max(low, 0.5) if self.runtime == "connect" else 2.0, high), 2)
             return f"timed ({delay}s after the attempt began)", RunHooks(spark_strike=self._strike_kafka(delay))
+        if kind == "kill_spark_worker":
+            delay = round(rng.uniform(low, high), 2)
+            return f"timed ({delay}s after the attempt began)", RunHooks(spark_strike=self._strike_worker(delay))
         if kind == "crash_after_plan":
             return "after_plan", RunHooks(plan_failpoints="after_plan=kill")
         if kind == "retry_after_success":
@@ -788,7 +827,7 @@ class Campaign:
             "pipeline": self.pipeline.name, "rng": [version, list(internal), gauss],
             "iterations": [asdict(it) for it in self.iterations],
             "positions": {str(p): pos for p, pos in self.positions.items()},
-            "runs": self.runs, "spark_tasks": self.spark_tasks, "runtime": self.runtime,
+            "runs": self.runs, "spark_tasks": self.spark_tasks, "runtime": self.runtime, "shape": self.shape,
             "variants": {k: dict(v) for k, v in self.variants.items()},
             "started_at": self.started_at, "elapsed_seconds": self.elapsed(), "sessions": self.sessions,
             "interruptions": self.interruptions,
@@ -885,6 +924,7 @@ class Campaign:
             "pipeline_runs": self.runs,
             "spark_tasks": self.spark_tasks,
             "runtime": self.runtime,
+            "shape": self.shape,
             "drain_runs": drain_runs,
             "started_at": self.started_at,
             "elapsed_seconds": self.elapsed(),
@@ -953,26 +993,31 @@ RUNTIMES = {
     "connect": "Spark 4.0.0 on the warm Spark Connect server (local[*]), the task publishing and committing in "
                "one transaction",
     "submit": "Spark 4.0.0 local[*] through one spark-submit per batch, staging then committing",
+    "connect-cluster": "Spark 4.0.0 on the Spark Connect server whose executors run on the local standalone "
+                       "cluster (one master, one worker), the task publishing and committing in one transaction",
+    "submit-cluster": "Spark 4.0.0 through one spark-submit per batch on the local standalone cluster (one master, "
+                      "one worker), staging then committing",
 }
 
 
 def render_campaign(data: dict[str, Any], iterations: list[dict[str, Any]]) -> list[str]:
     """The section of docs/reliability.md for one runtime's last campaign."""
-    runtime = data.get("runtime", "submit")
+    shape = data.get("shape", data.get("runtime", "submit"))
     full = data["faults_injected"] >= 200 and data["records_produced"] >= 1_000_000
     hours, rest = divmod(int(data["elapsed_seconds"]), 3600)
     took = f"{hours} h {rest // 60} min" if hours else f"{rest // 60} min {rest % 60} s"
     recovered: dict[str, Counter] = defaultdict(Counter)
     for it in iterations:
         recovered[it["fault"]][it["recovered_by"]] += 1
-    lines = [f"## Runtime `{runtime}`", ""]
+    runtime, _, cluster = shape.partition("-")
+    lines = [f"## Runtime `{runtime}`" + (" on a Spark cluster" if cluster else ""), ""]
     if not full:
         lines += ["**This is not a full campaign** (at least 200 faults over at least 1,000,000 records): "
                   "it is the last shorter one.", ""]
     sessions = data.get("sessions", 1)
     lines += [
         f"Commit `{data.get('git_commit', '?')}`, started {data['started_at']}, took {took} "
-        f"on a 2-core machine (Kafka 4.1.1 KRaft, PostgreSQL 15, {RUNTIMES[runtime]})"
+        f"on a 2-core machine (Kafka 4.1.1 KRaft, PostgreSQL 15, {RUNTIMES[shape]})"
         + (f", over {sessions} working sessions: the campaign was resumed from its "
            "last checkpoint, every process of the interrupted iteration having been "
            "killed and the services restarted; the next runs recovered and the checks "
@@ -1004,7 +1049,7 @@ def render_campaign(data: dict[str, Any], iterations: list[dict[str, Any]]) -> l
     def cell(counter: dict[str, int]) -> str:
         return "<br>".join(f"{name}: {n}" for name, n in sorted(counter.items(), key=lambda kv: -kv[1]))
 
-    for kind in FAULT_KINDS[runtime]:
+    for kind in fault_kinds(shape):
         lines.append(f"| `{kind}` | {data['faults_by_kind'].get(kind, 0)} | "
                      f"{cell(data['fault_variants'].get(kind, {}))} | {cell(data['fault_landings'].get(kind, {}))} "
                      f"| {cell(recovered.get(kind, {}))} |")
@@ -1056,11 +1101,11 @@ def render_report(campaigns: dict[str, tuple[dict[str, Any], list[dict[str, Any]
 def write_docs(report: dict[str, Any], command: str, docs: Path) -> None:
     """A campaign's figures into `docs` (reliability-<runtime>.json and -iterations.json), then
     reliability.json and reliability.md again, from the last campaign of every runtime found there."""
-    runtime = report["runtime"]
+    shape = report.get("shape", report["runtime"])
     data = {"command": command, **{k: v for k, v in report.items() if k != "iterations"}}
     docs.mkdir(parents=True, exist_ok=True)
-    (docs / f"reliability-{runtime}.json").write_text(json.dumps(data, indent=2) + "\n")
-    (docs / f"reliability-{runtime}-iterations.json").write_text(json.dumps(report["iterations"], indent=1) + "\n")
+    (docs / f"reliability-{shape}.json").write_text(json.dumps(data, indent=2) + "\n")
+    (docs / f"reliability-{shape}-iterations.json").write_text(json.dumps(report["iterations"], indent=1) + "\n")
     campaigns = {}
     for name in RUNTIMES:
         figures = docs / f"reliability-{name}.json"
@@ -1084,12 +1129,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4, help="partitions of the campaign's topic (default 4)")
     parser.add_argument("--runtime", choices=list(FAULT_KINDS),
                         help="Spark runtime under test (default: the deployment's, $KAFKA_LEDGER_SPARK_RUNTIME)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="on the local Spark standalone cluster (scripts/fault_campaign.sh --cluster starts it and "
+                             "sets KAFKA_LEDGER_SPARK_MASTER), adding the fault kill_spark_worker")
     parser.add_argument("--write-docs", type=Path, metavar="DIR",
                         help="write reliability.json (and the per-iteration log) into DIR, e.g. docs")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows afterwards")
     parser.add_argument("--resume", type=Path, metavar="DIR",
                         help="go on with the interrupted campaign saved in DIR (printed when it started)")
     args = parser.parse_args(argv)
+    if args.cluster and not os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"):
+        parser.error("--cluster: KAFKA_LEDGER_SPARK_MASTER names no cluster: run scripts/fault_campaign.sh --cluster")
 
     import psycopg2
     import yaml
@@ -1097,7 +1147,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from kafka_ledger.config import get_pipeline
     from kafka_ledger.ledger import delete_pipeline
-    from kafka_ledger.settings import bootstrap_servers, deployment_spark_runtime, ledger_dsn
+    from kafka_ledger.settings import bootstrap_servers, deployment_spark_runtime, kafka_config, ledger_dsn
 
     dsn, servers = ledger_dsn(), bootstrap_servers()
     if args.resume:
@@ -1114,6 +1164,8 @@ def main(argv: list[str] | None = None) -> int:
                                                         ("seed", args.seed),
                                                         ("records_per_fault", args.records_per_fault),
                                                         ("partitions", args.partitions)))
+        if args.cluster:
+            command += " --cluster"
         if args.write_docs:
             command += f" --write-docs {args.write_docs}"
         settings = {"command": command, "write_docs": str(args.write_docs) if args.write_docs else None,
@@ -1134,7 +1186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     name, topic, config = settings["pipeline"], settings["topic"], workdir / "pipelines.yaml"
     os.environ["KAFKA_LEDGER_PIPELINES"] = str(config)
-    admin = AdminClient({"bootstrap.servers": servers})
+    admin = AdminClient(kafka_config(servers))
     if args.resume:
         pipeline = get_pipeline(name)
         campaign = Campaign.resume(pipeline, dsn, servers, workdir)
@@ -1153,7 +1205,7 @@ def main(argv: list[str] | None = None) -> int:
         admin.create_topics([new_topic])[topic].result()
         pipeline = get_pipeline(name)
         campaign = Campaign(pipeline, dsn, servers, args.seed, args.faults, args.records_per_fault, workdir)
-        say(f"fault campaign ({campaign.runtime} runtime): {args.faults} faults, seed {args.seed}, "
+        say(f"fault campaign ({campaign.shape}): {args.faults} faults, seed {args.seed}, "
             f"{args.records_per_fault} records per fault, "
             f"topic {topic} ({args.partitions} partitions); logs in {workdir}; if it is interrupted, go on with "
             f"`bash scripts/fault_campaign.sh --resume {workdir}`")

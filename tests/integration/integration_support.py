@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from confluent_kafka import Producer
@@ -107,3 +109,36 @@ def other_ca(folder: Path) -> Path:
                     "-keyout", str(folder / "other.key"), "-out", str(folder / "other.pem")],
                    check=True, capture_output=True)
     return folder / "other.pem"
+
+
+STACK_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "stack.sh"
+CLUSTER_MASTER = os.environ.get("KL_SPARK_CLUSTER_MASTER", "spark://127.0.0.1:17077")
+
+
+def stack(*args: str, **env: str) -> None:
+    """Run scripts/stack.sh with `args` (and `env` on top of this process's environment); fail on failure."""
+    done = subprocess.run(["bash", str(STACK_SCRIPT), *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300)
+    assert done.returncode == 0, f"scripts/stack.sh {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+
+
+@contextlib.contextmanager
+def spark_connect_on_cluster() -> Iterator[str]:
+    """The stack's cluster running, and its Spark Connect server on it; the server back on local[*] after."""
+    stack("cluster")
+    stack("start", KAFKA_LEDGER_SPARK_MASTER=CLUSTER_MASTER)
+    try:
+        yield CLUSTER_MASTER
+    finally:
+        stack("start", KAFKA_LEDGER_SPARK_MASTER="local[*]")
+
+
+# The broker's SASL_SSL listener (SCRAM-SHA-512 over TLS, the stack's CA), and the client settings for it.
+SECURED_SERVERS = f"127.0.0.1:{os.environ.get('KL_KAFKA_SASL_PORT', '19094')}"
+TLS_DIR = Path(os.environ.get("KL_TLS_DIR", Path(__file__).resolve().parents[2] / ".stack" / "tls"))
+
+
+def secured_kafka_settings(**changes: str) -> dict[str, str]:
+    return {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": os.environ["KL_KAFKA_SASL_USER"], "sasl.password": os.environ["KL_KAFKA_SASL_PASSWORD"],
+            "ssl.ca.location": str(TLS_DIR / "ca.pem"), **changes}

@@ -6,10 +6,14 @@ runs the same harness with one fault of each kind, seeded by KAFKA_LEDGER_CAMPAI
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
-from fault_campaign import FAULT_KINDS, Campaign
+from fault_campaign import FAULT_KINDS, Campaign, fault_kinds
+from integration_support import SECURED_SERVERS, secured_kafka_settings, spark_connect_on_cluster, stack
+
+from kafka_ledger.kafka_security import KAFKA_CONFIG_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -26,6 +30,37 @@ def test_every_kind_of_fault_loses_and_doubles_nothing(dsn, servers, pipeline_fa
 
     assert report["faults_by_kind"] == dict.fromkeys(kinds, 1)
     assert report["records_produced"] == len(kinds) * 1000
+    assert (report["lost"], report["duplicated"], report["unexpected"], report["wrong_content"]) == (0, 0, 0, 0)
+    assert report["output_rows"] + report["dead_letters"] == report["records_produced"]
+    assert report["verify_ok"]
+    missed = [it for it in report["iterations"] if "missed" in it["landed"]]
+    assert not missed, f"faults that did not land: {missed}"
+
+
+def test_every_kind_of_fault_on_the_production_shape_loses_and_doubles_nothing(
+    dsn, pipeline_factory, tmp_path, monkeypatch
+):
+    """The connect runtime with its executors on the local standalone cluster (a lost worker among the faults),
+    every Kafka client over SASL_SSL and the ledger over verified TLS (the stack's default)."""
+    if os.environ.get("KL_LOCAL_SPARK_CONNECT", "1") != "1":
+        pytest.skip("the local stack's Spark is not in use")
+    pipeline = pipeline_factory("campaign_connect_cluster", partitions=4)
+    try:
+        with spark_connect_on_cluster() as master:
+            monkeypatch.setenv("KAFKA_LEDGER_SPARK_MASTER", master)
+            monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": master}))
+            monkeypatch.setenv("KAFKA_LEDGER_BOOTSTRAP_SERVERS", SECURED_SERVERS)
+            monkeypatch.setenv(KAFKA_CONFIG_ENV, json.dumps(secured_kafka_settings()))
+            kinds = fault_kinds("connect-cluster")
+            seed = int(os.environ.get("KAFKA_LEDGER_CAMPAIGN_SEED", "4"))
+            campaign = Campaign(pipeline, dsn, SECURED_SERVERS, seed=seed, faults=len(kinds), records_per_fault=1000,
+                                workdir=tmp_path)
+            assert campaign.shape == "connect-cluster"
+            report = campaign.run_all()
+    finally:
+        stack("stop-cluster")
+
+    assert report["faults_by_kind"] == dict.fromkeys(kinds, 1)
     assert (report["lost"], report["duplicated"], report["unexpected"], report["wrong_content"]) == (0, 0, 0, 0)
     assert report["output_rows"] + report["dead_letters"] == report["records_produced"]
     assert report["verify_ok"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from integration_support import BAD_VALUES, good_value, other_ca
+from integration_support import BAD_VALUES, SECURED_SERVERS, good_value, other_ca, secured_kafka_settings
 
 from kafka_ledger import audit, kafka_offsets
 from kafka_ledger.airflow_dag import run_pipeline_dag
@@ -18,16 +18,6 @@ from kafka_ledger.kafka_security import KAFKA_CONFIG_ENV
 from kafka_ledger.verify import verify_pipeline
 
 pytestmark = pytest.mark.integration
-
-SECURED_SERVERS = f"127.0.0.1:{os.environ.get('KL_KAFKA_SASL_PORT', '19094')}"
-TLS_DIR = Path(os.environ.get("KL_TLS_DIR", Path(__file__).resolve().parents[2] / ".stack" / "tls"))
-
-
-def secured_settings(**changes: str) -> dict[str, str]:
-    return {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-            "sasl.username": os.environ["KL_KAFKA_SASL_USER"], "sasl.password": os.environ["KL_KAFKA_SASL_PASSWORD"],
-            "ssl.ca.location": str(TLS_DIR / "ca.pem"), **changes}
-
 
 @pytest.fixture
 def over_sasl_ssl(monkeypatch):
@@ -47,7 +37,7 @@ def test_a_pipeline_runs_exactly_once_over_sasl_ssl(runtime, dsn, servers, pipel
     bad, reason = BAD_VALUES[0]
     landed = producer.send(topic, [good_value(i) for i in range(300)] + [bad])  # over the plaintext listener
 
-    over_sasl_ssl(secured_settings())
+    over_sasl_ssl(secured_kafka_settings())
     outcome = run_pipeline_dag(pipeline)
     assert outcome.state == "success", outcome
     produced = audit.kafka_record_ids(SECURED_SERVERS, pipeline.topics)
@@ -70,10 +60,10 @@ def test_a_refused_connection_fails_the_plan_clearly_and_writes_nothing(
     pipeline = pipeline_factory(f"secure_refused_{problem}", partitions=1)
     producer.send(pipeline.topics[0], [good_value(i) for i in range(5)])
     if problem == "password":  # a wrong one
-        over_sasl_ssl(secured_settings(**{"sasl.password": "not-the-password"}))
+        over_sasl_ssl(secured_kafka_settings(**{"sasl.password": "not-the-password"}))
         expected = "SASL authentication error"
     else:  # the broker's, signed by a CA the client does not trust
-        over_sasl_ssl(secured_settings(**{"ssl.ca.location": str(other_ca(tmp_path))}))
+        over_sasl_ssl(secured_kafka_settings(**{"ssl.ca.location": str(other_ca(tmp_path))}))
         expected = "certificate verify failed"
     with pytest.raises(kafka_offsets.KafkaUnavailable) as raised:
         plan_next_batch(dsn, SECURED_SERVERS, pipeline)

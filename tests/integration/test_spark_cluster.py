@@ -12,7 +12,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from integration_support import BAD_VALUES, good_value, listening_sockets, not_loopback
+from integration_support import (
+    BAD_VALUES,
+    CLUSTER_MASTER,
+    good_value,
+    listening_sockets,
+    not_loopback,
+    spark_connect_on_cluster,
+    stack,
+)
 
 from kafka_ledger import audit
 from kafka_ledger.airflow_dag import run_pipeline_dag
@@ -21,15 +29,8 @@ from kafka_ledger.settings import libpq_settings
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-MASTER = os.environ.get("KL_SPARK_CLUSTER_MASTER", "spark://127.0.0.1:17077")
 MASTER_UI = f"http://127.0.0.1:{os.environ.get('KL_SPARK_MASTER_UI_PORT', '18081')}/json/"
 WORKER_UI = f"http://127.0.0.1:{os.environ.get('KL_SPARK_WORKER_UI_PORT', '18082')}/json/"
-
-
-def stack(*args: str, **env: str) -> None:
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "stack.sh"), *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=300)
-    assert done.returncode == 0, f"scripts/stack.sh {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
 
 
 def ui(url: str) -> dict:
@@ -48,7 +49,7 @@ def cluster():
     if os.environ.get("KL_LOCAL_SPARK_CONNECT", "1") != "1":
         pytest.skip("the local stack's Spark is not in use")
     stack("cluster")
-    yield MASTER
+    yield CLUSTER_MASTER
     stack("stop-cluster")
 
 
@@ -106,8 +107,9 @@ def test_the_cluster_listens_on_loopback_only(cluster):
 def test_the_cluster_refuses_an_application_without_the_stack_s_secret(cluster, tmp_path):
     """Anyone who can submit to a master runs code on its workers: the stack's master wants the RPC secret."""
     job = tmp_path / "job.py"
+    # The marker is built at run time: a traceback quoting the source line must not look like success.
     job.write_text("from pyspark.sql import SparkSession\n"
-                   "print('counted', SparkSession.builder.getOrCreate().range(10).count())\n")
+                   "print('-'.join(['counted', str(SparkSession.builder.getOrCreate().range(10).count())]))\n")
     command = ["spark-submit", "--master", cluster, str(job)]
     env = {**os.environ, "SPARK_CONF_DIR": str(tmp_path)}  # no spark-defaults.conf: no secret
     # The driver keeps retrying the master after the refusal: read its output until the reason shows.
@@ -117,15 +119,15 @@ def test_the_cluster_refuses_an_application_without_the_stack_s_secret(cluster, 
         output = []
         for line in job_run.stdout:
             output.append(line)
-            if "Expected SaslMessage" in line or "counted" in line:
+            if "Expected SaslMessage" in line or "counted-" in line:
                 break
         job_run.kill()
         timer.cancel()
-    assert "counted" not in "".join(output)
+    assert "counted-" not in "".join(output)
     assert "Expected SaslMessage" in "".join(output), "".join(output)[-3000:]
     # The same job with the stack's settings runs.
     done = subprocess.run(command, capture_output=True, text=True, timeout=180)
-    assert "counted 10" in done.stdout, done.stderr[-3000:]
+    assert "counted-10" in done.stdout, done.stderr[-3000:]
 
 
 def test_spark_submit_on_the_cluster_keeps_the_database_url_off_the_command_line(
@@ -145,11 +147,11 @@ def test_spark_submit_on_the_cluster_keeps_the_database_url_off_the_command_line
     password = libpq_settings(dsn)["password"]
     ours = [line for line in argv.seen if f"kafka-ledger-{pipeline.name}" in line]
     assert ours, f"no spark-submit of this pipeline was seen running: {argv.seen}"
-    assert any(f"--master {MASTER}" in line for line in ours), ours
+    assert any(f"--master {CLUSTER_MASTER}" in line for line in ours), ours
     for line in ours:
         assert password not in line and "postgresql://" not in line, line
     task_log = "".join(capfd.readouterr())  # dag.test() writes the task logs to this process's output
-    assert f"Spark-Submit cmd: spark-submit --master {MASTER}" in task_log
+    assert f"Spark-Submit cmd: spark-submit --master {CLUSTER_MASTER}" in task_log
     assert password not in task_log and "postgresql://" not in task_log
 
 
@@ -184,12 +186,9 @@ def test_a_worker_lost_mid_batch_is_recovered_exactly_once(dsn, servers, pipelin
 def test_the_connect_server_runs_its_executors_on_the_cluster(dsn, servers, pipeline_factory, producer, cluster):
     pipeline = pipeline_factory("cluster_connect", partitions=3)
     landed = producer.send(pipeline.topics[0], [good_value(i) for i in range(600)] + [BAD_VALUES[0][0]])
-    stack("start", KAFKA_LEDGER_SPARK_MASTER=cluster)  # the stack's server moves onto the cluster
-    try:
+    with spark_connect_on_cluster():  # the stack's server moves onto the cluster, and back after
         assert "kafka-ledger-spark-connect" in app_names("activeapps")
         outcome = run_pipeline_dag(pipeline)
         assert outcome.state == "success", outcome
         assert_exact(dsn, servers, pipeline, landed)
         assert ui(WORKER_UI)["executors"], "the server's executors are not on the cluster's worker"
-    finally:
-        stack("start", KAFKA_LEDGER_SPARK_MASTER="local[*]")

@@ -91,3 +91,13 @@ def test_each_runtime_keeps_its_last_campaign_in_the_docs(tmp_path):
     report = (tmp_path / "reliability.md").read_text()
     assert report.index("## Runtime `connect`") < report.index("## Runtime `submit`")
     assert "warm Spark Connect server" in report and "one spark-submit per batch" in report
+
+
+def test_a_campaign_on_a_cluster_adds_the_loss_of_a_worker_to_its_runtime_s_faults():
+    from fault_campaign import CLUSTER_FAULTS, campaign_shape, fault_kinds
+
+    assert campaign_shape("connect", on_cluster=True) == "connect-cluster"
+    assert campaign_shape("submit", on_cluster=False) == "submit"
+    assert fault_kinds("connect-cluster") == FAULT_KINDS["connect"] + CLUSTER_FAULTS
+    assert fault_kinds("submit") == FAULT_KINDS["submit"]
+    assert "kill_spark_worker" in CLUSTER_FAULTS
