@@ -191,12 +191,15 @@ SQL
 # --- Kafka -----------------------------------------------------------------------------------------
 KAFKA_DIR=$KL_STATE/kafka
 KAFKA_PID=$RUN/kafka.pid
+# The local broker's plaintext listener: what set-up probes and administers it through, whatever
+# KAFKA_LEDGER_BOOTSTRAP_SERVERS says (clients may use its SASL_SSL listener instead).
+LOCAL_KAFKA=127.0.0.1:$KL_KAFKA_PORT
 
 # One command line for the broker and its storage tool.
 KAFKA_JAVA=(java -Xms256m -Xmx1g -cp "$KAFKA_LIBS/*" -Dlog4j2.configurationFile="$KL_HOME/stack/kafka/log4j2.properties" -Dkafka.logs.dir="$LOGS")
 
 kafka_ready() {
-  "$KL_VENV/bin/python" - "$KAFKA_LEDGER_BOOTSTRAP_SERVERS" <<'PY' 2>/dev/null
+  "$KL_VENV/bin/python" - "$LOCAL_KAFKA" <<'PY' 2>/dev/null
 import sys
 from confluent_kafka.admin import AdminClient
 AdminClient({"bootstrap.servers": sys.argv[1]}).list_topics(timeout=2)
@@ -229,7 +232,7 @@ make_tls() {
 
 # The SASL_SSL listener's SCRAM user (idempotent: set again on every start), through the plaintext listener.
 add_kafka_scram_user() {
-  "$KL_VENV/bin/python" - "$KAFKA_LEDGER_BOOTSTRAP_SERVERS" "$KL_KAFKA_SASL_USER" <<'PY' >>"$LOGS/kafka-scram.log" 2>&1 \
+  "$KL_VENV/bin/python" - "$LOCAL_KAFKA" "$KL_KAFKA_SASL_USER" <<'PY' >>"$LOGS/kafka-scram.log" 2>&1 \
     || { tail -n 20 "$LOGS/kafka-scram.log" >&2; die "could not create Kafka's SCRAM user"; }
 import os, sys
 from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
@@ -245,7 +248,7 @@ PY
 start_kafka() {
   [ "$KL_LOCAL_KAFKA" = 1 ] || { say "kafka: external ($KAFKA_LEDGER_BOOTSTRAP_SERVERS), not started"; return; }
   if pid_alive "$KAFKA_PID"; then say "kafka: already running (pid $(cat "$KAFKA_PID"))"; return; fi
-  kafka_ready && die "another Kafka already answers on $KAFKA_LEDGER_BOOTSTRAP_SERVERS: stop it or set KL_KAFKA_PORT"
+  kafka_ready && die "another Kafka already answers on $LOCAL_KAFKA: stop it or set KL_KAFKA_PORT"
   compgen -G "$KAFKA_LIBS/kafka_*.jar" >/dev/null || die "no Kafka broker jars in $KAFKA_LIBS: run scripts/stack.sh install"
   mkdir -p "$KAFKA_DIR"
   make_tls
@@ -267,7 +270,7 @@ start_kafka() {
   for i in $(seq 1 90); do
     if kafka_ready; then
       add_kafka_scram_user
-      say "kafka: started on $KAFKA_LEDGER_BOOTSTRAP_SERVERS, SASL_SSL on 127.0.0.1:$KL_KAFKA_SASL_PORT (user $KL_KAFKA_SASL_USER, CA $KL_TLS_DIR/ca.pem) (pid $(cat "$KAFKA_PID"))"
+      say "kafka: started on $LOCAL_KAFKA, SASL_SSL on 127.0.0.1:$KL_KAFKA_SASL_PORT (user $KL_KAFKA_SASL_USER, CA $KL_TLS_DIR/ca.pem) (pid $(cat "$KAFKA_PID"))"
       return
     fi
     pid_alive "$KAFKA_PID" || { tail -n 30 "$LOGS/kafka.out" "$LOGS/kafka.log" >&2 2>/dev/null; die "kafka exited during start"; }
@@ -434,7 +437,7 @@ start_airflow() {
 
 status() {
   if pg_ready 2>/dev/null; then echo "postgres  up    127.0.0.1:$KL_PG_PORT  data $PG_DATA  log $PG_LOG"; else echo "postgres  down"; fi
-  if pid_alive "$KAFKA_PID"; then echo "kafka     up    $KAFKA_LEDGER_BOOTSTRAP_SERVERS  pid $(cat "$KAFKA_PID")"; else echo "kafka     down"; fi
+  if pid_alive "$KAFKA_PID"; then echo "kafka     up    $LOCAL_KAFKA (SASL_SSL 127.0.0.1:$KL_KAFKA_SASL_PORT)  pid $(cat "$KAFKA_PID")"; else echo "kafka     down"; fi
   if pid_alive "$SPARK_CONNECT_PID"; then echo "spark     up    sc://127.0.0.1:$KL_SPARK_CONNECT_PORT  pid $(cat "$SPARK_CONNECT_PID")  log $LOGS/spark-connect.log"; else echo "spark     down  (Spark Connect server)"; fi
   if pid_alive "$SPARK_MASTER_PID"; then echo "cluster   up    $KL_SPARK_CLUSTER_MASTER  master pid $(cat "$SPARK_MASTER_PID")  worker $(pid_alive "$SPARK_WORKER_PID" && echo "pid $(cat "$SPARK_WORKER_PID")" || echo down)"; else echo "cluster   down  (Spark standalone: scripts/stack.sh cluster)"; fi
   if pid_alive "$AIRFLOW_PID"; then echo "airflow   up    http://127.0.0.1:$KL_AIRFLOW_PORT  pid $(cat "$AIRFLOW_PID")"; else echo "airflow   down"; fi
