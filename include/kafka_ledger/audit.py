@@ -19,6 +19,51 @@ from kafka_ledger.settings import kafka_config
 RecordId = tuple[str, int, int]  # (topic, partition, offset)
 
 
+class KafkaReadError(RuntimeError):
+    """Kafka answered a read with an error (other than reaching the partition's end)."""
+
+
+def audit_consumer(bootstrap_servers: str) -> Consumer:
+    """A read_committed consumer of its own (no group offsets) that reports reaching a partition's end."""
+    return Consumer(kafka_config(bootstrap_servers, **{
+        "group.id": f"kafka-ledger-audit-{uuid.uuid4().hex}",
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+        "enable.partition.eof": True,
+    }))
+
+
+def partition_record_offsets(
+    consumer: Consumer, tp: TopicPartition, from_offset: int, until_offset: int, deadline: float
+) -> Iterator[int]:
+    """Offsets of the committed records of one partition in [from, until), ascending, read as they stream.
+
+    Gap-aware: transaction markers, aborted and compacted records hold no record, so the read ends at the
+    first offset at or past `until` or at the partition's end, never by counting. Raises TimeoutError once
+    time.monotonic() passes `deadline`.
+    """
+    if from_offset >= until_offset:
+        return
+    consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, from_offset)])
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {tp} [{from_offset}, {until_offset}) back from Kafka passed its deadline")
+            for message in consumer.consume(num_messages=10_000, timeout=1.0):
+                if message.error() is not None:
+                    if message.error().code() == KafkaError._PARTITION_EOF:
+                        return
+                    raise KafkaReadError(f"reading {tp} back from Kafka failed: {message.error()}")
+                offset = message.offset()
+                if offset >= until_offset:
+                    return
+                yield offset
+                if offset + 1 >= until_offset:
+                    return
+    finally:
+        consumer.unassign()
+
+
 def read_back(
     bootstrap_servers: str,
     topics: list[str],
@@ -34,12 +79,7 @@ def read_back(
     remaining = {(tp.topic, tp.partition) for tp, o in offsets.items() if o.end > o.log_start}
     if not remaining:
         return
-    consumer = Consumer(kafka_config(bootstrap_servers, **{
-        "group.id": f"kafka-ledger-audit-{uuid.uuid4().hex}",
-        "enable.auto.commit": False,
-        "isolation.level": "read_committed",
-        "enable.partition.eof": True,
-    }))
+    consumer = audit_consumer(bootstrap_servers)
     deadline = time.monotonic() + timeout
     try:
         consumer.assign([KafkaTopicPartition(t, p, offsets[TopicPartition(t, p)].log_start) for t, p in remaining])

@@ -79,6 +79,8 @@ PIPELINES = {
     "secure_submit": {"spark_runtime": "submit", "retries": 0},
     "secure_refused_password": {"retries": 0},
     "secure_refused_certificate": {"retries": 0},
+    # Incremental and full verify (test_verify.py).
+    "verify": {"spark_runtime": "connect", "retries": 0},
     # Three pipelines run at once under the scheduler (test_airflow_rest.py).
     **{f"parallel_{n}": {} for n in range(3)},
 }
