@@ -30,6 +30,9 @@ def audit_consumer(bootstrap_servers: str) -> Consumer:
         "enable.auto.commit": False,
         "isolation.level": "read_committed",
         "enable.partition.eof": True,
+        # Every read here is bounded by offsets known beforehand: a fetch that finds no data need not be held
+        # for more (the default 500 ms wait stalled each partition's switch; see the README's Benchmark notes).
+        "fetch.wait.max.ms": 0,
     }))
 
 
@@ -45,11 +48,16 @@ def partition_record_offsets(
     if from_offset >= until_offset:
         return
     consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, from_offset)])
+    next_offset = from_offset
     try:
         while True:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {tp} [{from_offset}, {until_offset}) back from Kafka passed its deadline")
-            for message in consumer.consume(num_messages=10_000, timeout=1.0):
+            # consume() waits for all the messages asked for (or the timeout): never ask for more than the
+            # offsets left, so the last call of a range returns at once (gaps end it through the records after
+            # the range or the end-of-partition event, which count as messages too).
+            wanted = max(1, min(10_000, until_offset - next_offset))
+            for message in consumer.consume(num_messages=wanted, timeout=1.0):
                 if message.error() is not None:
                     if message.error().code() == KafkaError._PARTITION_EOF:
                         return
@@ -57,6 +65,7 @@ def partition_record_offsets(
                 offset = message.offset()
                 if offset >= until_offset:
                     return
+                next_offset = offset + 1
                 yield offset
                 if offset + 1 >= until_offset:
                     return
