@@ -23,9 +23,16 @@ class KafkaReadError(RuntimeError):
     """Kafka answered a read with an error (other than reaching the partition's end)."""
 
 
-def audit_consumer(bootstrap_servers: str) -> Consumer:
+# For a consumer that reads one partition at a time (partition_record_offsets): 4 MB fetches, fetched again at
+# once, with a small prefetch queue read 555,000-record partitions at about 280,000 records/s in 150 MiB
+# (librdkafka's defaults: 125,000/s; 16 MB fetches and the default 64 MB queue: a little faster, 340 MiB).
+ONE_PARTITION_FETCH = {"max.partition.fetch.bytes": 4 << 20, "queued.max.messages.kbytes": 8 << 10,
+                       "fetch.queue.backoff.ms": 0}
+
+
+def audit_consumer(bootstrap_servers: str, **extra: object) -> Consumer:
     """A read_committed consumer of its own (no group offsets) that reports reaching a partition's end."""
-    return Consumer(kafka_config(bootstrap_servers, **{
+    return Consumer(kafka_config(bootstrap_servers, **extra, **{
         "group.id": f"kafka-ledger-audit-{uuid.uuid4().hex}",
         "enable.auto.commit": False,
         "isolation.level": "read_committed",
@@ -33,6 +40,9 @@ def audit_consumer(bootstrap_servers: str) -> Consumer:
         # Every read here is bounded by offsets known beforehand: a fetch that finds no data need not be held
         # for more (the default 500 ms wait stalled each partition's switch; see the README's Benchmark notes).
         "fetch.wait.max.ms": 0,
+        # Retention deleting the offsets being read must fail the read, not jump to the end and make records
+        # look missing.
+        "auto.offset.reset": "error",
     }))
 
 

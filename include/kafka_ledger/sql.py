@@ -437,21 +437,26 @@ def select_stored_partitions(pipeline: PipelineConfig) -> sql.Composed:
     )
 
 
-def select_stored_offsets(pipeline: PipelineConfig) -> sql.Composed:
-    """Offsets of one partition's rows in [from, until), output and dead letters merged in offset order
-    (each side an ordered scan of its primary key or index, so a server-side cursor streams them)."""
+def select_output_offsets(pipeline: PipelineConfig) -> sql.Composed:
+    """Offsets of one partition's output rows in [from, until), ascending: an ordered scan of the primary key
+    (or, at_least_once, of the coordinates index)."""
     return sql.SQL(
         """
-        SELECT kafka_offset, false AS dead FROM {output}
+        SELECT kafka_offset FROM {output}
         WHERE kafka_topic = %(topic)s AND kafka_partition = %(partition)s
           AND kafka_offset >= %(from_offset)s AND kafka_offset < %(until_offset)s
-        UNION ALL
-        SELECT kafka_offset, true FROM kafka_ledger.dead_letters
-        WHERE pipeline = %(pipeline)s AND kafka_topic = %(topic)s AND kafka_partition = %(partition)s
-          AND kafka_offset >= %(from_offset)s AND kafka_offset < %(until_offset)s
-        ORDER BY 1
+        ORDER BY kafka_offset
         """
     ).format(output=output_table(pipeline))
+
+
+# Offsets of one partition's dead letters in [from, until), ascending: an ordered scan of the primary key.
+SELECT_DEAD_LETTER_OFFSETS = """
+    SELECT kafka_offset FROM kafka_ledger.dead_letters
+    WHERE pipeline = %(pipeline)s AND kafka_topic = %(topic)s AND kafka_partition = %(partition)s
+      AND kafka_offset >= %(from_offset)s AND kafka_offset < %(until_offset)s
+    ORDER BY kafka_offset
+"""
 
 
 def delete_output_range(pipeline: PipelineConfig) -> sql.Composed:
