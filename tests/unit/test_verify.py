@@ -1,8 +1,14 @@
 """The streamed comparison behind `kafka-ledger verify`: span arithmetic, the merge of Kafka offsets with stored
-rows, the examples kept, and the deadline."""
+rows, the examples kept, the per-partition Kafka read and the deadline."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
+from confluent_kafka import KafkaError
+
+from kafka_ledger.audit import partition_record_offsets
 from kafka_ledger.planning import PartitionOffsets, TopicPartition
 from kafka_ledger.verify import (
     OPEN_END,
@@ -96,3 +102,57 @@ def test_the_deadline_grows_with_the_work_unless_given():
     assert deadline_seconds(0) == 60
     assert deadline_seconds(10_000_000) == 60 + 500
     assert deadline_seconds(10_000_000, timeout=30) == 30
+
+
+class FakeMessage:
+    def __init__(self, offset: int | None):
+        self._offset = offset
+
+    def offset(self) -> int | None:
+        return self._offset
+
+    def error(self) -> KafkaError | None:
+        return KafkaError(KafkaError._PARTITION_EOF) if self._offset is None else None
+
+
+class FakeConsumer:
+    """Serves a partition's records (None: the end-of-partition event), as many per call as asked for (or as
+    arrived: `per_call`)."""
+
+    def __init__(self, offsets: list[int | None], stall: bool = False, per_call: int = 10_000):
+        self.offsets, self.stall, self.per_call, self.asked, self.assigned = offsets, stall, per_call, [], []
+
+    def assign(self, partitions) -> None:  # noqa: ANN001 - confluent-kafka's signature
+        self.assigned.append([(p.topic, p.partition, p.offset) for p in partitions])
+        start = partitions[0].offset
+        self.queue = [o for o in self.offsets if o is None or o >= start]
+
+    def consume(self, num_messages: int, timeout: float) -> list[FakeMessage]:
+        self.asked.append(num_messages)
+        if self.stall:
+            return []
+        n = min(num_messages, self.per_call)
+        served, self.queue = self.queue[:n], self.queue[n:]
+        return [FakeMessage(o) for o in served]
+
+    def unassign(self) -> None:
+        self.assigned.append([])
+
+
+def test_a_partition_is_read_from_its_start_to_its_end_gaps_included():
+    consumer = FakeConsumer([0, 1, 3, 4, 8, 9, None], per_call=3)
+    far = time.monotonic() + 60
+    assert list(partition_record_offsets(consumer, TP, 1, 9, far)) == [1, 3, 4, 8]
+    assert consumer.assigned == [[("t", 0, 1)], []]
+    # Never more messages asked for than offsets are left: the range's last call returns at once.
+    assert consumer.asked == [8, 4]
+    # The end of the partition (trailing markers) ends the read too.
+    assert list(partition_record_offsets(FakeConsumer([5, 6, None]), TP, 5, 20, far)) == [5, 6]
+    assert list(partition_record_offsets(FakeConsumer([]), TP, 5, 5, far)) == []
+
+
+def test_a_stalled_read_ends_at_its_deadline():
+    consumer = FakeConsumer([], stall=True)
+    with pytest.raises(TimeoutError, match=r"t-0 \[0, 10\) back from Kafka passed its deadline"):
+        list(partition_record_offsets(consumer, TP, 0, 10, time.monotonic() + 0.05))
+    assert consumer.assigned[-1] == []
