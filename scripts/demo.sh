@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick start, command 1: set up everything on a fresh machine (idempotent), then run the demo.
 # The demo prints its JSON accounting (counted from Kafka and Postgres); `kafka-ledger verify` then checks
-# the ledger's invariants and every committed offset against Kafka, and exits non-zero on any problem.
+# the ledger's invariants and, against Kafka, every offset committed since its last verify (all of them on a
+# first run), and exits non-zero on any problem or if it could not check.
 #
 #   bash scripts/demo.sh [--secure] [--cluster] [demo options, see python -m kafka_ledger.demo --help]
 #     --secure    Kafka over the broker's SASL_SSL listener (SCRAM-SHA-512, the stack's CA); the ledger over

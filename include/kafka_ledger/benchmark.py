@@ -8,6 +8,8 @@ and with `--peers` a plain confluent-kafka + COPY consumer and a Spark Structure
 (benchmark_peers.py). Each contender writes into a fresh table with the primary key (topic, partition,
 offset) and is checked for the exact row count. One JSON line per round, then a summary line (medians,
 ratios kafka-ledger / peer as medians of the per-round ratios). `--small` times a 1,000-record batch.
+`--verify` times `kafka-ledger verify` instead: `--full` over the ingested topic, then incremental after one
+more small batch (wall time and peak resident memory of the verify process).
 
 Timed: kafka-ledger from planning to the committed batch, in this process with its modules imported (as in
 a warm Airflow worker); the Python peer from its consumer's start to its committed COPY; the Spark peer from
@@ -228,6 +230,47 @@ def run_under_airflow(setup: Setup, round_no: int) -> dict[str, Any]:
             "exact": check.exact and check.output_rows + check.dead_letters == setup.records, "peak_rss_mib": {}}
 
 
+def _timed_verify(setup: Setup, pipeline: PipelineConfig, *args: str) -> dict[str, Any]:
+    """`kafka-ledger verify` of the pipeline in a process of its own: wall time, peak resident memory, report."""
+    command = [str(Path(sys.executable).with_name("kafka-ledger")), "verify", pipeline.name, "--json", *args]
+    started = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with PeakRss({"verify": process.pid}) as rss:
+        out, err = process.communicate()
+    seconds = time.monotonic() - started
+    if process.returncode != 0:
+        raise RuntimeError(f"kafka-ledger verify exited {process.returncode}: {out[-2000:]} {err[-2000:]}")
+    (report,) = json.loads(out)["pipelines"]
+    return {"mode": report["mode"], "seconds": round(seconds, 2), "peak_rss_mib": rss.peak_mib["verify"],
+            "kafka_records": report["kafka_records"], "rows": report["output_rows"] + report["dead_letters"],
+            "checked_batches": report["checked_batches"], "ok": report["ok"]}
+
+
+def run_verify(setup: Setup, partitions: int, extra: int) -> list[dict[str, Any]]:
+    """Ingest the whole topic (batches capped per partition), then time `verify --full`, and an incremental
+    verify after `extra` more records were ingested as one more batch."""
+    from kafka_ledger.batches import plan_next_batch
+    from kafka_ledger.spark_runtime import run_batch
+
+    pipeline = _pipeline(setup, f"bench_verify_{uuid.uuid4().hex[:8]}", "exactly_once")
+
+    def ingest() -> int:
+        batches = 0
+        while (planned := plan_next_batch(setup.dsn, setup.servers, pipeline)).batch_id is not None:
+            run_batch(pipeline, planned.batch_id, setup.dsn, setup.servers)
+            batches += 1
+        return batches
+
+    started = time.monotonic()
+    lines: list[dict[str, Any]] = [{"ingested": setup.records, "batches": ingest(),
+                                    "ingest_seconds": round(time.monotonic() - started, 1)}]
+    lines.append({"records": setup.records, **_timed_verify(setup, pipeline, "--full")})
+    produce(setup.servers, setup.topic, extra, partitions)
+    lines.append({"ingested": extra, "batches": ingest()})
+    lines.append({"records": setup.records + extra, **_timed_verify(setup, pipeline)})
+    return lines
+
+
 def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
@@ -278,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap", type=int, default=10_000_000, help="max records per partition (one batch)")
     parser.add_argument("--airflow", action="store_true",
                         help="drain the topic through the pipeline DAG (dag.test()), capped by --cap, each round")
+    parser.add_argument("--verify", action="store_true",
+                        help="ingest the topic (batches of --cap per partition), then time `kafka-ledger verify "
+                             "--full`, and an incremental verify after one more batch of --verify-extra records")
+    parser.add_argument("--verify-extra", type=int, default=SMALL_BATCH, help="records of the batch after --full")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows")
     parser.add_argument("--delivery-mode", choices=["exactly_once", "at_least_once"], default="exactly_once",
                         help="at_least_once: with spark-submit, the Spark job appends to the output table directly")
@@ -305,6 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rate = produce(servers, topic, records, args.partitions)
         report({"produced": records, "partitions": args.partitions, "produce_records_per_s": round(rate)})
+        if args.verify:
+            lines = run_verify(setup, args.partitions, args.verify_extra)
+            for line in lines:
+                report(line)
+            return 0 if all(line.get("ok", True) for line in lines) else 1
         rounds = []
         for round_no in range(args.rounds):
             contender = (run_under_airflow(setup, round_no) if args.airflow

@@ -1,7 +1,8 @@
 """The `kafka-ledger` command: status, batches, plan, replay, reset and verify of declared pipelines.
 
 Exit codes: 0 success; 1 verify found problems; 2 bad command line; 3 refused (invalid request or ledger
-state: nothing was written); 4 failed (Kafka or Postgres unreachable, the Spark job or the commit failed).
+state: nothing was written); 4 failed (Kafka or Postgres unreachable, the Spark job or the commit failed);
+5 verify could not check the data (Kafka unreachable, a topic gone, the deadline passed): nothing concluded.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from kafka_ledger import kafka_offsets, ledger, planning, settings
 from kafka_ledger.batch_requests import BatchRequest, RequestError, parse_request
 from kafka_ledger.batches import CommitError
 from kafka_ledger.config import ConfigError, PipelineConfig, get_pipeline, read_pipelines
+from kafka_ledger.verify import DEADLINE_FLOOR_SECONDS, DEADLINE_OFFSETS_PER_SECOND, VerifyReport, verify_pipeline
 
-EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REFUSED, EXIT_FAILED = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REFUSED, EXIT_FAILED, EXIT_UNVERIFIED = 0, 1, 2, 3, 4, 5
 
 log = logging.getLogger("kafka_ledger.cli")
 
@@ -305,23 +307,41 @@ def cmd_reset(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
-    from kafka_ledger.verify import verify_pipeline
+def _verify_text(r: VerifyReport) -> list[str]:
+    """Lines of one pipeline's verify report."""
+    head = "OK  " if r.ok else ("FAIL" if r.problems else "UNVERIFIED")
+    if r.mode == "full":
+        scope = "full"
+    else:
+        scope = (f"incremental: {r.checked_batches} batch(es) committed after batch {r.checked_after_batch}, "
+                 f"{len(r.checked_ranges)} range(s)")
+    point = r.verified_point
+    lines = [
+        f"{head} {r.pipeline} ({scope}): {r.partitions} partition(s), {r.committed_offsets} committed offsets, "
+        f"{r.kafka_records} records in Kafka = {r.output_rows} rows + {r.dead_letters} dead letters; "
+        f"missing {r.missing}, duplicates {r.duplicates}, unexpected {r.unexpected}; {r.seconds:.1f} s; "
+        + (f"verified point now batch {point['after']}" if point.get("advanced") else
+           f"verified point unchanged ({point.get('after')})")
+    ]
+    if r.unverified:
+        lines.append(f"  could not verify: {r.unverified}")
+    return lines + [f"  problem: {p}" for p in r.problems] + [f"  note: {w}" for w in r.warnings]
 
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    if args.full or args.verbose:
+        # Per partition: records compared and the rate, on stderr (a full check of a big topic takes minutes).
+        logging.getLogger("kafka_ledger.verify").setLevel(logging.INFO)
     dsn, servers = _services()
-    reports = [verify_pipeline(dsn, servers, p) for p in _pipelines(args.pipelines)]
-    lines = []
-    for r in reports:
-        lines.append(
-            f"{'OK  ' if r.ok else 'FAIL'} {r.pipeline}: {r.partitions} partition(s), {r.committed_offsets} committed "
-            f"offsets, {r.kafka_records} records in Kafka = {r.output_rows} rows + {r.dead_letters} dead letters; "
-            f"missing {r.missing}, duplicates {r.duplicates}, unexpected {r.unexpected}"
-        )
-        lines += [f"  problem: {p}" for p in r.problems] + [f"  note: {w}" for w in r.warnings]
+    reports = [verify_pipeline(dsn, servers, p, full=args.full, timeout=args.timeout)
+               for p in _pipelines(args.pipelines)]
+    lines = [line for r in reports for line in _verify_text(r)]
     ok = all(r.ok for r in reports)
-    data = {"ok": ok, "pipelines": [r.as_dict() for r in reports]}
+    data = {"ok": ok, "mode": "full" if args.full else "incremental", "pipelines": [r.as_dict() for r in reports]}
     _emit(args, data, "\n".join(lines))
-    return EXIT_OK if ok else EXIT_PROBLEMS
+    if any(r.problems for r in reports):
+        return EXIT_PROBLEMS
+    return EXIT_OK if ok else EXIT_UNVERIFIED
 
 
 # --- parser ------------------------------------------------------------------------------------------------
@@ -342,7 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kafka-ledger",
         description="Inspect and operate kafka-ledger pipelines (ledger in Postgres, data in Kafka).",
         epilog="Exit codes: 0 ok, 1 verify found problems, 2 bad command line, 3 refused (nothing written), "
-               "4 failed. Services: KAFKA_LEDGER_DB_URL and KAFKA_LEDGER_BOOTSTRAP_SERVERS (or Airflow "
+               "4 failed, 5 verify could not check (Kafka unreachable, a topic gone, deadline passed; nothing "
+               "concluded, the verified point not advanced). Services: KAFKA_LEDGER_DB_URL and "
+               "KAFKA_LEDGER_BOOTSTRAP_SERVERS (or Airflow "
                "connections); pipelines: KAFKA_LEDGER_PIPELINES or --config.",
     )
     parser.add_argument("--config", metavar="FILE", help="pipelines file (default: $KAFKA_LEDGER_PIPELINES)")
@@ -397,7 +419,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_reset)
 
     p = command("verify", "check ledger invariants and that every committed record is published exactly once")
+    p.epilog = ("Incremental by default: the ranges of every batch committed since the last verify that found no "
+                "problem (replays included), and every row outside the committed read ranges; --full compares "
+                "everything. Exit 0 ok, 1 a problem found, 5 could not check (Kafka unreachable, a topic gone, "
+                "deadline passed). Only exit 0 advances the verified point.")
     p.add_argument("pipelines", nargs="*", metavar="PIPELINE", help="default: every declared pipeline")
+    p.add_argument("--full", action="store_true",
+                   help="compare every committed range and every row, not only what changed since the last verify")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help=f"deadline for reading Kafka back (default: {DEADLINE_FLOOR_SECONDS:.0f} s plus 1 s per "
+                        f"{DEADLINE_OFFSETS_PER_SECOND:,} offsets to read)")
     p.set_defaults(run=cmd_verify)
     return parser
 

@@ -268,7 +268,7 @@ REOPEN_WRITTEN_BATCHES = """
 # A pipeline's ledger rows, children before parents (foreign keys point at batches).
 DELETE_PIPELINE_LEDGER_ROWS = [
     f"DELETE FROM kafka_ledger.{table} WHERE pipeline = %(pipeline)s"
-    for table in ("dead_letters", "positions", "committed_ranges", "batches", "position_resets")
+    for table in ("dead_letters", "positions", "committed_ranges", "batches", "position_resets", "verified_points")
 ]
 
 SELECT_DEAD_LETTER_REASONS = """
@@ -278,6 +278,40 @@ SELECT_DEAD_LETTER_REASONS = """
 
 SELECT_DEAD_LETTER_IDS = """
     SELECT kafka_topic, kafka_partition, kafka_offset FROM kafka_ledger.dead_letters WHERE pipeline = %(pipeline)s
+"""
+
+# --- verify ---------------------------------------------------------------------------------------------------
+
+SELECT_VERIFIED_POINT = "SELECT batch_id FROM kafka_ledger.verified_points WHERE pipeline = %(pipeline)s"
+
+# The highest batch id through which every batch of the pipeline is finished (committed or abandoned): the
+# point a verify of this snapshot may advance to. An unfinished batch below the newest one (a replay still
+# running) keeps the point below it, so its commit is checked by the next verify.
+SELECT_FINISHED_THROUGH = f"""
+    SELECT coalesce(
+        (SELECT min(batch_id) - 1 FROM kafka_ledger.batches WHERE pipeline = %(pipeline)s AND {UNFINISHED}),
+        (SELECT max(batch_id) FROM kafka_ledger.batches WHERE pipeline = %(pipeline)s),
+        0)
+"""
+
+# The ranges of every batch committed after the verified point: catch-ups, and rewrites (replays, offset
+# ranges, windows, backfills) that replaced rows of ranges verified before.
+SELECT_RANGES_COMMITTED_AFTER = """
+    SELECT b.batch_id, r.topic, r.partition, r.from_offset, r.until_offset
+    FROM kafka_ledger.batches b JOIN kafka_ledger.batch_ranges r USING (batch_id)
+    WHERE b.pipeline = %(pipeline)s AND b.status = 'committed' AND b.batch_id > %(after)s
+      AND r.from_offset < r.until_offset
+    ORDER BY r.topic, r.partition, r.from_offset
+"""
+
+# Never moves back: of two verifies finishing in either order, the further point stays.
+ADVANCE_VERIFIED_POINT = """
+    INSERT INTO kafka_ledger.verified_points (pipeline, batch_id, mode)
+    VALUES (%(pipeline)s, %(batch_id)s, %(mode)s)
+    ON CONFLICT (pipeline) DO UPDATE
+    SET batch_id = greatest(kafka_ledger.verified_points.batch_id, EXCLUDED.batch_id),
+        verified_at = now(), mode = EXCLUDED.mode
+    RETURNING batch_id
 """
 
 SELECT_COMMITTED_RANGES = """
@@ -376,6 +410,53 @@ def drop_pipeline_tables(pipeline: PipelineConfig) -> sql.Composed:
 
 def select_output_record_ids(pipeline: PipelineConfig) -> sql.Composed:
     return sql.SQL("SELECT kafka_topic, kafka_partition, kafka_offset FROM {}").format(output_table(pipeline))
+
+
+def _distinct_partitions(table: sql.Composable, where: sql.Composable) -> sql.Composed:
+    """Distinct (topic, partition) of a table by skipping through its (topic, partition, offset) index: one
+    index descent per partition instead of reading every row (a loose index scan, as a recursive query)."""
+    return sql.SQL(
+        """
+        SELECT * FROM (WITH RECURSIVE p AS (
+            (SELECT kafka_topic, kafka_partition FROM {table} WHERE {where} ORDER BY 1, 2 LIMIT 1)
+            UNION ALL
+            SELECT n.kafka_topic, n.kafka_partition FROM p, LATERAL (
+                SELECT kafka_topic, kafka_partition FROM {table}
+                WHERE {where} AND (kafka_topic, kafka_partition) > (p.kafka_topic, p.kafka_partition)
+                ORDER BY 1, 2 LIMIT 1) n
+        ) SELECT * FROM p) AS partitions
+        """
+    ).format(table=table, where=where)
+
+
+def select_stored_partitions(pipeline: PipelineConfig) -> sql.Composed:
+    """Every (topic, partition) with a row in the output table or a dead letter of the pipeline."""
+    return sql.SQL("{} UNION {} ORDER BY 1, 2").format(
+        _distinct_partitions(output_table(pipeline), sql.SQL("true")),
+        _distinct_partitions(sql.Identifier("kafka_ledger", "dead_letters"), sql.SQL("pipeline = %(pipeline)s")),
+    )
+
+
+def select_output_offsets(pipeline: PipelineConfig) -> sql.Composed:
+    """Offsets of one partition's output rows in [from, until), ascending: an ordered scan of the primary key
+    (or, at_least_once, of the coordinates index)."""
+    return sql.SQL(
+        """
+        SELECT kafka_offset FROM {output}
+        WHERE kafka_topic = %(topic)s AND kafka_partition = %(partition)s
+          AND kafka_offset >= %(from_offset)s AND kafka_offset < %(until_offset)s
+        ORDER BY kafka_offset
+        """
+    ).format(output=output_table(pipeline))
+
+
+# Offsets of one partition's dead letters in [from, until), ascending: an ordered scan of the primary key.
+SELECT_DEAD_LETTER_OFFSETS = """
+    SELECT kafka_offset FROM kafka_ledger.dead_letters
+    WHERE pipeline = %(pipeline)s AND kafka_topic = %(topic)s AND kafka_partition = %(partition)s
+      AND kafka_offset >= %(from_offset)s AND kafka_offset < %(until_offset)s
+    ORDER BY kafka_offset
+"""
 
 
 def delete_output_range(pipeline: PipelineConfig) -> sql.Composed:

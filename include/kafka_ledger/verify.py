@@ -1,26 +1,212 @@
-"""Ledger invariants and exactly-once accounting of a pipeline, checked against Kafka itself."""
+"""Ledger invariants and exactly-once accounting of a pipeline, checked against Kafka itself.
+
+Incremental by default. The ledger records, per pipeline, a verified point: a batch id through which every
+batch of the pipeline was finished and checked by a verify that found no problem. The next verify checks
+the ranges of every batch COMMITTED AFTER that point, whatever its kind, so:
+
+- a catch-up batch brings new offsets: checked;
+- a rewrite (replay, offset ranges, time window, backfill) replaces rows of ranges verified before: it is
+  a batch of its own with a new id, so its ranges are checked again after it commits;
+- a batch still running when a verify looks (a replay planned before a newer catch-up committed) keeps
+  the point below its id (sql.SELECT_FINISHED_THROUGH), so its commit is checked next time;
+- a backward reset moves no row: the rows past the moved position, and every other offset outside the
+  committed read ranges (below where the pipeline began, skipped stretches, partitions the ledger never
+  read), are scanned on every verify, each an index range scan that finds nothing when all is well; the
+  re-read that replaces those rows is a new catch-up batch, checked after it commits.
+
+Batch ids come from one sequence, and a pipeline's batches are planned under its advisory lock, so a batch
+that commits after a verify's snapshot always has an id above any batch that snapshot saw finished.
+What an incremental verify does not see: changes to already verified ranges made outside the pipeline
+(rows edited or deleted by hand) and Kafka-side changes there (compaction, retention): `full=True`
+(`kafka-ledger verify --full`) compares everything. The ledger's invariants are cheap and always checked
+in full.
+
+Bounded in memory: partition by partition, Kafka's offsets (ascending as they are read) are merged against
+the partition's rows and dead letters streamed in offset order from a server-side cursor; only counts and
+a few examples are kept.
+"""
 
 from __future__ import annotations
 
-import bisect
-from collections import Counter
+import heapq
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psycopg2.extensions
+from confluent_kafka import KafkaException
 
 from kafka_ledger import audit, kafka_offsets, ledger, sql
 from kafka_ledger.config import PipelineConfig
-from kafka_ledger.planning import Coverage, PlanError, TopicPartition, coverage_problems
+from kafka_ledger.planning import Coverage, PartitionOffsets, PlanError, TopicPartition, coverage_problems
+
+log = logging.getLogger(__name__)
 
 RecordId = tuple[str, int, int]
+Span = tuple[int, int]  # [from, until)
+
+# A deadline for the Kafka read that only a stalled read reaches: a floor, plus time at a rate far below
+# what the read attains (several hundred thousand records per second here).
+DEADLINE_FLOOR_SECONDS = 60.0
+DEADLINE_OFFSETS_PER_SECOND = 20_000
+OPEN_END = 2**63 - 1  # the largest bigint: "to the end of the partition"
+EXAMPLES = 5
+FETCH_ROWS = 50_000
+
+READ, AWAITING, OUTSIDE = "read", "awaiting", "outside"
+
+
+def merge_spans(spans: Iterable[Span]) -> list[Span]:
+    """Sorted, disjoint spans covering the same offsets (overlapping and adjacent spans joined)."""
+    merged: list[Span] = []
+    for lo, hi in sorted(s for s in spans if s[0] < s[1]):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def subtract_spans(whole: Span, holes: Iterable[Span]) -> list[Span]:
+    """The parts of `whole` outside every span of `holes`."""
+    result, cursor = [], whole[0]
+    for lo, hi in merge_spans(holes):
+        if lo > cursor:
+            result.append((cursor, min(lo, whole[1])))
+        cursor = max(cursor, hi)
+        if cursor >= whole[1]:
+            break
+    if cursor < whole[1]:
+        result.append((cursor, whole[1]))
+    return [s for s in result if s[0] < s[1]]
+
+
+class _Where:
+    """Where an offset of one partition lies: in a committed read range, at or past the position (rows a
+    reset left to be replaced), or outside. Offsets must be asked in ascending order (the merge does)."""
+
+    def __init__(self, read: list[Span], position: int | None):
+        self.read, self.position, self.i = read, position, 0
+
+    def __call__(self, offset: int) -> str:
+        while self.i < len(self.read) and self.read[self.i][1] <= offset:
+            self.i += 1
+        if self.i < len(self.read) and self.read[self.i][0] <= offset:
+            return READ
+        return AWAITING if self.position is not None and offset >= self.position else OUTSIDE
+
+
+@dataclass
+class Tally:
+    """Counts of one comparison over any number of partitions, with the first few examples of each kind
+    (partitions compared in sorted order, offsets ascending: the examples are the smallest ids)."""
+
+    kafka_records: int = 0
+    output_rows: int = 0
+    dead_letters: int = 0
+    missing: int = 0
+    duplicates: int = 0
+    doubled: int = 0
+    unexpected: int = 0
+    compacted_away: int = 0
+    outside: int = 0
+    awaiting: int = 0
+    examples: dict[str, list[RecordId]] = field(default_factory=dict)
+
+    def note(self, kind: str, rid: RecordId) -> None:
+        shown = self.examples.setdefault(kind, [])
+        if len(shown) < EXAMPLES:
+            shown.append(rid)
+
+    def example_text(self, kind: str, total: int) -> str:
+        shown = ", ".join(f"{t}-{p}@{o}" for t, p, o in self.examples.get(kind, []))
+        return shown + (f" and {total - EXAMPLES} more" if total > EXAMPLES else "")
+
+
+def compare_partition(
+    tally: Tally,
+    tp: TopicPartition,
+    kafka: Iterable[int],
+    stored: Iterable[tuple[int, bool]],
+    where: _Where,
+    log_start: int | None,
+    compacted: bool,
+) -> None:
+    """Merge one partition's Kafka record offsets with its stored rows, both ascending, into `tally`.
+
+    `stored` holds (offset, is_dead_letter) per row. A Kafka record in a read range must be stored exactly
+    once; a row in a read range needs its record in Kafka (unless below the log start: not comparable; or
+    on a compacted topic: compacted away); a row past the position awaits its re-read; any other is outside.
+    """
+    kafka_it = iter(kafka)
+    k = next(kafka_it, None)
+
+    def kafka_only(offset: int) -> None:
+        if where(offset) == READ:
+            tally.kafka_records += 1
+            tally.missing += 1
+            tally.note("missing", (tp.topic, tp.partition, offset))
+
+    def settle(offset: int, rows: int) -> None:
+        nonlocal k
+        while k is not None and k < offset:
+            kafka_only(k)
+            k = next(kafka_it, None)
+        in_kafka = k == offset
+        if in_kafka:
+            k = next(kafka_it, None)
+        rid = (tp.topic, tp.partition, offset)
+        if rows > 1:
+            tally.duplicates += rows - 1
+            tally.doubled += 1
+            tally.note("doubled", rid)
+        kind = where(offset)
+        if kind == READ:
+            if in_kafka:
+                tally.kafka_records += 1
+            elif log_start is not None and offset >= log_start:
+                # A compacted topic drops older records of a key after they were read: not a problem.
+                tally.compacted_away += compacted
+                tally.unexpected += not compacted
+                tally.note("compacted_away" if compacted else "unexpected", rid)
+        elif kind == AWAITING:
+            tally.awaiting += 1
+        else:
+            tally.outside += 1
+            tally.note("outside", rid)
+
+    current, rows = None, 0
+    for offset, dead in stored:
+        if dead:
+            tally.dead_letters += 1
+        else:
+            tally.output_rows += 1
+        if offset == current:
+            rows += 1
+            continue
+        if current is not None:
+            settle(current, rows)
+        current, rows = offset, 1
+    if current is not None:
+        settle(current, rows)
+    while k is not None:
+        kafka_only(k)
+        k = next(kafka_it, None)
 
 
 @dataclass
 class VerifyReport:
-    """Everything verify found for one pipeline; `ok` is False when any problem was found."""
+    """Everything verify found for one pipeline.
+
+    `ok` only when the check completed and found no problem; `unverified` says why a check could not be
+    completed (Kafka unreachable, a topic gone, the deadline passed): nothing is concluded about the data.
+    """
 
     pipeline: str
+    mode: str = "incremental"
     partitions: int = 0
     committed_offsets: int = 0
     skipped_offsets: int = 0
@@ -34,60 +220,77 @@ class VerifyReport:
     awaiting_reread: int = 0
     unverifiable_offsets: int = 0
     compacted_away: int = 0
+    # Incremental: ranges of the batches committed after `checked_after_batch`; full: every read range.
+    checked_after_batch: int | None = None
+    checked_batches: int = 0
+    checked_ranges: list[dict[str, Any]] = field(default_factory=list)
+    verified_point: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    unverified: str | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and self.unverified is None
 
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, **asdict(self)}
 
 
-class _Coverage:
-    """Fast membership of offsets in one partition's coverage."""
+@dataclass(frozen=True)
+class _PartitionWork:
+    """What one partition's check reads: stored rows in `spans`, Kafka's records in `kafka_spans`."""
 
-    def __init__(self, ranges: list[Coverage]):
-        self.ranges = sorted(ranges, key=lambda c: c.from_offset)
-        self.starts = [c.from_offset for c in self.ranges]
-
-    def find(self, offset: int) -> Coverage | None:
-        i = bisect.bisect_right(self.starts, offset) - 1
-        if i >= 0 and offset < self.ranges[i].until_offset:
-            return self.ranges[i]
-        return None
+    tp: TopicPartition
+    read: list[Span]
+    position: int | None
+    spans: list[Span]
+    kafka_spans: list[Span]
 
 
-def _examples(ids: list[RecordId], limit: int = 5) -> str:
-    shown = ", ".join(f"{t}-{p}@{o}" for t, p, o in sorted(ids)[:limit])
-    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+def _kafka_spans(spans: list[Span], read: list[Span], offsets: PartitionOffsets | None) -> list[Span]:
+    """Per span, the stretch Kafka must be read over: from the first to the last read offset in it, within
+    what Kafka holds (rows in a read range are compared against exactly this stretch)."""
+    if offsets is None:
+        return []
+    result = []
+    for lo, hi in spans:
+        inside = [(max(lo, a), min(hi, b)) for a, b in read if a < hi and b > lo]
+        if inside:
+            start, end = max(inside[0][0], offsets.log_start), min(inside[-1][1], offsets.end)
+            if start < end:
+                result.append((start, end))
+    return result
 
 
-def verify_pipeline(dsn: str, bootstrap_servers: str, pipeline: PipelineConfig) -> VerifyReport:
-    """Check the ledger and the published data of one pipeline.
+def _stored_offsets(conn: psycopg2.extensions.connection, pipeline: PipelineConfig, tp: TopicPartition,
+                    span: Span) -> Iterator[tuple[int, bool]]:
+    """The partition's rows and dead letters in `span` as (offset, is_dead_letter), in offset order.
 
-    Ledger: committed ranges never overlap, they tile each partition from where the pipeline began to
-    its position, and nothing is committed past a position. Data (gap-aware, against Kafka): every
-    record Kafka holds in a committed read range is in the output or the dead letters exactly once,
-    and nothing published lies outside the committed ranges (except rows a backward reset left to be
-    replaced when re-read).
+    Two server-side cursors, each an ordered index scan, merged here: Postgres 15 plans an ORDER BY over a
+    UNION ALL of the two as a full sort (spilling to disk for a big partition), not as a merge.
     """
-    report = VerifyReport(pipeline.name)
-    conn = ledger.connect(dsn)
-    try:
-        conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_REPEATABLE_READ, readonly=True)
-        with conn, conn.cursor() as cur:
-            rows = ledger.position_rows(cur, pipeline.name)
-            coverage = ledger.coverage(cur, pipeline.name)
-            cur.execute(sql.SELECT_TABLE_COLUMNS, {"schema": pipeline.output_schema, "table": pipeline.output_table})
-            has_output = cur.fetchone() is not None
-            stored = audit.record_ids(cur, pipeline) if has_output else audit.PostgresRecords([], [])
-    finally:
-        conn.close()
+    params = {"pipeline": pipeline.name, "topic": tp.topic, "partition": tp.partition,
+              "from_offset": span[0], "until_offset": span[1]}
 
-    positions = {r.topic_partition: r for r in rows}
-    report.partitions = len(rows)
+    def scan(statement: Any, dead: bool) -> Iterator[tuple[int, bool]]:
+        with conn.cursor(name=f"verify_{uuid.uuid4().hex}") as cur:
+            cur.itersize = FETCH_ROWS
+            cur.execute(statement, params)
+            for (offset,) in cur:
+                yield offset, dead
+
+    return heapq.merge(scan(sql.select_output_offsets(pipeline), False), scan(sql.SELECT_DEAD_LETTER_OFFSETS, True))
+
+
+def _kafka_offsets(consumer: Any, tp: TopicPartition, spans: list[Span], deadline: float) -> Iterator[int]:
+    for lo, hi in spans:
+        yield from audit.partition_record_offsets(consumer, tp, lo, hi, deadline)
+
+
+def _ledger_checks(report: VerifyReport, positions: dict[TopicPartition, ledger.PositionRow],
+                   coverage: dict[TopicPartition, list[Coverage]]) -> None:
     for tp, row in sorted(positions.items()):
         report.problems += coverage_problems(tp, coverage.get(tp, []), row.start_offset, row.position)
     for tp in sorted(set(coverage) - set(positions)):
@@ -98,73 +301,185 @@ def verify_pipeline(dsn: str, bootstrap_servers: str, pipeline: PipelineConfig) 
     if report.skipped_offsets:
         report.warnings.append(f"{report.skipped_offsets} offsets were skipped on purpose (latest_only or a reset)")
 
-    report.output_rows, report.dead_letters = len(stored.output), len(stored.dead_letters)
-    topics = sorted({tp.topic for tp in coverage})
-    try:
-        offsets = kafka_offsets.partition_offsets(bootstrap_servers, topics) if topics else {}
-        produced = audit.kafka_record_ids(bootstrap_servers, topics, offsets=offsets) if topics else set()
-        compacted = kafka_offsets.compacted_topics(bootstrap_servers, topics)
-    except PlanError as exc:
-        report.problems.append(f"cannot read the committed topics back from Kafka: {exc}")
-        return report
-    lookup = {tp: _Coverage(ranges) for tp, ranges in coverage.items()}
 
-    def read_range(rid: RecordId) -> Coverage | None:
-        index = lookup.get(TopicPartition(rid[0], rid[1]))
-        c = index.find(rid[2]) if index else None
-        return c if c is not None and c.disposition == "read" else None
-
-    # Offsets Kafka has deleted since they were committed can no longer be compared.
+def _unverifiable(report: VerifyReport, coverage: dict[TopicPartition, list[Coverage]],
+                  offsets: dict[TopicPartition, PartitionOffsets]) -> None:
+    """Offsets Kafka has deleted since they were committed can no longer be compared."""
     for tp, ranges in coverage.items():
         log_start = offsets[tp].log_start if tp in offsets else None
         for c in ranges:
             if c.disposition == "read":
-                if log_start is None:
-                    report.unverifiable_offsets += c.until_offset - c.from_offset
-                else:
-                    report.unverifiable_offsets += max(0, min(c.until_offset, log_start) - c.from_offset)
+                stop = c.until_offset if log_start is None else min(c.until_offset, log_start)
+                report.unverifiable_offsets += max(0, stop - c.from_offset)
     if report.unverifiable_offsets:
         report.warnings.append(f"{report.unverifiable_offsets} committed offsets are no longer in Kafka "
                                "(retention or a deleted topic): not compared")
 
-    expected = {rid for rid in produced if read_range(rid) is not None}
-    report.kafka_records = len(expected)
-    seen = Counter(stored.output) + Counter(stored.dead_letters)
-    missing = sorted(expected - set(seen))
-    report.missing = len(missing)
-    if missing:
-        report.problems.append(f"{len(missing)} committed record(s) neither in the output nor in the dead letters: "
-                               f"{_examples(missing)}")
-    doubled = sorted(rid for rid, n in seen.items() if n > 1)
-    report.duplicates = sum(seen[rid] - 1 for rid in doubled)
-    if doubled:
-        message = f"{report.duplicates} duplicate row(s) for {len(doubled)} record(s): {_examples(doubled)}"
+
+def _conclude(report: VerifyReport, tally: Tally, pipeline: PipelineConfig) -> None:
+    report.kafka_records, report.output_rows, report.dead_letters = (
+        tally.kafka_records, tally.output_rows, tally.dead_letters)
+    report.missing, report.duplicates, report.unexpected = tally.missing, tally.duplicates, tally.unexpected
+    report.outside_committed, report.awaiting_reread = tally.outside, tally.awaiting
+    report.compacted_away = tally.compacted_away
+    if tally.missing:
+        report.problems.append(f"{tally.missing} committed record(s) neither in the output nor in the dead letters: "
+                               f"{tally.example_text('missing', tally.missing)}")
+    if tally.doubled:
+        message = (f"{tally.duplicates} duplicate row(s) for {tally.doubled} record(s): "
+                   f"{tally.example_text('doubled', tally.doubled)}")
         if pipeline.delivery_mode == "at_least_once":
             report.warnings.append(message + " (expected after re-deliveries: the pipeline is at_least_once)")
         else:
             report.problems.append(message)
-    unexpected, compacted_away, outside, awaiting = [], [], [], []
-    for rid in seen:
-        tp = TopicPartition(rid[0], rid[1])
-        if read_range(rid) is not None:
-            if rid not in produced and tp in offsets and rid[2] >= offsets[tp].log_start:
-                # A compacted topic drops older records of a key after they were read: not a problem.
-                (compacted_away if rid[0] in compacted else unexpected).append(rid)
-        elif tp in positions and rid[2] >= positions[tp].position:
-            awaiting.append(rid)
-        else:
-            outside.append(rid)
-    report.unexpected, report.outside_committed, report.awaiting_reread = len(unexpected), len(outside), len(awaiting)
-    report.compacted_away = len(compacted_away)
-    if compacted_away:
-        report.warnings.append(f"{len(compacted_away)} row(s) for records compaction has removed from Kafka since "
-                               f"they were read (compacted topic): not compared: {_examples(sorted(compacted_away))}")
-    if unexpected:
-        report.problems.append(f"{len(unexpected)} row(s) for offsets that hold no committed record in Kafka: "
-                               f"{_examples(unexpected)}")
-    if outside:
-        report.problems.append(f"{len(outside)} row(s) outside every committed read range: {_examples(outside)}")
-    if awaiting:
-        report.warnings.append(f"{len(awaiting)} row(s) at or past the position (a reset moved it back): "
+    if tally.compacted_away:
+        report.warnings.append(f"{tally.compacted_away} row(s) for records compaction has removed from Kafka since "
+                               "they were read (compacted topic): not compared: "
+                               f"{tally.example_text('compacted_away', tally.compacted_away)}")
+    if tally.unexpected:
+        report.problems.append(f"{tally.unexpected} row(s) for offsets that hold no committed record in Kafka: "
+                               f"{tally.example_text('unexpected', tally.unexpected)}")
+    if tally.outside:
+        report.problems.append(f"{tally.outside} row(s) outside every committed read range: "
+                               f"{tally.example_text('outside', tally.outside)}")
+    if tally.awaiting:
+        report.warnings.append(f"{tally.awaiting} row(s) at or past the position (a reset moved it back): "
                                "they are replaced when those offsets are read again")
+
+
+def deadline_seconds(offsets_to_read: int, timeout: float | None = None) -> float:
+    """How long the Kafka read may take: `timeout` if given, else a floor plus time proportional to the work."""
+    return timeout if timeout is not None else DEADLINE_FLOOR_SECONDS + offsets_to_read / DEADLINE_OFFSETS_PER_SECOND
+
+
+def verify_pipeline(
+    dsn: str, bootstrap_servers: str, pipeline: PipelineConfig, *, full: bool = False, timeout: float | None = None
+) -> VerifyReport:
+    """Check the ledger and the published data of one pipeline (incremental unless `full`; see the module).
+
+    Ledger: committed ranges never overlap, they tile each partition from where the pipeline began to
+    its position, and nothing is committed past a position. Data (gap-aware, against Kafka): every
+    record Kafka holds in a checked read range is in the output or the dead letters exactly once, and
+    nothing published lies outside the committed ranges (except rows a backward reset left to be
+    replaced when re-read). A verify that completed and found no problem advances the verified point.
+    """
+    started = time.monotonic()
+    report = VerifyReport(pipeline.name, mode="full" if full else "incremental")
+    conn = ledger.connect(dsn)
+    try:
+        # One snapshot for everything read from Postgres, the streamed rows included.
+        conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_REPEATABLE_READ, readonly=True)
+        with conn:
+            with conn.cursor() as cur:
+                positions = {r.topic_partition: r for r in ledger.position_rows(cur, pipeline.name)}
+                coverage = ledger.coverage(cur, pipeline.name)
+                cur.execute(sql.SELECT_VERIFIED_POINT, {"pipeline": pipeline.name})
+                found = cur.fetchone()
+                before = found[0] if found else None
+                cur.execute(sql.SELECT_FINISHED_THROUGH, {"pipeline": pipeline.name})
+                finished_through = cur.fetchone()[0]
+                after = 0 if full or before is None else before
+                cur.execute(sql.SELECT_RANGES_COMMITTED_AFTER, {"pipeline": pipeline.name, "after": after})
+                committed_after = cur.fetchall()
+                cur.execute(sql.SELECT_TABLE_COLUMNS,
+                            {"schema": pipeline.output_schema, "table": pipeline.output_table})
+                has_output = cur.fetchone() is not None
+                stored_partitions = set()
+                if has_output:
+                    cur.execute(sql.select_stored_partitions(pipeline), {"pipeline": pipeline.name})
+                    stored_partitions = {TopicPartition(t, p) for t, p in cur.fetchall()}
+            report.partitions = len(positions)
+            report.verified_point = {"before": before, "after": before, "advanced": False}
+            if not full:
+                report.checked_after_batch = after
+                report.checked_batches = len({row[0] for row in committed_after})
+            _ledger_checks(report, positions, coverage)
+            _check_data(conn, report, pipeline, bootstrap_servers, full, timeout, positions, coverage,
+                        committed_after, stored_partitions, has_output)
+        conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_DEFAULT, readonly=False)
+        if report.ok:
+            with conn, conn.cursor() as cur:
+                cur.execute(sql.ADVANCE_VERIFIED_POINT,
+                            {"pipeline": pipeline.name, "batch_id": finished_through, "mode": report.mode})
+                point = cur.fetchone()[0]
+            report.verified_point = {"before": before, "after": point, "advanced": before is None or point > before}
+    finally:
+        conn.close()
+    report.seconds = round(time.monotonic() - started, 3)
     return report
+
+
+def _check_data(
+    conn: psycopg2.extensions.connection,
+    report: VerifyReport,
+    pipeline: PipelineConfig,
+    bootstrap_servers: str,
+    full: bool,
+    timeout: float | None,
+    positions: dict[TopicPartition, ledger.PositionRow],
+    coverage: dict[TopicPartition, list[Coverage]],
+    committed_after: list[tuple[int, str, int, int, int]],
+    stored_partitions: set[TopicPartition],
+    has_output: bool,
+) -> None:
+    """Compare Kafka with the stored rows, partition by partition; sets `unverified` if Kafka cannot be read."""
+    topics = sorted({tp.topic for tp in coverage})
+    # A deadline given bounds the look-ups too (an unreachable Kafka is otherwise waited for 30 s).
+    bound = {"timeout": timeout} if timeout is not None else {}
+    try:
+        offsets = kafka_offsets.partition_offsets(bootstrap_servers, topics, **bound) if topics else {}
+        compacted = kafka_offsets.compacted_topics(bootstrap_servers, topics, **bound)
+    except (PlanError, KafkaException) as exc:
+        report.unverified = f"cannot read the committed topics back from Kafka: {exc}"
+        return
+    _unverifiable(report, coverage, offsets)
+
+    new_spans: dict[TopicPartition, list[Span]] = {}
+    for _, topic, partition, lo, hi in committed_after:
+        new_spans.setdefault(TopicPartition(topic, partition), []).append((lo, hi))
+    work = []
+    for tp in sorted(set(coverage) | set(positions) | stored_partitions | set(new_spans)):
+        read = merge_spans((c.from_offset, c.until_offset) for c in coverage.get(tp, []) if c.disposition == "read")
+        position = positions[tp].position if tp in positions else None
+        checked = read if full else merge_spans(new_spans.get(tp, []))
+        # Full: every row of the partition. Incremental: the new batches' ranges, and every offset outside
+        # the read ranges (rows there are problems or await a re-read, wherever they are).
+        spans = [(0, OPEN_END)] if full else merge_spans(new_spans.get(tp, []) + subtract_spans((0, OPEN_END), read))
+        work.append(_PartitionWork(tp, read, position, spans, _kafka_spans(spans, read, offsets.get(tp))))
+        report.checked_ranges += [{"topic": tp.topic, "partition": tp.partition, "from": lo, "until": hi}
+                                  for lo, hi in checked]
+    to_read = sum(hi - lo for w in work for lo, hi in w.kafka_spans)
+    deadline = time.monotonic() + deadline_seconds(to_read, timeout)
+    tally = Tally()
+    consumer = audit.audit_consumer(bootstrap_servers, **audit.ONE_PARTITION_FETCH) if to_read else None
+    try:
+        for w in work:
+            began, rows_before = time.monotonic(), tally.output_rows + tally.dead_letters
+            records_before = tally.kafka_records
+            for span in w.spans:
+                kafka_spans = [s for s in w.kafka_spans if span[0] <= s[0] < span[1]]
+                compare_partition(
+                    tally, w.tp,
+                    _kafka_offsets(consumer, w.tp, kafka_spans, deadline) if kafka_spans else (),
+                    _stored_offsets(conn, pipeline, w.tp, span) if has_output else (),
+                    _Where(w.read, w.position),
+                    offsets[w.tp].log_start if w.tp in offsets else None,
+                    w.tp.topic in compacted,
+                )
+            if w.kafka_spans:
+                seconds = time.monotonic() - began
+                records = tally.kafka_records - records_before
+                log.info("verify %s %s: %d records compared with %d rows in %.1f s (%d records/s)",
+                         pipeline.name, w.tp, records, tally.output_rows + tally.dead_letters - rows_before,
+                         seconds, records / seconds if seconds > 0 else 0)
+    except TimeoutError as exc:
+        report.unverified = (f"{exc} ({deadline_seconds(to_read, timeout):.0f} s for {to_read} offsets; "
+                             "give more with --timeout SECONDS)")
+        return
+    except (KafkaException, audit.KafkaReadError) as exc:
+        report.unverified = f"cannot read the committed topics back from Kafka: {exc}"
+        return
+    finally:
+        if consumer is not None:
+            consumer.close()
+    _conclude(report, tally, pipeline)

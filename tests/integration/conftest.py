@@ -86,6 +86,8 @@ PIPELINES = {
     "cluster_submit": {"spark_runtime": "submit", "retries": 0},
     "cluster_worker_loss": {"spark_runtime": "submit", "retries": 1},
     "cluster_connect": {"spark_runtime": "connect", "retries": 0},
+    # Incremental and full verify (test_verify.py).
+    "verify": {"spark_runtime": "connect", "retries": 0},
     # Three pipelines run at once under the scheduler (test_airflow_rest.py).
     **{f"parallel_{n}": {} for n in range(3)},
 }

@@ -802,7 +802,7 @@ class Campaign:
             seq = produced.get((p, o))
             if seq is not None and expected_reason(seq) != error:
                 wrong.append(f"{p}/{o}: dead letter {error!r} for record {seq}")
-        report = verify_pipeline(self.dsn, self.servers, self.pipeline)
+        report = verify_pipeline(self.dsn, self.servers, self.pipeline, full=True)
         figures = {"records_produced": len(produced), "output_rows": len(output), "dead_letters": len(dead),
                    "lost": len(lost), "duplicated": len(duplicated), "unexpected": len(unexpected),
                    "wrong_content": len(wrong), "verify_ok": report.ok}

@@ -24,10 +24,11 @@ from kafka_ledger.batches import plan_batch
 pytestmark = pytest.mark.integration
 
 
-def cli(*args: str) -> tuple[int, dict | list | None, str]:
-    """Run the installed `kafka-ledger` console script with --json; (exit code, parsed output, stderr)."""
-    done = subprocess.run(["kafka-ledger", *args, "--json"], capture_output=True, text=True, env=os.environ,
-                          timeout=600)
+def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict | list | None, str]:
+    """Run the installed `kafka-ledger` console script with --json (`env` added to the environment);
+    (exit code, parsed output, stderr)."""
+    done = subprocess.run(["kafka-ledger", *args, "--json"], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=600)
     try:
         data = json.loads(done.stdout) if done.stdout.strip() else None
     except json.JSONDecodeError:
@@ -60,7 +61,8 @@ def output_batch_ids(dsn: str, pipeline) -> dict[tuple[str, int, int], int]:
 
 
 def verify_ok(pipeline) -> dict:
-    code, data, err = cli("verify", pipeline.name)
+    # --full: these tests assert on everything their pipeline produced, whatever earlier verifies checked.
+    code, data, err = cli("verify", pipeline.name, "--full")
     assert code == 0, (data, err)
     (report,) = data["pipelines"]
     assert report["ok"] and report["missing"] == 0 and report["unexpected"] == 0, report

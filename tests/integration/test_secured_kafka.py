@@ -45,7 +45,7 @@ def test_a_pipeline_runs_exactly_once_over_sasl_ssl(runtime, dsn, servers, pipel
     assert max(Counter(stored.output).values()) == 1
     assert set(stored.output) | set(stored.dead_letters) == produced == set(landed)
     assert set(stored.dead_letters) == {landed[-1]}
-    report = verify_pipeline(dsn, SECURED_SERVERS, pipeline)
+    report = verify_pipeline(dsn, SECURED_SERVERS, pipeline, full=True)
     assert report.ok and report.kafka_records == 301, report.problems
     # The password reached Spark as options, never its logs.
     server_log = Path(os.environ.get("KL_STATE", ".stack")) / "logs" / "spark-connect.log"

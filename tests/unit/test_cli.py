@@ -14,6 +14,33 @@ def test_help_lists_every_command(capsys):
     for command in ("status", "batches", "plan", "replay", "reset", "verify"):
         assert command in out
     assert "Exit codes: 0 ok, 1 verify found problems, 2 bad command line, 3 refused" in " ".join(out.split())
+    assert "5 verify could not check (Kafka unreachable, a topic gone, deadline passed" in " ".join(out.split())
+
+
+@pytest.mark.parametrize(("reports", "code"), [
+    ([{}], cli.EXIT_OK),
+    ([{"problems": ["1 committed record(s) neither in the output nor in the dead letters"]}], cli.EXIT_PROBLEMS),
+    ([{"unverified": "cannot read the committed topics back from Kafka"}], cli.EXIT_UNVERIFIED),
+    # A problem found in one pipeline outweighs another that could not be checked.
+    ([{"unverified": "deadline"}, {"problems": ["outside"]}], cli.EXIT_PROBLEMS),
+])
+def test_verify_exit_codes_tell_a_problem_from_a_check_that_could_not_run(monkeypatch, capsys, reports, code):
+    from kafka_ledger.verify import VerifyReport
+
+    calls = []
+
+    def fake_verify(dsn, servers, pipeline, *, full, timeout):
+        calls.append((pipeline, full, timeout))
+        return VerifyReport(pipeline, **reports[len(calls) - 1])
+
+    monkeypatch.setattr(cli, "_services", lambda: ("dsn", "servers"))
+    monkeypatch.setattr(cli, "_pipelines", lambda names: names)
+    monkeypatch.setattr(cli, "verify_pipeline", fake_verify)
+    names = [f"p{i}" for i in range(len(reports))]
+    assert cli.main(["verify", *names, "--full", "--timeout", "30", "--json"]) == code
+    assert calls == [(name, True, 30.0) for name in names]
+    out = capsys.readouterr().out
+    assert '"mode": "full"' in out and '"verified_point"' in out
 
 
 def test_range_and_offset_formats_allow_dots_and_dashes_in_topic_names():
