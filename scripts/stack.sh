@@ -347,16 +347,24 @@ kill_spark_connect() {  # SIGKILL of the whole server (JVM and its spark-submit 
 # --- Spark settings and the standalone cluster ------------------------------------------------------
 # spark-defaults.conf for every Spark process the stack runs: RPC authenticated by a shared secret (a
 # master that anyone could submit to runs anyone's code), drivers on loopback, UIs without kill buttons.
+# Only while Spark is this machine's (local[*] or the stack's cluster): an external cluster has its own
+# secret, and its executors must reach the driver at an address other than loopback.
 write_spark_conf() {
+  [ "$SPARK_CONF_DIR" = "$KL_STATE/spark-conf" ] || return 0  # a deployment's own folder is left alone
   mkdir -p "$SPARK_CONF_DIR"
-  (umask 077; cat >"$SPARK_CONF_DIR/spark-defaults.conf.tmp" <<CONF
+  case $KAFKA_LEDGER_SPARK_MASTER in
+    local*|"$KL_SPARK_CLUSTER_MASTER")
+      (umask 077; cat >"$SPARK_CONF_DIR/spark-defaults.conf.tmp" <<CONF
 spark.authenticate                 true
 spark.authenticate.secret          $KL_SPARK_AUTH_SECRET
 spark.driver.bindAddress           127.0.0.1
 spark.driver.host                  127.0.0.1
 spark.ui.killEnabled               false
 CONF
-  )
+      ) ;;
+    *) printf '# external Spark master %s: its settings are the deployment'"'"'s (SPARK_CONF_DIR)\n' \
+         "$KAFKA_LEDGER_SPARK_MASTER" >"$SPARK_CONF_DIR/spark-defaults.conf.tmp" ;;
+  esac
   mv "$SPARK_CONF_DIR/spark-defaults.conf.tmp" "$SPARK_CONF_DIR/spark-defaults.conf"
 }
 

@@ -7,7 +7,6 @@ warm Spark Connect server and commits (`read_and_commit`); with `submit`, spark-
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -63,14 +62,14 @@ def masked_ledger_dsn() -> str:
     return dsn
 
 
-def masked_kafka_settings() -> str:
-    """The deployment's Kafka client settings as JSON for the Spark task's environment, their secrets masked."""
+def masked_kafka_settings() -> dict[str, str]:
+    """The deployment's Kafka client settings for the Spark task's environment, their secrets masked."""
     from airflow.sdk.log import mask_secret
 
     values = kafka_settings()
     for secret in kafka_security.secret_values(values):
         mask_secret(secret)
-    return json.dumps(values)
+    return values
 
 
 class SubmitBatchOperator(SparkSubmitOperator):
@@ -83,9 +82,7 @@ class SubmitBatchOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> None:
         check_master(self._get_hook())
-        dsn = masked_ledger_dsn()
-        masked_kafka_settings()
-        os.environ.update(spark_job_environment(dsn, bootstrap_servers()))
+        os.environ.update(spark_job_environment(masked_ledger_dsn(), bootstrap_servers(), masked_kafka_settings()))
         super().execute(context)
 
 

@@ -44,14 +44,14 @@ def spark_conf(pipeline: PipelineConfig) -> dict[str, str]:
     return {**BASE_SPARK_CONF, **pipeline.spark_conf}
 
 
-def spark_job_environment(dsn: str, servers: str) -> dict[str, str]:
+def spark_job_environment(dsn: str, servers: str, kafka: dict[str, str]) -> dict[str, str]:
     """What the batch's Spark job reads from its environment: where the ledger, Kafka and the pipelines are.
 
     It holds secrets, so it reaches spark-submit as the environment it inherits, never as the hook's
     env_vars: on YARN and Kubernetes the Spark provider turns those into `--conf` arguments on its command line.
     """
     return {"KAFKA_LEDGER_DB_URL": dsn, "KAFKA_LEDGER_BOOTSTRAP_SERVERS": servers,
-            KAFKA_CONFIG_ENV: json.dumps(kafka_settings()), "KAFKA_LEDGER_PIPELINES": str(config_path())}
+            KAFKA_CONFIG_ENV: json.dumps(kafka), "KAFKA_LEDGER_PIPELINES": str(config_path())}
 
 
 def spark_submit_hook(pipeline: PipelineConfig, batch_id: int) -> SparkSubmitHook:
@@ -89,7 +89,7 @@ def check_master(hook: SparkSubmitHook) -> None:
 
 def submit_batch(pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> None:
     """Run the batch's Spark job with spark-submit outside Airflow (the CLI's replay); raises on failure."""
-    os.environ.update(spark_job_environment(dsn, servers))
+    os.environ.update(spark_job_environment(dsn, servers, kafka_settings()))
     hook = spark_submit_hook(pipeline, batch_id)
     check_master(hook)
     hook.submit(str(SPARK_APPLICATION))

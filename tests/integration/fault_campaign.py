@@ -359,9 +359,10 @@ class Campaign:
 
     def spark_submit_try(self, batch_id: int, strike: Callable[..., str] | None = None,
                          timeout: float = 600) -> tuple[bool, str]:
+        from kafka_ledger.settings import kafka_settings
         from kafka_ledger.spark_submit import SPARK_APPLICATION, spark_job_environment, spark_submit_hook
 
-        os.environ.update(spark_job_environment(self.dsn, self.servers))
+        os.environ.update(spark_job_environment(self.dsn, self.servers, kafka_settings()))
         hook = spark_submit_hook(self.pipeline, batch_id)
         attempts_before = self.batch_state(batch_id)[1]
         outcome: dict[str, str] = {}
