@@ -36,6 +36,17 @@ hash_files() { cat "$@" | sha256sum | cut -c1-16; }
 
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# Wait until a service just started answers: `probe` succeeds within `seconds`, else its log and a clear end.
+await_start() {  # await_start <name> <pidfile> <seconds> <log> <probe command...>
+  local name=$1 pidfile=$2 seconds=$3 log=$4 i; shift 4
+  for i in $(seq 1 "$seconds"); do
+    "$@" && return 0
+    pid_alive "$pidfile" || { tail -n 30 "$log" >&2; die "$name exited during start (log: $log)"; }
+    sleep 1
+  done
+  tail -n 30 "$log" >&2; die "$name did not answer within $seconds s (log: $log)"
+}
+
 # Postgres refuses to run as root: run its binaries as the unprivileged "postgres" user when we are root.
 as_pg() { if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi; }
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
@@ -266,17 +277,9 @@ start_kafka() {
   fi
   nohup "${KAFKA_JAVA[@]}" kafka.Kafka "$KAFKA_DIR/server.properties" >"$LOGS/kafka.out" 2>&1 &
   echo $! >"$KAFKA_PID"
-  local i
-  for i in $(seq 1 90); do
-    if kafka_ready; then
-      add_kafka_scram_user
-      say "kafka: started on $LOCAL_KAFKA, SASL_SSL on 127.0.0.1:$KL_KAFKA_SASL_PORT (user $KL_KAFKA_SASL_USER, CA $KL_TLS_DIR/ca.pem) (pid $(cat "$KAFKA_PID"))"
-      return
-    fi
-    pid_alive "$KAFKA_PID" || { tail -n 30 "$LOGS/kafka.out" "$LOGS/kafka.log" >&2 2>/dev/null; die "kafka exited during start"; }
-    sleep 1
-  done
-  die "kafka did not answer within 90 s (logs: $LOGS/kafka.log, $LOGS/kafka.out)"
+  await_start kafka "$KAFKA_PID" 90 "$LOGS/kafka.out" kafka_ready
+  add_kafka_scram_user
+  say "kafka: started on $LOCAL_KAFKA, SASL_SSL on 127.0.0.1:$KL_KAFKA_SASL_PORT (user $KL_KAFKA_SASL_USER, CA $KL_TLS_DIR/ca.pem) (pid $(cat "$KAFKA_PID"), log $LOGS/kafka.log)"
 }
 
 stop_pidfile() {  # stop_pidfile <name> <pidfile>: SIGTERM (a controlled shutdown for Kafka), then wait
@@ -320,16 +323,8 @@ start_spark_connect() {
     spark-internal >"$LOGS/spark-connect.log" 2>&1 &
   echo $! >"$SPARK_CONNECT_PID"
   printf '%s' "$KAFKA_LEDGER_SPARK_MASTER" >"$SPARK_CONNECT_PID.master"
-  local i
-  for i in $(seq 1 120); do
-    if port_open "$KL_SPARK_CONNECT_PORT"; then
-      say "spark connect: started on sc://127.0.0.1:$KL_SPARK_CONNECT_PORT, master $KAFKA_LEDGER_SPARK_MASTER (pid $(cat "$SPARK_CONNECT_PID"), heap $KL_SPARK_CONNECT_MEMORY, log $LOGS/spark-connect.log)"
-      return
-    fi
-    pid_alive "$SPARK_CONNECT_PID" || { tail -n 30 "$LOGS/spark-connect.log" >&2; die "the Spark Connect server exited during start"; }
-    sleep 1
-  done
-  die "the Spark Connect server did not listen within 120 s (log: $LOGS/spark-connect.log)"
+  await_start "the Spark Connect server" "$SPARK_CONNECT_PID" 120 "$LOGS/spark-connect.log" port_open "$KL_SPARK_CONNECT_PORT"
+  say "spark connect: started on sc://127.0.0.1:$KL_SPARK_CONNECT_PORT, master $KAFKA_LEDGER_SPARK_MASTER (pid $(cat "$SPARK_CONNECT_PID"), heap $KL_SPARK_CONNECT_MEMORY, log $LOGS/spark-connect.log)"
 }
 
 kill_spark_connect() {  # SIGKILL of the whole server (JVM and its spark-submit wrapper), as a crash would
@@ -384,21 +379,13 @@ start_cluster() {
   write_spark_conf
   start_spark_daemon spark-master "$SPARK_MASTER_PID" org.apache.spark.deploy.master.Master \
     --host 127.0.0.1 --port "$KL_SPARK_MASTER_PORT" --webui-port "$KL_SPARK_MASTER_UI_PORT"
-  local i
-  for i in $(seq 1 60); do port_open "$KL_SPARK_MASTER_PORT" && break; sleep 1; done
-  port_open "$KL_SPARK_MASTER_PORT" || { tail -n 30 "$LOGS/spark-master.log" >&2; die "the Spark master did not listen within 60 s"; }
+  await_start "the Spark master" "$SPARK_MASTER_PID" 60 "$LOGS/spark-master.log" port_open "$KL_SPARK_MASTER_PORT"
   start_spark_daemon spark-worker "$SPARK_WORKER_PID" org.apache.spark.deploy.worker.Worker "$KL_SPARK_CLUSTER_MASTER" \
     --host 127.0.0.1 --cores "$KL_SPARK_WORKER_CORES" --memory "$KL_SPARK_WORKER_MEMORY" \
     --webui-port "$KL_SPARK_WORKER_UI_PORT" --work-dir "$KL_STATE/spark-work"
-  for i in $(seq 1 60); do
-    if grep -q "Successfully registered with master" "$LOGS/spark-worker.log" 2>/dev/null; then
-      say "spark cluster: master $KL_SPARK_CLUSTER_MASTER (UI http://127.0.0.1:$KL_SPARK_MASTER_UI_PORT), one worker ($KL_SPARK_WORKER_CORES cores, $KL_SPARK_WORKER_MEMORY)"
-      return
-    fi
-    pid_alive "$SPARK_WORKER_PID" || { tail -n 30 "$LOGS/spark-worker.log" >&2; die "the Spark worker exited during start"; }
-    sleep 1
-  done
-  die "the Spark worker did not register with the master within 60 s (log: $LOGS/spark-worker.log)"
+  await_start "the Spark worker" "$SPARK_WORKER_PID" 60 "$LOGS/spark-worker.log" \
+    grep -qs "Successfully registered with master" "$LOGS/spark-worker.log"
+  say "spark cluster: master $KL_SPARK_CLUSTER_MASTER (UI http://127.0.0.1:$KL_SPARK_MASTER_UI_PORT), one worker ($KL_SPARK_WORKER_CORES cores, $KL_SPARK_WORKER_MEMORY)"
 }
 
 # The local cluster is started with the rest when Spark is pointed at it.
@@ -431,16 +418,8 @@ start_airflow() {
   if pid_alive "$AIRFLOW_PID"; then say "airflow: already running (pid $(cat "$AIRFLOW_PID"))"; return; fi
   setsid nohup bash "$KL_HOME/scripts/airflow.sh" >"$LOGS/airflow.log" 2>&1 </dev/null &
   echo $! >"$AIRFLOW_PID"
-  local i
-  for i in $(seq 1 120); do
-    if curl -sf "http://127.0.0.1:$KL_AIRFLOW_PORT/api/v2/monitor/health" >/dev/null; then
-      say "airflow: UI and REST API on http://127.0.0.1:$KL_AIRFLOW_PORT (user admin, password in $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated)"
-      return
-    fi
-    pid_alive "$AIRFLOW_PID" || { tail -n 30 "$LOGS/airflow.log" >&2; die "airflow exited during start"; }
-    sleep 1
-  done
-  die "airflow did not answer within 120 s (log: $LOGS/airflow.log)"
+  await_start airflow "$AIRFLOW_PID" 120 "$LOGS/airflow.log" curl -sf -o /dev/null "http://127.0.0.1:$KL_AIRFLOW_PORT/api/v2/monitor/health"
+  say "airflow: UI and REST API on http://127.0.0.1:$KL_AIRFLOW_PORT (user admin, password in $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated)"
 }
 
 status() {

@@ -555,32 +555,20 @@ class Campaign:
             return f"{target} SIGKILLed {landed}"
         return strike
 
-    def _strike_kafka(self, delay: float) -> Callable[..., str]:
+    def _strike_stack(self, delay: float, missed: str, commands: tuple[str, ...], landed_as: str) -> Callable[..., str]:
+        """A fault by scripts/stack.sh `commands`, `delay` seconds after the Spark attempt began."""
         def strike(task: Any, batch_id: int, attempts_before: int, thread: threading.Thread | None = None) -> str:
             # spark-submit's task is a thread driving the hook; the connect runtime's is a process.
             alive = thread if thread is not None else task
             running = alive.is_alive if thread is not None else (lambda: task.poll() is None)
             attempt = attempts_before + 1
             if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, alive):
-                return "broker restart missed: the job ended before its attempt began"
+                return f"{missed} missed: the job ended before its attempt began"
             time.sleep(delay)
             landed = self.phase(batch_id, attempt) if running() else "after the job ended"
-            self._stack("restart-kafka")
-            return f"Kafka broker restarted {landed}"
-        return strike
-
-    def _strike_worker(self, delay: float) -> Callable[..., str]:
-        def strike(task: Any, batch_id: int, attempts_before: int, thread: threading.Thread | None = None) -> str:
-            alive = thread if thread is not None else task
-            running = alive.is_alive if thread is not None else (lambda: task.poll() is None)
-            attempt = attempts_before + 1
-            if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, alive):
-                return "worker kill missed: the job ended before its attempt began"
-            time.sleep(delay)
-            landed = self.phase(batch_id, attempt) if running() else "after the job ended"
-            self._stack("kill-spark-worker")
-            self._stack("cluster")  # a new worker: Spark runs the lost tasks there, or the task's retry does
-            return f"Spark worker killed {landed}"
+            for command in commands:
+                self._stack(command)
+            return f"{landed_as} {landed}"
         return strike
 
     def _strike_connect(self, target: str, timing: str, delay: float) -> Callable[..., str]:
@@ -653,10 +641,13 @@ class Campaign:
                                    commit_during=self._restart_postgres_during(point))
         if kind == "restart_kafka_in_read":
             delay = round(rng.uniform(max(low, 0.5) if self.runtime == "connect" else 2.0, high), 2)
-            return f"timed ({delay}s after the attempt began)", RunHooks(spark_strike=self._strike_kafka(delay))
+            return f"timed ({delay}s after the attempt began)", RunHooks(
+                spark_strike=self._strike_stack(delay, "broker restart", ("restart-kafka",), "Kafka broker restarted"))
         if kind == "kill_spark_worker":
             delay = round(rng.uniform(low, high), 2)
-            return f"timed ({delay}s after the attempt began)", RunHooks(spark_strike=self._strike_worker(delay))
+            return f"timed ({delay}s after the attempt began)", RunHooks(spark_strike=self._strike_stack(
+                # A new worker at once: Spark runs the lost tasks there, or the task's retry does.
+                delay, "worker kill", ("kill-spark-worker", "cluster"), "Spark worker killed"))
         if kind == "crash_after_plan":
             return "after_plan", RunHooks(plan_failpoints="after_plan=kill")
         if kind == "retry_after_success":
