@@ -29,6 +29,9 @@ KL_SPARK_WORKER_MEMORY=${KL_SPARK_WORKER_MEMORY:-2g}
 KL_SPARK_CLUSTER_MASTER=spark://127.0.0.1:$KL_SPARK_MASTER_PORT
 # Heap of the Spark Connect server (its driver, which runs the local executors too): bounds its memory.
 KL_SPARK_CONNECT_MEMORY=${KL_SPARK_CONNECT_MEMORY:-1g}
+# Cores of a Spark cluster the Connect server's executors hold (it keeps them while it runs): the cluster's
+# other cores run spark-submit batches, which would otherwise wait for ever. Ignored with a local master.
+KL_SPARK_CONNECT_CORES=${KL_SPARK_CONNECT_CORES:-1}
 
 # Passwords of the local stack (Postgres roles, Kafka's SCRAM user, the broker's key store, Spark's RPC secret): random, made
 # once per stack and kept in $KL_SECRETS (mode 600). Not common words: Airflow masks a password wherever it appears in a task log, so a password such as
@@ -84,7 +87,7 @@ export AIRFLOW_CONN_KAFKA_LEDGER_KAFKA=${AIRFLOW_CONN_KAFKA_LEDGER_KAFKA:-"{\"co
 
 export KL_SECRETS KL_PG_AIRFLOW_TEST_PASSWORD KL_KAFKA_SASL_PASSWORD KL_KAFKA_SASL_PORT KL_TLS_DIR KL_KAFKA_SASL_USER
 export KL_HOME KL_STATE KL_VENV KL_LOCAL_KAFKA KL_LOCAL_POSTGRES KL_LOCAL_SPARK_CONNECT KL_KAFKA_PORT
-export KL_SPARK_SLOTS KL_SPARK_POOL_DESCRIPTION KL_KAFKA_CONTROLLER_PORT KL_PG_PORT KL_AIRFLOW_PORT KL_SPARK_CONNECT_PORT KL_SPARK_CONNECT_MEMORY
+export KL_SPARK_SLOTS KL_SPARK_POOL_DESCRIPTION KL_KAFKA_CONTROLLER_PORT KL_PG_PORT KL_AIRFLOW_PORT KL_SPARK_CONNECT_PORT KL_SPARK_CONNECT_MEMORY KL_SPARK_CONNECT_CORES
 export KAFKA_LEDGER_BOOTSTRAP_SERVERS KAFKA_LEDGER_DB_URL KAFKA_LEDGER_SPARK_MASTER KAFKA_LEDGER_SPARK_RUNTIME
 export KAFKA_LEDGER_SPARK_JARS_DIR KAFKA_LEDGER_PIPELINES
 # Spark's settings for every Spark process of the stack (the cluster, spark-submit, the Connect server): a

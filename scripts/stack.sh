@@ -313,12 +313,14 @@ start_spark_connect() {
   # The server's JVM is the driver and, with a local master, the executors: --driver-memory bounds its heap,
   # the -XX limits and MALLOC_ARENA_MAX what it holds beside the heap (direct buffers, code, malloc arenas).
   # Everything binds loopback; -XX:-DontCompileHugeMethods lets the JIT compile the decoder's generated code.
+  # On a cluster it holds its executors for good: spark.cores.max leaves the other cores to spark-submit batches.
   MALLOC_ARENA_MAX=2 setsid nohup "$KL_VENV/bin/spark-submit" --class org.apache.spark.sql.connect.service.SparkConnectServer \
     --name kafka-ledger-spark-connect --master "$KAFKA_LEDGER_SPARK_MASTER" --driver-memory "$KL_SPARK_CONNECT_MEMORY" \
     --jars "$jars" \
     --conf spark.connect.grpc.binding.address=127.0.0.1 --conf "spark.connect.grpc.binding.port=$KL_SPARK_CONNECT_PORT" \
     --conf spark.driver.bindAddress=127.0.0.1 --conf spark.driver.host=127.0.0.1 --conf spark.ui.enabled=false \
     --conf spark.sql.session.timeZone=UTC --conf spark.sql.shuffle.partitions=8 \
+    --conf "spark.cores.max=$KL_SPARK_CONNECT_CORES" \
     --conf "spark.driver.extraJavaOptions=-XX:-DontCompileHugeMethods -XX:MaxDirectMemorySize=256m -XX:ReservedCodeCacheSize=96m -XX:MaxMetaspaceSize=256m -XX:+UseParallelGC -Duser.timezone=UTC -Dlog4j2.configurationFile=file:$KL_HOME/stack/spark-connect/log4j2.properties" \
     spark-internal >"$LOGS/spark-connect.log" 2>&1 &
   echo $! >"$SPARK_CONNECT_PID"
