@@ -7,6 +7,7 @@ takes a batch id, never offsets: the ranges come from the ledger.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -51,21 +52,30 @@ def kafka_read_options(ranges: list[OffsetRange], servers: str, pipeline: str) -
         assign.setdefault(r.topic, []).append(r.partition)
         starting.setdefault(r.topic, {})[str(r.partition)] = r.from_offset
         ending.setdefault(r.topic, {})[str(r.partition)] = r.until_offset
+    client = {"kafka.bootstrap.servers": servers, **kafka_security.spark_options(kafka_settings()),
+              "kafka.isolation.level": "read_committed", **KAFKA_READER_TUNING}
     return {
-        "kafka.bootstrap.servers": servers,
-        **kafka_security.spark_options(kafka_settings()),
+        **client,
         "assign": json.dumps(assign),
         "startingOffsets": json.dumps(starting),
         "endingOffsets": json.dumps(ending),
-        "kafka.isolation.level": "read_committed",
         # Offsets deleted under our feet must fail the read, never be skipped silently.
         "failOnDataLoss": "true",
         "includeHeaders": "false",
-        # A fixed group id per pipeline lets a warm Spark reuse its pooled consumers batch after batch
-        # (partitions are assigned, never subscribed: no group membership, no offsets committed to Kafka).
-        "kafka.group.id": f"kafka-ledger-{pipeline}",
-        **KAFKA_READER_TUNING,
+        "kafka.group.id": consumer_group(pipeline, client),
     }
+
+
+def consumer_group(pipeline: str, client: dict[str, str]) -> str:
+    """The group id of a pipeline's reads: the same while its Kafka client settings are the same, so a warm
+    Spark reuses its pooled consumers batch after batch (partitions are assigned, never subscribed: no group
+    membership, no offsets committed to Kafka); another one when they change (a rotated password, other
+    servers), since Spark fails a read whose settings differ from its pooled consumer's for the same group
+    and partition. The settings hold secrets: scrypt makes guessing them from a logged group id costly.
+    """
+    settings = json.dumps(client, sort_keys=True).encode()
+    fingerprint = hashlib.scrypt(settings, salt=b"kafka-ledger consumer group", n=2**14, r=8, p=1, dklen=6).hex()
+    return f"kafka-ledger-{pipeline}-{fingerprint}"
 
 
 def check_not_deleted(servers: str, ranges: list[OffsetRange]) -> None:

@@ -53,7 +53,7 @@ def test_read_options_exact_offsets_for_two_topics(ingest_batch):
         "kafka.group.id",
         *ingest.KAFKA_READER_TUNING,
     }
-    assert options["kafka.group.id"] == "kafka-ledger-clicks"
+    assert options["kafka.group.id"].startswith("kafka-ledger-clicks-")
     assert options["kafka.bootstrap.servers"] == "k1:9092,k2:9092"
     assert json.loads(options["assign"]) == {"clicks": [0, 2, 5], "views": [1, 3]}
     assert json.loads(options["startingOffsets"]) == {
@@ -105,3 +105,20 @@ def test_small_partitions_share_tasks_and_big_ones_keep_their_own(ingest_batch):
     assert ingest_batch.read_tasks([OffsetRange("t", p, 0, 50) for p in range(18)]) == 1
     assert ingest_batch.read_tasks([OffsetRange("t", p, 0, per_task) for p in range(18)]) is None
     assert ingest_batch.read_tasks([OffsetRange("t", 0, 0, 10 * per_task)]) is None
+
+
+def test_the_consumer_group_changes_with_the_kafka_client_settings_only(ingest_batch, monkeypatch):
+    """A warm Spark pools consumers per group and partition and fails a read whose settings differ: a rotated
+    password or other servers must give another group, the same settings the same one, and no secret shows."""
+    def group(servers: str, password: str, until: int = 100) -> str:
+        monkeypatch.setenv("KAFKA_LEDGER_KAFKA_CONFIG", json.dumps(
+            {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "ingest",
+             "sasl.password": password}))
+        read = [OffsetRange("clicks", 0, 0, until)]
+        return ingest_batch.kafka_read_options(read, servers, "clicks")["kafka.group.id"]
+
+    first = group("k1:9092", "old-secret")
+    assert group("k1:9092", "old-secret", until=500) == first  # other ranges, same settings: pooled consumers
+    assert group("k1:9092", "new-secret") != first
+    assert group("k2:9092", "old-secret") != first
+    assert "secret" not in first
