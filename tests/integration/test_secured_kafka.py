@@ -31,7 +31,9 @@ def over_sasl_ssl(monkeypatch):
 
 
 @pytest.mark.parametrize("runtime", ["connect", "submit"])
-def test_a_pipeline_runs_exactly_once_over_sasl_ssl(runtime, dsn, servers, pipeline_factory, producer, over_sasl_ssl):
+def test_a_pipeline_runs_exactly_once_over_sasl_ssl(
+    runtime, dsn, servers, pipeline_factory, producer, over_sasl_ssl, monkeypatch
+):
     pipeline = pipeline_factory(f"secure_{runtime}", partitions=3)
     topic = pipeline.topics[0]
     bad, reason = BAD_VALUES[0]
@@ -51,6 +53,17 @@ def test_a_pipeline_runs_exactly_once_over_sasl_ssl(runtime, dsn, servers, pipel
     server_log = Path(os.environ.get("KL_STATE", ".stack")) / "logs" / "spark-connect.log"
     if server_log.exists():
         assert os.environ["KL_KAFKA_SASL_PASSWORD"] not in server_log.read_text(errors="replace")
+
+    # The client settings change (here back to the plaintext listener, as a rotated password would): the warm
+    # server's pooled consumers for these partitions hold the old ones, and the next batch must still read.
+    more = producer.send(topic, [good_value(i) for i in range(300, 400)])
+    monkeypatch.setenv("KAFKA_LEDGER_BOOTSTRAP_SERVERS", servers)
+    monkeypatch.setenv(KAFKA_CONFIG_ENV, "{}")
+    outcome = run_pipeline_dag(pipeline)
+    assert outcome.state == "success", outcome
+    stored = audit.postgres_record_ids(dsn, pipeline)
+    assert max(Counter(stored.output).values()) == 1
+    assert set(stored.output) | set(stored.dead_letters) == set(landed) | set(more)
 
 
 @pytest.mark.parametrize("problem", ["password", "certificate"])

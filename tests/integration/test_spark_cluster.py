@@ -111,7 +111,9 @@ def test_the_cluster_refuses_an_application_without_the_stack_s_secret(cluster, 
     job.write_text("from pyspark.sql import SparkSession\n"
                    "print('-'.join(['counted', str(SparkSession.builder.getOrCreate().range(10).count())]))\n")
     command = ["spark-submit", "--master", cluster, str(job)]
-    env = {**os.environ, "SPARK_CONF_DIR": str(tmp_path)}  # no spark-defaults.conf: no secret
+    # A Spark Connect client earlier in this process marked its environment for Spark Connect: not this job's.
+    plain = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
+    env = {**plain, "SPARK_CONF_DIR": str(tmp_path)}  # no spark-defaults.conf: no secret
     # The driver keeps retrying the master after the refusal: read its output until the reason shows.
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as job_run:
         timer = threading.Timer(120, job_run.kill)
@@ -126,7 +128,7 @@ def test_the_cluster_refuses_an_application_without_the_stack_s_secret(cluster, 
     assert "counted-" not in "".join(output)
     assert "Expected SaslMessage" in "".join(output), "".join(output)[-3000:]
     # The same job with the stack's settings runs.
-    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(command, capture_output=True, text=True, env=plain, timeout=180)
     assert "counted-10" in done.stdout, done.stderr[-3000:]
 
 
