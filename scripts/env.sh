@@ -96,8 +96,10 @@ export SPARK_CONF_DIR=${SPARK_CONF_DIR:-$KL_STATE/spark-conf}
 # Spark on this machine only (local[*] or the stack's cluster): its services (drivers, the cluster's daemons
 # and executors, their UIs) bind loopback. An external cluster's executors must reach the driver: not then.
 case $KAFKA_LEDGER_SPARK_MASTER in
-  local*|"$KL_SPARK_CLUSTER_MASTER") export SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1} ;;
+  local*|"$KL_SPARK_CLUSTER_MASTER") KL_SPARK_ON_THIS_MACHINE=1; export SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1} ;;
+  *) KL_SPARK_ON_THIS_MACHINE=0 ;;
 esac
+export KL_SPARK_ON_THIS_MACHINE
 export KL_SPARK_MASTER_PORT KL_SPARK_MASTER_UI_PORT KL_SPARK_WORKER_UI_PORT KL_SPARK_WORKER_CORES KL_SPARK_WORKER_MEMORY KL_SPARK_CLUSTER_MASTER
 # spark-submit is called by bare name by the Spark provider, and the driver must use the venv's Python.
 export PATH="$KL_VENV/bin:$PATH"

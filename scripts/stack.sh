@@ -349,19 +349,19 @@ kill_spark_connect() {  # SIGKILL of the whole server (JVM and its spark-submit 
 write_spark_conf() {
   [ "$SPARK_CONF_DIR" = "$KL_STATE/spark-conf" ] || return 0  # a deployment's own folder is left alone
   mkdir -p "$SPARK_CONF_DIR"
-  case $KAFKA_LEDGER_SPARK_MASTER in
-    local*|"$KL_SPARK_CLUSTER_MASTER")
-      (umask 077; cat >"$SPARK_CONF_DIR/spark-defaults.conf.tmp" <<CONF
+  if [ "$KL_SPARK_ON_THIS_MACHINE" = 1 ]; then
+    (umask 077; cat >"$SPARK_CONF_DIR/spark-defaults.conf.tmp" <<CONF
 spark.authenticate                 true
 spark.authenticate.secret          $KL_SPARK_AUTH_SECRET
 spark.driver.bindAddress           127.0.0.1
 spark.driver.host                  127.0.0.1
 spark.ui.killEnabled               false
 CONF
-      ) ;;
-    *) printf '# external Spark master %s: its settings are the deployment'"'"'s (SPARK_CONF_DIR)\n' \
-         "$KAFKA_LEDGER_SPARK_MASTER" >"$SPARK_CONF_DIR/spark-defaults.conf.tmp" ;;
-  esac
+    )
+  else
+    printf '# external Spark master %s: its settings are the deployment'"'"'s (SPARK_CONF_DIR)\n' \
+      "$KAFKA_LEDGER_SPARK_MASTER" >"$SPARK_CONF_DIR/spark-defaults.conf.tmp"
+  fi
   mv "$SPARK_CONF_DIR/spark-defaults.conf.tmp" "$SPARK_CONF_DIR/spark-defaults.conf"
 }
 
