@@ -4,6 +4,7 @@
 #
 #   scripts/stack.sh up         install what is missing, start Kafka + Postgres + Spark Connect, migrate both databases
 #   scripts/stack.sh install    OS packages, Python venv, Kafka broker jars, Spark connector jars
+#   scripts/stack.sh browser    Debian's chromium and chromium-driver, for the browser test (scripts/test.sh runs it)
 #   scripts/stack.sh start      start Kafka, Postgres and the Spark Connect server (idempotent) and wait for them
 #   scripts/stack.sh migrate    create roles/databases, run the ledger migrations and `airflow db migrate`
 #   scripts/stack.sh airflow    start Airflow (api-server, scheduler, dag-processor, triggerer) on KL_AIRFLOW_PORT
@@ -23,7 +24,7 @@ set -euo pipefail
 LOGS=$KL_STATE/logs
 RUN=$KL_STATE/run
 STAMPS=$KL_STATE/stamps
-KAFKA_LIBS=$KL_STATE/cache/kafka-libs
+KAFKA_LIBS=$KL_KAFKA_LIBS
 mkdir -p "$LOGS" "$RUN" "$STAMPS" "$KL_STATE/cache"
 
 say() { printf '[stack] %s\n' "$*"; }
@@ -125,6 +126,14 @@ install_jars() {
 }
 
 install() { install_os_packages; install_python; install_jars; }
+
+# Headless Chromium and its WebDriver, Debian's packages (the same version), for the ledger page's browser test.
+install_browser() {
+  command -v chromium >/dev/null && command -v chromedriver >/dev/null && return
+  [ "$(id -u)" = 0 ] || die "missing chromium and chromium-driver (the browser test needs them); install them or run as root"
+  say "installing OS packages: chromium chromium-driver"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+}
 
 # --- Postgres --------------------------------------------------------------------------------------
 pg_ready() { "$(pg_bin)/pg_isready" -q -h 127.0.0.1 -p "$KL_PG_PORT"; }
@@ -434,6 +443,7 @@ status() {
 
 case "${1:-}" in
   install) install ;;
+  browser) install_browser ;;
   start) start_postgres; start_kafka; start_cluster_if_used; start_spark_connect ;;
   migrate) migrate ;;
   up) install; start_postgres; start_kafka; start_cluster_if_used; start_spark_connect; migrate ;;
@@ -448,5 +458,5 @@ case "${1:-}" in
   stop) stop_pidfile airflow "$AIRFLOW_PID"; stop_pidfile "spark connect" "$SPARK_CONNECT_PID"
         stop_pidfile "spark worker" "$SPARK_WORKER_PID"; stop_pidfile "spark master" "$SPARK_MASTER_PID"; stop_pidfile kafka "$KAFKA_PID"; stop_postgres ;;
   status) status ;;
-  *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/stack.sh up
+bash scripts/stack.sh browser
 . scripts/env.sh
 ruff check .
 pytest "$@"

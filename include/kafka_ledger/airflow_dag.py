@@ -16,7 +16,7 @@ from typing import Any
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, BaseOperator, Param, task
+from airflow.sdk import DAG, Asset, BaseOperator, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.timetables.interval import CronDataIntervalTimetable
 
@@ -41,7 +41,7 @@ from kafka_ledger.spark_submit import (
 )
 
 __all__ = ["BASE_SPARK_CONF", "SPARK_APPLICATION", "SPARK_POOL", "SPARK_TASK", "build_pipeline_dag",
-           "run_pipeline_dag"]
+           "output_asset", "run_pipeline_dag"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,35 @@ class SubmitBatchOperator(SparkSubmitOperator):
         super().execute(context)
 
 
+def output_asset(pipeline: PipelineConfig) -> Asset:
+    """The Airflow Asset of a pipeline's output table: updated by every commit, so downstream DAGs can schedule on it.
+
+    `schedule=[output_asset(get_pipeline("impressions"))]`, or `Asset.ref(name="kafka_ledger.public.impressions")`.
+    """
+    table = pipeline.qualified_output_table
+    return Asset(name=f"kafka_ledger.{table}", uri=f"kafka-ledger://{pipeline.output_schema}/{pipeline.output_table}",
+                 group="kafka-ledger")
+
+
+def announce_commit(context: Any, pipeline: PipelineConfig, result: Any) -> None:
+    """Describe the committed batch in the output table's asset event: its id, kind, ranges and counts."""
+    from kafka_ledger import ledger
+
+    conn = ledger.connect(ledger_dsn())
+    try:
+        with conn, conn.cursor() as cur:
+            batch = ledger.get_batch(cur, result.batch_id)
+    finally:
+        conn.close()
+    context["outlet_events"][output_asset(pipeline)].extra = {
+        "pipeline": pipeline.name, "batch_id": batch.batch_id, "kind": batch.kind,
+        "replay_of": batch.replay_of, "already_committed": result.already_committed,
+        "records_written": result.records_written, "records_dead_lettered": result.records_dead_lettered,
+        "ranges": [{"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until_offset}
+                   for r in batch.ranges],
+    }
+
+
 def trigger_form(pipeline: PipelineConfig) -> dict[str, Param]:
     """The trigger form of a pipeline's DAG: what a manual run (UI form or REST conf) should read."""
     example = pipeline.topics[0] if pipeline.topics else "topic"
@@ -109,7 +138,8 @@ def trigger_form(pipeline: PipelineConfig) -> dict[str, Param]:
             ),
             section="Run",
         ),
-        "reason": Param("", type="string", title="Reason",
+        # Optional: a form field whose type does not admit null is required by Airflow's form.
+        "reason": Param(None, type=["null", "string"], title="Reason (optional)",
                         description="Recorded in the ledger with the batch (who asked, and why).", section="Run"),
         "ranges": Param(
             [],
@@ -167,8 +197,9 @@ def plan_batch(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any
         planned = plan(ledger_dsn(), bootstrap_servers(), get_pipeline(pipeline_name), request, dag_id=dag_id,
                        run_id=run_id, requested_by=requested_by, backfill_window=backfill_window)
     except RequestError as exc:
-        # Retrying cannot fix a bad request: fail the run at once, with the reason in the task log.
-        raise AirflowFailException(str(exc)) from exc
+        # Retrying cannot fix a bad request: fail the run at once, with the reason in the task log as one
+        # sentence (not chained to the validation error's traceback, which says the same less clearly).
+        raise AirflowFailException(f"refused, nothing was written: {exc}") from None
     if planned.batch_id is None:
         raise AirflowSkipException(f"nothing to read for this {planned.kind} run: no Spark job launched")
     return {
@@ -181,16 +212,20 @@ def plan_batch(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any
     }
 
 
-def commit_batch(pipeline_name: str, plan: dict[str, Any]) -> dict[str, Any]:
+def commit_batch(pipeline_name: str, plan: dict[str, Any], **context: Any) -> dict[str, Any]:
     """Publish the staged batch and advance its offsets in one Postgres transaction."""
     from kafka_ledger.batches import commit_batch as commit
+    from kafka_ledger.consumer_group import mirror_positions
 
-    result = commit(ledger_dsn(), get_pipeline(pipeline_name), plan["batch_id"])
+    pipeline = get_pipeline(pipeline_name)
+    result = commit(ledger_dsn(), pipeline, plan["batch_id"])
+    announce_commit(context, pipeline, result)
     return {
         "batch_id": result.batch_id,
         "already_committed": result.already_committed,
         "records_written": result.records_written,
         "records_dead_lettered": result.records_dead_lettered,
+        "mirrored": mirror_positions(ledger_dsn(), bootstrap_servers(), pipeline),
     }
 
 
@@ -210,16 +245,20 @@ class ReadAndCommitOperator(BaseOperator):
         self._batch: Any = None
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from kafka_ledger.consumer_group import mirror_positions
         from kafka_ledger.spark_runtime import ConnectBatch
 
         plan = context["ti"].xcom_pull(task_ids="plan_batch")
-        self._batch = ConnectBatch(get_pipeline(self.pipeline_name), plan["batch_id"])
+        pipeline = get_pipeline(self.pipeline_name)
+        self._batch = ConnectBatch(pipeline, plan["batch_id"])
         result = self._batch.run(ledger_dsn(), bootstrap_servers())
+        announce_commit(context, pipeline, result)
         return {
             "batch_id": result.batch_id,
             "already_committed": result.already_committed,
             "records_written": result.records_written,
             "records_dead_lettered": result.records_dead_lettered,
+            "mirrored": mirror_positions(ledger_dsn(), bootstrap_servers(), pipeline),
         }
 
     def on_kill(self) -> None:
@@ -263,7 +302,10 @@ def _doc(pipeline: PipelineConfig) -> str:
         f"unfinished batch), {spark}, and `drain_backlog` starts another run at once when the per-partition cap "
         "left data unread.\n\n"
         "Trigger with config to re-read offset ranges, a time window or a recorded batch; a backfill run "
-        "re-reads its data interval (one hour per hourly run). See the README's *Operating pipelines*."
+        "re-reads its data interval (one hour per hourly run). **Clearing** a run that committed its batch "
+        "re-reads that batch's recorded ranges and replaces their rows (a replay; positions do not move). "
+        "The pipeline's ranges, lag and dead letters: the *Kafka Ledger* tab. See the README's *Operating "
+        "pipelines*."
     )
 
 
@@ -305,7 +347,7 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         }
         if runtime == "connect":
             spark_work = ReadAndCommitOperator(task_id=SPARK_TASK[runtime], pipeline_name=pipeline.name,
-                                               **spark_task_args)
+                                               outlets=[output_asset(pipeline)], **spark_task_args)
             plan >> spark_work
             committed = spark_work
         else:
@@ -323,7 +365,8 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
                 **spark_task_args,
             )
             committed = task(
-                commit_batch, task_id="commit_batch", execution_timeout=timedelta(minutes=30)
+                commit_batch, task_id="commit_batch", execution_timeout=timedelta(minutes=30),
+                outlets=[output_asset(pipeline)],
             )(pipeline.name, plan)
             plan >> spark_work >> committed
 

@@ -14,7 +14,7 @@ MODES: tuple[str, ...] = ("catch_up", "offset_ranges", "time_window", "replay_ba
 
 
 class RequestError(ValueError):
-    """The request is invalid; nothing was written."""
+    """The request is invalid; nothing was written. The message is the reason alone: callers say "refused"."""
 
 
 class RangeRequest(BaseModel):

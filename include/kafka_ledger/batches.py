@@ -183,7 +183,7 @@ def _resume(
 
 def _refuse(problems: list[str]) -> None:
     if problems:
-        raise RequestError("refused, nothing was written: " + "; ".join(problems))
+        raise RequestError("; ".join(problems))
 
 
 def _plan(
@@ -202,10 +202,19 @@ def _plan(
     mine = ledger.run_open_batch(cur, pipeline.name, dag_id, run_id)
     if mine is not None:
         return _resume(cur, mine, offsets, positions, dag_id, run_id)
+    committed = ledger.run_committed_batch(cur, pipeline.name, dag_id, run_id)
+    if committed is not None:
+        # Clearing a run is how Airflow users reprocess it: the run re-reads the ranges it recorded and replaces
+        # their output (positions untouched). Planning anew would read whatever is new under the old run's name.
+        log.info("run %s already committed batch %s: clearing it replays that batch's ranges", run_id, committed)
+        request = BatchRequest(mode="replay_batch", batch_id=committed,
+                               reason=request.reason or f"run {run_id} cleared in Airflow")
+        backfill_window = None
 
     def record(ranges: list[OffsetRange], kind: str, **extra: Any) -> ledger.Batch:
         return ledger.create_batch(cur, pipeline.name, ranges, dag_id, run_id, kind=kind,
-                                   requested_by=requested_by, reason=request.reason, **extra)
+                                   requested_by=requested_by, reason=request.reason,
+                                   end_offsets={tp: o.end for tp, o in offsets.items()}, **extra)
 
     in_flight = {b.batch_id: b.ranges for b in ledger.in_flight_batches(cur, pipeline.name)}
 
@@ -243,12 +252,12 @@ def _plan(
         try:
             target = ledger.get_batch(cur, request.batch_id)
         except ledger.LedgerError as exc:
-            raise RequestError(f"refused, nothing was written: {exc}") from exc
+            raise RequestError(str(exc)) from exc
         if target.pipeline != pipeline.name:
-            raise RequestError(f"refused: batch {target.batch_id} belongs to pipeline {target.pipeline!r}, "
+            raise RequestError(f"batch {target.batch_id} belongs to pipeline {target.pipeline!r}, "
                                f"not {pipeline.name!r}")
         if target.status == "abandoned":
-            raise RequestError(f"refused: batch {target.batch_id} was abandoned by a position reset; "
+            raise RequestError(f"batch {target.batch_id} was abandoned by a position reset; "
                                "replay its offsets with mode offset_ranges if they are behind the position")
         if target.unfinished:
             # Replaying an unfinished batch is resuming it: same ranges, and a catch-up batch then

@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg2
 
-from kafka_ledger import kafka_offsets, ledger, planning, settings
+from kafka_ledger import kafka_offsets, ledger, overview, planning, settings
 from kafka_ledger.batch_requests import BatchRequest, RequestError, parse_request
 from kafka_ledger.batches import CommitError
 from kafka_ledger.config import ConfigError, PipelineConfig, get_pipeline, read_pipelines
@@ -33,8 +33,18 @@ class Failed(RuntimeError):
     """An operation started and failed (as opposed to being refused before anything was written)."""
 
 
+def _print(text: str) -> None:
+    """Print, and when the reader went away (`kafka-ledger batches … | head`) carry on quietly as Unix tools do."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Python's own flush at exit would fail on the closed pipe again and print a traceback: point stdout
+        # at /dev/null instead. What the command does (a replay running its batch) goes on regardless.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
-    print(json.dumps(data, indent=2, default=str) if args.json else text)
+    _print(json.dumps(data, indent=2, default=str) if args.json else text)
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -118,66 +128,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     dsn, servers = _services()
     report, lines = [], []
     for pipeline in _pipelines(args.pipelines):
-        offsets = kafka_offsets.subscribed_offsets(servers, pipeline)
-        conn = ledger.connect(dsn)
-        try:
-            with conn, conn.cursor() as cur:
-                rows = {r.topic_partition: r for r in ledger.position_rows(cur, pipeline.name)}
-                coverage = ledger.coverage(cur, pipeline.name)
-                unfinished = ledger.in_flight_batches(cur, pipeline.name)
-        finally:
-            conn.close()
-        partitions = []
-        for tp in sorted(set(offsets) | set(rows)):
-            row, kafka = rows.get(tp), offsets.get(tp)
-            skipped = sum(c.until_offset - c.from_offset for c in coverage.get(tp, []) if c.disposition == "skipped")
-            lag = None
-            if kafka is not None:
-                start = row.position if row else planning.start_positions([tp], offsets, pipeline.start_position)[tp]
-                lag = max(0, kafka.end - start)
-            partitions.append({
-                "topic": tp.topic, "partition": tp.partition, "position": row.position if row else None,
-                "log_start": kafka.log_start if kafka else None, "end_offset": kafka.end if kafka else None,
-                "lag": lag, "skipped_offsets": skipped, "in_kafka": kafka is not None,
-                "lost_offsets": max(0, kafka.log_start - row.position) if row and kafka else 0,
-            })
-        batches = [{"batch_id": b.batch_id, "kind": b.kind, "status": b.status, "attempts": b.attempts,
-                    "last_error": b.last_error} for b in unfinished]
-        entry = {"pipeline": pipeline.name, "delivery_mode": pipeline.delivery_mode,
-                 "subscription": pipeline.subscription, "lag": sum(p["lag"] or 0 for p in partitions),
-                 "partitions": partitions, "unfinished_batches": batches}
+        entry = overview.pipeline_status(dsn, servers, pipeline)
         report.append(entry)
         lines.append(f"pipeline {pipeline.name} ({pipeline.delivery_mode}, {pipeline.subscription}): "
                      f"total lag {entry['lag']}")
         lines.append(_table(
             ["TOPIC", "PARTITION", "POSITION", "LOG-START", "END-OFFSET", "LAG", "SKIPPED", "NOTE"],
             [[p["topic"], p["partition"], p["position"], p["log_start"], p["end_offset"], p["lag"],
-              p["skipped_offsets"],
-              "not in Kafka" if not p["in_kafka"] else
-              (f"LOST {p['lost_offsets']} offsets (retention)" if p["lost_offsets"] else
-               ("not read yet" if p["position"] is None else ""))] for p in partitions],
+              p["skipped_offsets"], p["note"]] for p in entry["partitions"]],
         ))
-        for b in batches:
+        for b in entry["unfinished_batches"]:
             lines.append(f"unfinished batch {b['batch_id']} ({b['kind']}, {b['status']}, {b['attempts']} attempt(s))"
                          + (f": {b['last_error']}" if b["last_error"] else ""))
         lines.append("")
     _emit(args, report if len(report) != 1 else report[0], "\n".join(lines).rstrip())
     return EXIT_OK
-
-
-def _batch_dict(b: ledger.Batch) -> dict[str, Any]:
-    return {
-        "batch_id": b.batch_id, "pipeline": b.pipeline, "kind": b.kind, "status": b.status,
-        "attempts": b.attempts, "replay_of": b.replay_of, "requested_by": b.requested_by, "reason": b.reason,
-        "window_start": b.window_start, "window_end": b.window_end, "dag_id": b.dag_id, "run_id": b.run_id,
-        "planned_at": b.planned_at, "written_at": b.written_at, "committed_at": b.committed_at,
-        "records_read": b.records_read, "records_written": b.records_written,
-        "records_dead_lettered": b.records_dead_lettered, "read_seconds": b.read_seconds,
-        "commit_seconds": b.commit_seconds, "last_error": b.last_error,
-        "offsets": sum(r.span for r in b.ranges),
-        "ranges": [{"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until_offset,
-                    **({"skipped_from": r.skipped_from} if r.skipped_from is not None else {})} for r in b.ranges],
-    }
 
 
 def cmd_batches(args: argparse.Namespace) -> int:
@@ -194,7 +159,7 @@ def cmd_batches(args: argparse.Namespace) -> int:
                 found = ledger.list_batches(cur, pipeline.name, args.limit, args.status)
     finally:
         conn.close()
-    data = [_batch_dict(b) for b in found]
+    data = [overview.batch_summary(b) for b in found]
     if args.batch_id is not None:
         d = data[0]
         text = "\n".join(
@@ -208,10 +173,11 @@ def cmd_batches(args: argparse.Namespace) -> int:
         _emit(args, d, text)
     else:
         _emit(args, data, _table(
-            ["BATCH", "KIND", "STATUS", "ATTEMPTS", "OFFSETS", "READ", "WRITTEN", "DEAD", "PLANNED", "RUN / REPLAY OF"],
+            ["BATCH", "KIND", "STATUS", "ATTEMPTS", "OFFSETS", "READ", "WRITTEN", "DEAD", "PLANNED", "REWRITES",
+             "RUN / REQUESTED BY"],
             [[d["batch_id"], d["kind"], d["status"], d["attempts"], d["offsets"], d["records_read"],
               d["records_written"], d["records_dead_lettered"], f"{d['planned_at']:%Y-%m-%d %H:%M:%S}",
-              d["run_id"] or (f"replay of {d['replay_of']}" if d["replay_of"] else None)] for d in data],
+              d["rewrites"], d["run_id"] or d["requested_by"]] for d in data],
         ))
     return EXIT_OK
 
@@ -257,7 +223,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         _emit(args, out, _plan_text(planned.as_dict(), pipeline.name))
         return EXIT_OK
     if not args.json:
-        print(_plan_text(planned.as_dict(), pipeline.name), flush=True)
+        _print(_plan_text(planned.as_dict(), pipeline.name))
     # Airflow's logging (imported by the Spark hooks) writes to stdout: keep stdout for our own output.
     stdout, sys.stdout = sys.stdout, sys.stderr
     try:
@@ -268,6 +234,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
                      f"with `kafka-ledger replay {pipeline.name} --batch {planned.batch_id}`") from exc
     finally:
         sys.stdout = stdout
+    from kafka_ledger.consumer_group import mirror_positions
+
+    mirror_positions(dsn, servers, pipeline)
     out["commit"] = {"batch_id": result.batch_id, "records_written": result.records_written,
                      "records_dead_lettered": result.records_dead_lettered,
                      "already_committed": result.already_committed, "commit_seconds": round(result.seconds, 3)}
@@ -342,6 +311,37 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if any(r.problems for r in reports):
         return EXIT_PROBLEMS
     return EXIT_OK if ok else EXIT_UNVERIFIED
+
+
+# Kafka's own command-line tools (kafka-tools jar): the class, and the option that takes a client properties file.
+KAFKA_TOOLS: dict[str, tuple[str, str]] = {
+    "consumer-groups": ("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", "--command-config"),
+    "console-consumer": ("org.apache.kafka.tools.consumer.ConsoleConsumer", "--consumer.config"),
+    "console-producer": ("org.apache.kafka.tools.ConsoleProducer", "--producer.config"),
+    "topics": ("org.apache.kafka.tools.TopicCommand", "--command-config"),
+    "get-offsets": ("org.apache.kafka.tools.GetOffsetShell", "--command-config"),
+}
+
+
+def cmd_kafka(args: argparse.Namespace) -> int:
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from kafka_ledger.kafka_security import java_client_properties
+
+    libs = Path(os.environ.get("KL_KAFKA_LIBS", ""))
+    if not libs.is_dir() or not any(libs.glob("kafka-tools-*.jar")):
+        raise Failed(f"Kafka's tools need Kafka's jars: KL_KAFKA_LIBS={str(libs)!r} holds no kafka-tools jar "
+                     "(`scripts/stack.sh install` puts them in .stack/cache/kafka-libs)")
+    tool_class, config_option = KAFKA_TOOLS[args.tool]
+    # The deployment's security settings reach the tool in a file only this user can read, never in argv.
+    with tempfile.NamedTemporaryFile("w", prefix="kafka-ledger-", suffix=".properties") as properties:
+        properties.write(java_client_properties(settings.kafka_settings()))
+        properties.flush()
+        command = ["java", "-cp", f"{libs}/*", tool_class, "--bootstrap-server", settings.bootstrap_servers(),
+                   config_option, properties.name, *args.args]
+        return subprocess.run(command, check=False).returncode
 
 
 # --- parser ------------------------------------------------------------------------------------------------
@@ -430,6 +430,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"deadline for reading Kafka back (default: {DEADLINE_FLOOR_SECONDS:.0f} s plus 1 s per "
                         f"{DEADLINE_OFFSETS_PER_SECOND:,} offsets to read)")
     p.set_defaults(run=cmd_verify)
+
+    p = sub.add_parser(
+        "kafka", help="run one of Kafka's own tools against the deployment's Kafka (servers and security settings)",
+        description="Kafka's own command-line tools, with --bootstrap-server and the deployment's client "
+                    "settings (SASL, TLS) given for you: e.g. `kafka-ledger kafka consumer-groups --describe "
+                    "--group kafka-ledger.impressions`. Arguments after the tool go to it unchanged.")
+    p.add_argument("tool", choices=list(KAFKA_TOOLS))
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the tool's own arguments")
+    p.set_defaults(run=cmd_kafka)
     return parser
 
 
@@ -448,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, kafka_offsets.KafkaUnavailable):
             print(f"kafka-ledger: failed: {exc}", file=sys.stderr)
             return EXIT_FAILED
-        print(f"kafka-ledger: refused: {exc}", file=sys.stderr)
+        print(f"kafka-ledger: refused, nothing was written: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     except (Failed, psycopg2.OperationalError, settings.SettingsError) as exc:
         print(f"kafka-ledger: failed: {exc}", file=sys.stderr)

@@ -152,6 +152,9 @@ class PipelineConfig(BaseModel):
     # Where the batch's Spark work runs: the warm Spark Connect server, or one spark-submit per batch.
     # None: the deployment's default ($KAFKA_LEDGER_SPARK_RUNTIME).
     spark_runtime: SparkRuntime | None = None
+    # Opt-in: after each commit the ledger's positions are also committed to this Kafka consumer group, so
+    # kafka-consumer-groups, Burrow or kafbat show the pipeline's lag. The ledger stays authoritative.
+    mirror_consumer_group: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]{1,249}$")
 
     @field_validator("name")
     @classmethod

@@ -43,9 +43,23 @@ def client_settings(extra: dict[str, object] | None = None) -> dict[str, str]:
     return {str(key): str(value) for key, value in extra.items() if key != "bootstrap.servers"}
 
 
+# librdkafka writes its informational lines (syslog level 6, such as "Purging 1 unserved events from background
+# queue" while a client is destroyed) to stderr, which Airflow logs as ERROR in a successful task's log and the
+# CLI shows after its output. Warnings and worse only, unless the deployment's settings say otherwise.
+LIBRDKAFKA_LOG_LEVEL = 4
+
+
 def confluent_config(servers: str, settings: dict[str, str], **overrides: object) -> dict[str, object]:
     """A confluent-kafka client configuration: the servers, the deployment's settings, then the caller's own."""
-    return {"bootstrap.servers": servers, **settings, **overrides}
+    return {"bootstrap.servers": servers, "log_level": LIBRDKAFKA_LOG_LEVEL, **settings, **overrides}
+
+
+def java_client_properties(settings: dict[str, str]) -> str:
+    """The deployment's settings as a Java client properties file (for Kafka's own command-line tools)."""
+    def escaped(value: str) -> str:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+
+    return "".join(f"{key.removeprefix('kafka.')}={escaped(value)}\n" for key, value in spark_options(settings).items())
 
 
 def _jaas_value(value: str) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -143,8 +143,12 @@ def create_batch(
     requested_by: str | None = None,
     reason: str | None = None,
     window: tuple[datetime, datetime] | None = None,
+    end_offsets: Mapping[TopicPartition, int] | None = None,
 ) -> Batch:
-    """Record a new batch and its exact ranges: this happens BEFORE anything is read."""
+    """Record a new batch and its exact ranges: this happens BEFORE anything is read.
+
+    end_offsets: each partition's end offset in Kafka as planned (the lag of that moment, for the ledger page).
+    """
     cur.execute(
         sql.INSERT_BATCH,
         {"pipeline": pipeline, "dag_id": dag_id, "run_id": run_id, "kind": kind, "replay_of": replay_of,
@@ -157,7 +161,8 @@ def create_batch(
         sql.INSERT_BATCH_RANGE,
         [
             {"batch_id": batch_id, "topic": r.topic, "partition": r.partition,
-             "from_offset": r.from_offset, "until_offset": r.until_offset, "skipped_from": r.skipped_from}
+             "from_offset": r.from_offset, "until_offset": r.until_offset, "skipped_from": r.skipped_from,
+             "end_offset": (end_offsets or {}).get(r.topic_partition)}
             for r in ranges
         ],
     )
@@ -177,6 +182,15 @@ def run_open_batch(cur: Cursor, pipeline: str, dag_id: str | None, run_id: str |
     cur.execute(sql.SELECT_RUN_OPEN_BATCH, {"pipeline": pipeline, "dag_id": dag_id, "run_id": run_id})
     row = cur.fetchone()
     return get_batch(cur, row[0]) if row else None
+
+
+def run_committed_batch(cur: Cursor, pipeline: str, dag_id: str | None, run_id: str | None) -> int | None:
+    """The id of the first batch this DAG run committed (the run was cleared to run again), if any."""
+    if not dag_id or not run_id:
+        return None
+    cur.execute(sql.SELECT_RUN_COMMITTED_BATCH, {"pipeline": pipeline, "dag_id": dag_id, "run_id": run_id})
+    row = cur.fetchone()
+    return row[0] if row else None
 
 
 def list_batches(cur: Cursor, pipeline: str, limit: int = 20, status: str | None = None) -> list[Batch]:
@@ -203,6 +217,13 @@ class PositionRow:
 def position_rows(cur: Cursor, pipeline: str) -> list[PositionRow]:
     cur.execute(sql.SELECT_POSITION_ROWS, {"pipeline": pipeline})
     return [PositionRow(*row) for row in cur.fetchall()]
+
+
+def verified_point(cur: Cursor, pipeline: str) -> int | None:
+    """The batch id through which the last clean verify checked the pipeline (None: never verified)."""
+    cur.execute(sql.SELECT_VERIFIED_POINT, {"pipeline": pipeline})
+    row = cur.fetchone()
+    return row[0] if row else None
 
 
 def coverage(cur: Cursor, pipeline: str) -> dict[TopicPartition, list[Coverage]]:

@@ -117,7 +117,7 @@ def reset_positions(
                 return result
             if blocking and not abandon_open_batches:
                 raise RequestError(
-                    f"refused, nothing was changed: batch(es) {', '.join(map(str, blocking))} of {pipeline.name} "
+                    f"batch(es) {', '.join(map(str, blocking))} of {pipeline.name} "
                     "are unfinished and start at the current positions; let them finish (next run, or "
                     "`kafka-ledger replay`) or abandon them with --abandon-open-batches"
                 )

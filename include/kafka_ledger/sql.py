@@ -53,6 +53,13 @@ SELECT_RUN_OPEN_BATCH = f"""
     WHERE pipeline = %(pipeline)s AND dag_id = %(dag_id)s AND run_id = %(run_id)s AND {UNFINISHED}
 """
 
+# The first batch a DAG run committed: a cleared run replays it rather than planning anew.
+SELECT_RUN_COMMITTED_BATCH = """
+    SELECT batch_id FROM kafka_ledger.batches
+    WHERE pipeline = %(pipeline)s AND dag_id = %(dag_id)s AND run_id = %(run_id)s AND status = 'committed'
+    ORDER BY batch_id LIMIT 1
+"""
+
 LIST_BATCHES = f"""
     SELECT {BATCH_COLUMNS} FROM kafka_ledger.batches
     WHERE pipeline = %(pipeline)s AND (%(status)s::text IS NULL OR status = %(status)s)
@@ -76,8 +83,10 @@ INSERT_BATCH = """
 """
 
 INSERT_BATCH_RANGE = """
-    INSERT INTO kafka_ledger.batch_ranges (batch_id, topic, partition, from_offset, until_offset, skipped_from)
-    VALUES (%(batch_id)s, %(topic)s, %(partition)s, %(from_offset)s, %(until_offset)s, %(skipped_from)s)
+    INSERT INTO kafka_ledger.batch_ranges
+        (batch_id, topic, partition, from_offset, until_offset, skipped_from, end_offset)
+    VALUES (%(batch_id)s, %(topic)s, %(partition)s, %(from_offset)s, %(until_offset)s, %(skipped_from)s,
+            %(end_offset)s)
 """
 
 UPDATE_BATCH_OWNER = """
@@ -494,3 +503,36 @@ def publish_output(pipeline: PipelineConfig) -> sql.Composed:
         WHERE batch_id = %(batch_id)s AND attempt = %(attempt)s AND error IS NULL
         """
     ).format(output=output_table(pipeline), staging=staging_table(pipeline), columns=columns)
+
+
+# --- the ledger page and its API --------------------------------------------------------------------------------
+
+# A pipeline's recent batches, newest first, with the lag each one found when it was planned: the offsets
+# between where it started reading each partition and that partition's end then (null before migration 0005).
+SELECT_BATCH_HISTORY = """
+    SELECT b.batch_id, b.kind, b.status, b.planned_at, b.committed_at, b.records_read, b.records_written,
+           b.records_dead_lettered,
+           CASE WHEN count(r.end_offset) = count(*) AND count(*) > 0
+                THEN sum(r.end_offset - coalesce(r.skipped_from, r.from_offset))::bigint END AS lag_when_planned
+    FROM kafka_ledger.batches b LEFT JOIN kafka_ledger.batch_ranges r USING (batch_id)
+    WHERE b.pipeline = %(pipeline)s
+    GROUP BY b.batch_id ORDER BY b.batch_id DESC LIMIT %(limit)s
+"""
+
+# Dead letters by reason, the most frequent first.
+SELECT_DEAD_LETTER_GROUPS = """
+    SELECT error, count(*), min(dead_lettered_at), max(dead_lettered_at) FROM kafka_ledger.dead_letters
+    WHERE pipeline = %(pipeline)s GROUP BY error ORDER BY count(*) DESC, error LIMIT %(limit)s
+"""
+
+# The first few dead letters of each reason, in offset order.
+SELECT_DEAD_LETTER_SAMPLES = """
+    SELECT error, kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, kafka_key, kafka_value, batch_id
+    FROM (SELECT *, row_number() OVER (PARTITION BY error ORDER BY kafka_topic, kafka_partition, kafka_offset) AS n
+          FROM kafka_ledger.dead_letters WHERE pipeline = %(pipeline)s) AS numbered
+    WHERE n <= %(samples)s ORDER BY error, kafka_topic, kafka_partition, kafka_offset
+"""
+
+SELECT_RANGE_END_OFFSETS = """
+    SELECT topic, partition, end_offset, records_read FROM kafka_ledger.batch_ranges WHERE batch_id = %(batch_id)s
+"""

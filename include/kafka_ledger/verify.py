@@ -39,7 +39,7 @@ from typing import Any
 import psycopg2.extensions
 from confluent_kafka import KafkaException
 
-from kafka_ledger import audit, kafka_offsets, ledger, sql
+from kafka_ledger import audit, consumer_group, kafka_offsets, ledger, sql
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import Coverage, PartitionOffsets, PlanError, TopicPartition, coverage_problems
 
@@ -229,6 +229,9 @@ class VerifyReport:
     unverified: str | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # Partitions where the pipeline's mirror consumer group differs from the ledger (not a problem: the
+    # ledger is authoritative and the next commit rewrites the group).
+    mirror_differences: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -373,9 +376,7 @@ def verify_pipeline(
             with conn.cursor() as cur:
                 positions = {r.topic_partition: r for r in ledger.position_rows(cur, pipeline.name)}
                 coverage = ledger.coverage(cur, pipeline.name)
-                cur.execute(sql.SELECT_VERIFIED_POINT, {"pipeline": pipeline.name})
-                found = cur.fetchone()
-                before = found[0] if found else None
+                before = ledger.verified_point(cur, pipeline.name)
                 cur.execute(sql.SELECT_FINISHED_THROUGH, {"pipeline": pipeline.name})
                 finished_through = cur.fetchone()[0]
                 after = 0 if full or before is None else before
@@ -396,6 +397,7 @@ def verify_pipeline(
             _ledger_checks(report, positions, coverage)
             _check_data(conn, report, pipeline, bootstrap_servers, full, timeout, positions, coverage,
                         committed_after, stored_partitions, has_output)
+            _check_mirror(report, pipeline, bootstrap_servers, positions)
         conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_DEFAULT, readonly=False)
         if report.ok:
             with conn, conn.cursor() as cur:
@@ -407,6 +409,22 @@ def verify_pipeline(
         conn.close()
     report.seconds = round(time.monotonic() - started, 3)
     return report
+
+
+def _check_mirror(report: VerifyReport, pipeline: PipelineConfig, bootstrap_servers: str,
+                  positions: dict[TopicPartition, ledger.PositionRow]) -> None:
+    group = pipeline.mirror_consumer_group
+    if not group:
+        return
+    try:
+        report.mirror_differences = consumer_group.mirror_differences(
+            bootstrap_servers, pipeline, {tp: r.position for tp, r in positions.items()})
+    except consumer_group.MirrorError as exc:
+        report.warnings.append(f"mirror consumer group not checked: {exc}")
+        return
+    if report.mirror_differences:
+        report.warnings.append(f"consumer group {group!r} differs from the ledger (the ledger is authoritative; the "
+                               f"next commit rewrites the group): {'; '.join(report.mirror_differences)}")
 
 
 def _check_data(

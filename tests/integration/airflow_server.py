@@ -22,6 +22,8 @@ import psycopg2
 
 # Airflow's components on loopback, as the local stack runs them (`scripts/stack.sh airflow`).
 AIRFLOW_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "airflow.sh"
+# DAGs only the tests' Airflow loads (downstream DAGs scheduled on a pipeline's output asset).
+TEST_DAGS = Path(__file__).resolve().parent / "dags"
 
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 ACTIVE_RUN_STATES = frozenset({"queued", "running"})
@@ -56,7 +58,7 @@ class AirflowTestSettings:
 
 
 def airflow_test_settings() -> AirflowTestSettings:
-    """Settings from the environment of scripts/env.sh; KL_AIRFLOW_TEST_PORT / KL_AIRFLOW_TEST_DB_URL override."""
+    """Settings from the environment of scripts/env.sh (KL_AIRFLOW_TEST_PORT); KL_AIRFLOW_TEST_DB_URL overrides."""
     state = Path(os.environ.get("KL_STATE") or Path(__file__).resolve().parents[2] / ".stack")
     pg_port = os.environ.get("KL_PG_PORT", "15432")
     db_url = os.environ.get("KL_AIRFLOW_TEST_DB_URL") or (
@@ -64,7 +66,7 @@ def airflow_test_settings() -> AirflowTestSettings:
     )
     return AirflowTestSettings(
         home=state / "airflow-test",
-        port=int(os.environ.get("KL_AIRFLOW_TEST_PORT", "18081")),
+        port=int(os.environ["KL_AIRFLOW_TEST_PORT"]),
         db_url=db_url,
         stamp=state / "stamps" / "airflow-test-db",
     )
@@ -96,6 +98,12 @@ def airflow_env(settings: AirflowTestSettings) -> dict[str, str]:
         # Start a run's next task right after the previous one ends.
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
         "PYTHONUNBUFFERED": "1",
+        # The project's dags/ and, in a bundle of their own, the tests' downstream DAGs (never the project's).
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps([
+            {"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle", "kwargs": {}},
+            {"name": "kafka-ledger-tests", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+             "kwargs": {"path": str(TEST_DAGS)}},
+        ]),
     })
     # scripts/airflow.sh starts the components by bare name: the venv's airflow must come first on PATH.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -289,15 +297,20 @@ def _wait_healthy(settings: AirflowTestSettings, process: subprocess.Popen, time
     )
 
 
-def admin_token(settings: AirflowTestSettings) -> str:
-    """A JWT for user admin: POST /auth/token with the password the Simple auth manager generated."""
+def admin_password(settings: AirflowTestSettings) -> str:
+    """The password the Simple auth manager generated for user admin."""
     password_file = settings.home / "simple_auth_manager_passwords.json.generated"
     deadline = time.monotonic() + 30
     while not password_file.exists() and time.monotonic() < deadline:
         time.sleep(0.5)
-    password = json.loads(password_file.read_text())["admin"]  # the file holds {"admin": "<password>"}
+    return json.loads(password_file.read_text())["admin"]  # the file holds {"admin": "<password>"}
+
+
+def admin_token(settings: AirflowTestSettings) -> str:
+    """A JWT for user admin: POST /auth/token with the password the Simple auth manager generated."""
     response = httpx.post(
-        f"{settings.base_url}/auth/token", json={"username": "admin", "password": password}, timeout=30
+        f"{settings.base_url}/auth/token", json={"username": "admin", "password": admin_password(settings)},
+        timeout=30,
     )
     response.raise_for_status()
     return response.json()["access_token"]

@@ -74,7 +74,11 @@ PIPELINES = {
     "campaign_submit": {"max_records_per_partition": 300, "spark_runtime": "submit"},
     "campaign_connect_cluster": {"max_records_per_partition": 300, "spark_runtime": "connect"},
     # Driven through a running Airflow and its REST API (test_airflow_rest.py).
-    "rest": {"schedule": "@hourly", "max_records_per_partition": 100},
+    # Its positions are mirrored into a consumer group, read back with Kafka's own kafka-consumer-groups.
+    "rest": {"schedule": "@hourly", "max_records_per_partition": 100,
+             "mirror_consumer_group": f"kafka-ledger.it-{RUN}-rest"},
+    # The mirror's failures and verify's report of a mirror that differs (test_consumer_group_mirror.py).
+    "mirror": {"spark_runtime": "connect", "retries": 0, "mirror_consumer_group": f"kafka-ledger.it-{RUN}-mirror"},
     # Over the broker's SASL_SSL listener, in each Spark runtime (test_secured_kafka.py).
     "secure_connect": {"spark_runtime": "connect", "retries": 0},
     "secure_submit": {"spark_runtime": "submit", "retries": 0},

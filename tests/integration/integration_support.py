@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from html.parser import HTMLParser
 from pathlib import Path
 
 from confluent_kafka import Producer
@@ -142,3 +143,38 @@ def secured_kafka_settings(**changes: str) -> dict[str, str]:
     return {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
             "sasl.username": os.environ["KL_KAFKA_SASL_USER"], "sasl.password": os.environ["KL_KAFKA_SASL_PASSWORD"],
             "ssl.ca.location": str(TLS_DIR / "ca.pem"), **changes}
+
+
+class _TableCells(HTMLParser):
+    """The text of each cell of one table (by id), row by row, header rows included."""
+
+    def __init__(self, table_id: str):
+        super().__init__()
+        self.table_id, self.depth, self.rows, self.cell = table_id, 0, [], None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table" and (self.depth or dict(attrs).get("id") == self.table_id):
+            self.depth += 1
+        elif self.depth == 1 and tag == "tr":
+            self.rows.append([])
+        elif self.depth == 1 and tag in ("td", "th"):
+            self.cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table" and self.depth:
+            self.depth -= 1
+        elif self.depth == 1 and tag in ("td", "th") and self.cell is not None:
+            self.rows[-1].append(" ".join("".join(self.cell).split()))
+            self.cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+def html_table(html: str, table_id: str) -> list[list[str]]:
+    """Rows of the table with this id as cell texts (what a reader sees, markup removed), header first."""
+    parser = _TableCells(table_id)
+    parser.feed(html)
+    assert parser.rows, f"no table with id {table_id!r} in the page"
+    return parser.rows

@@ -1,8 +1,14 @@
-"""A pipeline driven end to end through a real Airflow (scripts/airflow.sh) and its REST API v2."""
+"""A pipeline driven end to end through a real Airflow (scripts/airflow.sh), its REST API v2 and its UI.
+
+The Kafka Ledger page's tests come after the pipeline's runs and read what they left in the ledger (each
+still runs alone: it catches the pipeline up first).
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -11,13 +17,23 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
+import httpx
 import psycopg2
 import pytest
-from airflow_server import AirflowClient, running_airflow, session_members
+from airflow_server import AirflowClient, admin_password, airflow_test_settings, running_airflow, session_members
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from integration_support import BAD_VALUES, RecordedProducer, good_value, listening_sockets, not_loopback
+from integration_support import (
+    BAD_VALUES,
+    RecordedProducer,
+    good_value,
+    html_table,
+    listening_sockets,
+    not_loopback,
+)
 from psycopg2 import sql
 
 from kafka_ledger import audit, kafka_offsets, ledger
@@ -223,6 +239,8 @@ def test_trigger_with_conf_catches_up_exactly_once(airflow: AirflowClient, rest:
     plan_log = "\n".join(airflow.task_log(rest.dag_id, manual["dag_run_id"], "plan_batch", 1))
     assert "planned batch" in plan_log or "resum" in plan_log, plan_log[-2000:]
     assert "***" not in plan_log, plan_log[-2000:]
+    # librdkafka's informational lines (written to stderr, so logged by Airflow as errors) are silenced.
+    assert "Purging" not in plan_log and "librdkafka" not in plan_log.lower(), plan_log[-2000:]
 
 
 def test_backfill_replays_the_hours_exactly_once(airflow: AirflowClient, rest: RestCase, dsn: str, servers: str):
@@ -280,6 +298,49 @@ def test_backfill_replays_the_hours_exactly_once(airflow: AirflowClient, rest: R
     assert json.loads(verify.stdout)["ok"] is True, verify.stdout
 
 
+def test_clearing_a_committed_run_replays_its_own_ranges(
+    airflow: AirflowClient, rest: RestCase, dsn: str, servers: str
+):
+    ensure_caught_up(airflow, rest, dsn, servers)
+    name = rest.pipeline.name
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT batch_id, run_id FROM kafka_ledger.batches WHERE pipeline = %s AND kind = 'catch_up' "
+                    "AND status = 'committed' AND run_id IS NOT NULL ORDER BY batch_id DESC LIMIT 1", (name,))
+        original_id, run_id = cur.fetchone()
+        original = ledger.get_batch(cur, original_id)
+        positions_before = ledger.positions(cur, name)
+    conn.close()
+    published_before = output_batches(dsn, rest.pipeline)
+    # Some of the run's offsets are new since: clearing must not read them under the old run's name.
+    produce_timed(servers, rest.pipeline.topics[0], [(0, datetime.now(UTC), good_value(90_000))])
+
+    airflow.request("POST", f"/api/v2/dags/{rest.dag_id}/clearTaskInstances",
+                    json={"dry_run": False, "dag_run_id": run_id, "only_failed": False, "reset_dag_runs": True})
+    final = airflow.wait_for_run(rest.dag_id, run_id, timeout=600)
+    airflow.wait_until_idle(rest.dag_id)
+
+    assert final["state"] == "success", airflow.describe_run(rest.dag_id, run_id)
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT batch_id FROM kafka_ledger.batches WHERE pipeline = %s AND run_id = %s AND batch_id > %s",
+                    (name, run_id, original_id))
+        (replay_id,) = [row[0] for row in cur.fetchall()]
+        replay = ledger.get_batch(cur, replay_id)
+        assert ledger.positions(cur, name) == positions_before, "clearing a run moved the positions"
+    conn.close()
+    assert (replay.kind, replay.status, replay.replay_of) == ("replay", "committed", original_id)
+    assert replay.ranges == original.ranges
+    # Exactly the run's own ranges were rewritten: their rows now come from the replay, every other row is as it was.
+    for (topic, partition, offset), (_, batch_id) in output_batches(dsn, rest.pipeline).items():
+        inside = any(r.topic == topic and r.partition == partition and r.from_offset <= offset < r.until_offset
+                     for r in original.ranges)
+        if not inside and (topic, partition, offset) not in published_before:
+            continue  # the record produced above, should an hourly run have read it meanwhile
+        expected = replay_id if inside else published_before[(topic, partition, offset)][1]
+        assert batch_id == expected, f"{(topic, partition, offset)}: published by {batch_id}, expected {expected}"
+    ensure_caught_up(airflow, rest, dsn, servers)  # the record produced above, for the tests after this one
+    assert_exactly_once(dsn, servers, rest)
+
+
 def test_invalid_offset_ranges_conf_fails_the_run_without_a_batch(
     airflow: AirflowClient, rest: RestCase, dsn: str, servers: str
 ):
@@ -293,6 +354,10 @@ def test_invalid_offset_ranges_conf_fails_the_run_without_a_batch(
 
     assert final["state"] == "failed", airflow.describe_run(rest.dag_id, run["dag_run_id"])
     assert batch_rows(dsn, rest.pipeline) == before, "the invalid request wrote a batch"
+    # The reason in one sentence, without the validation library's traceback chained to it.
+    log = "\n".join(airflow.task_log(rest.dag_id, run["dag_run_id"], "plan_batch", 1))
+    assert "refused, nothing was written: invalid run request: ranges.0" in log, log[-3000:]
+    assert "pydantic" not in log and "ValidationError" not in log and "refused: refused" not in log, log[-3000:]
 
 
 def test_an_invalid_pipeline_entry_is_an_import_error_and_hides_no_other_dag(
@@ -359,3 +424,199 @@ def test_three_pipelines_run_their_spark_work_at_once_each_exactly_once(
     overlapping = [(a, b) for i, a in enumerate(spark_spans) for b in spark_spans[i + 1:]
                    if a[0] < b[1] and b[0] < a[1]]
     assert overlapping, f"no two pipelines' Spark tasks ran at the same time: {spark_spans}"
+
+
+# --- the Kafka Ledger page (plugins/kafka_ledger_plugin.py) ----------------------------------------------------
+
+PAGE = "/kafka-ledger"
+
+
+def test_the_ledger_page_and_its_api_answer_only_behind_airflow_authentication(
+    airflow: AirflowClient, rest: RestCase, dsn: str, servers: str
+):
+    ensure_caught_up(airflow, rest, dsn, servers)
+    name = rest.pipeline.name
+    with httpx.Client(base_url=str(airflow.http.base_url), timeout=30) as anonymous:
+        for method, path, headers in [
+            ("GET", f"{PAGE}/api/pipelines", {}),
+            ("GET", f"{PAGE}/api/pipelines", {"Authorization": "Bearer forged"}),
+            ("GET", f"{PAGE}/", {}),
+            ("GET", f"{PAGE}/pipelines/{name}", {}),
+            ("GET", f"{PAGE}/pipelines/{name}/batches/1", {}),
+            ("POST", f"{PAGE}/pipelines/{name}/verify", {}),
+        ]:
+            response = anonymous.request(method, path, headers=headers)
+            assert response.status_code in (401, 403), f"{method} {path}: {response.status_code} {response.text[:300]}"
+            assert name not in response.text
+    plugins = airflow.request("GET", "/api/v2/plugins").json()["plugins"]
+    (ours,) = [p for p in plugins if p["name"] == "kafka_ledger"]
+    assert {v["destination"] for v in ours["external_views"]} == {"nav", "dag"}
+
+    # The API: every pipeline with its partitions, positions and lag, as Kafka and the ledger say.
+    (entry,) = [e for e in airflow.request("GET", f"{PAGE}/api/pipelines").json() if e["pipeline"] == name]
+    ends = kafka_offsets.partition_offsets(servers, rest.pipeline.topics)
+    assert {(p["topic"], p["partition"]): (p["position"], p["end_offset"], p["lag"]) for p in entry["partitions"]} \
+        == {(tp.topic, tp.partition): (o.end, o.end, 0) for tp, o in ends.items()}
+    assert entry["lag"] == 0 and entry["dag_id"] == rest.dag_id and entry["kafka_error"] is None
+
+    detail = airflow.request("GET", f"{PAGE}/api/pipelines/{name}").json()
+    newest_first = [batch_id for batch_id, _ in reversed(batch_rows(dsn, rest.pipeline))]
+    assert [b["batch_id"] for b in detail["batches"]] == newest_first[:20]
+    groups = {g["reason"]: g for g in detail["dead_letters"]}
+    assert {reason: g["count"] for reason, g in groups.items()} == Counter(rest.expected_dead.values())
+    assert {(s["topic"], s["partition"], s["offset"]): reason
+            for reason, g in groups.items() for s in g["samples"]} == rest.expected_dead
+
+    # The pipeline's page: a row per partition, the charts, dead letters shown escaped.
+    page = airflow.request("GET", f"{PAGE}/pipelines/{name}").text
+    assert {(r[0], r[1], r[2], r[5]) for r in html_table(page, "partitions")[1:]} \
+        == {(tp.topic, str(tp.partition), str(o.end), "0") for tp, o in ends.items()}
+    assert page.count('<svg class="chart"') == 2
+    dead_cells = " ".join(cell for row in html_table(page, "dead-letters")[1:] for cell in row)
+    malformed = BAD_VALUES[0][0].decode()
+    assert malformed in dead_cells and malformed not in page, "a dead letter's value is not shown escaped"
+
+    # A batch's page: its exact ranges (the "Input Metadata"), and its Airflow run linked.
+    batch = next(b for b in detail["batches"] if b["kind"] == "catch_up" and b["run_id"])
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        recorded = ledger.get_batch(cur, batch["batch_id"]).ranges
+    conn.close()
+    html = airflow.request("GET", f"{PAGE}/pipelines/{name}/batches/{batch['batch_id']}").text
+    rows = html_table(html, "ranges")
+    assert rows[0][:5] == ["Topic", "Partition", "From", "Until", "Offsets"]
+    assert {tuple(r[:4]) for r in rows[1:]} \
+        == {(r.topic, str(r.partition), str(r.from_offset), str(r.until_offset)) for r in recorded}
+    assert f"../dags/{rest.dag_id}/runs/{quote(batch['run_id'])}" in html
+
+    # The DAG's tab lands on its pipeline's page; verify runs on demand.
+    moved = airflow.request("GET", f"{PAGE}/dags/{rest.dag_id}", expect=(303,))
+    assert moved.headers["location"] == f"../pipelines/{name}"
+    verified = airflow.request("POST", f"{PAGE}/pipelines/{name}/verify", timeout=300).text
+    (result,) = [line for line in verified.splitlines() if "missing" in line and "duplicates" in line]
+    assert "missing 0, duplicates 0, unexpected 0" in result and 'class="ok"' in verified, verified[-3000:]
+
+
+def test_the_ledger_page_in_a_real_browser(airflow: AirflowClient, rest: RestCase, dsn: str, servers: str):
+    """Headless Chromium logs in to Airflow, opens Browse > Kafka Ledger and follows its links; screenshots kept."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as shown
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def cells(table: Any) -> list[list[str]]:
+        """The data rows of a rendered table, as the text of their cells."""
+        return [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+                for tr in table.find_elements(By.TAG_NAME, "tr")][1:]
+
+    ensure_caught_up(airflow, rest, dsn, servers)
+    settings = airflow_test_settings()
+    artifacts = Path(os.environ["KL_STATE"]) / "test-artifacts"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and chromedriver, "chromium and chromedriver are missing: run `scripts/stack.sh browser`"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1500,1300"):
+        options.add_argument(argument)
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must not try to download a driver: Debian's is given
+    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
+    wait = WebDriverWait(driver, 60)
+    try:
+        driver.get(f"{settings.base_url}/")
+        wait.until(shown.visibility_of_element_located((By.NAME, "username"))).send_keys("admin")
+        driver.find_element(By.NAME, "password").send_keys(admin_password(settings))
+        driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        wait.until(lambda d: d.get_cookie("_token") is not None)
+
+        # The page as a user finds it: inside the Airflow UI (Browse > Kafka Ledger), in the plugin's iframe.
+        driver.get(f"{settings.base_url}/plugin/kafka-ledger")
+        wait.until(shown.frame_to_be_available_and_switch_to_it((By.CSS_SELECTOR, "iframe[title='Kafka Ledger']")))
+        wait.until(shown.element_to_be_clickable((By.LINK_TEXT, rest.pipeline.name))).click()
+        partitions = cells(wait.until(shown.visibility_of_element_located((By.ID, "partitions"))))
+        ends = kafka_offsets.partition_offsets(servers, rest.pipeline.topics)
+        assert {tuple(row[:3]) for row in partitions} \
+            == {(tp.topic, str(tp.partition), str(o.end)) for tp, o in ends.items()}
+        driver.switch_to.default_content()
+        driver.save_screenshot(str(artifacts / "kafka-ledger-pipeline.png"))
+
+        driver.switch_to.frame(driver.find_element(By.CSS_SELECTOR, "iframe[title='Kafka Ledger']"))
+        batch_link = driver.find_element(By.CSS_SELECTOR, "#batches tr:nth-child(2) a")
+        batch_id = int(batch_link.text)
+        batch_link.click()
+        ranges = cells(wait.until(shown.visibility_of_element_located((By.ID, "ranges"))))
+        with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+            recorded = ledger.get_batch(cur, batch_id).ranges
+        conn.close()
+        assert {tuple(row[:5]) for row in ranges} \
+            == {(r.topic, str(r.partition), str(r.from_offset), str(r.until_offset), str(r.span)) for r in recorded}
+        driver.switch_to.default_content()
+        driver.save_screenshot(str(artifacts / "kafka-ledger-batch.png"))
+        print(f"screenshots: {artifacts}/kafka-ledger-pipeline.png, kafka-ledger-batch.png")
+    finally:
+        driver.quit()
+
+
+def test_kafkas_own_consumer_groups_tool_shows_the_mirrored_positions_and_lag(
+    airflow: AirflowClient, rest: RestCase, dsn: str, servers: str
+):
+    """The pipeline's commits (under the scheduler) mirror its positions into its consumer group."""
+    ensure_caught_up(airflow, rest, dsn, servers)
+    group = rest.pipeline.mirror_consumer_group
+    tool = subprocess.run(
+        [str(Path(sys.executable).parent / "kafka-ledger"), "kafka", "consumer-groups", "--describe", "--group", group],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert tool.returncode == 0, tool.stderr
+    # GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG CONSUMER-ID HOST CLIENT-ID
+    described = {(row[1], int(row[2])): (int(row[3]), int(row[4]), int(row[5]))
+                 for row in (line.split() for line in tool.stdout.splitlines()) if row and row[0] == group}
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        positions = ledger.positions(cur, rest.pipeline.name)
+    conn.close()
+    ends = kafka_offsets.partition_offsets(servers, rest.pipeline.topics)
+    assert described == {(tp.topic, tp.partition): (position, ends[tp].end, 0) for tp, position in positions.items()}, \
+        tool.stdout
+
+
+def test_a_downstream_dag_runs_after_a_commit_and_reads_the_batch_from_the_asset_event(
+    airflow: AirflowClient, rest: RestCase, dsn: str, servers: str
+):
+    """tests/integration/dags/downstream_of_rest.py is scheduled on the pipeline's output asset."""
+    ensure_caught_up(airflow, rest, dsn, servers)
+    downstream = f"downstream_of_{rest.pipeline.name}"
+    airflow.wait_for_dag(downstream)
+    airflow.set_paused(downstream, False)
+    seen_before = {r["dag_run_id"] for r in airflow.runs(downstream)}
+
+    produce_timed(servers, rest.pipeline.topics[0], [(1, datetime.now(UTC), good_value(91_000 + i)) for i in range(3)])
+    run = airflow.trigger(rest.dag_id, {"mode": "catch_up", "reason": "asset test"})
+    assert airflow.wait_for_run(rest.dag_id, run["dag_run_id"])["state"] == "success"
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT batch_id FROM kafka_ledger.batches WHERE pipeline = %s AND run_id = %s",
+                    (rest.pipeline.name, run["dag_run_id"]))
+        (batch_id,) = [row[0] for row in cur.fetchall()]
+        batch = ledger.get_batch(cur, batch_id)
+    conn.close()
+
+    def announcements() -> list[dict] | None:
+        """The asset event extras seen by finished downstream runs since unpausing, once one is this batch's."""
+        finished = [r for r in airflow.runs(downstream)
+                    if r["dag_run_id"] not in seen_before and r["state"] in ("success", "failed")]
+        assert all(r["run_type"] == "asset_triggered" and r["state"] == "success" for r in finished), finished
+        extras = []
+        for r in finished:
+            value = airflow.request("GET", f"/api/v2/dags/{downstream}/dagRuns/{r['dag_run_id']}/taskInstances/"
+                                           "triggering_events/xcomEntries/return_value").json()["value"]
+            extras += json.loads(value) if isinstance(value, str) else value
+        return extras if any(e["batch_id"] == batch_id for e in extras) else None
+
+    extras = airflow._poll(f"a run of {downstream} triggered by batch {batch_id}", announcements, 300)
+    (announced,) = [e for e in extras if e["batch_id"] == batch_id]
+    assert announced["pipeline"] == rest.pipeline.name and announced["kind"] == "catch_up"
+    assert announced["ranges"] == [{"topic": r.topic, "partition": r.partition, "from": r.from_offset,
+                                    "until": r.until_offset} for r in batch.ranges]
+    assert (announced["records_written"], announced["records_dead_lettered"]) == (
+        batch.records_written, batch.records_dead_lettered) == (3, 0)
+    airflow.set_paused(downstream, True)

@@ -64,9 +64,35 @@ def test_replay_without_a_target_or_with_two_is_refused_with_3(capsys, tmp_path,
     )
     monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", str(config))
     assert cli.main(["replay", "p"]) == cli.EXIT_REFUSED
-    assert "say what to replay" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # One sentence, "refused" said once.
+    assert err == "kafka-ledger: refused, nothing was written: say what to replay: --batch ID, --range " \
+                  "TOPIC:PARTITION:FROM:UNTIL or --from/--to\n"
     assert cli.main(["replay", "p", "--batch", "3", "--range", "t:0:1:2"]) == cli.EXIT_REFUSED
     assert "choose one of --batch, --range or --from/--to" in capsys.readouterr().err
     assert cli.main(["reset", "p", "--to-earliest", "--to-latest"]) == cli.EXIT_REFUSED
     assert cli.main(["status", "nope"]) == cli.EXIT_REFUSED
     assert "pipeline 'nope' is not declared" in capsys.readouterr().err
+
+
+def test_output_to_a_reader_that_goes_away_ends_quietly():
+    import subprocess
+    import sys
+
+    # As in `kafka-ledger batches PIPELINE | head -1`: the reader closes the pipe after the first line.
+    writer = subprocess.Popen(
+        [sys.executable, "-c", "from kafka_ledger import cli\nfor i in range(20000): cli._print(f'line {i}')"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert writer.stdout.readline() == b"line 0\n"
+    writer.stdout.close()
+    assert writer.wait(timeout=60) == 0
+    assert writer.stderr.read() == b""
+
+
+def test_kafkas_tools_need_kafkas_jars_and_say_where_they_come_from(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("KL_KAFKA_LIBS", str(tmp_path))
+    assert cli.main(["kafka", "consumer-groups", "--list"]) == cli.EXIT_FAILED
+    assert "holds no kafka-tools jar" in capsys.readouterr().err
+    for tool in ("consumer-groups", "console-consumer", "console-producer", "topics", "get-offsets"):
+        assert tool in cli.KAFKA_TOOLS

@@ -442,3 +442,10 @@ def test_get_pipeline_ignores_other_broken_entries_and_names_its_own(tmp_path):
     with pytest.raises(ConfigError) as exc_info:
         get_pipeline("broken", path)
     assert str(exc_info.value).startswith(f"{path}: pipeline 'broken' is invalid:\n  - pipelines.broken.columns.0.type")
+
+
+def test_mirror_consumer_group_is_off_by_default_and_a_kafka_group_name_when_given():
+    assert parse_pipelines(pipeline_yaml())["p"].mirror_consumer_group is None
+    assert parse_pipelines(pipeline_yaml(mirror_consumer_group="kafka-ledger.p"))["p"].mirror_consumer_group \
+        == "kafka-ledger.p"
+    assert "pipelines.p.mirror_consumer_group" in config_error(pipeline_yaml(mirror_consumer_group="'a b'"))

@@ -148,6 +148,9 @@ def test_trigger_form_offers_every_mode_in_sections_with_catch_up_as_default(dag
     assert {params.get_param(name).schema.get("section") for name in params.keys()} == {
         "Run", "Offset ranges", "Time window", "Replay"}
     assert all(params.get_param(name).schema.get("title") for name in params.keys())
+    # Airflow's form requires a field whose type does not admit null: only the mode is required.
+    reason = params.get_param("reason")
+    assert reason.value is None and "null" in reason.schema["type"]
 
 
 def test_hourly_data_interval_covers_one_hour(dag):
@@ -191,3 +194,15 @@ def test_the_ledger_password_is_registered_as_a_secret_whatever_the_dsn_form(mon
     monkeypatch.setenv("KAFKA_LEDGER_DB_URL", dsn)
     assert airflow_dag.masked_ledger_dsn() == dsn
     assert masked == [dsn, "s3cr/t"]
+
+
+@pytest.mark.parametrize(("runtime", "committing_task"), [("connect", "read_and_commit"), ("submit", "commit_batch")])
+def test_the_committing_task_updates_the_output_tables_asset(monkeypatch, runtime, committing_task):
+    from kafka_ledger.airflow_dag import output_asset
+
+    monkeypatch.setenv("KAFKA_LEDGER_SPARK_RUNTIME", runtime)
+    pipeline = PIPELINES["clicks"]
+    dag = build_pipeline_dag(pipeline)
+    asset = output_asset(pipeline)
+    assert asset.name == f"kafka_ledger.{pipeline.qualified_output_table}"
+    assert [t.task_id for t in dag.tasks if asset in t.outlets] == [committing_task]

@@ -32,7 +32,7 @@ def test_deployment_settings_follow_the_servers_environment(monkeypatch):
     monkeypatch.setenv("KAFKA_LEDGER_BOOTSTRAP_SERVERS", "k:9093")
     monkeypatch.setenv(kafka_security.KAFKA_CONFIG_ENV, json.dumps(SCRAM))
     config = settings.kafka_config("k:9093", **{"group.id": "g"})
-    assert config == {"bootstrap.servers": "k:9093", **SCRAM, "group.id": "g"}
+    assert config == {"bootstrap.servers": "k:9093", "log_level": 4, **SCRAM, "group.id": "g"}
 
 
 def test_scram_over_tls_becomes_a_jaas_configuration_and_a_pem_trust_store():
@@ -78,3 +78,24 @@ def test_what_spark_cannot_be_given_is_refused_by_name():
 
 def test_secret_values_are_the_passwords():
     assert secret_values({**SCRAM, "ssl.key.password": "k"}) == ['p"a\\ss', "k"]
+
+
+def test_clients_log_warnings_and_worse_only_unless_the_deployment_says_otherwise():
+    # librdkafka's informational lines ("Purging 1 unserved events from background queue") went to stderr:
+    # an ERROR line in successful task logs, and noise after `kafka-ledger status`.
+    config = kafka_security.confluent_config("k:9092", {"security.protocol": "SSL"}, **{"group.id": "g"})
+    assert config == {"bootstrap.servers": "k:9092", "log_level": 4, "security.protocol": "SSL", "group.id": "g"}
+    assert kafka_security.confluent_config("k:9092", {"log_level": "7"})["log_level"] == "7"
+
+
+def test_java_client_properties_for_kafkas_tools_escape_multiline_values(tmp_path):
+    certificate, key = tmp_path / "client.pem", tmp_path / "client.key"
+    certificate.write_text("-----BEGIN CERTIFICATE-----\nAAA\n-----END CERTIFICATE-----\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\nBBB\n-----END PRIVATE KEY-----\n")
+    text = kafka_security.java_client_properties({**SCRAM, "ssl.certificate.location": str(certificate),
+                                                  "ssl.key.location": str(key)})
+    lines = dict(line.split("=", 1) for line in text.splitlines())
+    assert lines["security.protocol"] == "SASL_SSL" and lines["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert lines["sasl.jaas.config"].startswith("org.apache.kafka.common.security.scram.ScramLoginModule required")
+    # One line per property: the PEM's line breaks are escaped as Java's Properties.load reads them back.
+    assert lines["ssl.keystore.certificate.chain"] == "-----BEGIN CERTIFICATE-----\\nAAA\\n-----END CERTIFICATE-----\\n"

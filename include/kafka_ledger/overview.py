@@ -1,0 +1,161 @@
+"""What the ledger and Kafka say about a pipeline: the reports behind `kafka-ledger status`, `batches` and the page."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from kafka_ledger import kafka_offsets, ledger, planning, sql
+from kafka_ledger.config import PipelineConfig
+from kafka_ledger.planning import Coverage, PartitionOffsets, TopicPartition
+
+# How much of a dead letter's key or value a report shows: enough to recognise it, never a whole payload.
+SHOWN_BYTES = 300
+
+
+def partition_report(
+    pipeline: PipelineConfig,
+    offsets: dict[TopicPartition, PartitionOffsets],
+    rows: dict[TopicPartition, ledger.PositionRow],
+    coverage: dict[TopicPartition, list[Coverage]],
+) -> list[dict[str, Any]]:
+    """Per partition: committed position, log start, end offset, lag, skipped and lost offsets."""
+    partitions = []
+    for tp in sorted(set(offsets) | set(rows)):
+        row, kafka = rows.get(tp), offsets.get(tp)
+        skipped = sum(c.until_offset - c.from_offset for c in coverage.get(tp, []) if c.disposition == "skipped")
+        lag = None
+        if kafka is not None:
+            start = row.position if row else planning.start_positions([tp], offsets, pipeline.start_position)[tp]
+            lag = max(0, kafka.end - start)
+        lost = max(0, kafka.log_start - row.position) if row and kafka else 0
+        partitions.append({
+            "topic": tp.topic, "partition": tp.partition, "position": row.position if row else None,
+            "log_start": kafka.log_start if kafka else None, "end_offset": kafka.end if kafka else None,
+            "lag": lag, "skipped_offsets": skipped, "in_kafka": kafka is not None, "lost_offsets": lost,
+            "last_batch_id": row.last_batch_id if row else None,
+            "note": ("not in Kafka" if kafka is None else
+                     f"LOST {lost} offsets (retention)" if lost else
+                     "not read yet" if row is None else ""),
+        })
+    return partitions
+
+
+def pipeline_status(dsn: str, servers: str, pipeline: PipelineConfig, tolerate_kafka: bool = False) -> dict[str, Any]:
+    """The pipeline's partitions (position, log start, end offset, lag) and its unfinished batches.
+
+    tolerate_kafka: Kafka unreachable (or a topic missing) is reported in `kafka_error`, with the ledger's figures
+    only, instead of raised.
+    """
+    kafka_error = None
+    try:
+        offsets = kafka_offsets.subscribed_offsets(servers, pipeline)
+    except planning.PlanError as exc:  # Kafka unreachable, or a subscribed topic missing
+        if not tolerate_kafka:
+            raise
+        offsets, kafka_error = {}, str(exc)
+    conn = ledger.connect(dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            rows = {r.topic_partition: r for r in ledger.position_rows(cur, pipeline.name)}
+            coverage = ledger.coverage(cur, pipeline.name)
+            unfinished = ledger.in_flight_batches(cur, pipeline.name)
+    finally:
+        conn.close()
+    partitions = partition_report(pipeline, offsets, rows, coverage)
+    return {
+        "pipeline": pipeline.name, "dag_id": pipeline.dag_id, "delivery_mode": pipeline.delivery_mode,
+        "subscription": pipeline.subscription,
+        "lag": None if kafka_error else sum(p["lag"] or 0 for p in partitions),
+        "kafka_error": kafka_error, "partitions": partitions,
+        "unfinished_batches": [{"batch_id": b.batch_id, "kind": b.kind, "status": b.status,
+                                "attempts": b.attempts, "last_error": b.last_error} for b in unfinished],
+    }
+
+
+def batch_summary(b: ledger.Batch) -> dict[str, Any]:
+    """A batch as reports show it: what it is for, its counts and timings, its Airflow run and its ranges."""
+    summary = {
+        "batch_id": b.batch_id, "pipeline": b.pipeline, "kind": b.kind, "status": b.status,
+        "attempts": b.attempts, "replay_of": b.replay_of, "requested_by": b.requested_by, "reason": b.reason,
+        "window_start": b.window_start, "window_end": b.window_end, "dag_id": b.dag_id, "run_id": b.run_id,
+        "planned_at": b.planned_at, "written_at": b.written_at, "committed_at": b.committed_at,
+        "records_read": b.records_read, "records_written": b.records_written,
+        "records_dead_lettered": b.records_dead_lettered, "read_seconds": b.read_seconds,
+        "commit_seconds": b.commit_seconds, "last_error": b.last_error,
+        "offsets": sum(r.span for r in b.ranges),
+        "ranges": [{"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until_offset,
+                    **({"skipped_from": r.skipped_from} if r.skipped_from is not None else {})} for r in b.ranges],
+    }
+    summary["rewrites"] = rewrites(summary)
+    return summary
+
+
+def rewrites(summary: dict[str, Any]) -> str | None:
+    """What a rewrite batch re-reads, in words (None for a catch-up): the batch it replays, its window, its ranges."""
+    if summary["kind"] == "catch_up":
+        return None
+    if summary["replay_of"] is not None:
+        return f"batch {summary['replay_of']}"
+    if summary["window_start"] is not None:
+        return f"{summary['window_start']:%Y-%m-%d %H:%M} to {summary['window_end']:%Y-%m-%d %H:%M}"
+    ranges = summary["ranges"]
+    if not ranges:
+        return None
+    first = ranges[0]
+    more = f" and {len(ranges) - 1} more" if len(ranges) > 1 else ""
+    return f"{first['topic']}-{first['partition']} [{first['from']}, {first['until']}){more}"
+
+
+def batch_detail(cur: ledger.Cursor, batch_id: int) -> dict[str, Any]:
+    """A batch with, per range, the records its Spark job read and the partition's end offset when planned."""
+    summary = batch_summary(ledger.get_batch(cur, batch_id))
+    cur.execute(sql.SELECT_RANGE_END_OFFSETS, {"batch_id": batch_id})
+    extra = {(topic, partition): (end, read) for topic, partition, end, read in cur.fetchall()}
+    for r in summary["ranges"]:
+        r["end_offset_when_planned"], r["records_read"] = extra.get((r["topic"], r["partition"]), (None, None))
+    return summary
+
+
+def batch_history(cur: ledger.Cursor, pipeline: str, limit: int = 50) -> list[dict[str, Any]]:
+    """The newest batches, oldest first: counts and the lag each catch-up found when planned (for charts)."""
+    cur.execute(sql.SELECT_BATCH_HISTORY, {"pipeline": pipeline, "limit": limit})
+    names = ("batch_id", "kind", "status", "planned_at", "committed_at", "records_read", "records_written",
+             "records_dead_lettered", "lag_when_planned")
+    return [dict(zip(names, row, strict=True)) for row in reversed(cur.fetchall())]
+
+
+def shown_bytes(data: bytes | memoryview | None) -> str | None:
+    """A key or value as text a person can read: UTF-8 where it is, escapes elsewhere, cut at SHOWN_BYTES."""
+    if data is None:
+        return None
+    raw = bytes(data)
+    text = raw[:SHOWN_BYTES].decode("utf-8", "backslashreplace")
+    return text + (f"… ({len(raw)} bytes)" if len(raw) > SHOWN_BYTES else "")
+
+
+def dead_letter_groups(cur: ledger.Cursor, pipeline: str, limit: int = 20, samples: int = 3) -> list[dict[str, Any]]:
+    """Dead letters by reason, most frequent first, with the first few records of each."""
+    cur.execute(sql.SELECT_DEAD_LETTER_GROUPS, {"pipeline": pipeline, "limit": limit})
+    groups = {reason: {"reason": reason, "count": count, "first_at": first, "last_at": last, "samples": []}
+              for reason, count, first, last in cur.fetchall()}
+    cur.execute(sql.SELECT_DEAD_LETTER_SAMPLES, {"pipeline": pipeline, "samples": samples})
+    for reason, topic, partition, offset, timestamp, key, value, batch_id in cur.fetchall():
+        if reason in groups:
+            groups[reason]["samples"].append({
+                "topic": topic, "partition": partition, "offset": offset, "timestamp": timestamp,
+                "key": shown_bytes(key), "value": shown_bytes(value), "batch_id": batch_id,
+            })
+    return list(groups.values())
+
+
+def recent_resets(cur: ledger.Cursor, pipeline: str, limit: int = 20) -> list[dict[str, Any]]:
+    """The reset audit, newest first: who moved which positions, when, why, and what they abandoned."""
+    cur.execute(sql.SELECT_RESETS, {"pipeline": pipeline, "limit": limit})
+    names = ("reset_id", "requested_by", "requested_at", "reason", "target", "partitions", "abandoned_batches")
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def iso(value: Any) -> Any:
+    """json.dumps' `default` for reports: datetimes as ISO 8601 text, anything else JSON lacks as its text."""
+    return value.isoformat() if isinstance(value, datetime) else str(value)
