@@ -6,6 +6,7 @@ from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends
 
 from kafka_ledger.web.app import URL_PREFIX, create_app
+from kafka_ledger.web.refusals import ShortParamErrors
 
 # Plugin apps are not authenticated by Airflow core: without this, anyone reaching the API server reads the ledger.
 app = create_app(dependencies=[Depends(requires_access_view(AccessView.PLUGINS))])
@@ -16,6 +17,8 @@ class KafkaLedgerPlugin(AirflowPlugin):
 
     name = "kafka_ledger"
     fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "Kafka Ledger"}]
+    # A pipeline's trigger refused by Airflow's param validation: one sentence, not the field's JSON schema.
+    fastapi_root_middlewares = [{"middleware": ShortParamErrors, "name": "kafka-ledger short param errors"}]
     external_views = [
         # Shown inside the UI (an iframe under /plugin/kafka-ledger); relative hrefs follow the UI's base URL.
         {"name": "Kafka Ledger", "href": f"{URL_PREFIX.lstrip('/')}/", "url_route": "kafka-ledger",

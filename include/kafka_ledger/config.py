@@ -45,6 +45,9 @@ RESERVED_COLUMNS = frozenset(
      "kafka_key", "kafka_value", "error"}
 )
 
+# Every pipeline's DAG id is this prefix and the pipeline's name.
+DAG_ID_PREFIX = "kafka_ledger__"
+
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "config" / "pipelines.yaml"
 
 
@@ -229,7 +232,7 @@ class PipelineConfig(BaseModel):
 
     @property
     def dag_id(self) -> str:
-        return f"kafka_ledger__{self.name}"
+        return f"{DAG_ID_PREFIX}{self.name}"
 
     @property
     def subscription(self) -> str:

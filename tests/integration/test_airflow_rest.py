@@ -354,6 +354,11 @@ def test_invalid_offset_ranges_conf_fails_the_run_without_a_batch(
 
     assert final["state"] == "failed", airflow.describe_run(rest.dag_id, run["dag_run_id"])
     assert batch_rows(dsn, rest.pipeline) == before, "the invalid request wrote a batch"
+    # A value the form's schema rejects is refused by the REST API in one sentence, without the schema.
+    refused = airflow.request("POST", f"/api/v2/dags/{rest.dag_id}/dagRuns",
+                              json={"logical_date": None, "conf": {"mode": "sideways"}}, expect=(400,))
+    detail = refused.json()["detail"]
+    assert detail.startswith("Invalid input for param mode:") and "\n" not in detail and "schema" not in detail, detail
     # The reason in one sentence, without the validation library's traceback chained to it.
     log = "\n".join(airflow.task_log(rest.dag_id, run["dag_run_id"], "plan_batch", 1))
     assert "refused, nothing was written: invalid run request: ranges.0" in log, log[-3000:]

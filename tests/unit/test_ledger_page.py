@@ -109,3 +109,26 @@ def test_a_rewrite_says_what_it_re_reads():
     assert summary(kind="backfill", window_start=NOW, window_end=NOW.replace(hour=1))["rewrites"] \
         == "2026-11-23 00:00 to 2026-11-23 01:00"
     assert summary(kind="offset_ranges", ranges=ranges)["rewrites"] == "clicks-0 [10, 20) and 1 more"
+
+
+def test_airflows_param_error_for_a_pipeline_trigger_is_cut_to_its_sentence():
+    from fastapi import FastAPI
+
+    from kafka_ledger.web.refusals import ShortParamErrors
+
+    dump = ("Invalid input for param mode: 'sideways' is not one of ['catch_up', 'replay_batch']\n\n"
+            "Failed validating 'enum' in schema:\n    {'type': 'string', 'description_md': '...'}\n\nOn instance:\n"
+            "    'sideways'")
+    app = FastAPI()
+
+    @app.post("/api/v2/dags/{dag_id}/dagRuns")
+    def trigger(dag_id: str) -> None:
+        raise HTTPException(400, dump)
+
+    client = TestClient(ShortParamErrors(app))
+    short = client.post("/api/v2/dags/kafka_ledger__clicks/dagRuns")
+    assert short.status_code == 400
+    assert short.json() == {"detail": dump.split("\n", 1)[0]}
+    assert int(short.headers["content-length"]) == len(short.content)
+    # Other DAGs' replies are Airflow's own.
+    assert client.post("/api/v2/dags/other/dagRuns").json() == {"detail": dump}
