@@ -303,7 +303,8 @@ def _doc(pipeline: PipelineConfig) -> str:
         "left data unread.\n\n"
         "Trigger with config to re-read offset ranges, a time window or a recorded batch; a backfill run "
         "re-reads its data interval (one hour per hourly run). **Clearing** a run that committed its batch "
-        "re-reads that batch's recorded ranges and replaces their rows (a replay; positions do not move). "
+        "re-reads that batch's recorded ranges and replaces their rows (a replay; positions do not move; a "
+        "backfill run rewrites its interval). "
         "The pipeline's ranges, lag and dead letters: the *Kafka Ledger* tab. See the README's *Operating "
         "pipelines*."
     )

@@ -202,14 +202,14 @@ def _plan(
     mine = ledger.run_open_batch(cur, pipeline.name, dag_id, run_id)
     if mine is not None:
         return _resume(cur, mine, offsets, positions, dag_id, run_id)
-    committed = ledger.run_committed_batch(cur, pipeline.name, dag_id, run_id)
+    # A backfill run always rewrites its data interval, also when it reuses a run that committed before.
+    committed = None if backfill_window else ledger.run_committed_batch(cur, pipeline.name, dag_id, run_id)
     if committed is not None:
         # Clearing a run is how Airflow users reprocess it: the run re-reads the ranges it recorded and replaces
         # their output (positions untouched). Planning anew would read whatever is new under the old run's name.
         log.info("run %s already committed batch %s: clearing it replays that batch's ranges", run_id, committed)
         request = BatchRequest(mode="replay_batch", batch_id=committed,
                                reason=request.reason or f"run {run_id} cleared in Airflow")
-        backfill_window = None
 
     def record(ranges: list[OffsetRange], kind: str, **extra: Any) -> ledger.Batch:
         return ledger.create_batch(cur, pipeline.name, ranges, dag_id, run_id, kind=kind,
