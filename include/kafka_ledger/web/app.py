@@ -14,7 +14,7 @@ from fastapi.templating import Jinja2Templates
 
 from kafka_ledger import ledger, overview, settings
 from kafka_ledger.config import ConfigError, PipelineConfig, read_pipelines
-from kafka_ledger.verify import verify_pipeline
+from kafka_ledger.verify import VerifyReport, verify_pipeline
 from kafka_ledger.web.charts import Point, bar_chart
 
 URL_PREFIX = "/kafka-ledger"
@@ -138,23 +138,14 @@ def create_app(dependencies: Sequence[Any] = ()) -> FastAPI:
 
     @app.get("/pipelines/{name}", response_class=HTMLResponse)
     def pipeline_page(request: Request, name: str) -> HTMLResponse:
-        pipeline = _pipeline(name)
-        view = _ledger_view(pipeline)
-        return templates.TemplateResponse(request, "pipeline.html", {
-            "root": _to_app_root(request), "pipeline": pipeline, "status": _status(pipeline), **view,
-            "charts": _charts(view["history"]), "verify": None,
-        })
+        return _pipeline_page(request, _pipeline(name), verify=None)
 
     @app.post("/pipelines/{name}/verify", response_class=HTMLResponse)
     def verify_page(request: Request, name: str) -> HTMLResponse:
         """Verify on demand (incremental): the report, on the pipeline's page."""
         pipeline = _pipeline(name)
         report = verify_pipeline(settings.ledger_dsn(), settings.bootstrap_servers(), pipeline)
-        view = _ledger_view(pipeline)
-        return templates.TemplateResponse(request, "pipeline.html", {
-            "root": _to_app_root(request), "pipeline": pipeline, "status": _status(pipeline), **view,
-            "charts": _charts(view["history"]), "verify": report,
-        })
+        return _pipeline_page(request, pipeline, verify=report)
 
     @app.get("/pipelines/{name}/batches/{batch_id}", response_class=HTMLResponse)
     def batch_page(request: Request, name: str, batch_id: int) -> HTMLResponse:
@@ -164,6 +155,14 @@ def create_app(dependencies: Sequence[Any] = ()) -> FastAPI:
         })
 
     return app
+
+
+def _pipeline_page(request: Request, pipeline: PipelineConfig, verify: VerifyReport | None) -> HTMLResponse:
+    view = _ledger_view(pipeline)
+    return templates.TemplateResponse(request, "pipeline.html", {
+        "root": _to_app_root(request), "pipeline": pipeline, "status": _status(pipeline), **view,
+        "charts": _charts(view["history"]), "verify": verify,
+    })
 
 
 def _batch(pipeline: PipelineConfig, batch_id: int) -> dict[str, Any]:
