@@ -6,7 +6,7 @@ Launched by the pipeline DAG's Spark task (or `kafka-ledger replay`):
 
 The ledger is the only source of truth for what to read: the job takes a batch id, never offsets.
 It needs KAFKA_LEDGER_DB_URL and KAFKA_LEDGER_BOOTSTRAP_SERVERS in its environment. The work itself is
-kafka_ledger.ingest, shared with the Spark Connect runtime.
+kafka_ledger.runtimes.submit.run_job.
 """
 
 from __future__ import annotations
@@ -17,30 +17,8 @@ import logging
 import os
 import sys
 
-from kafka_ledger import ingest
-from kafka_ledger.config import get_pipeline
+from kafka_ledger.runtimes.submit import run_job
 from kafka_ledger.settings import bootstrap_servers, ledger_dsn
-
-
-def run(pipeline_name: str, batch_id: int, config_path: str | None) -> int:
-    pipeline = get_pipeline(pipeline_name, config_path)
-    dsn, servers = ledger_dsn(), bootstrap_servers()
-    attempt = ingest.begin(dsn, servers, pipeline, batch_id)
-    if attempt is None:
-        return 0
-    if not attempt.readable:
-        ingest.mark_nothing_to_read(dsn, attempt)
-        return 0
-
-    # A Spark Connect client in the launching process (the connect runtime's task, a test) marks its
-    # environment for Spark Connect, and spark-submit passes the mark on: this job's session is a classic one.
-    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
-    from pyspark.sql import SparkSession  # heavy: only once we know there is work
-
-    spark = SparkSession.builder.appName(f"kafka-ledger {pipeline.name} batch {batch_id}").getOrCreate()
-    print(json.dumps(ingest.stage(spark, pipeline, attempt, dsn, servers)))
-    spark.stop()
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=os.environ.get("KAFKA_LEDGER_PIPELINES"), help="pipelines file")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
-    return run(args.pipeline, args.batch_id, args.config)
+    print(json.dumps(run_job(args.pipeline, args.batch_id, args.config, ledger_dsn(), bootstrap_servers())))
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-"""Builds one Airflow DAG per declared pipeline: plan -> Spark read -> commit -> drain backlog.
+"""Builds one Airflow DAG per declared pipeline: plan -> the runtime's Spark work and commit -> drain backlog.
 
-The Spark part depends on the pipeline's runtime (spark_runtime.py): with `connect`, one task reads on the
-warm Spark Connect server and commits (`read_and_commit`); with `submit`, spark-submit stages the rows
-(`read_and_stage`) and `commit_batch` publishes them.
+The Spark part is the pipeline's runtime's (runtimes/): it asks this module's task factory for the tasks it
+needs (`connect`: one task that reads on the warm server and commits; `submit`: spark-submit's staging, then a
+commit task). Every task calls into include/kafka_ledger; nothing here decides what a batch reads or writes.
 """
 
 from __future__ import annotations
@@ -20,24 +20,26 @@ from airflow.sdk import DAG, Asset, BaseOperator, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.timetables.interval import CronDataIntervalTimetable
 
-from kafka_ledger import kafka_security
-from kafka_ledger.batch_requests import MODES
+from kafka_ledger import commit, kafka_security, ledger, planner
+from kafka_ledger.batch_requests import MODES, RequestError, parse_request
+from kafka_ledger.commit import CommitResult
 from kafka_ledger.config import PipelineConfig, get_pipeline
-from kafka_ledger.settings import (
-    SPARK_SUBMIT_CONN_ID,
-    bootstrap_servers,
-    kafka_settings,
-    ledger_dsn,
-    libpq_settings,
-    spark_runtime,
-)
-from kafka_ledger.spark_submit import (
+from kafka_ledger.runtimes import RUNTIMES, runtime_for
+from kafka_ledger.runtimes.connect import ConnectBatch
+from kafka_ledger.runtimes.submit import (
     BASE_SPARK_CONF,
     SPARK_APPLICATION,
     check_master,
     spark_conf,
     spark_jars,
     spark_job_environment,
+)
+from kafka_ledger.settings import (
+    SPARK_SUBMIT_CONN_ID,
+    bootstrap_servers,
+    kafka_settings,
+    ledger_dsn,
+    libpq_settings,
 )
 
 __all__ = ["BASE_SPARK_CONF", "SPARK_APPLICATION", "SPARK_POOL", "SPARK_TASK", "build_pipeline_dag",
@@ -46,8 +48,9 @@ __all__ = ["BASE_SPARK_CONF", "SPARK_APPLICATION", "SPARK_POOL", "SPARK_TASK", "
 log = logging.getLogger(__name__)
 
 SPARK_POOL = "kafka_ledger_spark"
+PLAN_TASK = "plan_batch"
 # The task that runs a batch's Spark work, by runtime.
-SPARK_TASK = {"connect": "read_and_commit", "submit": "read_and_stage"}
+SPARK_TASK = {name: runtime.spark_task_id for name, runtime in RUNTIMES.items()}
 
 
 def masked_ledger_dsn() -> str:
@@ -96,23 +99,18 @@ def output_asset(pipeline: PipelineConfig) -> Asset:
                  group="kafka-ledger")
 
 
-def announce_commit(context: Any, pipeline: PipelineConfig, result: Any) -> None:
-    """Describe the committed batch in the output table's asset event: its id, kind, ranges and counts."""
-    from kafka_ledger import ledger
-
-    conn = ledger.connect(ledger_dsn())
-    try:
-        with conn, conn.cursor() as cur:
-            batch = ledger.get_batch(cur, result.batch_id)
-    finally:
-        conn.close()
+def committed(context: Any, pipeline: PipelineConfig, result: CommitResult) -> dict[str, Any]:
+    """The epilogue of every committing task: the commit's after-effects (commit.after_commit), and the output
+    table's asset event describing the batch: its id, kind, ranges and counts. Returns the task's result."""
+    with ledger.transaction(ledger_dsn()) as cur:
+        batch = ledger.get_batch(cur, result.batch_id)
     context["outlet_events"][output_asset(pipeline)].extra = {
         "pipeline": pipeline.name, "batch_id": batch.batch_id, "kind": batch.kind,
         "replay_of": batch.replay_of, "already_committed": result.already_committed,
         "records_written": result.records_written, "records_dead_lettered": result.records_dead_lettered,
-        "ranges": [{"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until_offset}
-                   for r in batch.ranges],
+        "ranges": [{key: r.as_dict()[key] for key in ("topic", "partition", "from", "until")} for r in batch.ranges],
     }
+    return commit.after_commit(ledger_dsn(), bootstrap_servers(), pipeline, result)
 
 
 def trigger_form(pipeline: PipelineConfig) -> dict[str, Param]:
@@ -173,15 +171,12 @@ def trigger_form(pipeline: PipelineConfig) -> dict[str, Param]:
     }
 
 
-def plan_batch(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any]:
+def plan_task(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any]:
     """Plan (or resume) this run's batch; skip the rest of the run when there is nothing to read.
 
     Reads the run's form (params) and type: a backfill run rewrites its data interval. The ledger
     records which DAG run owns the batch, and who asked.
     """
-    from kafka_ledger.batch_requests import RequestError, parse_request
-    from kafka_ledger.batches import plan_batch as plan
-
     dag_run = context.get("dag_run")
     run_id = context.get("run_id")
     conf = dict(context.get("params") or {})
@@ -194,8 +189,9 @@ def plan_batch(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any
                 raise RequestError("a backfill run always rewrites its own data interval: leave mode at catch_up")
             backfill_window = (context["data_interval_start"], context["data_interval_end"])
         requested_by = getattr(dag_run, "triggering_user_name", None) or getattr(run_type, "value", run_type)
-        planned = plan(ledger_dsn(), bootstrap_servers(), get_pipeline(pipeline_name), request, dag_id=dag_id,
-                       run_id=run_id, requested_by=requested_by, backfill_window=backfill_window)
+        planned = planner.plan_batch(ledger_dsn(), bootstrap_servers(), get_pipeline(pipeline_name), request,
+                                     dag_id=dag_id, run_id=run_id, requested_by=requested_by,
+                                     backfill_window=backfill_window)
     except RequestError as exc:
         # Retrying cannot fix a bad request: fail the run at once, with the reason in the task log as one
         # sentence (not chained to the validation error's traceback, which says the same less clearly).
@@ -212,28 +208,17 @@ def plan_batch(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any
     }
 
 
-def commit_batch(pipeline_name: str, plan: dict[str, Any], **context: Any) -> dict[str, Any]:
+def commit_task(pipeline_name: str, plan: dict[str, Any], **context: Any) -> dict[str, Any]:
     """Publish the staged batch and advance its offsets in one Postgres transaction."""
-    from kafka_ledger.batches import commit_batch as commit
-    from kafka_ledger.consumer_group import mirror_positions
-
     pipeline = get_pipeline(pipeline_name)
-    result = commit(ledger_dsn(), pipeline, plan["batch_id"])
-    announce_commit(context, pipeline, result)
-    return {
-        "batch_id": result.batch_id,
-        "already_committed": result.already_committed,
-        "records_written": result.records_written,
-        "records_dead_lettered": result.records_dead_lettered,
-        "mirrored": mirror_positions(ledger_dsn(), bootstrap_servers(), pipeline),
-    }
+    return committed(context, pipeline, commit.commit_batch(ledger_dsn(), pipeline, plan["batch_id"]))
 
 
 class ReadAndCommitOperator(BaseOperator):
     """The `connect` runtime's Spark task: read the planned batch on the Spark Connect server and commit it.
 
     The rows and the offsets are published in one Postgres transaction by this task, the Spark Connect
-    client (spark_runtime.ConnectBatch). Killed by Airflow (timeout, marked failed), it interrupts its
+    client (runtimes.connect.ConnectBatch). Killed by Airflow (timeout, marked failed), it interrupts its
     query on the server by its tag.
     """
 
@@ -242,24 +227,13 @@ class ReadAndCommitOperator(BaseOperator):
     def __init__(self, *, pipeline_name: str, **kwargs: Any):
         super().__init__(**kwargs)
         self.pipeline_name = pipeline_name
-        self._batch: Any = None
+        self._batch: ConnectBatch | None = None
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from kafka_ledger.consumer_group import mirror_positions
-        from kafka_ledger.spark_runtime import ConnectBatch
-
-        plan = context["ti"].xcom_pull(task_ids="plan_batch")
+        plan = context["ti"].xcom_pull(task_ids=PLAN_TASK)
         pipeline = get_pipeline(self.pipeline_name)
         self._batch = ConnectBatch(pipeline, plan["batch_id"])
-        result = self._batch.run(ledger_dsn(), bootstrap_servers())
-        announce_commit(context, pipeline, result)
-        return {
-            "batch_id": result.batch_id,
-            "already_committed": result.already_committed,
-            "records_written": result.records_written,
-            "records_dead_lettered": result.records_dead_lettered,
-            "mirrored": mirror_positions(ledger_dsn(), bootstrap_servers(), pipeline),
-        }
+        return committed(context, pipeline, self._batch.run(ledger_dsn(), bootstrap_servers()))
 
     def on_kill(self) -> None:
         if self._batch is not None:
@@ -268,13 +242,56 @@ class ReadAndCommitOperator(BaseOperator):
 
 def record_spark_failure(context: dict[str, Any]) -> None:
     """on_failure_callback of the Spark task: the batch stays open and is resumed by the next run."""
-    from kafka_ledger.batches import fail_batch
-
-    plan = context["ti"].xcom_pull(task_ids="plan_batch") or {}
+    plan = context["ti"].xcom_pull(task_ids=PLAN_TASK) or {}
     if plan.get("batch_id") is not None:
         error = f"Spark task failed after {context['ti'].try_number} tries: {context.get('exception')}"
-        fail_batch(ledger_dsn(), plan["batch_id"], error)
+        commit.fail_batch(ledger_dsn(), plan["batch_id"], error)
         log.error("batch %s marked failed; the next run resumes it with the same ranges", plan["batch_id"])
+
+
+@dataclass
+class _PipelineTasks:
+    """The task factory a runtime asks for its tasks (runtimes.base.AirflowTasks), for one pipeline's DAG."""
+
+    pipeline: PipelineConfig
+    plan: Any
+
+    def _spark_args(self) -> dict[str, Any]:
+        # One Spark task of the pipeline at a time, over all its runs (scheduled, manual, backfill); the
+        # pool caps the deployment's concurrent Spark batches over all pipelines at its slots.
+        return {
+            "pool": SPARK_POOL,
+            "max_active_tis_per_dag": 1,
+            "execution_timeout": timedelta(minutes=self.pipeline.spark_timeout_minutes),
+            "on_failure_callback": record_spark_failure,
+        }
+
+    def read_and_commit(self, task_id: str) -> Any:
+        spark = ReadAndCommitOperator(task_id=task_id, pipeline_name=self.pipeline.name,
+                                      outlets=[output_asset(self.pipeline)], **self._spark_args())
+        self.plan >> spark
+        return spark
+
+    def spark_submit(self, task_id: str) -> Any:
+        spark = SubmitBatchOperator(
+            task_id=task_id,
+            application=str(SPARK_APPLICATION),
+            conn_id=SPARK_SUBMIT_CONN_ID,
+            name=f"kafka-ledger-{self.pipeline.name}",
+            application_args=[
+                "--pipeline", self.pipeline.name,
+                "--batch-id", f"{{{{ ti.xcom_pull(task_ids='{PLAN_TASK}')['batch_id'] }}}}",
+            ],
+            jars="{{ spark_jars() }}",
+            conf=spark_conf(self.pipeline),
+            **self._spark_args(),
+        )
+        self.plan >> spark
+        return spark
+
+    def commit(self, task_id: str) -> Any:
+        return task(commit_task, task_id=task_id, execution_timeout=timedelta(minutes=30),
+                    outlets=[output_asset(self.pipeline)])(self.pipeline.name, self.plan)
 
 
 def _timetable(schedule: str | None) -> Any:
@@ -287,16 +304,12 @@ def _timetable(schedule: str | None) -> Any:
 
 
 def _doc(pipeline: PipelineConfig) -> str:
-    if spark_runtime(pipeline) == "connect":
-        spark = ("`read_and_commit` reads exactly those ranges on the warm Spark Connect server and publishes the "
-                 "rows, the dead letters and the new offsets in one Postgres transaction")
-    else:
-        spark = ("`read_and_stage` reads exactly those ranges with spark-submit and stages the rows, `commit_batch` "
-                 "publishes them and advances the offsets in one Postgres transaction")
+    runtime = runtime_for(pipeline)
+    spark = runtime.describe()
     return (
         f"### kafka-ledger pipeline `{pipeline.name}`\n\n"
         f"{pipeline.subscription} -> `{pipeline.qualified_output_table}` ({pipeline.delivery_mode}, Spark runtime "
-        f"`{spark_runtime(pipeline)}`), at most {pipeline.max_records_per_partition} records per partition per "
+        f"`{runtime.name}`), at most {pipeline.max_records_per_partition} records per partition per "
         "batch.\n\n"
         "`plan_batch` records the exact offset ranges in the ledger before anything is read (or resumes the "
         f"unfinished batch), {spark}, and `drain_backlog` starts another run at once when the per-partition cap "
@@ -305,8 +318,7 @@ def _doc(pipeline: PipelineConfig) -> str:
         "re-reads its data interval (one hour per hourly run). **Clearing** a run that committed its batch "
         "re-reads that batch's recorded ranges and replaces their rows (a replay; positions do not move; a "
         "backfill run rewrites its interval). "
-        "The pipeline's ranges, lag and dead letters: the *Kafka Ledger* tab. See the README's *Operating "
-        "pipelines*."
+        "The pipeline's ranges, lag and dead letters: the *Kafka Ledger* tab. See docs/operating.md."
     )
 
 
@@ -333,43 +345,9 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
             "spark_jars": spark_jars,
         },
     ) as dag:
-        plan = task(
-            plan_batch, task_id="plan_batch", execution_timeout=timedelta(minutes=10)
-        )(pipeline.name, pipeline.dag_id)
-
-        runtime = spark_runtime(pipeline)
-        # One Spark task of the pipeline at a time, over all its runs (scheduled, manual, backfill); the
-        # pool caps the deployment's concurrent Spark batches over all pipelines at its slots.
-        spark_task_args = {
-            "pool": SPARK_POOL,
-            "max_active_tis_per_dag": 1,
-            "execution_timeout": timedelta(minutes=pipeline.spark_timeout_minutes),
-            "on_failure_callback": record_spark_failure,
-        }
-        if runtime == "connect":
-            spark_work = ReadAndCommitOperator(task_id=SPARK_TASK[runtime], pipeline_name=pipeline.name,
-                                               outlets=[output_asset(pipeline)], **spark_task_args)
-            plan >> spark_work
-            committed = spark_work
-        else:
-            spark_work = SubmitBatchOperator(
-                task_id=SPARK_TASK[runtime],
-                application=str(SPARK_APPLICATION),
-                conn_id=SPARK_SUBMIT_CONN_ID,
-                name=f"kafka-ledger-{pipeline.name}",
-                application_args=[
-                    "--pipeline", pipeline.name,
-                    "--batch-id", "{{ ti.xcom_pull(task_ids='plan_batch')['batch_id'] }}",
-                ],
-                jars="{{ spark_jars() }}",
-                conf=spark_conf(pipeline),
-                **spark_task_args,
-            )
-            committed = task(
-                commit_batch, task_id="commit_batch", execution_timeout=timedelta(minutes=30),
-                outlets=[output_asset(pipeline)],
-            )(pipeline.name, plan)
-            plan >> spark_work >> committed
+        plan = task(plan_task, task_id=PLAN_TASK, execution_timeout=timedelta(minutes=10))(
+            pipeline.name, pipeline.dag_id)
+        _, committing = runtime_for(pipeline).airflow_tasks(_PipelineTasks(pipeline, plan))
 
         @task.short_circuit(task_id="backlog_remains", ignore_downstream_trigger_rules=True)
         def backlog_remains(plan: dict[str, Any]) -> bool:
@@ -387,7 +365,7 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
             conf={"reason": "drain backlog left by the per-partition cap"},
         )
 
-        committed >> backlog_remains(plan) >> drain
+        committing >> backlog_remains(plan) >> drain
     return dag
 
 

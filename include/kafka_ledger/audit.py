@@ -38,7 +38,7 @@ def audit_consumer(bootstrap_servers: str, **extra: object) -> Consumer:
         "isolation.level": "read_committed",
         "enable.partition.eof": True,
         # Every read here is bounded by offsets known beforehand: a fetch that finds no data need not be held
-        # for more (the default 500 ms wait stalled each partition's switch; see the README's Benchmark notes).
+        # for more (the default 500 ms wait stalled each partition's switch; see docs/benchmark.md).
         "fetch.wait.max.ms": 0,
         # Retention deleting the offsets being read must fail the read, not jump to the end and make records
         # look missing.
@@ -154,22 +154,14 @@ def _lag(cur: ledger.Cursor, bootstrap_servers: str, pipeline: PipelineConfig) -
 
 
 def postgres_record_ids(dsn: str, pipeline: PipelineConfig) -> PostgresRecords:
-    conn = ledger.connect(dsn)
-    try:
-        with conn, conn.cursor() as cur:
-            return record_ids(cur, pipeline)
-    finally:
-        conn.close()
+    with ledger.transaction(dsn) as cur:
+        return record_ids(cur, pipeline)
 
 
 def lag(dsn: str, bootstrap_servers: str, pipeline: PipelineConfig) -> int:
     """Offsets between the ledger positions and Kafka's read_committed end offsets, over all partitions."""
-    conn = ledger.connect(dsn)
-    try:
-        with conn, conn.cursor() as cur:
-            return _lag(cur, bootstrap_servers, pipeline)
-    finally:
-        conn.close()
+    with ledger.transaction(dsn) as cur:
+        return _lag(cur, bootstrap_servers, pipeline)
 
 
 @dataclass(frozen=True)
@@ -203,17 +195,13 @@ def reconcile(dsn: str, bootstrap_servers: str, pipeline: PipelineConfig) -> Rec
     """
     topics = sorted({tp.topic for tp in kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)})
     produced = kafka_record_ids(bootstrap_servers, topics)
-    conn = ledger.connect(dsn)
-    try:
-        with conn, conn.cursor() as cur:
-            stored = record_ids(cur, pipeline)
-            cur.execute(sql.SELECT_COMMITTED_RANGES, {"pipeline": pipeline.name})
-            ranges: dict[tuple[str, int], list[tuple[int, int]]] = {}
-            for topic, partition, lo, hi in cur.fetchall():
-                ranges.setdefault((topic, partition), []).append((lo, hi))
-            current_lag = _lag(cur, bootstrap_servers, pipeline)
-    finally:
-        conn.close()
+    with ledger.transaction(dsn) as cur:
+        stored = record_ids(cur, pipeline)
+        cur.execute(sql.SELECT_COMMITTED_RANGES, {"pipeline": pipeline.name})
+        ranges: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for topic, partition, lo, hi in cur.fetchall():
+            ranges.setdefault((topic, partition), []).append((lo, hi))
+        current_lag = _lag(cur, bootstrap_servers, pipeline)
     seen = Counter(stored.output) + Counter(stored.dead_letters)
     committed = {
         rid for rid in produced if any(lo <= rid[2] < hi for lo, hi in ranges.get((rid[0], rid[1]), ()))

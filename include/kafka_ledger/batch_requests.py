@@ -13,6 +13,11 @@ Mode = Literal["catch_up", "offset_ranges", "time_window", "replay_batch"]
 MODES: tuple[str, ...] = ("catch_up", "offset_ranges", "time_window", "replay_batch")
 
 
+def as_utc(value: datetime) -> datetime:
+    """A date-time with its zone; one without a zone is UTC, as everywhere in the ledger (never the machine's)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
 class RequestError(ValueError):
     """The request is invalid; nothing was written. The message is the reason alone: callers say "refused"."""
 
@@ -62,10 +67,7 @@ class BatchRequest(BaseModel):
     @field_validator("window_from", "window_to")
     @classmethod
     def _utc(cls, value: datetime | None) -> datetime | None:
-        # A bare date-time is read as UTC, like everything else in the ledger.
-        if value is not None and value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)
-        return value
+        return None if value is None else as_utc(value)
 
     @model_validator(mode="after")
     def _mode_has_its_fields(self) -> BatchRequest:

@@ -39,10 +39,20 @@ import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_ledger import benchmark_peers, ledger
+from kafka_ledger import audit, benchmark_peers, ledger
 from kafka_ledger.benchmark_peers import COLUMNS
 from kafka_ledger.config import PipelineConfig, get_pipeline
-from kafka_ledger.settings import bootstrap_servers, deployment_spark_runtime, jdbc_target, kafka_config, ledger_dsn
+from kafka_ledger.planner import plan_next_batch
+from kafka_ledger.runtimes import run_batch
+from kafka_ledger.runtimes.submit import BASE_SPARK_CONF, spark_jars
+from kafka_ledger.settings import (
+    bootstrap_servers,
+    deployment_spark_runtime,
+    jdbc_target,
+    kafka_config,
+    ledger_dsn,
+    spark_connect_url,
+)
 
 log = logging.getLogger("kafka_ledger.benchmark")
 
@@ -138,9 +148,6 @@ def _server_pid() -> int | None:
 
 def run_kafka_ledger(setup: Setup, round_no: int, delivery_mode: str) -> dict[str, Any]:
     """Plan, read, publish and commit one batch of the whole topic, as the pipeline DAG does."""
-    from kafka_ledger.batches import plan_next_batch
-    from kafka_ledger.spark_runtime import run_batch
-
     pipeline = _pipeline(setup, f"bench_{uuid.uuid4().hex[:8]}_{round_no}", delivery_mode)
     pids = {"client": os.getpid()}
     if setup.runtime == "connect" and _server_pid():
@@ -155,10 +162,8 @@ def run_kafka_ledger(setup: Setup, round_no: int, delivery_mode: str) -> dict[st
     peaks = dict(rss.peak_mib)
     if setup.runtime == "submit":  # the spark-submit driver JVM, a child that has exited
         peaks["spark_submit"] = max(children_before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) >> 10
-    conn = ledger.connect(setup.dsn)
-    with conn, conn.cursor() as cur:
+    with ledger.transaction(setup.dsn) as cur:
         batch = ledger.get_batch(cur, planned.batch_id)
-    conn.close()
     rows = benchmark_peers.count_rows(setup.dsn, SCHEMA, pipeline.output_table)
     return {
         "seconds": round(seconds, 3), "plan_seconds": round(plan_seconds, 3),
@@ -186,8 +191,6 @@ def run_python_peer(setup: Setup, round_no: int) -> dict[str, Any]:
 
 
 def run_spark_peer(setup: Setup, round_no: int) -> dict[str, Any]:
-    from kafka_ledger.spark_submit import BASE_SPARK_CONF, spark_jars
-
     table = f"spark_peer_{round_no}"
     benchmark_peers.create_table(setup.dsn, SCHEMA, table)
     setup.tables.append(table)
@@ -212,8 +215,7 @@ def run_spark_peer(setup: Setup, round_no: int) -> dict[str, Any]:
 def run_under_airflow(setup: Setup, round_no: int) -> dict[str, Any]:
     """Drain the whole topic as Airflow runs the pipeline DAG (dag.test(), one run after another as the
     scheduler starts them after each drain_backlog trigger), from the first plan to the last commit."""
-    from kafka_ledger import audit
-    from kafka_ledger.airflow_dag import run_pipeline_dag
+    from kafka_ledger.airflow_dag import run_pipeline_dag  # Airflow is heavy: imported for --airflow only
 
     pipeline = _pipeline(setup, f"bench_{uuid.uuid4().hex[:8]}_{round_no}", "exactly_once")
     started, runs = time.monotonic(), 0
@@ -249,9 +251,6 @@ def _timed_verify(setup: Setup, pipeline: PipelineConfig, *args: str) -> dict[st
 def run_verify(setup: Setup, partitions: int, extra: int) -> list[dict[str, Any]]:
     """Ingest the whole topic (batches capped per partition), then time `verify --full`, and an incremental
     verify after `extra` more records were ingested as one more batch."""
-    from kafka_ledger.batches import plan_next_batch
-    from kafka_ledger.spark_runtime import run_batch
-
     pipeline = _pipeline(setup, f"bench_verify_{uuid.uuid4().hex[:8]}", "exactly_once")
 
     def ingest() -> int:
@@ -299,13 +298,11 @@ def summarise(setup: Setup, rounds: list[dict[str, Any]], partitions: int) -> di
 
 
 def _clean_up(setup: Setup, admin: AdminClient) -> None:
-    conn = ledger.connect(setup.dsn)
-    with conn, conn.cursor() as cur:
+    with ledger.transaction(setup.dsn) as cur:
         for pipeline in setup.pipelines:
             ledger.delete_pipeline(cur, pipeline)
         for table in setup.tables:
             cur.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{table}")
-    conn.close()
     admin.delete_topics([setup.topic])[setup.topic].result(30)
 
 
@@ -344,9 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     setup = Setup(servers, dsn, topic, records, args.cap, runtime, Path(tempfile.mkdtemp(prefix="kl-benchmark-")))
     admin = AdminClient(kafka_config(servers))
     admin.create_topics([NewTopic(topic, num_partitions=args.partitions, replication_factor=1)])[topic].result(30)
-    # Warm, as a worker is: the Spark Connect client and the Airflow connection look-up imported once.
-    from kafka_ledger import spark_runtime as _runtime  # noqa: F401
-    from kafka_ledger.settings import spark_connect_url
+    # Warm, as a worker is: the Airflow connection look-up imported once (the runtimes are imported above).
     if runtime == "connect":
         spark_connect_url()
     try:

@@ -12,16 +12,22 @@ import getpass
 import json
 import logging
 import os
+import subprocess
 import sys
+import tempfile
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg2
 
-from kafka_ledger import kafka_offsets, ledger, overview, planning, settings
-from kafka_ledger.batch_requests import BatchRequest, RequestError, parse_request
-from kafka_ledger.batches import CommitError
+from kafka_ledger import commit, kafka_offsets, ledger, overview, planner, planning, settings
+from kafka_ledger.batch_requests import BatchRequest, RequestError, as_utc, parse_request
+from kafka_ledger.commit import CommitError
 from kafka_ledger.config import ConfigError, PipelineConfig, get_pipeline, read_pipelines
+from kafka_ledger.kafka_security import java_client_properties
+from kafka_ledger.resets import reset_positions
+from kafka_ledger.runtimes import runtime_for
 from kafka_ledger.verify import DEADLINE_FLOOR_SECONDS, DEADLINE_OFFSETS_PER_SECOND, VerifyReport, verify_pipeline
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REFUSED, EXIT_FAILED, EXIT_UNVERIFIED = 0, 1, 2, 3, 4, 5
@@ -85,8 +91,9 @@ def _offset_arg(text: str) -> tuple[planning.TopicPartition, int]:
 
 
 def _datetime_arg(text: str) -> datetime:
+    """An ISO date-time; one without a zone is UTC, as everywhere in kafka-ledger (never the machine's zone)."""
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return as_utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an ISO date-time such as 2026-11-20T10:00:00Z") from None
 
@@ -147,18 +154,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_batches(args: argparse.Namespace) -> int:
     pipeline = get_pipeline(args.pipeline)
-    conn = ledger.connect(settings.ledger_dsn())
-    try:
-        with conn, conn.cursor() as cur:
-            if args.batch_id is not None:
-                batch = ledger.get_batch(cur, args.batch_id)
-                if batch.pipeline != pipeline.name:
-                    raise RequestError(f"batch {batch.batch_id} belongs to pipeline {batch.pipeline!r}")
-                found = [batch]
-            else:
-                found = ledger.list_batches(cur, pipeline.name, args.limit, args.status)
-    finally:
-        conn.close()
+    with ledger.transaction(settings.ledger_dsn()) as cur:
+        if args.batch_id is not None:
+            found = [ledger.pipeline_batch(cur, pipeline.name, args.batch_id)]
+        else:
+            found = ledger.list_batches(cur, pipeline.name, args.limit, args.status)
     data = [overview.batch_summary(b) for b in found]
     if args.batch_id is not None:
         d = data[0]
@@ -199,25 +199,20 @@ def _plan_text(planned: dict[str, Any], pipeline: str) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from kafka_ledger.batches import plan_batch
-
     pipeline = get_pipeline(args.pipeline)
     dsn, servers = _services()
     # Always a dry run: batches are recorded by the DAG's plan task (or `replay`).
-    planned = plan_batch(dsn, servers, pipeline, _request(args, "catch_up"), requested_by=getpass.getuser(),
-                         dry_run=True)
+    planned = planner.plan_batch(dsn, servers, pipeline, _request(args, "catch_up"), requested_by=getpass.getuser(),
+                                 dry_run=True)
     _emit(args, planned.as_dict(), _plan_text(planned.as_dict(), pipeline.name))
     return EXIT_OK
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from kafka_ledger.batches import fail_batch, plan_batch
-    from kafka_ledger.spark_runtime import run_batch
-
     pipeline = get_pipeline(args.pipeline)
     dsn, servers = _services()
-    planned = plan_batch(dsn, servers, pipeline, _request(args, None), requested_by=getpass.getuser(),
-                         dry_run=args.dry_run)
+    planned = planner.plan_batch(dsn, servers, pipeline, _request(args, None), requested_by=getpass.getuser(),
+                                 dry_run=args.dry_run)
     out: dict[str, Any] = {"plan": planned.as_dict()}
     if args.dry_run or planned.batch_id is None:
         _emit(args, out, _plan_text(planned.as_dict(), pipeline.name))
@@ -227,27 +222,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
     # Airflow's logging (imported by the Spark hooks) writes to stdout: keep stdout for our own output.
     stdout, sys.stdout = sys.stdout, sys.stderr
     try:
-        result = run_batch(pipeline, planned.batch_id, dsn, servers)
+        result = runtime_for(pipeline).run_batch(pipeline, planned.batch_id, dsn, servers)
     except Exception as exc:
-        fail_batch(dsn, planned.batch_id, f"reading or committing failed (kafka-ledger replay): {exc}")
+        commit.fail_batch(dsn, planned.batch_id, f"reading or committing failed (kafka-ledger replay): {exc}")
         raise Failed(f"batch {planned.batch_id} failed: {exc}. Nothing was published; resume it "
                      f"with `kafka-ledger replay {pipeline.name} --batch {planned.batch_id}`") from exc
     finally:
         sys.stdout = stdout
-    from kafka_ledger.consumer_group import mirror_positions
-
-    mirror_positions(dsn, servers, pipeline)
-    out["commit"] = {"batch_id": result.batch_id, "records_written": result.records_written,
-                     "records_dead_lettered": result.records_dead_lettered,
-                     "already_committed": result.already_committed, "commit_seconds": round(result.seconds, 3)}
+    out["commit"] = commit.after_commit(dsn, servers, pipeline, result)
     _emit(args, out, f"committed batch {result.batch_id}: {result.records_written} rows, "
                      f"{result.records_dead_lettered} dead letters")
     return EXIT_OK
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
-    from kafka_ledger.resets import reset_positions
-
     targets = [t for t in (args.to_earliest and "earliest", args.to_latest and "latest", args.to_datetime,
                            args.to_offset) if t]
     if len(targets) != 1:
@@ -324,12 +312,6 @@ KAFKA_TOOLS: dict[str, tuple[str, str]] = {
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    from kafka_ledger.kafka_security import java_client_properties
-
     libs = Path(os.environ.get("KL_KAFKA_LIBS", ""))
     if not libs.is_dir() or not any(libs.glob("kafka-tools-*.jar")):
         raise Failed(f"Kafka's tools need Kafka's jars: KL_KAFKA_LIBS={str(libs)!r} holds no kafka-tools jar "

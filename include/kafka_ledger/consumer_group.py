@@ -75,12 +75,8 @@ def read_positions(servers: str, group: str) -> dict[TopicPartition, int]:
 
 def ledger_positions(dsn: str, pipeline: PipelineConfig) -> dict[TopicPartition, tuple[int, str]]:
     """The pipeline's committed positions as the group should hold them."""
-    conn = ledger.connect(dsn)
-    try:
-        with conn, conn.cursor() as cur:
-            rows = ledger.position_rows(cur, pipeline.name)
-    finally:
-        conn.close()
+    with ledger.transaction(dsn) as cur:
+        rows = ledger.position_rows(cur, pipeline.name)
     return {r.topic_partition: (r.position, offset_metadata(pipeline, r.last_batch_id)) for r in rows}
 
 

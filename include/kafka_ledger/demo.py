@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from kafka_ledger.audit import lag, reconcile
 from kafka_ledger.config import PipelineConfig, get_pipeline
 from kafka_ledger.settings import bootstrap_servers, kafka_config, ledger_dsn
 
@@ -100,8 +101,7 @@ def produce_impressions(servers: str, topic: str, count: int, seed: int) -> None
 
 def run_until_caught_up(pipeline: PipelineConfig, max_runs: int = 20) -> int:
     """Run the pipeline's DAG (dag.test: real tasks, real Spark) until its lag is 0; returns runs made."""
-    from kafka_ledger.airflow_dag import run_pipeline_dag
-    from kafka_ledger.audit import lag
+    from kafka_ledger.airflow_dag import run_pipeline_dag  # Airflow is heavy: imported when the demo runs
 
     dsn, servers = ledger_dsn(), bootstrap_servers()
     for run in range(1, max_runs + 1):
@@ -122,8 +122,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="random seed of the generator")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    from kafka_ledger.audit import reconcile
 
     pipeline = get_pipeline(DEMO_PIPELINE)
     servers, dsn = bootstrap_servers(), ledger_dsn()

@@ -86,6 +86,23 @@ def connect(dsn: str) -> psycopg2.extensions.connection:
 
 
 @contextmanager
+def session(dsn: str) -> Iterator[psycopg2.extensions.connection]:
+    """A ledger connection for the block, closed after it; each `with conn:` inside is one transaction."""
+    conn = connect(dsn)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@contextmanager
+def transaction(dsn: str) -> Iterator[Cursor]:
+    """One ledger transaction on a connection of its own: committed when the block ends, rolled back on error."""
+    with session(dsn) as conn, conn, conn.cursor() as cur:
+        yield cur
+
+
+@contextmanager
 def pipeline_transaction(conn: psycopg2.extensions.connection, pipeline: str) -> Iterator[Cursor]:
     """One transaction holding the pipeline's lock: no other plan or commit of it runs meanwhile."""
     timeouts = settings.ledger_timeouts()
@@ -123,6 +140,14 @@ def get_batch(cur: Cursor, batch_id: int, for_update: bool = False) -> Batch:
     if row is None:
         raise LedgerError(f"batch {batch_id} does not exist in the ledger")
     return _load_ranges(cur, Batch(*row))
+
+
+def pipeline_batch(cur: Cursor, pipeline: str, batch_id: int, for_update: bool = False) -> Batch:
+    """A batch of `pipeline`; LedgerError when it does not exist or belongs to another pipeline."""
+    batch = get_batch(cur, batch_id, for_update)
+    if batch.pipeline != pipeline:
+        raise LedgerError(f"batch {batch_id} belongs to pipeline {batch.pipeline!r}, not {pipeline!r}")
+    return batch
 
 
 def open_batch(cur: Cursor, pipeline: str) -> Batch | None:

@@ -54,14 +54,10 @@ def pipeline_status(dsn: str, servers: str, pipeline: PipelineConfig, tolerate_k
         if not tolerate_kafka:
             raise
         offsets, kafka_error = {}, str(exc)
-    conn = ledger.connect(dsn)
-    try:
-        with conn, conn.cursor() as cur:
-            rows = {r.topic_partition: r for r in ledger.position_rows(cur, pipeline.name)}
-            coverage = ledger.coverage(cur, pipeline.name)
-            unfinished = ledger.in_flight_batches(cur, pipeline.name)
-    finally:
-        conn.close()
+    with ledger.transaction(dsn) as cur:
+        rows = {r.topic_partition: r for r in ledger.position_rows(cur, pipeline.name)}
+        coverage = ledger.coverage(cur, pipeline.name)
+        unfinished = ledger.in_flight_batches(cur, pipeline.name)
     partitions = partition_report(pipeline, offsets, rows, coverage)
     return {
         "pipeline": pipeline.name, "dag_id": pipeline.dag_id, "delivery_mode": pipeline.delivery_mode,
@@ -84,8 +80,7 @@ def batch_summary(b: ledger.Batch) -> dict[str, Any]:
         "records_dead_lettered": b.records_dead_lettered, "read_seconds": b.read_seconds,
         "commit_seconds": b.commit_seconds, "last_error": b.last_error,
         "offsets": sum(r.span for r in b.ranges),
-        "ranges": [{"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until_offset,
-                    **({"skipped_from": r.skipped_from} if r.skipped_from is not None else {})} for r in b.ranges],
+        "ranges": [r.as_dict() for r in b.ranges],
     }
     summary["rewrites"] = rewrites(summary)
     return summary
@@ -107,9 +102,10 @@ def rewrites(summary: dict[str, Any]) -> str | None:
     return f"{first['topic']}-{first['partition']} [{first['from']}, {first['until']}){more}"
 
 
-def batch_detail(cur: ledger.Cursor, batch_id: int) -> dict[str, Any]:
-    """A batch with, per range, the records its Spark job read and the partition's end offset when planned."""
-    summary = batch_summary(ledger.get_batch(cur, batch_id))
+def batch_detail(cur: ledger.Cursor, pipeline: str, batch_id: int) -> dict[str, Any]:
+    """A batch of the pipeline with, per range, the records its Spark job read and the partition's end offset when
+    planned."""
+    summary = batch_summary(ledger.pipeline_batch(cur, pipeline, batch_id))
     cur.execute(sql.SELECT_RANGE_END_OFFSETS, {"batch_id": batch_id})
     extra = {(topic, partition): (end, read) for topic, partition, end, read in cur.fetchall()}
     for r in summary["ranges"]:

@@ -55,6 +55,20 @@ class OffsetRange:
     def __str__(self) -> str:
         return f"{self.topic}-{self.partition} [{self.from_offset}, {self.until_offset})"
 
+    def as_dict(self) -> dict[str, str | int]:
+        """The range as the CLI's JSON, the reports, the page and asset events show it (`until` exclusive)."""
+        out: dict[str, str | int] = {"topic": self.topic, "partition": self.partition, "from": self.from_offset,
+                                     "until": self.until_offset}
+        if self.skipped_from is not None:
+            out["skipped_from"] = self.skipped_from
+        return out
+
+    def describe(self) -> str:
+        """One line for task logs and the CLI: the range, its offsets, and the stretch it skips if any."""
+        skipping = (f"; skipping [{self.skipped_from}, {self.from_offset}), {self.from_offset - self.skipped_from} "
+                    "offsets" if self.skipped_from is not None else "")
+        return f"{self}  ({self.span} offsets{skipping})"
+
 
 @dataclass(frozen=True)
 class PartitionOffsets:

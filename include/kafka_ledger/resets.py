@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from kafka_ledger import kafka_offsets, ledger, sql
-from kafka_ledger.batch_requests import RequestError
+from kafka_ledger.batch_requests import RequestError, as_utc
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import (
     Coverage,
@@ -19,6 +19,7 @@ from kafka_ledger.planning import (
     plan_reset,
     truncate_coverage,
 )
+from kafka_ledger.sinks import sink_for
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ Target = Literal["earliest", "latest"] | datetime | dict[TopicPartition, int]
 
 def describe_target(target: Target) -> str:
     if isinstance(target, datetime):
-        return f"datetime {target.isoformat()}"
+        return f"datetime {as_utc(target).isoformat()}"
     if isinstance(target, dict):
         return "offsets " + ", ".join(f"{tp}={offset}" for tp, offset in sorted(target.items()))
     return target
@@ -80,7 +81,7 @@ def resolve_targets(
         return {tp: o.log_start for tp, o in offsets.items()}
     if target == "latest":
         return {tp: o.end for tp, o in offsets.items()}
-    found = kafka_offsets.offsets_for_time(bootstrap_servers, sorted(offsets), int(target.timestamp() * 1000))
+    found = kafka_offsets.offsets_for_time(bootstrap_servers, sorted(offsets), int(as_utc(target).timestamp() * 1000))
     return {tp: offsets[tp].end if offset is None else offset for tp, offset in found.items()}
 
 
@@ -103,10 +104,9 @@ def reset_positions(
     """
     if not dry_run and not reason.strip():
         raise RequestError("a reset needs a reason (it is recorded in the audit table)")
-    conn = ledger.connect(dsn)
-    try:
+    with ledger.session(dsn) as conn:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
-            ledger.ensure_pipeline_tables(cur, pipeline)
+            sink_for(pipeline).prepare(cur)
             offsets = kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)
             positions = ledger.positions(cur, pipeline.name)
             changes = plan_reset(positions, resolve_targets(bootstrap_servers, target, offsets), offsets)
@@ -148,8 +148,6 @@ def reset_positions(
             result.reread_offsets, f", abandoned batches {abandoned}" if abandoned else "",
         )
         return result
-    finally:
-        conn.close()
 
 
 def _abandon(cur: ledger.Cursor, pipeline: str, batch_ids: list[int]) -> list[int]:

@@ -117,7 +117,7 @@ def deployment_spark_runtime() -> str:
     return runtime
 
 
-def spark_runtime(pipeline: PipelineConfig) -> str:
+def runtime_name(pipeline: PipelineConfig) -> str:
     """Where the pipeline's Spark work runs: its own `spark_runtime`, else the deployment's."""
     return pipeline.spark_runtime or deployment_spark_runtime()
 

@@ -368,8 +368,7 @@ def verify_pipeline(
     """
     started = time.monotonic()
     report = VerifyReport(pipeline.name, mode="full" if full else "incremental")
-    conn = ledger.connect(dsn)
-    try:
+    with ledger.session(dsn) as conn:
         # One snapshot for everything read from Postgres, the streamed rows included.
         conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_REPEATABLE_READ, readonly=True)
         with conn:
@@ -405,8 +404,6 @@ def verify_pipeline(
                             {"pipeline": pipeline.name, "batch_id": finished_through, "mode": report.mode})
                 point = cur.fetchone()[0]
             report.verified_point = {"before": before, "after": point, "advanced": before is None or point > before}
-    finally:
-        conn.close()
     report.seconds = round(time.monotonic() - started, 3)
     return report
 

@@ -18,6 +18,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from integration_support import COLUMNS, RecordedProducer
 
 RUN = uuid.uuid4().hex[:8]
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here needs the real stack: marked `integration`, the lane scripts/test.sh runs second."""
+    for item in items:
+        if item.path.is_relative_to(HERE):
+            item.add_marker(pytest.mark.integration)
 
 
 # Every test that runs a DAG gets its own pipeline (and topic); overrides tune caps and retries.

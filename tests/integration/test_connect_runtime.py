@@ -23,8 +23,8 @@ from integration_support import good_value
 from test_pipeline_dag import assert_exactly_once, batches, stored
 
 from kafka_ledger import ledger
-from kafka_ledger.batches import plan_next_batch
-from kafka_ledger.spark_runtime import ConnectBatch, SparkServerError
+from kafka_ledger.planner import plan_next_batch
+from kafka_ledger.runtimes.connect import ConnectBatch, SparkServerError
 
 pytestmark = pytest.mark.integration
 

@@ -105,7 +105,7 @@ def test_retention_loss_with_skip_policy_is_recorded_and_shown(dsn, servers, pip
 def test_a_deleted_topic_fails_the_plan_by_name_and_moves_nothing(dsn, servers, pipeline_factory, producer):
     from confluent_kafka.admin import AdminClient
 
-    from kafka_ledger.batches import plan_next_batch
+    from kafka_ledger.planner import plan_next_batch
     from kafka_ledger.planning import PlanError
 
     pipeline = pipeline_factory("deleted", partitions=1)

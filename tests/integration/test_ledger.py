@@ -12,7 +12,8 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 from integration_support import RecordedProducer, good_value
 
 from kafka_ledger import ledger, sql
-from kafka_ledger.batches import CommitError, commit_batch, plan_next_batch
+from kafka_ledger.commit import CommitError, commit_batch
+from kafka_ledger.planner import plan_next_batch
 from kafka_ledger.planning import LostDataError, OffsetRange, PartitionReadStats
 
 pytestmark = pytest.mark.integration

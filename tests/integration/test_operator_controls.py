@@ -19,7 +19,7 @@ from test_pipeline_dag import assert_exactly_once, batches, spark_task, stored
 from kafka_ledger import audit, ledger
 from kafka_ledger.airflow_dag import run_pipeline_dag
 from kafka_ledger.batch_requests import parse_request
-from kafka_ledger.batches import plan_batch
+from kafka_ledger.planner import plan_batch
 
 pytestmark = pytest.mark.integration
 

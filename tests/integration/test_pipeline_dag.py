@@ -11,8 +11,8 @@ from integration_support import BAD_VALUES, good_value
 
 from kafka_ledger import audit, kafka_offsets, ledger
 from kafka_ledger.airflow_dag import SPARK_TASK, run_pipeline_dag
-from kafka_ledger.batches import commit_batch
-from kafka_ledger.settings import spark_runtime
+from kafka_ledger.commit import commit_batch
+from kafka_ledger.settings import runtime_name as spark_runtime
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ from integration_support import BAD_VALUES, SECURED_SERVERS, good_value, other_c
 
 from kafka_ledger import audit, kafka_offsets
 from kafka_ledger.airflow_dag import run_pipeline_dag
-from kafka_ledger.batches import plan_next_batch
 from kafka_ledger.kafka_security import KAFKA_CONFIG_ENV
+from kafka_ledger.planner import plan_next_batch
 from kafka_ledger.verify import verify_pipeline
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from test_pipeline_dag import assert_exactly_once, batches
 
 from kafka_ledger.airflow_dag import run_pipeline_dag
 from kafka_ledger.config import get_pipeline
-from kafka_ledger.settings import spark_runtime
+from kafka_ledger.settings import runtime_name as spark_runtime
 
 pytestmark = pytest.mark.integration
 

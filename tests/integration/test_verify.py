@@ -11,9 +11,9 @@ from test_operator_controls import cli, query
 from test_pipeline_dag import batches
 
 from kafka_ledger.batch_requests import parse_request
-from kafka_ledger.batches import plan_batch, plan_next_batch
 from kafka_ledger.cli import EXIT_PROBLEMS, EXIT_UNVERIFIED
-from kafka_ledger.spark_runtime import run_batch
+from kafka_ledger.planner import plan_batch, plan_next_batch
+from kafka_ledger.runtimes import run_batch
 
 pytestmark = pytest.mark.integration
 

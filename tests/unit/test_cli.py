@@ -96,3 +96,29 @@ def test_kafkas_tools_need_kafkas_jars_and_say_where_they_come_from(capsys, monk
     assert "holds no kafka-tools jar" in capsys.readouterr().err
     for tool in ("consumer-groups", "console-consumer", "console-producer", "topics", "get-offsets"):
         assert tool in cli.KAFKA_TOOLS
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", "Asia/Tokyo", "UTC"])
+def test_a_date_time_without_a_zone_is_utc_for_reset_and_replay_alike_whatever_the_machines_zone(monkeypatch, zone):
+    """`reset --to-datetime` read a naive date-time in the machine's local time while `replay --from` read it as UTC."""
+    import time
+    from datetime import UTC, datetime
+
+    from kafka_ledger.resets import describe_target
+
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        parser = cli.build_parser()
+        reset = parser.parse_args(["reset", "clicks", "--to-datetime", "2026-11-20T10:00"]).to_datetime
+        replay = parser.parse_args(["replay", "clicks", "--from", "2026-11-20T10:00", "--to", "2026-11-20T11:00"])
+        expected = datetime(2026, 11, 20, 10, tzinfo=UTC)
+        assert reset == replay.window_from == expected
+        assert int(reset.timestamp()) == 1795168800  # the instant Kafka's time index is asked for
+        assert describe_target(datetime(2026, 11, 20, 10)) == "datetime 2026-11-20T10:00:00+00:00"
+        # An explicit zone is kept.
+        cest = parser.parse_args(["reset", "clicks", "--to-datetime", "2026-11-20T12:00+02:00"]).to_datetime
+        assert cest == expected
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()

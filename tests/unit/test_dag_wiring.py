@@ -102,8 +102,8 @@ def test_no_secret_reaches_the_spark_submit_command_line_on_any_master(dag, monk
 
 
 def test_a_master_exported_after_the_connection_was_made_is_refused_not_ignored(dag, monkeypatch):
+    from kafka_ledger.runtimes.submit import check_master
     from kafka_ledger.settings import SettingsError
-    from kafka_ledger.spark_submit import check_master
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
     monkeypatch.setenv("KAFKA_LEDGER_SPARK_MASTER", "spark://127.0.0.1:17077")

@@ -177,7 +177,7 @@ def test_jdbc_target_user_without_password():
 
 def test_spark_runtime_pipeline_first_then_deployment_then_submit(monkeypatch):
     from kafka_ledger.config import parse_pipelines
-    from kafka_ledger.settings import spark_runtime
+    from kafka_ledger.settings import runtime_name as spark_runtime
 
     body = "topics: [t]\n    output_table: t\n    columns: [{name: a, type: string}]"
     default, pinned = (parse_pipelines(f"pipelines:\n  p:\n    {body}{extra}")["p"]
@@ -209,7 +209,7 @@ def test_ledger_timeouts_default_and_come_from_the_environment(monkeypatch):
         ledger_timeouts()
 
 
-def test_readme_documents_every_ledger_timeout_with_its_default():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_configuration_reference_documents_every_ledger_timeout_with_its_default():
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     for name, field in LedgerTimeouts.model_fields.items():
         assert f"| `KAFKA_LEDGER_{name.upper()}` | {field.default} | {field.description} |" in readme

@@ -61,18 +61,14 @@ def _statuses(pipelines: list[PipelineConfig]) -> list[dict[str, Any]]:
 
 def _ledger_view(pipeline: PipelineConfig) -> dict[str, Any]:
     """Everything the pipeline page shows from the ledger."""
-    conn = ledger.connect(settings.ledger_dsn())
-    try:
-        with conn, conn.cursor() as cur:
-            return {
-                "batches": [overview.batch_summary(b) for b in ledger.list_batches(cur, pipeline.name, RECENT_BATCHES)],
-                "history": overview.batch_history(cur, pipeline.name, CHARTED_BATCHES),
-                "dead_letters": overview.dead_letter_groups(cur, pipeline.name),
-                "resets": overview.recent_resets(cur, pipeline.name),
-                "verified_point": ledger.verified_point(cur, pipeline.name),
-            }
-    finally:
-        conn.close()
+    with ledger.transaction(settings.ledger_dsn()) as cur:
+        return {
+            "batches": [overview.batch_summary(b) for b in ledger.list_batches(cur, pipeline.name, RECENT_BATCHES)],
+            "history": overview.batch_history(cur, pipeline.name, CHARTED_BATCHES),
+            "dead_letters": overview.dead_letter_groups(cur, pipeline.name),
+            "resets": overview.recent_resets(cur, pipeline.name),
+            "verified_point": ledger.verified_point(cur, pipeline.name),
+        }
 
 
 def _charts(history: list[dict[str, Any]]) -> list[str]:
@@ -166,14 +162,8 @@ def _pipeline_page(request: Request, pipeline: PipelineConfig, verify: VerifyRep
 
 
 def _batch(pipeline: PipelineConfig, batch_id: int) -> dict[str, Any]:
-    conn = ledger.connect(settings.ledger_dsn())
     try:
-        with conn, conn.cursor() as cur:
-            batch = overview.batch_detail(cur, batch_id)
-    except ledger.LedgerError as exc:
+        with ledger.transaction(settings.ledger_dsn()) as cur:
+            return overview.batch_detail(cur, pipeline.name, batch_id)
+    except ledger.LedgerError as exc:  # no such batch, or another pipeline's
         raise HTTPException(404, str(exc)) from exc
-    finally:
-        conn.close()
-    if batch["pipeline"] != pipeline.name:
-        raise HTTPException(404, f"batch {batch_id} belongs to pipeline {batch['pipeline']!r}")
-    return batch

@@ -1,29 +1,28 @@
-"""The two Spark runtimes a batch can run in, behind one call: run this batch id, then it is committed.
+"""The `connect` runtime: the task is a client of a warm Spark Connect server and commits the batch itself.
 
-- `connect` (the local stack's default): a long-lived Spark Connect server keeps the JVM, the Spark
-  session and Kafka consumers warm. The task is the Spark Connect client: it runs the read on the server
-  and publishes the rows and the offsets itself, in one Postgres transaction (ingest.publish).
-- `submit`: one spark-submit per batch stages the rows (spark_jobs/ingest_batch.py); the commit task
-  publishes them (batches.commit_batch).
-
-A pipeline picks one with `spark_runtime`; the deployment's default is $KAFKA_LEDGER_SPARK_RUNTIME.
+A long-lived Spark Connect server keeps the JVM, the Spark session and the Kafka consumers warm. The task
+runs the batch's read on the server, and the rows stream back as COPY lines straight into the commit's one
+Postgres transaction (commit.publish_stream): no staging table, no second copy.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-from kafka_ledger import ingest
+from kafka_ledger import commit, read
+from kafka_ledger.commit import CommitResult
 from kafka_ledger.config import PipelineConfig
-from kafka_ledger.settings import spark_connect_url, spark_runtime
+from kafka_ledger.publish import copy_lines
+from kafka_ledger.runtimes.base import AirflowTasks, Runtime
+from kafka_ledger.settings import spark_connect_url
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-    from kafka_ledger.batches import CommitResult
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -100,22 +99,21 @@ class ConnectBatch:
         return spark
 
     def run(self, dsn: str, servers: str) -> CommitResult:
-        from kafka_ledger.batches import commit_batch
-
-        attempt = ingest.begin(dsn, servers, self.pipeline, self.batch_id)
+        attempt = read.begin(dsn, servers, self.pipeline, self.batch_id)
         if attempt is None:
             # Committed already (a no-op), or staged by a spark-submit attempt before the pipeline moved to
             # this runtime: publish what it staged.
-            return commit_batch(dsn, self.pipeline, self.batch_id)
+            return commit.commit_batch(dsn, self.pipeline, self.batch_id)
         if not attempt.readable:
-            return ingest.publish(None, self.pipeline, attempt, dsn, servers)
+            read.mark_nothing_to_read(dsn, attempt)
+            return commit.commit_batch(dsn, self.pipeline, self.batch_id)
         spark = self._connect()
         tag = attempt_tag(self.pipeline.name, self.batch_id, attempt.number)
         spark.addTag(tag)
         with self._lock:
             self._spark, self._tag = spark, tag
         try:
-            result = ingest.publish(spark, self.pipeline, attempt, dsn, servers, self._interrupted)
+            result = publish(spark, self.pipeline, attempt, dsn, servers, self._interrupted)
         except BaseException as exc:
             self.interrupt()
             _close(spark, release_session=False)  # the next attempt reuses the session to clean up
@@ -189,12 +187,61 @@ def _lost_server(exc: BaseException) -> bool:
         sign in str(exc) for sign in ("UNAVAILABLE", "SESSION_CHANGED", "Connection refused", "Socket closed"))
 
 
-def run_batch(pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> CommitResult:
-    """Read, publish and commit one planned batch here and now, in the pipeline's runtime (CLI, benchmark)."""
-    from kafka_ledger.batches import commit_batch
-    from kafka_ledger.spark_submit import submit_batch
+class AttemptInterrupted(RuntimeError):
+    """The attempt was interrupted (its task is being stopped): nothing it read is published."""
 
-    if spark_runtime(pipeline) == "connect":
+
+def publish(
+    spark: SparkSession, pipeline: PipelineConfig, attempt: read.Attempt, dsn: str, servers: str,
+    interrupted: threading.Event | None = None,
+) -> CommitResult:
+    """Read the attempt's ranges and publish them and the offsets in ONE transaction (commit.publish_stream).
+
+    The rows stream from the Spark Connect server into COPY as Spark produces them. Once `interrupted` is set,
+    the stream stops and nothing is published.
+    """
+    # decode builds Spark columns: PySpark is imported once a batch is read, not by every user of the runtimes.
+    from kafka_ledger.decode import decode_records
+
+    started = time.monotonic()
+    lines = copy_lines(decode_records(read.read_records(spark, attempt, servers), pipeline), pipeline,
+                       attempt.batch.batch_id)
+    return commit.publish_stream(dsn, pipeline, attempt.batch.batch_id, attempt.number,
+                                 arrow_stream(lines, attempt, interrupted), started=started)
+
+
+def arrow_stream(frame: DataFrame, attempt: read.Attempt, interrupted: threading.Event | None = None) -> Iterator[Any]:
+    """The frame's rows as Arrow tables, as the Spark Connect server sends them (not all at once)."""
+    client = frame.sparkSession.client
+    # DataFrame.toArrow() would hold the whole batch in memory; the client's iterator yields each
+    # Arrow batch as it arrives (PySpark 4.0 exposes it only on the client object).
+    def stop_if_interrupted() -> None:
+        # An interruption that came before the query started on the server, or after its last rows came
+        # in, is caught here: the stream fails and the transaction with it.
+        if interrupted is not None and interrupted.is_set():
+            raise AttemptInterrupted(f"attempt {attempt.number} of batch {attempt.batch.batch_id} was interrupted")
+
+    for item in client.to_table_as_iterator(frame._plan.to_proto(client), {}):
+        stop_if_interrupted()
+        if not hasattr(item, "fields"):  # the first item is the schema
+            yield item
+    stop_if_interrupted()
+
+
+class ConnectRuntime(Runtime):
+    """The warm Spark Connect server; one task reads the batch there and commits it."""
+
+    name = "connect"
+    spark_task_id = "read_and_commit"
+    commit_task_id = None
+
+    def run_batch(self, pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> CommitResult:
         return ConnectBatch(pipeline, batch_id).run(dsn, servers)
-    submit_batch(pipeline, batch_id, dsn, servers)
-    return commit_batch(dsn, pipeline, batch_id)
+
+    def airflow_tasks(self, tasks: AirflowTasks) -> tuple[Any, Any]:
+        spark = tasks.read_and_commit(self.spark_task_id)
+        return spark, spark
+
+    def describe(self) -> str:
+        return (f"`{self.spark_task_id}` reads exactly those ranges on the warm Spark Connect server and publishes "
+                "the rows, the dead letters and the new offsets in one Postgres transaction")

@@ -1,0 +1,271 @@
+"""Committing a batch: ONE transaction publishes its rows and dead letters and advances its offsets; then the epilogue.
+
+Two ways in, one transaction shape (`_publishing`): a batch whose rows stream in as COPY lines
+(`publish_stream`, the connect runtime), and a batch staged by spark-submit or with nothing to read, marked
+written by its Spark work (`commit_batch`). Both end in `_finish`: counts checked, coverage and positions recorded
+(compare-and-set), the batch committed. `after_commit` is what follows every commit, wherever it ran.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg2
+
+from kafka_ledger import consumer_group, failpoints, ledger, sql
+from kafka_ledger.config import PipelineConfig
+from kafka_ledger.planning import OffsetRange, PartitionReadStats, check_read_coverage, cover_with_read
+from kafka_ledger.publish import CopyStream
+from kafka_ledger.sinks import Sink, sink_for
+from kafka_ledger.sinks.postgres import COPY_CHUNK_BYTES
+
+log = logging.getLogger(__name__)
+
+
+class CommitError(ledger.LedgerError):
+    """The batch cannot be committed; nothing was written and no offset moved."""
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """The outcome of a commit: counts published, or that the batch was already committed."""
+
+    batch_id: int
+    already_committed: bool
+    records_written: int
+    records_dead_lettered: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"batch_id": self.batch_id, "already_committed": self.already_committed,
+                "records_written": self.records_written, "records_dead_lettered": self.records_dead_lettered,
+                "commit_seconds": round(self.seconds, 3)}
+
+
+def writes_output_directly(pipeline: PipelineConfig, batch: ledger.Batch) -> bool:
+    """at_least_once catch-up batches are appended by spark-submit's job itself; everything else is staged."""
+    return pipeline.delivery_mode == "at_least_once" and batch.kind == "catch_up"
+
+
+def log_read(
+    batch: ledger.Batch, attempt: int, stats: list[PartitionReadStats], read_seconds: float
+) -> dict[str, object]:
+    """Log what an attempt read (records, rate, dead letters, offset gaps); returns the same as a dict."""
+    total = sum(s.records for s in stats)
+    dead = sum(s.dead_letters for s in stats)
+    gaps = sum(r.span for r in batch.ranges) - total
+    log.info(
+        "batch %s read: %d records in %.1fs (%.0f records/s), %d to dead letters, %d offset gap(s) "
+        "(transaction markers, aborted or compacted records)",
+        batch.batch_id, total, read_seconds, total / read_seconds if read_seconds else 0.0, dead, gaps,
+    )
+    return {"batch_id": batch.batch_id, "attempt": attempt, "records_read": total,
+            "read_seconds": round(read_seconds, 3), "offset_gaps": gaps}
+
+
+@dataclass
+class _Publishing:
+    """The open commit transaction of one batch: its cursor, the batch (locked), and the pipeline's sink."""
+
+    cur: ledger.Cursor
+    batch: ledger.Batch
+    sink: Sink
+    started: float
+
+
+@contextmanager
+def _publishing(dsn: str, pipeline: PipelineConfig, batch_id: int) -> Iterator[_Publishing]:
+    """The one transaction every commit runs in: the pipeline's lock, the batch locked, statements allowed as
+    long as the batch's Spark task. Rolled back (nothing published, no offset moved) unless the block ends."""
+    started = time.monotonic()
+    with ledger.session(dsn) as conn, ledger.pipeline_transaction(conn, pipeline.name) as cur:
+        ledger.allow_batch_duration(cur, pipeline)
+        try:
+            batch = ledger.pipeline_batch(cur, pipeline.name, batch_id, for_update=True)
+        except ledger.LedgerError as exc:
+            raise CommitError(str(exc)) from None
+        yield _Publishing(cur, batch, sink_for(pipeline), started)
+
+
+def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitResult:
+    """In ONE transaction: replace the rows of the batch's offsets with what spark-submit staged, record its
+    ranges, advance the positions.
+
+    Committing a committed batch is a no-op. For a catch-up batch, a position that is not at the batch's
+    start (compare-and-set) fails the commit and nothing is written. Rewrite batches (replays, windows,
+    backfills, explicit ranges) replace rows behind the positions and never move them.
+    """
+    try:
+        with _publishing(dsn, pipeline, batch_id) as p:
+            batch = p.batch
+            if batch.status == "committed":
+                log.info("batch %s was already committed at %s: nothing to do", batch_id, batch.committed_at)
+                return CommitResult(batch_id, True, batch.records_written or 0, batch.records_dead_lettered or 0, 0.0)
+            if batch.status != "written":
+                raise CommitError(
+                    f"batch {batch_id} is {batch.status}, not written: its Spark job has not staged it completely"
+                )
+            attempt = batch.staged_attempt
+            params = {"batch_id": batch_id, "attempt": attempt, "pipeline": pipeline.name}
+            if writes_output_directly(pipeline, batch):
+                replaced = 0
+                written = None  # the Spark job appended them already
+            else:
+                staged = ledger.staged_read_stats(p.cur, pipeline, batch_id, attempt)
+                problems = check_read_coverage(batch.ranges, staged)
+                if problems:
+                    raise CommitError(f"batch {batch_id} staged rows do not match its ranges: " + "; ".join(problems))
+                replaced = _remove_published(p, pipeline)
+                written = p.sink.publish_staged(p.cur, batch_id, attempt)
+            p.cur.execute(sql.INSERT_DEAD_LETTERS.format(staging=sql.staging_table(pipeline)), params)
+            dead = p.cur.rowcount
+            failpoints.hit("commit_after_publish")
+            if written is None:
+                written = (batch.records_read or 0) - dead
+            result = _finish(p, pipeline, batch, written, dead)
+        _log_commit(pipeline, batch, result, replaced)
+        return result
+    except CommitError as exc:
+        with ledger.transaction(dsn) as cur:
+            cur.execute(sql.RECORD_ERROR, {"batch_id": batch_id, "error": str(exc)[:4000]})
+        raise
+
+
+def publish_stream(
+    dsn: str, pipeline: PipelineConfig, batch_id: int, attempt: int, tables: Iterable[Any], *, started: float
+) -> CommitResult:
+    """In ONE transaction: copy an attempt's rows into the sink and the dead letters, then commit.
+
+    The connect runtime's publish: `tables` are Arrow tables of COPY lines (publish.copy_lines), streamed into
+    COPY as Spark produces them, with no staging copy. The rows are checked against the ranges, the batch is
+    marked written and committed exactly as commit_batch does. Only the attempt that began last may publish:
+    an older (zombie) attempt finds the batch moved on and writes nothing.
+    """
+    with _publishing(dsn, pipeline, batch_id) as p:
+        batch = _newest_attempt(p.batch, attempt)
+        replaced = _remove_published(p, pipeline)
+        stream = CopyStream(tables)
+        try:
+            written = p.sink.copy_lines(p.cur, stream)
+        except psycopg2.Error:
+            if stream.error is not None:  # the read failed: say why, not that COPY was cancelled
+                raise stream.error from None
+            raise
+        dead_lines = stream.dead_letter_lines()
+        dead = 0
+        if dead_lines:
+            p.cur.copy_expert(sql.COPY_DEAD_LETTERS, io.BytesIO(dead_lines), size=COPY_CHUNK_BYTES)
+            dead = p.cur.rowcount
+        read_seconds = time.monotonic() - started
+        failpoints.hit("after_staging")
+        stats = stream.read_stats()
+        problems = check_read_coverage(batch.ranges, stats)
+        if problems:
+            raise ledger.LedgerError(f"batch {batch_id} was not read completely: " + "; ".join(problems))
+        ledger.mark_written(p.cur, batch_id, attempt, stats, read_seconds)
+        log_read(batch, attempt, stats, read_seconds)
+        failpoints.hit("commit_after_publish")
+        result = _finish(p, pipeline, ledger.get_batch(p.cur, batch_id), written, dead, started)
+    _log_commit(pipeline, batch, result, replaced)
+    return result
+
+
+def _newest_attempt(batch: ledger.Batch, attempt: int) -> ledger.Batch:
+    if batch.status != "planned" or batch.attempts != attempt:
+        raise ledger.LedgerError(
+            f"batch {batch.batch_id} attempt {attempt} may not publish: the batch is {batch.status} with "
+            f"{batch.attempts} attempts (superseded by a newer attempt?); nothing was written"
+        )
+    return batch
+
+
+def _finish(
+    p: _Publishing, pipeline: PipelineConfig, batch: ledger.Batch, written: int, dead: int,
+    started: float | None = None,
+) -> CommitResult:
+    """The end of every commit: counts checked, coverage and positions recorded, batch committed."""
+    params = {"batch_id": batch.batch_id, "pipeline": pipeline.name}
+    if written + dead != (batch.records_read or 0):
+        raise CommitError(
+            f"batch {batch.batch_id}: {written} rows + {dead} dead letters != {batch.records_read} records read"
+        )
+    if batch.moves_positions:
+        _advance(p.cur, batch, params)
+    else:
+        _cover_rewrite(p.cur, pipeline, batch)
+    seconds = time.monotonic() - (p.started if started is None else started)
+    p.cur.execute(
+        sql.MARK_COMMITTED,
+        {**params, "records_written": written, "records_dead_lettered": dead, "commit_seconds": seconds},
+    )
+    p.cur.execute(sql.DELETE_STAGED.format(staging=sql.staging_table(pipeline)), params)
+    failpoints.hit("commit_before_end")
+    return CommitResult(batch.batch_id, False, written, dead, seconds)
+
+
+def _log_commit(pipeline: PipelineConfig, batch: ledger.Batch, result: CommitResult, replaced: int) -> None:
+    log.info(
+        "committed %s batch %s of %s: %d rows into %s (%d rows of earlier runs replaced), %d dead letters, "
+        "%s in %.2fs", batch.kind, batch.batch_id, pipeline.name, result.records_written,
+        sink_for(pipeline).target, replaced, result.records_dead_lettered,
+        f"{len(batch.ranges)} partition position(s) advanced" if batch.moves_positions else "positions unchanged",
+        result.seconds,
+    )
+
+
+def _remove_published(p: _Publishing, pipeline: PipelineConfig) -> int:
+    """Replace, not append: what the batch's offsets published before (rows and dead letters) goes first."""
+    removed = p.sink.remove(p.cur, p.batch.ranges)
+    for r in p.batch.ranges:
+        p.cur.execute(sql.DELETE_DEAD_LETTER_RANGE, _range_params(pipeline, r))
+        removed += p.cur.rowcount
+    return removed
+
+
+def _range_params(pipeline: PipelineConfig, r: OffsetRange) -> dict[str, Any]:
+    return {"pipeline": pipeline.name, "topic": r.topic, "partition": r.partition,
+            "from_offset": r.from_offset, "until_offset": r.until_offset}
+
+
+def _advance(cur: ledger.Cursor, batch: ledger.Batch, params: dict[str, Any]) -> None:
+    cur.execute(sql.INSERT_COMMITTED_RANGES, params)
+    cur.execute(sql.ADVANCE_POSITIONS, params)
+    if cur.rowcount != len(batch.ranges):
+        cur.execute(sql.SELECT_POSITION_MISMATCHES, params)
+        details = "; ".join(
+            f"{topic}-{partition}: ledger position {position}, batch starts at {start}"
+            for topic, partition, start, position in cur.fetchall()
+        )
+        raise CommitError(f"batch {batch.batch_id}: compare-and-set on positions failed ({details})")
+
+
+def _cover_rewrite(cur: ledger.Cursor, pipeline: PipelineConfig, batch: ledger.Batch) -> None:
+    positions = ledger.positions(cur, pipeline.name)
+    ahead = [f"{r} (position {positions.get(r.topic_partition)})" for r in batch.ranges
+             if r.until_offset > positions.get(r.topic_partition, -1)]
+    if ahead:
+        raise CommitError(f"batch {batch.batch_id} rewrites offsets that are no longer behind the position "
+                          f"(reset since it was planned?): {', '.join(ahead)}")
+    covered = ledger.coverage(cur, pipeline.name)
+    for r in batch.ranges:
+        removed, added = cover_with_read(covered.get(r.topic_partition, []), r.from_offset, r.until_offset,
+                                         batch.batch_id)
+        ledger.replace_coverage(cur, pipeline.name, r.topic_partition, removed, added)
+
+
+def fail_batch(dsn: str, batch_id: int, error: str) -> None:
+    """Record that reading the batch failed for good this run; the next run resumes the same ranges."""
+    with ledger.transaction(dsn) as cur:
+        ledger.mark_failed(cur, batch_id, error)
+
+
+def after_commit(dsn: str, servers: str, pipeline: PipelineConfig, result: CommitResult) -> dict[str, Any]:
+    """What follows every commit, wherever it ran (a DAG task, `kafka-ledger replay`): the positions mirrored into
+    the pipeline's consumer group (never failing the commit), and the result as the task returns it."""
+    return {**result.as_dict(), "mirrored": consumer_group.mirror_positions(dsn, servers, pipeline)}

@@ -1,0 +1,30 @@
+"""The Spark runtimes a batch can run in, behind one interface (base.Runtime); runtime_for() picks a pipeline's.
+
+- `connect` (connect.py): a warm Spark Connect server; the task reads there and commits the batch itself.
+- `submit` (submit.py): one spark-submit per batch stages the rows; a commit task publishes them.
+
+A pipeline picks one with `spark_runtime`; the deployment's default is $KAFKA_LEDGER_SPARK_RUNTIME (else submit).
+"""
+
+from __future__ import annotations
+
+from kafka_ledger.commit import CommitResult
+from kafka_ledger.config import PipelineConfig
+from kafka_ledger.runtimes.base import AirflowTasks, Runtime
+from kafka_ledger.runtimes.connect import ConnectRuntime
+from kafka_ledger.runtimes.submit import SubmitRuntime
+from kafka_ledger.settings import runtime_name
+
+__all__ = ["RUNTIMES", "AirflowTasks", "Runtime", "run_batch", "runtime_for"]
+
+RUNTIMES: dict[str, Runtime] = {runtime.name: runtime for runtime in (ConnectRuntime(), SubmitRuntime())}
+
+
+def runtime_for(pipeline: PipelineConfig) -> Runtime:
+    """The pipeline's runtime: its own `spark_runtime`, else the deployment's."""
+    return RUNTIMES[runtime_name(pipeline)]
+
+
+def run_batch(pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> CommitResult:
+    """Read, publish and commit one planned batch here and now, in the pipeline's runtime (CLI, benchmark)."""
+    return runtime_for(pipeline).run_batch(pipeline, batch_id, dsn, servers)

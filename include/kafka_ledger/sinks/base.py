@@ -1,0 +1,40 @@
+"""What every sink does: publish a batch's rows inside the transaction that commits the batch's offsets."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import IO
+
+from kafka_ledger.config import PipelineConfig
+from kafka_ledger.ledger import Cursor
+from kafka_ledger.planning import OffsetRange
+
+
+class Sink(ABC):
+    """Where a pipeline's rows are published. Every method runs in the ledger transaction that commits the
+    batch (commit.py): what a sink writes becomes visible exactly when the offsets move, or never."""
+
+    def __init__(self, pipeline: PipelineConfig):
+        self.pipeline = pipeline
+
+    @property
+    @abstractmethod
+    def target(self) -> str:
+        """Where the rows go, in words for logs (e.g. the qualified table name)."""
+
+    @abstractmethod
+    def prepare(self, cur: Cursor) -> None:
+        """Create what the sink needs if missing; refuse, naming it, a target that cannot take the declared columns."""
+
+    @abstractmethod
+    def remove(self, cur: Cursor, ranges: Iterable[OffsetRange]) -> int:
+        """Delete the rows published earlier for these offsets (a rewrite replaces, never appends); returns how many."""
+
+    @abstractmethod
+    def copy_lines(self, cur: Cursor, lines: IO[bytes]) -> int:
+        """Publish rows arriving as COPY lines (the connect runtime's stream); returns how many."""
+
+    @abstractmethod
+    def publish_staged(self, cur: Cursor, batch_id: int, attempt: int) -> int:
+        """Publish the decoded rows one attempt staged (the submit runtime); returns how many."""
