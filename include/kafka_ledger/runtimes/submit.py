@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
     from pyspark.sql import DataFrame, SparkSession
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 SPARK_APPLICATION = PROJECT_ROOT / "spark_jobs" / "ingest_batch.py"
 SPARK_LOG_CONFIG = PROJECT_ROOT / "spark_jobs" / "log4j2.properties"
 
