@@ -12,8 +12,8 @@ from kafka_ledger.planning import (
     PlanError,
     TopicPartition,
     backlog,
-    partition_lag,
     check_read_coverage,
+    partition_lag,
     plan_ranges,
     start_positions,
 )
