@@ -13,7 +13,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from kafka_ledger import kafka_offsets, ledger, sql
 from kafka_ledger.config import PipelineConfig
-from kafka_ledger.planning import PartitionOffsets, TopicPartition, backlog, start_positions
+from kafka_ledger.planning import PartitionOffsets, TopicPartition, partition_lag
 from kafka_ledger.settings import kafka_config
 
 RecordId = tuple[str, int, int]  # (topic, partition, offset)
@@ -149,8 +149,7 @@ def _lag(cur: ledger.Cursor, bootstrap_servers: str, pipeline: PipelineConfig) -
     offsets = kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)
     known = ledger.positions(cur, pipeline.name)
     # Partitions the ledger has not seen yet count from where the pipeline would start them.
-    unseen = start_positions([tp for tp in offsets if tp not in known], offsets, pipeline.start_position)
-    return backlog({**known, **unseen}, offsets)
+    return sum(partition_lag(known, offsets, pipeline.start_position).values())
 
 
 def postgres_record_ids(dsn: str, pipeline: PipelineConfig) -> PostgresRecords:

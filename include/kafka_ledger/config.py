@@ -11,6 +11,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kafka_ledger.columns import RESERVED_COLUMNS
+
 # Names end up in SQL identifiers, DAG ids and pool names: keep them to a safe, portable alphabet.
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -28,22 +30,6 @@ EPOCH_MICROS_PER_UNIT: dict[str, int] = {"epoch_seconds": 1_000_000, "epoch_mill
 TIMESTAMP_YEARS = (1900, 2199)
 
 SparkRuntime = Literal["connect", "submit"]
-
-# The Postgres type each declared column type is stored as.
-POSTGRES_TYPES: dict[str, str] = {
-    "string": "text",
-    "long": "bigint",
-    "int": "integer",
-    "double": "double precision",
-    "boolean": "boolean",
-    "timestamp": "timestamptz",
-}
-
-# Columns every output row carries in addition to the declared ones; declared names may not reuse them.
-RESERVED_COLUMNS = frozenset(
-    {"kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "batch_id", "attempt",
-     "kafka_key", "kafka_value", "error"}
-)
 
 # Every pipeline's DAG id is this prefix and the pipeline's name.
 DAG_ID_PREFIX = "kafka_ledger__"

@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from kafka_ledger.config import EPOCH_MICROS_PER_UNIT, ColumnSpec, PipelineConfig
+from kafka_ledger.sql import staging_columns
 
 SPARK_TYPES: dict[str, T.DataType] = {
     "string": T.StringType(),
@@ -209,15 +210,16 @@ def decode_records(records: DataFrame, pipeline: PipelineConfig, *, lean: bool =
 
 
 def to_staging_rows(records: DataFrame, pipeline: PipelineConfig, batch_id: int, attempt: int) -> DataFrame:
-    """Kafka source rows -> the staging table's layout: decoded columns, or raw bytes plus the error."""
+    """Kafka source rows -> the staging table's layout (sql.staging_columns): decoded columns, or raw bytes plus the
+    error."""
     decoded = decode_records(records, pipeline)
     good = F.col("error").isNull()
-    return decoded.select(
-        F.lit(batch_id).cast("long").alias("batch_id"),
-        F.lit(attempt).cast("int").alias("attempt"),
-        "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp",
-        F.when(~good, F.col("kafka_key")).alias("kafka_key"),
-        F.when(~good, F.col("kafka_value")).alias("kafka_value"),
-        "error",
-        *[F.when(good, F.col(c.name)).alias(c.name) for c in pipeline.columns],
-    )
+    values = {
+        "batch_id": F.lit(batch_id).cast("long"),
+        "attempt": F.lit(attempt).cast("int"),
+        # The raw record is kept for dead letters only; a decoded row keeps its columns instead.
+        "kafka_key": F.when(~good, F.col("kafka_key")),
+        "kafka_value": F.when(~good, F.col("kafka_value")),
+        **{c.name: F.when(good, F.col(c.name)) for c in pipeline.columns},
+    }
+    return decoded.select(*[values.get(name, F.col(name)).alias(name) for name in staging_columns(pipeline)])

@@ -376,8 +376,7 @@ def ensure_pipeline_tables(cur: Cursor, pipeline: PipelineConfig) -> None:
             f"pipeline {pipeline.name!r}: output table {pipeline.qualified_output_table} lacks declared "
             f"column(s) {', '.join(missing)}; add them with ALTER TABLE before running the pipeline"
         )
-    wanted = ["batch_id", "attempt", "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp",
-              "kafka_key", "kafka_value", "error"] + [c.name for c in pipeline.columns]
+    wanted = sql.staging_columns(pipeline)
     staged = _table_columns(cur, sql.STAGING_SCHEMA, pipeline.name)
     if staged and sorted(staged) != sorted(wanted):
         # The declared columns changed: staging is ours to rebuild, but a batch whose staged rows

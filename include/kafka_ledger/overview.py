@@ -21,13 +21,11 @@ def partition_report(
 ) -> list[dict[str, Any]]:
     """Per partition: committed position, log start, end offset, lag, skipped and lost offsets."""
     partitions = []
+    lags = planning.partition_lag({tp: row.position for tp, row in rows.items()}, offsets, pipeline.start_position)
     for tp in sorted(set(offsets) | set(rows)):
         row, kafka = rows.get(tp), offsets.get(tp)
         skipped = sum(c.until_offset - c.from_offset for c in coverage.get(tp, []) if c.disposition == "skipped")
-        lag = None
-        if kafka is not None:
-            start = row.position if row else planning.start_positions([tp], offsets, pipeline.start_position)[tp]
-            lag = max(0, kafka.end - start)
+        lag = lags.get(tp)
         lost = max(0, kafka.log_start - row.position) if row and kafka else 0
         partitions.append({
             "topic": tp.topic, "partition": tp.partition, "position": row.position if row else None,

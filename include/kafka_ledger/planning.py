@@ -373,9 +373,22 @@ def lost_ranges(ranges: Iterable[OffsetRange], offsets: Mapping[TopicPartition, 
     ]
 
 
+def partition_lag(
+    positions: Mapping[TopicPartition, int],
+    offsets: Mapping[TopicPartition, PartitionOffsets],
+    start_position: Literal["earliest", "latest"],
+) -> dict[TopicPartition, int]:
+    """The lag of every partition Kafka holds, in offsets (gaps included): from its committed position, or for a
+    partition the ledger has never seen from where the pipeline would start it, to the end offset. The one
+    definition behind `status`, the page, the demo's figures and planning's backlog."""
+    starts = start_positions([tp for tp in offsets if tp not in positions], offsets, start_position)
+    return {tp: max(0, offsets[tp].end - positions.get(tp, starts.get(tp, 0))) for tp in offsets}
+
+
 def backlog(positions: Mapping[TopicPartition, int], offsets: Mapping[TopicPartition, PartitionOffsets]) -> int:
-    """Offsets between the positions and the end offsets: the lag, in offsets (gaps included)."""
-    return sum(max(0, offsets[tp].end - position) for tp, position in positions.items() if tp in offsets)
+    """Offsets between the given positions and the end offsets, summed (partitions not in `positions` left out)."""
+    return sum(partition_lag({tp: p for tp, p in positions.items() if tp in offsets},
+                             {tp: o for tp, o in offsets.items() if tp in positions}, "earliest").values())
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kafka_ledger import sql
+from kafka_ledger import columns, sql
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import PartitionReadStats
 
@@ -22,13 +22,11 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 # Columns of the frame `copy_lines` returns; `published` is false for a dead letter.
-COORDINATES = ["kafka_topic", "kafka_partition", "kafka_offset"]
+COORDINATES = columns.names(columns.COORDINATES)
 LINE_COLUMNS = [*COORDINATES, "published", "line"]
 
-_KAFKA_COLUMN_TYPES = {"kafka_topic": "string", "kafka_partition": "int", "kafka_offset": "long",
-                       "kafka_timestamp": "timestamp", "batch_id": "long"}
-_DEAD_LETTER_TYPES = {**_KAFKA_COLUMN_TYPES, "pipeline": "string", "kafka_key": "bytea", "kafka_value": "bytea",
-                      "error": "string"}
+# The kind of every column a line holds, which says how it is written as CSV.
+_LEDGER_KINDS = {c.name: c.kind for c in (*columns.OUTPUT_TRAILER, *columns.DEAD_LETTER)}
 
 
 def _csv_field(value: Column, kind: str) -> Column:
@@ -41,7 +39,7 @@ def _csv_field(value: Column, kind: str) -> Column:
     if kind == "timestamp":
         # Explicit UTC offset: the session time zone is UTC (see spark_runtime.SESSION_CONF).
         return F.date_format(value, "yyyy-MM-dd HH:mm:ss.SSSSSSXXX")
-    if kind == "bytea":
+    if kind == "bytes":
         return F.concat(F.lit("\\x"), F.hex(value))
     # Numbers and booleans: Spark's text form (doubles round-trip exactly) is Postgres input syntax.
     return value.cast("string")
@@ -60,7 +58,7 @@ def copy_lines(decoded: DataFrame, pipeline: PipelineConfig, batch_id: int) -> D
     """
     from pyspark.sql import functions as F
 
-    types = {**_KAFKA_COLUMN_TYPES, **{c.name: c.type for c in pipeline.columns}}
+    types = {**_LEDGER_KINDS, **{c.name: c.type for c in pipeline.columns}}
     values = {"batch_id": F.lit(batch_id).cast("long"), "pipeline": F.lit(pipeline.name)}
     published = F.col("error").isNull()
 
@@ -71,7 +69,7 @@ def copy_lines(decoded: DataFrame, pipeline: PipelineConfig, batch_id: int) -> D
         *COORDINATES,
         published.alias("published"),
         F.when(published, line(sql.output_columns(pipeline), types))
-        .otherwise(line(sql.DEAD_LETTER_COLUMNS, _DEAD_LETTER_TYPES)).alias("line"),
+        .otherwise(line(sql.DEAD_LETTER_COLUMNS, _LEDGER_KINDS)).alias("line"),
     )
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from psycopg2 import sql
 
-from kafka_ledger.config import POSTGRES_TYPES, PipelineConfig
+from kafka_ledger.columns import COORDINATES, DEAD_LETTER, OUTPUT_TRAILER, POSTGRES_TYPES, STAGING_HEAD, names
+from kafka_ledger.config import PipelineConfig
 
 STAGING_SCHEMA = "kafka_ledger_staging"
 
@@ -231,8 +232,7 @@ MARK_COMMITTED = """
 """
 
 # The columns a dead letter is written with (the table adds dead_lettered_at itself).
-DEAD_LETTER_COLUMNS = ["pipeline", "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp",
-                       "kafka_key", "kafka_value", "error", "batch_id"]
+DEAD_LETTER_COLUMNS = names(DEAD_LETTER)
 
 INSERT_DEAD_LETTERS = sql.SQL(
     """
@@ -348,37 +348,36 @@ def _declared_columns(pipeline: PipelineConfig) -> list[sql.Composed]:
     ]
 
 
+def _ledger_columns(columns: tuple) -> list[sql.Composable]:
+    return [sql.SQL(c.ddl) for c in columns]
+
+
 def create_output_table(pipeline: PipelineConfig) -> sql.Composed:
     """The published table: declared columns plus the Kafka coordinates, unique per record.
 
     An at_least_once pipeline's table has a plain index instead of the key: a re-delivered record is
     appended again rather than failing the write (that is what at-least-once means).
     """
+    coordinates = sql.SQL(", ".join(names(COORDINATES)))
     if pipeline.delivery_mode == "at_least_once":
-        key = sql.SQL("")
-        index = sql.SQL("; CREATE INDEX IF NOT EXISTS {} ON {} (kafka_topic, kafka_partition, kafka_offset)").format(
-            sql.Identifier(f"{pipeline.output_table}$kafka_record"), output_table(pipeline)
+        key = []
+        index = sql.SQL("; CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
+            sql.Identifier(f"{pipeline.output_table}$kafka_record"), output_table(pipeline), coordinates
         )
     else:
-        key = sql.SQL(",\n            PRIMARY KEY (kafka_topic, kafka_partition, kafka_offset)")
+        key = [sql.SQL("PRIMARY KEY ({})").format(coordinates)]
         index = sql.SQL("")
     return sql.SQL(
         """
         CREATE SCHEMA IF NOT EXISTS {schema};
         CREATE TABLE IF NOT EXISTS {table} (
-            {columns},
-            kafka_topic     text        NOT NULL,
-            kafka_partition integer     NOT NULL,
-            kafka_offset    bigint      NOT NULL,
-            kafka_timestamp timestamptz,
-            batch_id        bigint      NOT NULL{key}
+            {columns}
         ){index}
         """
     ).format(
         schema=sql.Identifier(pipeline.output_schema),
         table=output_table(pipeline),
-        columns=sql.SQL(",\n            ").join(_declared_columns(pipeline)),
-        key=key,
+        columns=sql.SQL(",\n            ").join(_declared_columns(pipeline) + _ledger_columns(OUTPUT_TRAILER) + key),
         index=index,
     )
 
@@ -388,15 +387,6 @@ def create_staging_table(pipeline: PipelineConfig) -> sql.Composed:
     return sql.SQL(
         """
         CREATE TABLE IF NOT EXISTS {table} (
-            batch_id        bigint  NOT NULL,
-            attempt         integer NOT NULL,
-            kafka_topic     text    NOT NULL,
-            kafka_partition integer NOT NULL,
-            kafka_offset    bigint  NOT NULL,
-            kafka_timestamp timestamptz,
-            kafka_key       bytea,
-            kafka_value     bytea,
-            error           text,
             {columns}
         );
         CREATE INDEX IF NOT EXISTS {index} ON {table} (batch_id, attempt)
@@ -405,8 +395,13 @@ def create_staging_table(pipeline: PipelineConfig) -> sql.Composed:
         table=staging_table(pipeline),
         # "$" cannot appear in a pipeline name, so this index name never collides with a staging table.
         index=sql.Identifier(f"{pipeline.name}$batch_attempt"),
-        columns=sql.SQL(",\n            ").join(_declared_columns(pipeline)),
+        columns=sql.SQL(",\n            ").join(_ledger_columns(STAGING_HEAD) + _declared_columns(pipeline)),
     )
+
+
+def staging_columns(pipeline: PipelineConfig) -> list[str]:
+    """Columns of a staged row, in the staging table's order: the attempt and raw record, then the declared ones."""
+    return names(STAGING_HEAD) + [c.name for c in pipeline.columns]
 
 
 def drop_staging_table(pipeline: PipelineConfig) -> sql.Composed:
@@ -481,9 +476,7 @@ def delete_output_range(pipeline: PipelineConfig) -> sql.Composed:
 
 def output_columns(pipeline: PipelineConfig) -> list[str]:
     """Columns of an output row: the declared ones, then the Kafka coordinates and the batch."""
-    return [c.name for c in pipeline.columns] + [
-        "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "batch_id"
-    ]
+    return [c.name for c in pipeline.columns] + names(OUTPUT_TRAILER)
 
 
 def copy_output(pipeline: PipelineConfig) -> sql.Composed:

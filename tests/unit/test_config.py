@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from kafka_ledger import config
+from kafka_ledger.columns import POSTGRES_TYPES
 from kafka_ledger.config import ConfigError, get_pipeline, load_pipelines, parse_pipelines
 
 VALID = textwrap.dedent(
@@ -96,7 +97,7 @@ def test_dag_id_and_qualified_output_table():
 def test_every_column_type_is_accepted_and_mapped_to_postgres(column_type):
     (pipeline,) = parse_pipelines(pipeline_yaml(columns=f"[{{name: c, type: {column_type}}}]")).values()
     assert pipeline.columns[0].type == column_type
-    assert column_type in config.POSTGRES_TYPES
+    assert column_type in POSTGRES_TYPES
 
 
 @pytest.mark.parametrize("text", ["", "\n", "# only a comment\n"])

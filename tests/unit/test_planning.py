@@ -13,6 +13,7 @@ from kafka_ledger.planning import (
     TopicPartition,
     backlog,
     check_read_coverage,
+    partition_lag,
     plan_ranges,
     start_positions,
 )
@@ -358,3 +359,13 @@ def test_coverage_reports_every_problem_of_every_partition():
 def test_coverage_of_empty_plan_rejects_any_read():
     assert check_read_coverage([], [stats("a", 0, [1])]) == ["a-0: 1 records read from a partition outside the batch"]
     assert check_read_coverage([], []) == []
+
+
+def test_partition_lag_counts_unseen_partitions_from_where_the_pipeline_would_start_them():
+    offsets = {A0: PartitionOffsets(10, 100), A1: PartitionOffsets(3, 40), B0: PartitionOffsets(0, 0)}
+    # A0 read to 90; A1 never read; B0 empty.
+    assert partition_lag({A0: 90}, offsets, "earliest") == {A0: 10, A1: 37, B0: 0}
+    assert partition_lag({A0: 90}, offsets, "latest") == {A0: 10, A1: 0, B0: 0}
+    # A position past the end (a truncated topic) is no negative lag; a partition gone from Kafka has none.
+    assert partition_lag({A0: 120, TopicPartition("gone", 0): 5}, offsets, "latest") == {A0: 0, A1: 0, B0: 0}
+    assert backlog({A0: 90, A1: 3}, offsets) == sum(partition_lag({A0: 90, A1: 3}, offsets, "earliest").values())

@@ -6,7 +6,8 @@ import pytest
 from psycopg2 import sql as pgsql
 
 from kafka_ledger import sql
-from kafka_ledger.config import POSTGRES_TYPES, parse_pipelines
+from kafka_ledger.columns import POSTGRES_TYPES
+from kafka_ledger.config import parse_pipelines
 
 PIPELINE_YAML = """
 pipelines:

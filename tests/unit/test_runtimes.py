@@ -1,0 +1,89 @@
+"""The runtime seam: each Spark runtime is one implementation of runtimes.base.Runtime, chosen once per pipeline."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from kafka_ledger.config import SparkRuntime, parse_pipelines
+from kafka_ledger.runtimes import RUNTIMES, Runtime, runtime_for
+
+PACKAGE = Path(__file__).resolve().parents[2] / "include" / "kafka_ledger"
+PIPELINES = parse_pipelines("""
+pipelines:
+  clicks: {topics: [clicks], output_table: clicks, columns: [{name: id, type: string}]}
+  pinned: {topics: [clicks], output_table: pinned, spark_runtime: submit, columns: [{name: id, type: string}]}
+""")
+
+
+class _Task:
+    """Stands for an Airflow task: records what runs after it."""
+
+    def __init__(self, kind: str, task_id: str):
+        self.kind, self.task_id, self.downstream = kind, task_id, []
+
+    def __rshift__(self, other: _Task) -> _Task:
+        self.downstream.append(other)
+        return other
+
+
+class _Factory:
+    """The DAG builder's side of the seam, recording what a runtime asks for."""
+
+    def __init__(self) -> None:
+        self.made: list[_Task] = []
+
+    def _make(self, kind: str, task_id: str) -> _Task:
+        self.made.append(_Task(kind, task_id))
+        return self.made[-1]
+
+    def read_and_commit(self, task_id: str) -> _Task:
+        return self._make("read_and_commit", task_id)
+
+    def spark_submit(self, task_id: str) -> _Task:
+        return self._make("spark_submit", task_id)
+
+    def commit(self, task_id: str) -> _Task:
+        return self._make("commit", task_id)
+
+
+def test_every_declared_runtime_has_one_implementation():
+    assert set(RUNTIMES) == set(get_args(SparkRuntime))
+    assert all(isinstance(runtime, Runtime) and runtime.name == name for name, runtime in RUNTIMES.items())
+
+
+@pytest.mark.parametrize(("name", "tasks", "committing"), [
+    ("connect", [("read_and_commit", "read_and_commit")], "read_and_commit"),
+    ("submit", [("spark_submit", "read_and_stage"), ("commit", "commit_batch")], "commit_batch"),
+])
+def test_each_runtime_asks_the_dag_builder_for_its_own_tasks(name, tasks, committing):
+    factory = _Factory()
+    spark, commits = RUNTIMES[name].airflow_tasks(factory)
+    assert [(t.kind, t.task_id) for t in factory.made] == tasks
+    assert spark.task_id == RUNTIMES[name].spark_task_id and commits.task_id == committing
+    assert (RUNTIMES[name].commit_task_id or RUNTIMES[name].spark_task_id) == committing
+    if spark is not commits:
+        assert spark.downstream == [commits]  # the commit waits for the staging
+
+
+def test_the_runtime_is_chosen_once_per_pipeline_its_own_first_then_the_deployments(monkeypatch):
+    monkeypatch.setenv("KAFKA_LEDGER_SPARK_RUNTIME", "connect")
+    assert runtime_for(PIPELINES["clicks"]).name == "connect"
+    assert runtime_for(PIPELINES["pinned"]).name == "submit"
+    monkeypatch.delenv("KAFKA_LEDGER_SPARK_RUNTIME")
+    assert runtime_for(PIPELINES["clicks"]).name == "submit"  # the code's default
+
+
+def test_no_module_outside_the_runtimes_branches_on_a_runtime_name():
+    """A new runtime is a new implementation, not one more `if runtime == ...` across the package."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if "runtimes" in path.parts or path.name in ("config.py", "settings.py", "benchmark.py"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"""[=!]=\s*["'](connect|submit)["']|["'](connect|submit)["']\s*[=!]=""", line):
+                found.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
+    assert found == []
