@@ -13,30 +13,15 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-# The columns of every test pipeline (and of the fault campaign's).
-COLUMNS = [
-    {"name": "event_id", "type": "string", "required": True},
-    {"name": "amount", "type": "long"},
-    {"name": "price", "type": "double"},
-    {"name": "ok", "type": "boolean"},
-    {"name": "event_time", "type": "timestamp"},
-]
+# The columns of every test pipeline, and bad records with the reason the dead-letter table must give for each:
+# the fault campaign's too, so defined once, in tools/records.py.
+from tools.records import BAD_VALUES, COLUMNS  # noqa: F401 - the tests import them from here
 
 
 def good_value(i: int) -> bytes:
     return json.dumps(
         {"event_id": f"e{i}", "amount": i, "price": i / 4, "ok": i % 2 == 0, "event_time": "2026-11-21T10:00:00Z"}
     ).encode()
-
-
-# Bad records and the reason the dead-letter table must give for each.
-BAD_VALUES: list[tuple[bytes | None, str]] = [
-    (b'{"event_id": "x", "amount": 1', "malformed JSON (not a JSON object)"),
-    (b'{"amount": 3}', "required field 'event_id' is missing or null"),
-    (b'{"event_id": "y", "amount": "many"}', "field 'amount' is not a valid long"),
-    (b"\xff\xfe{}", "value is not valid UTF-8"),
-    (None, "null value (tombstone)"),
-]
 
 
 class RecordedProducer:
