@@ -19,8 +19,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from integration_support import good_value
-from test_pipeline_dag import assert_exactly_once, batches, stored
+from integration_support import assert_exactly_once, batches, good_value, stored
 
 from kafka_ledger import ledger
 from kafka_ledger.planner import plan_next_batch
