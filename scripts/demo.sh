@@ -4,7 +4,7 @@
 # the ledger's invariants and, against Kafka, every offset committed since its last verify (all of them on a
 # first run), and exits non-zero on any problem or if it could not check.
 #
-#   bash scripts/demo.sh [--secure] [--cluster] [demo options, see python -m kafka_ledger.demo --help]
+#   bash scripts/demo.sh [--secure] [--cluster] [demo options, see python -m tools.demo --help]
 #     --secure    Kafka over the broker's SASL_SSL listener (SCRAM-SHA-512, the stack's CA); the ledger over
 #                 TLS with sslmode=verify-full (the local stack's default, checked here)
 #     --cluster   Spark on the local standalone cluster (master and worker on loopback): the Spark Connect
@@ -41,5 +41,5 @@ fi
 if [ "$secure" = 1 ]; then shape="Kafka $KAFKA_LEDGER_BOOTSTRAP_SERVERS over SASL_SSL, the ledger over verified TLS"
 else shape="Kafka $KAFKA_LEDGER_BOOTSTRAP_SERVERS"; fi
 echo "[demo] $shape; Spark master $KAFKA_LEDGER_SPARK_MASTER (runtime $KAFKA_LEDGER_SPARK_RUNTIME)"
-python -m kafka_ledger.demo "${demo_args[@]}"
+python -m tools.demo "${demo_args[@]}"  # tools/demo.py; the working directory is the project root
 kafka-ledger verify impressions

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fault-injection campaign (tests/integration/fault_campaign.py): set up the stack, then inject one
+# The fault-injection campaign (tools/fault_campaign/): set up the stack, then inject one
 # fault per iteration while records flow, checking that no record is lost or doubled.
 #   bash scripts/fault_campaign.sh --faults 200 --seed 20261121 --write-docs docs   # the full campaign
 #   bash scripts/fault_campaign.sh --cluster --runtime connect --faults 40   # on the local Spark cluster
@@ -12,4 +12,4 @@ for arg in "$@"; do
 done
 bash scripts/stack.sh up >&2
 . scripts/env.sh
-exec python tests/integration/fault_campaign.py "$@"
+exec python -m tools.fault_campaign "$@"  # from the project root

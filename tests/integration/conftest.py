@@ -8,16 +8,18 @@ anything. Run `scripts/stack.sh up` first (scripts/test.sh does).
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import psycopg2
 import pytest
 import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
-from integration_support import COLUMNS, RecordedProducer
 
-RUN = uuid.uuid4().hex[:8]
+# The shared helpers assert too: pytest rewrites their asserts as it does the tests' (told before the import).
+pytest.register_assert_rewrite("integration_support")
+
+from integration_support import COLUMNS, RUN, RecordedProducer, pipeline_name, topic_name  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -107,14 +109,6 @@ PIPELINES = {
 
 # The key of the session's invalid pipeline entry (a column of an unknown type).
 INVALID = "invalid"
-
-
-def pipeline_name(key: str) -> str:
-    return f"it_{RUN}_{key}"
-
-
-def topic_name(key: str) -> str:
-    return f"it-{RUN}-{key}"
 
 
 @pytest.fixture(scope="session")

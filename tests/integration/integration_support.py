@@ -1,4 +1,5 @@
-"""Helpers shared by the integration tests: test records, a producer that remembers where they landed, sockets."""
+"""Helpers shared by the integration tests: test records, a producer that remembers where they landed, sockets,
+the session's pipeline names, and looking at the ledger, the output and the CLI as the tests do."""
 
 from __future__ import annotations
 
@@ -7,36 +8,30 @@ import ipaddress
 import json
 import os
 import subprocess
+import uuid
+from collections import Counter
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
+import psycopg2
 from confluent_kafka import Producer
 
-# The columns of every test pipeline (and of the fault campaign's).
-COLUMNS = [
-    {"name": "event_id", "type": "string", "required": True},
-    {"name": "amount", "type": "long"},
-    {"name": "price", "type": "double"},
-    {"name": "ok", "type": "boolean"},
-    {"name": "event_time", "type": "timestamp"},
-]
+from kafka_ledger import audit, kafka_offsets, ledger
+from kafka_ledger.airflow_dag import SPARK_TASK
+from kafka_ledger.planner import plan_next_batch
+from kafka_ledger.runtimes import run_batch
+from kafka_ledger.settings import runtime_name as spark_runtime
+
+# The columns of every test pipeline, and bad records with the reason the dead-letter table must give for each:
+# the fault campaign's too, so defined once, in tools/records.py.
+from tools.records import BAD_VALUES, COLUMNS  # noqa: F401 - the tests import them from here
 
 
 def good_value(i: int) -> bytes:
     return json.dumps(
         {"event_id": f"e{i}", "amount": i, "price": i / 4, "ok": i % 2 == 0, "event_time": "2026-11-21T10:00:00Z"}
     ).encode()
-
-
-# Bad records and the reason the dead-letter table must give for each.
-BAD_VALUES: list[tuple[bytes | None, str]] = [
-    (b'{"event_id": "x", "amount": 1', "malformed JSON (not a JSON object)"),
-    (b'{"amount": 3}', "required field 'event_id' is missing or null"),
-    (b'{"event_id": "y", "amount": "many"}', "field 'amount' is not a valid long"),
-    (b"\xff\xfe{}", "value is not valid UTF-8"),
-    (None, "null value (tombstone)"),
-]
 
 
 class RecordedProducer:
@@ -178,3 +173,133 @@ def html_table(html: str, table_id: str) -> list[list[str]]:
     parser.feed(html)
     assert parser.rows, f"no table with id {table_id!r} in the page"
     return parser.rows
+
+
+# The session's pipelines and topics (declared in conftest.py): every name carries the session's run id.
+RUN = uuid.uuid4().hex[:8]
+
+
+def pipeline_name(key: str) -> str:
+    return f"it_{RUN}_{key}"
+
+
+def topic_name(key: str) -> str:
+    return f"it-{RUN}-{key}"
+
+
+# What the ledger, the output tables and the CLI say, as the tests check them.
+def spark_task(pipeline) -> str:
+    """The id of the pipeline DAG's Spark task in the pipeline's runtime."""
+    return SPARK_TASK[spark_runtime(pipeline)]
+
+
+def stored(dsn: str, pipeline) -> tuple[Counter, dict[tuple[str, int, int], str]]:
+    """Output rows as a multiset of Kafka coordinates, and dead letters with their reasons."""
+    records = audit.postgres_record_ids(dsn, pipeline)
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT kafka_topic, kafka_partition, kafka_offset, error FROM kafka_ledger.dead_letters "
+            "WHERE pipeline = %s",
+            (pipeline.name,),
+        )
+        reasons = {(t, p, o): e for t, p, o, e in cur.fetchall()}
+    return Counter(records.output), reasons
+
+
+def positions_equal_end_offsets(dsn: str, servers: str, pipeline) -> None:
+    ends = {tp: o.end for tp, o in kafka_offsets.partition_offsets(servers, pipeline.topics).items()}
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        assert ledger.positions(cur, pipeline.name) == ends
+
+
+def batches(dsn: str, pipeline) -> list[ledger.Batch]:
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT batch_id FROM kafka_ledger.batches WHERE pipeline = %s ORDER BY batch_id", (pipeline.name,))
+        return [ledger.get_batch(cur, batch_id) for (batch_id,) in cur.fetchall()]
+
+
+def assert_exactly_once(dsn: str, servers: str, pipeline, expected_dead: dict[tuple[str, int, int], str]) -> None:
+    """Kafka's records == output ∪ dead letters as sets, nothing twice, dead letters with their exact reasons."""
+    produced = audit.kafka_record_ids(servers, pipeline.topics)
+    output, dead = stored(dsn, pipeline)
+    assert max(output.values(), default=1) == 1, "an output row is duplicated"
+    assert not set(output) & set(dead), "a record is both in the output and in the dead letters"
+    assert set(output) | set(dead) == produced
+    assert dead == expected_dead
+    positions_equal_end_offsets(dsn, servers, pipeline)
+
+
+def catch_up(dsn, servers, pipeline):
+    planned = plan_next_batch(dsn, servers, pipeline)
+    run_batch(pipeline, planned.batch_id, dsn, servers)
+    return batches(dsn, pipeline)[-1]
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict | list | None, str]:
+    """Run the installed `kafka-ledger` console script with --json (`env` added to the environment);
+    (exit code, parsed output, stderr)."""
+    done = subprocess.run(["kafka-ledger", *args, "--json"], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=600)
+    try:
+        data = json.loads(done.stdout) if done.stdout.strip() else None
+    except json.JSONDecodeError:
+        data = None
+    return done.returncode, data, done.stderr
+
+
+def query(dsn: str, statement: str, *params) -> list[tuple]:
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(statement, params)
+        rows = cur.fetchall() if cur.description else []
+    conn.close()
+    return rows
+
+
+def positions(dsn: str, pipeline) -> dict[tuple[str, int], int]:
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        return {(tp.topic, tp.partition): p for tp, p in ledger.positions(cur, pipeline.name).items()}
+
+
+def coverage(dsn: str, pipeline) -> list[tuple]:
+    return query(dsn, "SELECT topic, partition, from_offset, until_offset, disposition FROM "
+                      "kafka_ledger.committed_ranges WHERE pipeline = %s ORDER BY 1, 2, 3", pipeline.name)
+
+
+def verify_ok(pipeline) -> dict:
+    # --full: these tests assert on everything their pipeline produced, whatever earlier verifies checked.
+    code, data, err = cli("verify", pipeline.name, "--full")
+    assert code == 0, (data, err)
+    (report,) = data["pipelines"]
+    assert report["ok"] and report["missing"] == 0 and report["unexpected"] == 0, report
+    return report
+
+
+# Bad records of every kind, each with its expected reason (test_bad_records.py, test_decode.py).
+NEAR_MAX = 900_000  # the broker's default message.max.bytes is 1,048,588
+
+
+def nested(depth: int) -> str:
+    return '{"n":' * depth + "1" + "}" * depth
+
+
+# (value, key, expected dead-letter reason or None when the record must be published)
+CASES: dict[str, tuple[bytes | None, bytes | None, str | None]] = {
+    "malformed JSON": (b'{"event_id": "x", "amount": 1', b"k", "malformed JSON (not a JSON object)"),
+    "non-UTF-8 bytes": (b'{"event_id": "\xff\xfe"}', b"k", "value is not valid UTF-8"),
+    "null value (tombstone)": (None, b"k", "null value (tombstone)"),
+    "null key": (good_value(1), None, None),  # an unkeyed record is ordinary Kafka: published
+    "missing required field": (b'{"amount": 3}', b"k", "required field 'event_id' is missing or null"),
+    "wrong type": (b'{"event_id": "y", "amount": "many"}', b"k", "field 'amount' is not a valid long"),
+    "object for a string": (b'{"event_id": {"a": 1}}', b"k",
+                            "field 'event_id' is not a valid string (a JSON object or array)"),
+    "unexpected extra field": (b'{"event_id": "z", "surprise": 1}', b"k", "unexpected field(s): surprise"),
+    "value near the max message size": (json.dumps({"event_id": "big" + "x" * NEAR_MAX}).encode(), b"k", None),
+    "malformed value near the max message size": (b'{"event_id": "' + b"x" * NEAR_MAX, b"k",
+                                                  "malformed JSON (not a JSON object)"),
+    "deeply nested JSON": (('{"event_id": "d", "n": ' + nested(1500) + "}").encode(), b"k",
+                           "JSON nested too deeply to parse (over 1000 levels)"),
+    "huge number": (b'{"event_id": "h", "amount": 123456789012345678901234567890}', b"k",
+                    "field 'amount' is not a valid long"),
+    "invalid timestamp": (b'{"event_id": "t", "event_time": "2026-13-45T99:00:00Z"}', b"k",
+                          "field 'event_time' is not a valid timestamp"),
+}

@@ -2,48 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 import psycopg2
 import pytest
-from integration_support import good_value
-from test_operator_controls import verify_ok
-from test_pipeline_dag import assert_exactly_once
+from integration_support import CASES, NEAR_MAX, assert_exactly_once, good_value, verify_ok
 
 from kafka_ledger import audit
 from kafka_ledger.airflow_dag import run_pipeline_dag
 
 pytestmark = pytest.mark.integration
-
-NEAR_MAX = 900_000  # the broker's default message.max.bytes is 1,048,588
-
-
-def nested(depth: int) -> str:
-    return '{"n":' * depth + "1" + "}" * depth
-
-
-# (value, key, expected dead-letter reason or None when the record must be published)
-CASES: dict[str, tuple[bytes | None, bytes | None, str | None]] = {
-    "malformed JSON": (b'{"event_id": "x", "amount": 1', b"k", "malformed JSON (not a JSON object)"),
-    "non-UTF-8 bytes": (b'{"event_id": "\xff\xfe"}', b"k", "value is not valid UTF-8"),
-    "null value (tombstone)": (None, b"k", "null value (tombstone)"),
-    "null key": (good_value(1), None, None),  # an unkeyed record is ordinary Kafka: published
-    "missing required field": (b'{"amount": 3}', b"k", "required field 'event_id' is missing or null"),
-    "wrong type": (b'{"event_id": "y", "amount": "many"}', b"k", "field 'amount' is not a valid long"),
-    "object for a string": (b'{"event_id": {"a": 1}}', b"k",
-                            "field 'event_id' is not a valid string (a JSON object or array)"),
-    "unexpected extra field": (b'{"event_id": "z", "surprise": 1}', b"k", "unexpected field(s): surprise"),
-    "value near the max message size": (json.dumps({"event_id": "big" + "x" * NEAR_MAX}).encode(), b"k", None),
-    "malformed value near the max message size": (b'{"event_id": "' + b"x" * NEAR_MAX, b"k",
-                                                  "malformed JSON (not a JSON object)"),
-    "deeply nested JSON": (('{"event_id": "d", "n": ' + nested(1500) + "}").encode(), b"k",
-                           "JSON nested too deeply to parse (over 1000 levels)"),
-    "huge number": (b'{"event_id": "h", "amount": 123456789012345678901234567890}', b"k",
-                    "field 'amount' is not a valid long"),
-    "invalid timestamp": (b'{"event_id": "t", "event_time": "2026-13-45T99:00:00Z"}', b"k",
-                          "field 'event_time' is not a valid timestamp"),
-}
-
 
 def test_each_bad_record_is_dead_lettered_with_its_reason_and_its_raw_bytes(dsn, servers, pipeline_factory):
     from confluent_kafka import Producer

@@ -1,7 +1,7 @@
 """The Spark Connect runtime under faults: its task killed, the server killed, racing attempts, no server.
 
-The connect runtime's Spark task runs here in a process of its own, as Airflow runs it (fault_campaign.py's
-`task read_and_commit`), so that it can be SIGKILLed like a real task.
+The connect runtime's Spark task runs here in a process of its own, as Airflow runs it (the fault campaign's
+`task read_and_commit`, tools/fault_campaign), so that it can be SIGKILLed like a real task.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from integration_support import good_value
-from test_pipeline_dag import assert_exactly_once, batches, stored
+from integration_support import assert_exactly_once, batches, good_value, stored
 
 from kafka_ledger import ledger
 from kafka_ledger.planner import plan_next_batch
@@ -28,7 +27,7 @@ from kafka_ledger.runtimes.connect import ConnectBatch, SparkServerError
 
 pytestmark = pytest.mark.integration
 
-HARNESS = Path(__file__).resolve().parent / "fault_campaign.py"
+HARNESS = Path(__file__).resolve().parents[2] / "tools" / "fault_campaign"
 STACK = Path(__file__).resolve().parents[2] / "scripts" / "stack.sh"
 
 

@@ -6,9 +6,7 @@ import time
 
 import pytest
 from confluent_kafka import Consumer
-from integration_support import good_value
-from test_operator_controls import cli
-from test_verify import catch_up
+from integration_support import catch_up, cli, good_value
 
 from kafka_ledger import consumer_group, kafka_offsets, ledger
 

@@ -7,9 +7,7 @@ from datetime import UTC, datetime
 
 import psycopg2
 import pytest
-from integration_support import COLUMNS, good_value
-from test_bad_records import CASES, nested
-from test_pipeline_dag import assert_exactly_once
+from integration_support import CASES, COLUMNS, assert_exactly_once, good_value, nested
 
 from kafka_ledger.airflow_dag import run_pipeline_dag
 from kafka_ledger.config import parse_pipelines

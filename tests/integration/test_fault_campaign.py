@@ -10,10 +10,11 @@ import json
 import os
 
 import pytest
-from fault_campaign import FAULT_KINDS, Campaign, fault_kinds
 from integration_support import SECURED_SERVERS, secured_kafka_settings, spark_connect_on_cluster, stack
 
 from kafka_ledger.kafka_security import KAFKA_CONFIG_ENV
+from tools.fault_campaign.runner import Campaign
+from tools.fault_campaign.strikes import FAULT_KINDS, fault_kinds
 
 pytestmark = pytest.mark.integration
 

@@ -7,9 +7,7 @@ import uuid
 
 import pytest
 from confluent_kafka import Producer
-from integration_support import good_value
-from test_operator_controls import positions, verify_ok
-from test_pipeline_dag import assert_exactly_once, batches
+from integration_support import assert_exactly_once, batches, good_value, positions, verify_ok
 
 from kafka_ledger import audit
 from kafka_ledger.airflow_dag import run_pipeline_dag
@@ -69,7 +67,7 @@ def test_an_empty_topic_plans_nothing_and_verifies(dsn, servers, pipeline_factor
 def test_retention_loss_with_skip_policy_is_recorded_and_shown(dsn, servers, pipeline_factory, producer):
     from confluent_kafka import TopicPartition as KafkaTopicPartition
     from confluent_kafka.admin import AdminClient
-    from test_operator_controls import cli, coverage
+    from integration_support import cli, coverage
 
     pipeline = pipeline_factory("skip_lost", partitions=1)
     topic = pipeline.topics[0]

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
-import psycopg2
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import pipeline_name, topic_name
-from integration_support import good_value
-from test_pipeline_dag import assert_exactly_once, batches, spark_task, stored
+from integration_support import (
+    assert_exactly_once,
+    batches,
+    cli,
+    coverage,
+    good_value,
+    pipeline_name,
+    positions,
+    query,
+    spark_task,
+    stored,
+    topic_name,
+    verify_ok,
+)
 
-from kafka_ledger import audit, ledger
+from kafka_ledger import audit
 from kafka_ledger.airflow_dag import run_pipeline_dag
 from kafka_ledger.batch_requests import parse_request
 from kafka_ledger.planner import plan_batch
@@ -24,49 +31,10 @@ from kafka_ledger.planner import plan_batch
 pytestmark = pytest.mark.integration
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict | list | None, str]:
-    """Run the installed `kafka-ledger` console script with --json (`env` added to the environment);
-    (exit code, parsed output, stderr)."""
-    done = subprocess.run(["kafka-ledger", *args, "--json"], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
-    try:
-        data = json.loads(done.stdout) if done.stdout.strip() else None
-    except json.JSONDecodeError:
-        data = None
-    return done.returncode, data, done.stderr
-
-
-def query(dsn: str, statement: str, *params) -> list[tuple]:
-    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-        cur.execute(statement, params)
-        rows = cur.fetchall() if cur.description else []
-    conn.close()
-    return rows
-
-
-def positions(dsn: str, pipeline) -> dict[tuple[str, int], int]:
-    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-        return {(tp.topic, tp.partition): p for tp, p in ledger.positions(cur, pipeline.name).items()}
-
-
-def coverage(dsn: str, pipeline) -> list[tuple]:
-    return query(dsn, "SELECT topic, partition, from_offset, until_offset, disposition FROM "
-                      "kafka_ledger.committed_ranges WHERE pipeline = %s ORDER BY 1, 2, 3", pipeline.name)
-
-
 def output_batch_ids(dsn: str, pipeline) -> dict[tuple[str, int, int], int]:
     rows = query(dsn, f"SELECT kafka_topic, kafka_partition, kafka_offset, batch_id FROM "
                       f"{pipeline.output_schema}.{pipeline.output_table}")
     return {(t, p, o): b for t, p, o, b in rows}
-
-
-def verify_ok(pipeline) -> dict:
-    # --full: these tests assert on everything their pipeline produced, whatever earlier verifies checked.
-    code, data, err = cli("verify", pipeline.name, "--full")
-    assert code == 0, (data, err)
-    (report,) = data["pipelines"]
-    assert report["ok"] and report["missing"] == 0 and report["unexpected"] == 0, report
-    return report
 
 
 def test_replay_of_a_committed_batch_replaces_its_rows_and_keeps_positions(dsn, servers, pipeline_factory, producer):

@@ -7,55 +7,13 @@ from collections import Counter
 
 import psycopg2
 import pytest
-from integration_support import BAD_VALUES, good_value
+from integration_support import BAD_VALUES, assert_exactly_once, batches, good_value, spark_task, stored
 
 from kafka_ledger import audit, kafka_offsets, ledger
-from kafka_ledger.airflow_dag import SPARK_TASK, run_pipeline_dag
+from kafka_ledger.airflow_dag import run_pipeline_dag
 from kafka_ledger.commit import commit_batch
-from kafka_ledger.settings import runtime_name as spark_runtime
 
 pytestmark = pytest.mark.integration
-
-
-def spark_task(pipeline) -> str:
-    """The id of the pipeline DAG's Spark task in the pipeline's runtime."""
-    return SPARK_TASK[spark_runtime(pipeline)]
-
-
-def stored(dsn: str, pipeline) -> tuple[Counter, dict[tuple[str, int, int], str]]:
-    """Output rows as a multiset of Kafka coordinates, and dead letters with their reasons."""
-    records = audit.postgres_record_ids(dsn, pipeline)
-    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-        cur.execute(
-            "SELECT kafka_topic, kafka_partition, kafka_offset, error FROM kafka_ledger.dead_letters "
-            "WHERE pipeline = %s",
-            (pipeline.name,),
-        )
-        reasons = {(t, p, o): e for t, p, o, e in cur.fetchall()}
-    return Counter(records.output), reasons
-
-
-def positions_equal_end_offsets(dsn: str, servers: str, pipeline) -> None:
-    ends = {tp: o.end for tp, o in kafka_offsets.partition_offsets(servers, pipeline.topics).items()}
-    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-        assert ledger.positions(cur, pipeline.name) == ends
-
-
-def batches(dsn: str, pipeline) -> list[ledger.Batch]:
-    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-        cur.execute("SELECT batch_id FROM kafka_ledger.batches WHERE pipeline = %s ORDER BY batch_id", (pipeline.name,))
-        return [ledger.get_batch(cur, batch_id) for (batch_id,) in cur.fetchall()]
-
-
-def assert_exactly_once(dsn: str, servers: str, pipeline, expected_dead: dict[tuple[str, int, int], str]) -> None:
-    """Kafka's records == output ∪ dead letters as sets, nothing twice, dead letters with their exact reasons."""
-    produced = audit.kafka_record_ids(servers, pipeline.topics)
-    output, dead = stored(dsn, pipeline)
-    assert max(output.values(), default=1) == 1, "an output row is duplicated"
-    assert not set(output) & set(dead), "a record is both in the output and in the dead letters"
-    assert set(output) | set(dead) == produced
-    assert dead == expected_dead
-    positions_equal_end_offsets(dsn, servers, pipeline)
 
 
 def test_two_runs_publish_every_record_exactly_once(dsn, servers, pipeline_factory, producer):

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from integration_support import good_value
-from test_pipeline_dag import assert_exactly_once, batches
+from integration_support import assert_exactly_once, batches, good_value
 
 from kafka_ledger.airflow_dag import run_pipeline_dag
 from kafka_ledger.config import get_pipeline

@@ -6,13 +6,11 @@ from __future__ import annotations
 import socket
 
 import pytest
-from integration_support import good_value
-from test_operator_controls import cli, query
-from test_pipeline_dag import batches
+from integration_support import batches, catch_up, cli, good_value, query
 
 from kafka_ledger.batch_requests import parse_request
 from kafka_ledger.cli import EXIT_PROBLEMS, EXIT_UNVERIFIED
-from kafka_ledger.planner import plan_batch, plan_next_batch
+from kafka_ledger.planner import plan_batch
 from kafka_ledger.runtimes import run_batch
 
 pytestmark = pytest.mark.integration
@@ -28,12 +26,6 @@ def verify(pipeline, *args: str, env: dict[str, str] | None = None) -> tuple[int
 def ranges_of(batch) -> list[dict]:
     return [{"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until_offset}
             for r in batch.ranges]
-
-
-def catch_up(dsn, servers, pipeline):
-    planned = plan_next_batch(dsn, servers, pipeline)
-    run_batch(pipeline, planned.batch_id, dsn, servers)
-    return batches(dsn, pipeline)[-1]
 
 
 def point(dsn, pipeline) -> int | None:

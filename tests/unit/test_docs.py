@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 CONFIGURATION = ROOT / "docs" / "configuration.md"
 # Where a documented setting must still occur: the project's code and scripts.
-CODE_PLACES = ["include", "scripts", "spark_jobs", "tests", "stack", "docker-compose.yaml"]
+CODE_PLACES = ["include", "scripts", "spark_jobs", "tests", "tools", "stack", "docker-compose.yaml"]
 ENV_NAME = re.compile(r"\b(?:KAFKA_LEDGER|KL)_[A-Z_]+")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = "```"

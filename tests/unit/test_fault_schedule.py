@@ -2,23 +2,13 @@
 
 import json
 import random
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-
-from fault_campaign import (  # noqa: E402
-    BAD_EVERY,
-    FAULT_KINDS,
-    expected_reason,
-    fault_schedule,
-    record_value,
-    render_report,
-    write_docs,
-)
+from tools.fault_campaign.producer import BAD_EVERY, expected_reason, record_value
+from tools.fault_campaign.report import render_report, write_docs
+from tools.fault_campaign.strikes import FAULT_KINDS, fault_schedule
 
 CONNECT = FAULT_KINDS["connect"]
 
@@ -94,7 +84,7 @@ def test_each_runtime_keeps_its_last_campaign_in_the_docs(tmp_path):
 
 
 def test_a_campaign_on_a_cluster_adds_the_loss_of_a_worker_to_its_runtime_s_faults():
-    from fault_campaign import CLUSTER_FAULTS, campaign_shape, fault_kinds
+    from tools.fault_campaign.strikes import CLUSTER_FAULTS, campaign_shape, fault_kinds
 
     assert campaign_shape("connect", on_cluster=True) == "connect-cluster"
     assert campaign_shape("submit", on_cluster=False) == "submit"

@@ -1,11 +1,12 @@
 """The benchmark's peers: what a data engineer would hand-write instead of kafka-ledger, on the same topic.
 
-- the Python peer (`python -m kafka_ledger.benchmark_peers python ...`): confluent-kafka (read_committed,
+- the Python peer (`python tools/benchmark_peers.py python ...`): confluent-kafka (read_committed,
   partitions assigned from the first offset) + json + psycopg2 COPY of every row in one transaction.
-- the Spark peer (`spark-submit benchmark_peers.py spark ...`): Spark Structured Streaming with
+- the Spark peer (`spark-submit tools/benchmark_peers.py spark ...`): Spark Structured Streaming with
   Trigger.AvailableNow and foreachBatch appending to the table over JDBC.
 
-Each runs in a process of its own, as a hand-written job would; the database comes from the environment
+tools/benchmark.py runs each in a process of its own, by this file's path, as a hand-written job would run;
+it imports nothing of the project but kafka_ledger. The database comes from the environment
 (KAFKA_LEDGER_DB_URL for the Python peer, BENCHMARK_DB_USER/PASSWORD for the Spark peer's JDBC writes).
 
 Both write into a fresh table with the primary key (topic, partition, offset), as kafka-ledger's output does.
@@ -25,7 +26,7 @@ from datetime import UTC, datetime
 import psycopg2
 from psycopg2 import sql
 
-# The benchmark's records (benchmark.produce): one JSON object per record with these fields.
+# The benchmark's records (tools/benchmark.py's produce): one JSON object per record with these fields.
 COLUMNS = [
     {"name": "event_id", "type": "string", "required": True},
     {"name": "user_id", "type": "string"},

@@ -1,11 +1,11 @@
 """Benchmark of the data path (plan -> Spark read -> publish and commit) against hand-written peers.
 
-    python -m kafka_ledger.benchmark --records 545884 --partitions 18 --peers --rounds 10
+    python -m tools.benchmark --records 545884 --partitions 18 --peers --rounds 10   # from the project root
 
 produces the records to one fresh topic, then runs, round after round and alternately on that same topic:
 kafka-ledger's data path as the pipeline DAG takes it (in the deployment's Spark runtime, or `--runtime`),
 and with `--peers` a plain confluent-kafka + COPY consumer and a Spark Structured Streaming job
-(benchmark_peers.py). Each contender writes into a fresh table with the primary key (topic, partition,
+(tools/benchmark_peers.py). Each contender writes into a fresh table with the primary key (topic, partition,
 offset) and is checked for the exact row count. One JSON line per round, then a summary line (medians,
 ratios kafka-ledger / peer as medians of the per-round ratios). `--small` times a 1,000-record batch.
 `--verify` times `kafka-ledger verify` instead: `--full` over the ingested topic, then incremental after one
@@ -39,8 +39,7 @@ import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_ledger import audit, benchmark_peers, ledger
-from kafka_ledger.benchmark_peers import COLUMNS
+from kafka_ledger import audit, ledger
 from kafka_ledger.config import PipelineConfig, get_pipeline
 from kafka_ledger.planner import plan_next_batch
 from kafka_ledger.runtimes import run_batch
@@ -53,9 +52,12 @@ from kafka_ledger.settings import (
     ledger_dsn,
     spark_connect_url,
 )
+from tools import benchmark_peers
+from tools.benchmark_peers import COLUMNS
 
-log = logging.getLogger("kafka_ledger.benchmark")
+log = logging.getLogger("tools.benchmark")
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "benchmark"
 SMALL_BATCH = 1_000
 
@@ -138,7 +140,8 @@ def _pipeline(setup: Setup, name: str, delivery_mode: str) -> PipelineConfig:
 
 
 def _server_pid() -> int | None:
-    state = Path(os.environ.get("KL_STATE") or Path(__file__).resolve().parents[2] / ".stack")
+    """The pid of the local stack's Spark Connect server (scripts/stack.sh keeps it in $KL_STATE/run)."""
+    state = Path(os.environ.get("KL_STATE") or PROJECT_ROOT / ".stack")
     pid_file = state / "run" / "spark-connect.pid"
     try:
         return int(pid_file.read_text())
@@ -178,7 +181,8 @@ def run_python_peer(setup: Setup, round_no: int) -> dict[str, Any]:
     table = f"python_peer_{round_no}"
     benchmark_peers.create_table(setup.dsn, SCHEMA, table)
     setup.tables.append(table)
-    command = [sys.executable, "-m", "kafka_ledger.benchmark_peers", "python", "--servers", setup.servers,
+    # Run by its path, as spark-submit runs the Spark peer: it needs no package of the project but kafka_ledger.
+    command = [sys.executable, benchmark_peers.__file__, "python", "--servers", setup.servers,
                "--topic", setup.topic, "--schema", SCHEMA, "--table", table]
     done = subprocess.run(command, env={**os.environ, "KAFKA_LEDGER_DB_URL": setup.dsn}, capture_output=True,
                           text=True)

@@ -1,6 +1,7 @@
 """The demo: produce ad impressions (some malformed), run the pipeline's DAG, produce more, run it again.
 
-`python -m kafka_ledger.demo` ends with one JSON line counted from Kafka and Postgres:
+`bash scripts/demo.sh` sets up the stack, then runs `python -m tools.demo` from the project root, which ends
+with one JSON line counted from Kafka and Postgres:
 {"produced": N, "output_rows": M, "dead_letters": D, "duplicates": 0, "lag": 0, ...}
 """
 
@@ -22,7 +23,7 @@ from kafka_ledger.audit import lag, reconcile
 from kafka_ledger.config import PipelineConfig, get_pipeline
 from kafka_ledger.settings import bootstrap_servers, kafka_config, ledger_dsn
 
-log = logging.getLogger("kafka_ledger.demo")
+log = logging.getLogger("tools.demo")
 
 DEMO_PIPELINE = "impressions"
 DEMO_PARTITIONS = 18  # the reference deployment in the Spark + Kafka integration talk

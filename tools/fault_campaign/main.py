@@ -1,0 +1,134 @@
+"""The campaign's command line (`python -m tools.fault_campaign`, run by scripts/fault_campaign.sh): a new
+campaign or a resumed one, its console lines, its logs, and the docs it writes; `task` runs one task."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import tools.fault_campaign
+from tools.fault_campaign import PROJECT_ROOT, CampaignFailure
+from tools.fault_campaign.report import write_docs
+from tools.fault_campaign.runner import Campaign, task_main
+from tools.fault_campaign.strikes import FAULT_KINDS
+from tools.records import COLUMNS
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["task"]:
+        return task_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m tools.fault_campaign",
+                                     description=tools.fault_campaign.__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--faults", type=int, default=16, help="iterations, one fault each (default 16)")
+    parser.add_argument("--seed", type=int, default=20261121, help="random seed of the fault sequence")
+    parser.add_argument("--records-per-fault", type=int, default=5000,
+                        help="records produced during each iteration (default 5000)")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions of the campaign's topic (default 4)")
+    parser.add_argument("--runtime", choices=list(FAULT_KINDS),
+                        help="Spark runtime under test (default: the deployment's, $KAFKA_LEDGER_SPARK_RUNTIME)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="on the local Spark standalone cluster (scripts/fault_campaign.sh --cluster starts it and "
+                             "sets KAFKA_LEDGER_SPARK_MASTER), adding the fault kill_spark_worker")
+    parser.add_argument("--write-docs", type=Path, metavar="DIR",
+                        help="write reliability.json (and the per-iteration log) into DIR, e.g. docs")
+    parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows afterwards")
+    parser.add_argument("--resume", type=Path, metavar="DIR",
+                        help="go on with the interrupted campaign saved in DIR (printed when it started)")
+    args = parser.parse_args(argv)
+    if args.cluster and not os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"):
+        parser.error("--cluster: KAFKA_LEDGER_SPARK_MASTER names no cluster: run scripts/fault_campaign.sh --cluster")
+
+    import psycopg2
+    import yaml
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from kafka_ledger.config import get_pipeline
+    from kafka_ledger.ledger import delete_pipeline
+    from kafka_ledger.settings import bootstrap_servers, deployment_spark_runtime, kafka_config, ledger_dsn
+
+    dsn, servers = ledger_dsn(), bootstrap_servers()
+    if args.resume:
+        workdir = args.resume.resolve()
+        if not (workdir / "state.json").exists():
+            parser.error(f"{workdir} holds no saved campaign (state.json): it stopped before its first iteration")
+        settings = json.loads((workdir / "campaign.json").read_text())
+    else:
+        tag = f"{args.seed}_{uuid.uuid4().hex[:6]}"
+        workdir = Path(os.environ.get("KL_STATE", PROJECT_ROOT / ".stack")) / "fault-campaign" / tag
+        runtime = args.runtime or deployment_spark_runtime()
+        command = "bash scripts/fault_campaign.sh " + " ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in (("runtime", runtime), ("faults", args.faults),
+                                                        ("seed", args.seed),
+                                                        ("records_per_fault", args.records_per_fault),
+                                                        ("partitions", args.partitions)))
+        if args.cluster:
+            command += " --cluster"
+        if args.write_docs:
+            command += f" --write-docs {args.write_docs}"
+        settings = {"command": command, "write_docs": str(args.write_docs) if args.write_docs else None,
+                    "keep": args.keep, "pipeline": f"fault_campaign_{tag}", "partitions": args.partitions,
+                    "runtime": runtime,
+                    "topic": f"fault-campaign-{tag.replace('_', '-')}"}
+    workdir.mkdir(parents=True, exist_ok=True)
+    # Airflow's logging (which relays the Spark jobs' output) writes to stdout: point stdout at a log file,
+    # and keep the console for the progress lines.
+    console = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    sys.stdout.flush()
+    with (workdir / "campaign.log").open("a") as campaign_log:
+        os.dup2(campaign_log.fileno(), sys.stdout.fileno())
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def say(line: str) -> None:
+        print(line, file=console, flush=True)
+
+    name, topic, config = settings["pipeline"], settings["topic"], workdir / "pipelines.yaml"
+    os.environ["KAFKA_LEDGER_PIPELINES"] = str(config)
+    admin = AdminClient(kafka_config(servers))
+    if args.resume:
+        pipeline = get_pipeline(name)
+        campaign = Campaign.resume(pipeline, dsn, servers, workdir)
+        say(f"fault campaign resumed from {workdir}: {len(campaign.iterations)} of {campaign.faults} faults done")
+    else:
+        (workdir / "campaign.json").write_text(json.dumps(settings, indent=2))
+        config.write_text(yaml.safe_dump({"pipelines": {name: {
+            "topics": [topic], "output_schema": "fault_campaign", "output_table": name, "columns": COLUMNS,
+            "max_records_per_partition": max(100, args.records_per_fault // args.partitions), "schedule": None,
+            "spark_conf": {"spark.sql.shuffle.partitions": "2"}, "spark_runtime": settings["runtime"],
+        }}}))
+        # Every acknowledged record on disk at once, so a campaign resumed after the machine stopped still has
+        # them all (the broker otherwise leaves flushing to the OS).
+        new_topic = NewTopic(topic, num_partitions=args.partitions, replication_factor=1,
+                             config={"flush.messages": "1"})
+        admin.create_topics([new_topic])[topic].result()
+        pipeline = get_pipeline(name)
+        campaign = Campaign(pipeline, dsn, servers, args.seed, args.faults, args.records_per_fault, workdir)
+        say(f"fault campaign ({campaign.shape}): {args.faults} faults, seed {args.seed}, "
+            f"{args.records_per_fault} records per fault, "
+            f"topic {topic} ({args.partitions} partitions); logs in {workdir}; if it is interrupted, go on with "
+            f"`bash scripts/fault_campaign.sh --resume {workdir}`")
+    try:
+        report = campaign.run_all(progress=say)
+    except CampaignFailure as exc:
+        say(f"FAILED: {exc}\nreproduce with: {settings['command']}\nthe topic, tables and ledger rows are kept "
+            f"for inspection; logs in {workdir}")
+        return 1
+    if not settings["keep"]:
+        with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+            delete_pipeline(cur, pipeline)
+        conn.close()
+        admin.delete_topics([topic])[topic].result(timeout=30)
+    report["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT,
+                                          capture_output=True, text=True).stdout.strip()
+    summary = {k: v for k, v in report.items() if k != "iterations"}
+    say(json.dumps(summary, indent=2))
+    if settings["write_docs"]:
+        write_docs(report, settings["command"], Path(settings["write_docs"]))
+    return 0

@@ -1,0 +1,135 @@
+"""The fault campaign's records: sequence-numbered, every BAD_EVERY-th a bad one; their producer, which
+remembers where each landed, and the reading back of where they are in Kafka (a resumed campaign)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+
+from tools.fault_campaign import CampaignFailure
+from tools.records import BAD_VALUES
+
+BAD_EVERY = 50  # every 50th sequence number is a bad record, cycling through BAD_VALUES
+
+
+def record_value(seq: int) -> bytes | None:
+    """The value of record `seq`: a good impression, or (every BAD_EVERY-th) one of the bad records."""
+    if seq % BAD_EVERY == 0:
+        return BAD_VALUES[(seq // BAD_EVERY) % len(BAD_VALUES)][0]
+    return json.dumps({"event_id": f"s{seq}", "amount": seq, "price": seq / 4, "ok": seq % 2 == 0,
+                       "event_time": "2026-11-21T10:00:00Z"}).encode()
+
+
+def expected_reason(seq: int) -> str | None:
+    return BAD_VALUES[(seq // BAD_EVERY) % len(BAD_VALUES)][1] if seq % BAD_EVERY == 0 else None
+
+
+class SequenceProducer:
+    """Background producer of sequence-numbered records; remembers where each one landed."""
+
+    def __init__(self, servers: str, topic: str, rate: float, landed: dict[tuple[int, int], int] | None = None):
+        from confluent_kafka import Producer
+
+        from kafka_ledger.settings import kafka_config
+
+        self.topic = topic
+        self.rate = rate
+        # With the deployment's Kafka settings (security), as every client of the project; log_level 2: no
+        # connection errors while a broker restarts.
+        self.producer = Producer(kafka_config(servers, **{"enable.idempotence": True, "acks": "all", "linger.ms": 20,
+                                                          "log_level": 2}))
+        # (partition, offset) -> seq; a resumed campaign starts from what earlier sessions produced.
+        self.landed: dict[tuple[int, int], int] = dict(landed or {})
+        self.delivered: Counter = Counter(p for p, _ in self.landed)  # partition -> records delivered
+        self.journal: list[tuple[int, int, int]] = []  # landed since the last checkpoint
+        self.errors: list[str] = []
+        self.next_seq = max(self.landed.values(), default=-1) + 1
+        self.quota = self.next_seq
+        self.produced_here = self.reports_here = 0
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._produce, name="sequence-producer", daemon=True)
+        self.thread.start()
+
+    def allow(self, records: int) -> None:
+        """Let the producer write `records` more, at its rate, while runs go on."""
+        with self.lock:
+            self.quota += records
+
+    def _report(self, seq: int):
+        def on_delivery(err, msg) -> None:  # noqa: ANN001 - confluent-kafka callback
+            self.reports_here += 1
+            if err is not None:
+                self.errors.append(f"record {seq}: {err}")
+            else:
+                self.landed[(msg.partition(), msg.offset())] = seq
+                self.delivered[msg.partition()] += 1
+                self.journal.append((msg.partition(), msg.offset(), seq))
+        return on_delivery
+
+    def _produce(self) -> None:
+        started, sent = time.monotonic(), 0
+        while not self.stopping.is_set() or self.next_seq < self.quota:
+            with self.lock:
+                todo = min(self.quota - self.next_seq, 50)
+            if todo <= 0:
+                self.producer.poll(0.05)
+                started, sent = time.monotonic(), 0
+                continue
+            for _ in range(todo):
+                seq = self.next_seq
+                while True:
+                    try:
+                        self.producer.produce(self.topic, key=f"k{seq}".encode(), value=record_value(seq),
+                                              on_delivery=self._report(seq))
+                        self.produced_here += 1
+                        break
+                    except BufferError:
+                        self.producer.poll(0.1)
+                self.next_seq += 1
+            sent += todo
+            self.producer.poll(0)
+            # Keep to the rate, so records keep arriving while the runs read.
+            ahead = sent / self.rate - (time.monotonic() - started)
+            if ahead > 0:
+                time.sleep(min(ahead, 0.5))
+        self.producer.flush(300)
+
+    def wait_delivered(self, positions: dict[int, int], timeout: float = 300) -> None:
+        """Wait until every offset below `positions` has its delivery report."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.producer.poll(0)
+            counts = dict(self.delivered)
+            if all(counts.get(p, 0) >= pos for p, pos in positions.items()):
+                return
+            if time.monotonic() > deadline:
+                raise CampaignFailure(f"delivery reports missing below positions {positions}: have {counts}")
+            time.sleep(0.1)
+
+    def settle(self, timeout: float = 300) -> list[tuple[int, int, int]]:
+        """Wait until the quota is produced and every record has its report; return (and forget) the new ones."""
+        deadline = time.monotonic() + timeout
+        while self.next_seq < self.quota or self.reports_here < self.produced_here:
+            if time.monotonic() > deadline:
+                raise CampaignFailure(f"producer did not settle: {self.next_seq} of {self.quota} produced, "
+                                      f"{sum(self.delivered.values())} delivered")
+            self.producer.poll(0.1)
+        new, self.journal = self.journal, []
+        return new
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+        if self.errors:
+            raise CampaignFailure(f"{len(self.errors)} records were not delivered: {self.errors[:5]}")
+
+
+def records_by_key(servers: str, topic: str, timeout: float = 300) -> dict[tuple[int, int], int]:
+    """Every record of `topic` read back from Kafka: (partition, offset) -> the sequence number in its key."""
+    from kafka_ledger.audit import read_back
+
+    return {(m.partition(), m.offset()): int(m.key().decode()[1:]) for m in read_back(servers, [topic], timeout)}
+

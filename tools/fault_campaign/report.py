@@ -1,0 +1,160 @@
+"""The reliability docs a campaign writes with --write-docs: reliability-<shape>.json and its iterations, then
+docs/reliability.json and docs/reliability.md from the last campaign of every shape found there."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from tools.fault_campaign.producer import BAD_EVERY
+from tools.fault_campaign.strikes import fault_kinds
+
+HOSTILE_CASES = [
+    ("a transactional producer with an aborted transaction: commit markers at range edges, a batch whose "
+     "range holds no data record at all", "test_hostile_topics.py"),
+    ("a compacted topic: gaps at and inside ranges, a batch of compacted-away offsets, records compacted "
+     "away after they were read", "test_hostile_topics.py"),
+    ("retention deleting unread data: the plan fails naming the lost ranges; with `on_data_loss: skip` "
+     "they are recorded as skipped and shown by `kafka-ledger status`", "test_pipeline_dag.py, test_hostile_topics.py"),
+    ("partitions added between runs", "test_ledger.py"),
+    ("a topic deleted: the plan fails naming it, nothing moves", "test_hostile_topics.py"),
+    ("an empty topic", "test_hostile_topics.py"),
+    ("a batch failing after staging, the pipeline's code changing, the resumed batch published with the new "
+     "code (upgrade safety)", "test_upgrade_safety.py"),
+]
+BAD_RECORDS = ("malformed JSON, non-UTF-8 bytes, a null value (tombstone), a null key (published: ordinary "
+               "Kafka), a missing required field, a wrong type, an object where a string is declared, "
+               "unexpected extra fields (`extra_fields: dead_letter`), values near the broker's maximum "
+               "message size (valid: published; malformed: dead-lettered with the raw bytes kept), deeply "
+               "nested JSON, a huge number and an invalid timestamp: each checked by its exact reason in "
+               "`test_bad_records.py`")
+
+
+RUNTIMES = {
+    "connect": "Spark 4.0.0 on the warm Spark Connect server (local[*]), the task publishing and committing in "
+               "one transaction",
+    "submit": "Spark 4.0.0 local[*] through one spark-submit per batch, staging then committing",
+    "connect-cluster": "Spark 4.0.0 on the Spark Connect server whose executors run on the local standalone "
+                       "cluster (one master, one worker), the task publishing and committing in one transaction",
+    "submit-cluster": "Spark 4.0.0 through one spark-submit per batch on the local standalone cluster (one master, "
+                      "one worker), staging then committing",
+}
+
+
+def render_campaign(data: dict[str, Any], iterations: list[dict[str, Any]]) -> list[str]:
+    """The section of docs/reliability.md for one runtime's last campaign."""
+    shape = data.get("shape", data.get("runtime", "submit"))
+    full = data["faults_injected"] >= 200 and data["records_produced"] >= 1_000_000
+    hours, rest = divmod(int(data["elapsed_seconds"]), 3600)
+    took = f"{hours} h {rest // 60} min" if hours else f"{rest // 60} min {rest % 60} s"
+    recovered: dict[str, Counter] = defaultdict(Counter)
+    for it in iterations:
+        recovered[it["fault"]][it["recovered_by"]] += 1
+    runtime, _, cluster = shape.partition("-")
+    lines = [f"## Runtime `{runtime}`" + (" on a Spark cluster" if cluster else ""), ""]
+    if not full:
+        lines += ["**This is not a full campaign** (at least 200 faults over at least 1,000,000 records): "
+                  "it is the last shorter one.", ""]
+    sessions = data.get("sessions", 1)
+    lines += [
+        f"Commit `{data.get('git_commit', '?')}`, started {data['started_at']}, took {took} "
+        f"on a 2-core machine (Kafka 4.1.1 KRaft, PostgreSQL 15, {RUNTIMES[shape]})"
+        + (f", over {sessions} working sessions: the campaign was resumed from its "
+           "last checkpoint, every process of the interrupted iteration having been "
+           "killed and the services restarted; the next runs recovered and the checks "
+           "passed before it went on (" + "; ".join(data.get("interruptions", [])) + ")"
+           if sessions > 1 else "") + ".",
+        "",
+        "| | |",
+        "| --- | --- |",
+        f"| faults injected | {data['faults_injected']} |",
+        f"| records produced | {data['records_produced']:,} |",
+        f"| published rows | {data['output_rows']:,} |",
+        f"| dead letters (bad records, each with its expected reason) | {data['dead_letters']:,} |",
+        f"| **lost** | **{data['lost']}** |",
+        f"| **duplicated** | **{data['duplicated']}** |",
+        f"| rows for records never produced | {data['unexpected']} |",
+        f"| rows or dead letters with the wrong content | {data['wrong_content']} |",
+        f"| `kafka-ledger verify` against Kafka | {'OK' if data['verify_ok'] else 'FAILED'} |",
+        f"| pipeline runs / Spark task tries | {data['pipeline_runs']} / "
+        f"{data.get('spark_tasks', data.get('spark_submits'))} |",
+        "",
+        "Every check passed after every fault: output ∪ dead letters equal to the records produced below the "
+        "positions as sets of (topic, partition, offset), no record twice, committed ranges tiling each "
+        "partition without gap or overlap, no position moving back.",
+        "",
+        "| fault | injected | variants | where it landed | recovered by |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+
+    def cell(counter: dict[str, int]) -> str:
+        return "<br>".join(f"{name}: {n}" for name, n in sorted(counter.items(), key=lambda kv: -kv[1]))
+
+    for kind in fault_kinds(shape):
+        lines.append(f"| `{kind}` | {data['faults_by_kind'].get(kind, 0)} | "
+                     f"{cell(data['fault_variants'].get(kind, {}))} | {cell(data['fault_landings'].get(kind, {}))} "
+                     f"| {cell(recovered.get(kind, {}))} |")
+    lines += [
+        "",
+        "Reproduce:",
+        "",
+        "```bash",
+        data["command"],
+        "```",
+        "",
+    ]
+    return lines
+
+
+def render_report(campaigns: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]) -> str:
+    """docs/reliability.md: each runtime's last campaign, how to reproduce it, and what else is tested."""
+    lines = [
+        "# Reliability report",
+        "",
+        "Generated by the fault campaign (`tools/fault_campaign/`) with `--write-docs` from the last campaign of "
+        "each Spark runtime; the same figures are in [reliability.json](reliability.json), every iteration in "
+        "`reliability-<runtime>-iterations.json`. How the campaign works: "
+        "[testing.md](testing.md#fault-campaign).",
+        "",
+    ]
+    for runtime in sorted(campaigns, key=list(RUNTIMES).index):
+        lines += render_campaign(*campaigns[runtime])
+    lines += [
+        "\"Where it landed\" is the phase of the batch the fault found; a timed fault that found the job "
+        "already finishing is listed as such. \"Recovered by\" is what completed the batch the fault hit: the "
+        "failed task's retry, the next run (when the faulted run had no retries left), or nothing (the fault "
+        "did no harm, as a retry after success should). The seed fixes the fault sequence, variants and "
+        "delays; where a timed fault lands depends on the machine's speed.",
+        "",
+        "## Hostile topics and bad records",
+        "",
+        "Each has its own test in `tests/integration/`, run in CI with exact (topic, partition, offset) sets:",
+        "",
+        *[f"- {case} (`{where}`)" for case, where in HOSTILE_CASES],
+        f"- bad records: {BAD_RECORDS}.",
+        "",
+        f"The campaign's own producer also writes one bad record in {BAD_EVERY}, cycling through malformed "
+        "JSON, a missing required field, a wrong type, non-UTF-8 bytes and a tombstone.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_docs(report: dict[str, Any], command: str, docs: Path) -> None:
+    """A campaign's figures into `docs` (reliability-<runtime>.json and -iterations.json), then
+    reliability.json and reliability.md again, from the last campaign of every runtime found there."""
+    shape = report.get("shape", report["runtime"])
+    data = {"command": command, **{k: v for k, v in report.items() if k != "iterations"}}
+    docs.mkdir(parents=True, exist_ok=True)
+    (docs / f"reliability-{shape}.json").write_text(json.dumps(data, indent=2) + "\n")
+    (docs / f"reliability-{shape}-iterations.json").write_text(json.dumps(report["iterations"], indent=1) + "\n")
+    campaigns = {}
+    for name in RUNTIMES:
+        figures = docs / f"reliability-{name}.json"
+        if figures.exists():
+            campaigns[name] = (json.loads(figures.read_text()),
+                               json.loads((docs / f"reliability-{name}-iterations.json").read_text()))
+    (docs / "reliability.json").write_text(json.dumps({name: c[0] for name, c in campaigns.items()}, indent=2) + "\n")
+    (docs / "reliability.md").write_text(render_report(campaigns))

@@ -1,0 +1,581 @@
+"""The campaign's runs: the Campaign (its iterations, each a run of the pipeline as Airflow would run it with
+one fault, then recovery by the next runs and the checks; checkpoints and resume; the final drain and
+record-by-record check), and the `task` sub-command that runs one task of a run in its own process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tools.fault_campaign import CampaignFailure
+from tools.fault_campaign.producer import SequenceProducer, expected_reason, records_by_key
+from tools.fault_campaign.strikes import FaultStrikes, RunHooks, campaign_shape, fault_kinds, fault_schedule
+
+# Each task process runs this package by its folder's path (its __main__.py), from any working directory.
+PACKAGE = Path(__file__).resolve().parent
+
+log = logging.getLogger("fault_campaign")
+
+
+@dataclass
+class IterationReport:
+    index: int
+    fault: str
+    variant: str
+    retries: int
+    outcome: str
+    landed: str = ""
+    recovery_runs: int = 0
+    recovered_by: str = ""
+    batches: list[int] = field(default_factory=list)
+    produced_so_far: int = 0
+    committed_offsets: int = 0
+    seconds: float = 0.0
+
+
+class Campaign(FaultStrikes):
+    """One campaign on one pipeline: the faulted runs, the recovery runs and the checks between them.
+
+    Its faults (fault_hooks and the strikes) are FaultStrikes' (strikes.py).
+    """
+
+    def __init__(self, pipeline: Any, dsn: str, servers: str, seed: int, faults: int, records_per_fault: int,
+                 workdir: Path, rate: float | None = None):
+        from kafka_ledger.runtimes import runtime_for
+
+        self.pipeline, self.dsn, self.servers = pipeline, dsn, servers
+        self.runtime = runtime_for(pipeline).name
+        # The stack's cluster serves both runtimes once KAFKA_LEDGER_SPARK_MASTER names it (scripts/stack.sh).
+        self.shape = campaign_shape(self.runtime, os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"))
+        self.kinds = fault_kinds(self.shape)
+        self.seed, self.faults, self.records_per_fault = seed, faults, records_per_fault
+        self.rng = random.Random(seed)
+        self.schedule = fault_schedule(faults, self.rng, self.kinds)
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.task_log = (workdir / "tasks.log").open("a")
+        self.rate = rate or max(records_per_fault / 12.0, 50.0)
+        self.topic = pipeline.topics[0]
+        self.dag_id = f"kafka_ledger_{pipeline.name}"
+        self.positions: dict[int, int] = {}
+        self.spark_tasks = 0
+        self.runs = 0
+        self.variants: dict[str, Counter] = defaultdict(Counter)
+        self.iterations: list[IterationReport] = []
+        self.counter_lock = threading.Lock()
+        # Carried over when a campaign is resumed in a later session (see checkpoint and resume).
+        self.started_at: str | None = None
+        self.elapsed_before = 0.0
+        self.session_started = time.monotonic()
+        self.sessions = 0
+        self.interruptions: list[str] = []
+        self.resumed_landed: dict[tuple[int, int], int] = {}
+
+    # --- the tasks, each in its own process as Airflow runs them --------------------------------------
+    def _task_env(self, failpoints: str | None, once_dir: Path | None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_LEDGER_FAILPOINTS")}
+        if failpoints:
+            env["KAFKA_LEDGER_FAILPOINTS"] = failpoints
+            env["KAFKA_LEDGER_FAILPOINTS_ONCE_DIR"] = str(once_dir)
+            env["KAFKA_LEDGER_FAILPOINTS_PAUSE_SECONDS"] = "120"
+        return env
+
+    def _start_task(self, args: list[str], failpoints: str | None = None) -> tuple[subprocess.Popen, Path]:
+        once_dir = self.workdir / "failpoints" / uuid.uuid4().hex[:8]
+        cmd = [sys.executable, str(PACKAGE), "task", *args, "--pipeline", self.pipeline.name]
+        self.task_log.write(f"--- {datetime.now(UTC).isoformat()} {' '.join(args)} failpoints={failpoints}\n")
+        self.task_log.flush()
+        proc = subprocess.Popen(cmd, env=self._task_env(failpoints, once_dir), stdout=subprocess.PIPE,
+                                stderr=self.task_log, text=True)
+        return proc, once_dir
+
+    def _finish_task(self, proc: subprocess.Popen, timeout: float = 600) -> dict[str, Any] | None:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return None
+        if proc.returncode != 0:
+            return None
+        return json.loads(out.strip().splitlines()[-1])
+
+    def plan_try(self, run_id: str, failpoints: str | None = None) -> dict[str, Any] | None:
+        proc, _ = self._start_task(["plan", "--dag-id", self.dag_id, "--run-id", run_id], failpoints)
+        return self._finish_task(proc)
+
+    def commit_try(self, batch_id: int, failpoints: str | None = None,
+                   during: Callable[[subprocess.Popen, Path], str] | None = None) -> tuple[bool, str]:
+        proc, once_dir = self._start_task(["commit", "--batch-id", str(batch_id)], failpoints)
+        landed = during(proc, once_dir) if during else ""
+        return self._finish_task(proc) is not None, landed
+
+    def spark_try(self, batch_id: int, strike: Callable[..., str] | None = None, failpoints: str | None = None,
+                  during: Callable[[subprocess.Popen, Path], str] | None = None) -> tuple[bool, str]:
+        """One try of the run's Spark task, in the pipeline's runtime; (succeeded, where a fault landed)."""
+        with self.counter_lock:
+            self.spark_tasks += 1
+        if self.runtime == "connect":
+            return self.read_and_commit_try(batch_id, strike, failpoints, during)
+        return self.spark_submit_try(batch_id, strike)
+
+    def read_and_commit_try(self, batch_id: int, strike: Callable[..., str] | None = None,
+                            failpoints: str | None = None,
+                            during: Callable[[subprocess.Popen, Path], str] | None = None) -> tuple[bool, str]:
+        """The connect runtime's Spark task: read on the warm server, publish and commit, in its own process."""
+        attempts_before = self.batch_state(batch_id)[1]
+        proc, once_dir = self._start_task(["read_and_commit", "--batch-id", str(batch_id)], failpoints)
+        landed = strike(proc, batch_id, attempts_before) if strike else ""
+        if during:
+            landed = during(proc, once_dir)
+        ok = self._finish_task(proc) is not None
+        if failpoints and not during:
+            point = failpoints.split("=")[0]
+            if (once_dir / point).exists():
+                landed = f"task died at {point}, inside its transaction"
+        return ok, landed
+
+    def spark_submit_try(self, batch_id: int, strike: Callable[..., str] | None = None,
+                         timeout: float = 600) -> tuple[bool, str]:
+        from kafka_ledger.runtimes.submit import SPARK_APPLICATION, spark_job_environment, spark_submit_hook
+        from kafka_ledger.settings import kafka_settings
+
+        os.environ.update(spark_job_environment(self.dsn, self.servers, kafka_settings()))
+        hook = spark_submit_hook(self.pipeline, batch_id)
+        attempts_before = self.batch_state(batch_id)[1]
+        outcome: dict[str, str] = {}
+
+        def submit() -> None:
+            try:
+                hook.submit(str(SPARK_APPLICATION))
+                outcome["ok"] = "yes"
+            except Exception as exc:  # noqa: BLE001 - the Spark task failed, whatever the reason
+                outcome["error"] = str(exc)
+
+        thread = threading.Thread(target=submit, name=f"spark-{batch_id}", daemon=True)
+        thread.start()
+        landed = strike(hook, batch_id, attempts_before, thread) if strike else ""
+        thread.join(timeout)
+        if thread.is_alive():
+            self._kill_process_tree(hook)
+            thread.join()
+            outcome["error"] = "timed out"
+        if "error" in outcome:
+            log.info("spark task of batch %s failed: %s", batch_id, outcome["error"][:200])
+        return "ok" in outcome, landed
+
+    @staticmethod
+    def _kill_process_tree(hook: Any) -> None:
+        import psutil
+
+        proc = getattr(hook, "_submit_sp", None)
+        if proc is None or proc.poll() is not None:
+            return
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                child.kill()
+            except psutil.Error:
+                continue
+        proc.kill()
+
+    # --- one run of the DAG -----------------------------------------------------------------------------
+    def run(self, run_id: str, retries: int, hooks: RunHooks | None = None) -> tuple[str, int | None, list[str]]:
+        """plan -> Spark -> commit with `retries` retries per task; returns (outcome, batch id, landings).
+
+        A task try that failed and was retried adds "retried <task>" to the landings.
+        """
+        from kafka_ledger.commit import fail_batch
+
+        hooks = hooks or RunHooks()
+        landings: list[str] = []
+        with self.counter_lock:
+            self.runs += 1
+        planned = None
+        for try_number in range(retries + 1):
+            planned = self.plan_try(run_id, hooks.plan_failpoints if try_number == 0 else None)
+            if planned is not None:
+                break
+            if try_number == 0 and hooks.plan_failpoints:
+                landings.append("plan task killed after recording its batch")
+            if try_number < retries:
+                landings.append("retried plan")
+        if planned is None:
+            return "failed in plan", None, landings
+        batch_id = planned["batch_id"]
+        if batch_id is None:
+            return "nothing to read", None, landings
+
+        connect = self.runtime == "connect"  # the Spark task commits: the commit's faults strike it
+        for try_number in range(retries + 1):
+            first = try_number == 0
+            ok, landed = self.spark_try(batch_id, hooks.spark_strike if first else None,
+                                        hooks.commit_failpoints if first and connect else None,
+                                        hooks.commit_during if first and connect else None)
+            if landed:
+                landings.append(landed)
+            if ok:
+                break
+            if try_number < retries:
+                landings.append("retried Spark")
+        else:
+            fail_batch(self.dsn, batch_id, f"Spark task failed after {retries + 1} tries (fault campaign)")
+            return "failed in Spark", batch_id, landings
+        if hooks.repeat_spark or (connect and hooks.repeat_commit):
+            ok, _ = self.spark_try(batch_id)
+            landings.append("Spark task run again after success: " + ("no-op" if ok else "FAILED"))
+        if connect:
+            return "success", batch_id, landings
+
+        for try_number in range(retries + 1):
+            ok, landed = self.commit_try(batch_id, hooks.commit_failpoints if try_number == 0 else None,
+                                         hooks.commit_during if try_number == 0 else None)
+            if landed:
+                landings.append(landed)
+            if try_number == 0 and not ok and hooks.commit_failpoints and not landed:
+                landings.append(f"commit task died at {hooks.commit_failpoints}")
+            if ok:
+                break
+            if try_number < retries:
+                landings.append("retried commit")
+        else:
+            return "failed in commit", batch_id, landings
+        if hooks.repeat_commit:
+            result = self.commit_try(batch_id)
+            landings.append("commit task run again after success: " + ("no-op" if result[0] else "FAILED"))
+        return "success", batch_id, landings
+
+    # --- looking at the ledger --------------------------------------------------------------------------
+    def _query(self, statement: str, params: dict[str, Any] | None = None) -> list[tuple]:
+        import psycopg2
+
+        with psycopg2.connect(self.dsn, connect_timeout=10) as conn, conn.cursor() as cur:
+            cur.execute(statement, params or {})
+            rows = cur.fetchall()
+        conn.close()
+        return rows
+
+    def batch_state(self, batch_id: int) -> tuple[str, int]:
+        (row,) = self._query("SELECT status, attempts FROM kafka_ledger.batches WHERE batch_id = %(b)s",
+                             {"b": batch_id})
+        return row
+
+    def unfinished_batches(self) -> list[int]:
+        return [r[0] for r in self._query(
+            "SELECT batch_id FROM kafka_ledger.batches WHERE pipeline = %(p)s AND status IN ('planned', 'written', "
+            "'failed')", {"p": self.pipeline.name})]
+
+    def run_iteration(self, index: int, kind: str) -> IterationReport:
+        started = time.monotonic()
+        variant, hooks = self.fault_hooks(kind)
+        retries = self.rng.choice([0, 1, 1])
+        run_id = f"campaign__{self.seed}_{index}"
+        batches: list[int] = []
+        landings: list[str] = []
+        if kind == "racing_runs":
+            other = run_id if variant == "zombie" else run_id + "_twin"
+            results: list[tuple[str, int | None, list[str]]] = []
+
+            def race(racer_run_id: str) -> None:
+                try:
+                    results.append(self.run(racer_run_id, retries))
+                except Exception as exc:  # noqa: BLE001 - reported as the run's outcome, then checked
+                    results.append((f"raised {type(exc).__name__}: {exc}", None, []))
+
+            threads = [threading.Thread(target=race, args=(r,)) for r in (run_id, other)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            outcome = " / ".join(r[0] for r in results)
+            landings = [landing for r in results for landing in r[2]]
+            batches = sorted({r[1] for r in results if r[1] is not None})
+            landings.insert(0, f"two runs raced ({variant})")
+        else:
+            outcome, batch_id, landings = self.run(run_id, retries, hooks)
+            batches = [batch_id] if batch_id is not None else []
+            if kind == "retry_after_success" and variant == "whole run" and outcome == "success":
+                again = self.run(run_id, retries)
+                landings.append(f"whole run cleared and run again: {again[0]}")
+                batches += [again[1]] if again[1] is not None else []
+        retried = [landing for landing in landings if landing.startswith("retried ")]
+        landings = [landing for landing in landings if not landing.startswith("retried ")]
+        report = IterationReport(index, kind, variant, retries, outcome, "; ".join(landings), batches=batches)
+        report.recovery_runs = self.recover(run_id, batches)
+        if report.recovery_runs:
+            report.recovered_by = "next run"
+        elif retried:
+            report.recovered_by = "task retry (" + ", ".join(sorted({r.split()[1] for r in retried})) + ")"
+        else:
+            report.recovered_by = "nothing to recover"
+        report.batches = sorted(set(batches))
+        self.check(f"after iteration {index} ({kind}, {variant})")
+        report.produced_so_far = self.producer.next_seq
+        report.committed_offsets = sum(self.positions.values())
+        report.seconds = round(time.monotonic() - started, 1)
+        self.variants[kind][variant.split(" (")[0]] += 1
+        return report
+
+    def recover(self, run_id: str, batches: list[int]) -> int:
+        """Recovery by normal means only: next runs of the pipeline resume what a fault left open."""
+        runs = 0
+        while self.unfinished_batches():
+            runs += 1
+            if runs > 3:
+                raise CampaignFailure(f"{run_id}: batches {self.unfinished_batches()} still open after 3 recovery runs")
+            _, batch_id, _ = self.run(f"{run_id}_recovery{runs}", 1)
+            batches += [batch_id] if batch_id is not None else []
+        return runs
+
+    # --- checks -------------------------------------------------------------------------------------------
+    def check(self, when: str) -> None:
+        """output ∪ dead letters == produced below the positions; no duplicate; ledger tiles; no position back."""
+        from psycopg2 import sql
+
+        from kafka_ledger.sql import output_table
+
+        rows = self._query("SELECT partition, position, start_offset FROM kafka_ledger.positions "
+                           "WHERE pipeline = %(p)s", {"p": self.pipeline.name})
+        positions = {p: pos for p, pos, _ in rows}
+        starts = {p: start for p, _, start in rows}
+        problems = []
+        for p, old in self.positions.items():
+            if positions.get(p, -1) < old:
+                problems.append(f"partition {p}: position moved back from {old} to {positions.get(p)}")
+        ranges = defaultdict(list)
+        for _, p, start, until in self._query(
+            "SELECT topic, partition, from_offset, until_offset FROM kafka_ledger.committed_ranges "
+            "WHERE pipeline = %(p)s ORDER BY partition, from_offset", {"p": self.pipeline.name}
+        ):
+            ranges[p].append((start, until))
+        for p, pos in positions.items():
+            expected_start = starts[p] or 0
+            for start, until in ranges[p]:
+                if start != expected_start:
+                    what = "gap" if start > expected_start else "overlap"
+                    problems.append(f"partition {p}: committed ranges have a {what} at {expected_start}..{start}")
+                expected_start = until
+            if expected_start != pos:
+                problems.append(f"partition {p}: committed ranges end at {expected_start}, position is {pos}")
+        self.producer.wait_delivered(positions)
+        union = sql.SQL(
+            "SELECT kafka_partition, count(*), count(DISTINCT kafka_offset), min(kafka_offset), max(kafka_offset) "
+            "FROM (SELECT kafka_partition, kafka_offset FROM {output} UNION ALL SELECT kafka_partition, kafka_offset "
+            "FROM kafka_ledger.dead_letters WHERE pipeline = %(p)s) AS got GROUP BY kafka_partition"
+        ).format(output=output_table(self.pipeline))
+        got = {p: (n, distinct, lo, hi) for p, n, distinct, lo, hi in self._query(union, {"p": self.pipeline.name})}
+        for p, pos in positions.items():
+            n, distinct, lo, hi = got.get(p, (0, 0, None, None))
+            if n != distinct:
+                problems.append(f"partition {p}: {n - distinct} offsets published twice")
+            # Offsets of a non-transactional producer are contiguous: [0, position) exactly, each once.
+            if distinct != pos or (pos and (lo != 0 or hi != pos - 1)):
+                problems.append(f"partition {p}: {distinct} distinct offsets in [{lo}, {hi}] published, "
+                                f"expected exactly [0, {pos})")
+        if problems:
+            raise CampaignFailure(f"{when}: " + "; ".join(problems))
+        self.positions = positions
+
+    def final_check(self) -> dict[str, int]:
+        """Every record produced, by sequence number: good ones in the output with their content, bad ones
+        in the dead letters with their reason; then `kafka-ledger verify` against Kafka itself."""
+        from psycopg2 import sql
+
+        from kafka_ledger.sql import output_table
+        from kafka_ledger.verify import verify_pipeline
+
+        output = self._query(sql.SQL("SELECT kafka_partition, kafka_offset, event_id, amount FROM {}").format(
+            output_table(self.pipeline)))
+        dead = self._query("SELECT kafka_partition, kafka_offset, error FROM kafka_ledger.dead_letters "
+                           "WHERE pipeline = %(p)s", {"p": self.pipeline.name})
+        seen = Counter([(p, o) for p, o, _, _ in output] + [(p, o) for p, o, _ in dead])
+        produced = self.producer.landed
+        lost = [rid for rid in produced if rid not in seen]
+        duplicated = [rid for rid, n in seen.items() if n > 1]
+        unexpected = [rid for rid in seen if rid not in produced]
+        wrong = []
+        for p, o, event_id, amount in output:
+            seq = produced.get((p, o))
+            if seq is not None and (expected_reason(seq) is not None or (event_id, amount) != (f"s{seq}", seq)):
+                wrong.append(f"{p}/{o}: row {event_id},{amount} for record {seq}")
+        for p, o, error in dead:
+            seq = produced.get((p, o))
+            if seq is not None and expected_reason(seq) != error:
+                wrong.append(f"{p}/{o}: dead letter {error!r} for record {seq}")
+        report = verify_pipeline(self.dsn, self.servers, self.pipeline, full=True)
+        figures = {"records_produced": len(produced), "output_rows": len(output), "dead_letters": len(dead),
+                   "lost": len(lost), "duplicated": len(duplicated), "unexpected": len(unexpected),
+                   "wrong_content": len(wrong), "verify_ok": report.ok}
+        if lost or duplicated or unexpected or wrong or not report.ok:
+            raise CampaignFailure(f"final check: {figures}; lost {lost[:5]}, duplicated {duplicated[:5]}, "
+                                  f"unexpected {unexpected[:5]}, wrong {wrong[:5]}, verify {report.problems[:3]}")
+        return figures
+
+    # --- the campaign --------------------------------------------------------------------------------------
+    # --- checkpoints: a campaign longer than a working session goes on in the next one ----------------
+    def elapsed(self) -> float:
+        return round(self.elapsed_before + time.monotonic() - self.session_started, 1)
+
+    def checkpoint(self) -> None:
+        """After an iteration: the records produced so far (appended to landed.tsv) and the state (state.json)."""
+        new = self.producer.settle()
+        with (self.workdir / "landed.tsv").open("a") as journal:
+            journal.writelines(f"{p}\t{o}\t{seq}\n" for p, o, seq in new)
+        version, internal, gauss = self.rng.getstate()
+        state = {
+            "seed": self.seed, "faults": self.faults, "records_per_fault": self.records_per_fault,
+            "pipeline": self.pipeline.name, "rng": [version, list(internal), gauss],
+            "iterations": [asdict(it) for it in self.iterations],
+            "positions": {str(p): pos for p, pos in self.positions.items()},
+            "runs": self.runs, "spark_tasks": self.spark_tasks, "runtime": self.runtime, "shape": self.shape,
+            "variants": {k: dict(v) for k, v in self.variants.items()},
+            "started_at": self.started_at, "elapsed_seconds": self.elapsed(), "sessions": self.sessions,
+            "interruptions": self.interruptions,
+        }
+        partial = self.workdir / "state.json.partial"
+        partial.write_text(json.dumps(state))
+        os.replace(partial, self.workdir / "state.json")
+
+    @classmethod
+    def resume(cls, pipeline: Any, dsn: str, servers: str, workdir: Path) -> Campaign:
+        """The campaign saved in `workdir`, ready to go on after its last completed iteration."""
+        state = json.loads((workdir / "state.json").read_text())
+        campaign = cls(pipeline, dsn, servers, state["seed"], state["faults"], state["records_per_fault"], workdir)
+        version, internal, gauss = state["rng"]
+        campaign.rng.setstate((version, tuple(internal), gauss))
+        campaign.iterations = [IterationReport(**it) for it in state["iterations"]]
+        campaign.positions = {int(p): pos for p, pos in state["positions"].items()}
+        campaign.runs, campaign.spark_tasks = state["runs"], state["spark_tasks"]
+        for kind, variants in state["variants"].items():
+            campaign.variants[kind] = Counter(variants)
+        campaign.started_at, campaign.elapsed_before = state["started_at"], state["elapsed_seconds"]
+        campaign.sessions, campaign.interruptions = state["sessions"], state["interruptions"]
+        landed: dict[tuple[int, int], int] = {}
+        for line in (workdir / "landed.tsv").read_text().splitlines():
+            fields = line.split("\t")
+            if len(fields) == 3:  # a line cut short by the interruption is read back from Kafka below
+                landed[(int(fields[0]), int(fields[1]))] = int(fields[2])
+        # Records produced after the last checkpoint lost their delivery reports with the process: Kafka
+        # has them, and each record's key carries its sequence number.
+        in_kafka = records_by_key(servers, campaign.topic)
+        conflicts = [rid for rid, seq in landed.items() if in_kafka.get(rid, seq) != seq]
+        vanished = sorted(rid for rid in landed if rid not in in_kafka)
+        if conflicts or vanished:
+            raise CampaignFailure(f"Kafka no longer holds the records it acknowledged before the interruption: "
+                                  f"{len(vanished)} gone (e.g. {vanished[:5]}), {len(conflicts)} replaced "
+                                  f"(e.g. {conflicts[:5]}); the campaign cannot go on, start a new one")
+        campaign.resumed_landed = {**in_kafka, **landed}
+        return campaign
+
+    def run_all(self, progress: Callable[[str], None] = print) -> dict[str, Any]:
+        self.session_started = time.monotonic()
+        self.sessions += 1
+        self.started_at = self.started_at or datetime.now(UTC).isoformat(timespec="seconds")
+        self.producer = SequenceProducer(self.servers, self.topic, self.rate, landed=self.resumed_landed)
+        try:
+            if self.iterations:
+                # Resumed: the interruption (processes killed mid-iteration, services restarted) is recovered
+                # by the next runs, like any fault, and checked before the campaign goes on.
+                runs = self.recover(f"campaign__{self.seed}_session{self.sessions}", [])
+                self.check(f"after resuming in session {self.sessions}")
+                note = (f"session {self.sessions} resumed after iteration {len(self.iterations)}: "
+                        f"{runs} recovery run(s), checks OK")
+                self.interruptions.append(note)
+                progress(note)
+            for index, kind in enumerate(self.schedule, start=1):
+                if index <= len(self.iterations):
+                    continue  # done in an earlier session
+                self.producer.allow(self.records_per_fault)
+                report = self.run_iteration(index, kind)
+                self.iterations.append(report)
+                self.checkpoint()
+                progress(f"[{index}/{self.faults}] {kind} ({report.variant}): {report.outcome}; {report.landed}; "
+                         f"recovered by {report.recovered_by}; checks OK; {report.produced_so_far} produced, "
+                         f"{report.committed_offsets} committed, {report.seconds}s")
+        finally:
+            self.producer.stop()
+        # Drain: plain runs until nothing is left to read, then the full record-by-record check.
+        drain_runs = 0
+        while True:
+            drain_runs += 1
+            outcome, batch_id, _ = self.run(f"campaign__{self.seed}_drain{drain_runs}", 1)
+            if batch_id is None and outcome == "nothing to read":
+                break
+            if drain_runs > 50:
+                raise CampaignFailure("the backlog did not drain in 50 runs")
+            self.check(f"after drain run {drain_runs}")
+        figures = self.final_check()
+        progress(f"final check OK: {figures}")
+        phases: dict[str, Counter] = defaultdict(Counter)
+        for it in self.iterations:
+            for landing in it.landed.split("; "):
+                if landing:
+                    phases[it.fault][landing.split(" (")[0] if "missed" not in landing else landing] += 1
+        return {
+            "seed": self.seed,
+            "faults_injected": len(self.iterations),
+            "faults_by_kind": dict(Counter(it.fault for it in self.iterations)),
+            "fault_variants": {k: dict(v) for k, v in self.variants.items()},
+            "fault_landings": {k: dict(v) for k, v in phases.items()},
+            "recovered_by": dict(Counter(it.recovered_by for it in self.iterations)),
+            **figures,
+            "records_per_fault": self.records_per_fault,
+            "partitions": len(self.positions),
+            "pipeline_runs": self.runs,
+            "spark_tasks": self.spark_tasks,
+            "runtime": self.runtime,
+            "shape": self.shape,
+            "drain_runs": drain_runs,
+            "started_at": self.started_at,
+            "elapsed_seconds": self.elapsed(),
+            "sessions": self.sessions,
+            "interruptions": self.interruptions,
+            "iterations": [asdict(it) for it in self.iterations],
+        }
+
+
+# --- the task processes -------------------------------------------------------------------------------------
+def task_main(argv: list[str]) -> int:
+    """One task of a pipeline run, in its own process: `task plan|commit|read_and_commit ...`.
+
+    read_and_commit is the connect runtime's Spark task (ReadAndCommitOperator's work).
+    """
+    parser = argparse.ArgumentParser(prog="python -m tools.fault_campaign task")
+    parser.add_argument("task", choices=["plan", "commit", "read_and_commit"])
+    parser.add_argument("--pipeline", required=True)
+    parser.add_argument("--dag-id")
+    parser.add_argument("--run-id")
+    parser.add_argument("--batch-id", type=int)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    from kafka_ledger import commit, planner
+    from kafka_ledger.config import get_pipeline
+    from kafka_ledger.settings import bootstrap_servers, ledger_dsn
+
+    pipeline = get_pipeline(args.pipeline)
+    if args.task == "plan":
+        planned = planner.plan_batch(ledger_dsn(), bootstrap_servers(), pipeline, dag_id=args.dag_id,
+                                     run_id=args.run_id)
+        print(json.dumps({"batch_id": planned.batch_id, "resumed": planned.resumed, "offsets": planned.offsets}))
+    elif args.task == "read_and_commit":
+        from kafka_ledger.runtimes.connect import ConnectBatch
+
+        result = ConnectBatch(pipeline, args.batch_id).run(ledger_dsn(), bootstrap_servers())
+        print(json.dumps({"batch_id": result.batch_id, "already_committed": result.already_committed}))
+    else:
+        result = commit.commit_batch(ledger_dsn(), pipeline, args.batch_id)
+        print(json.dumps({"batch_id": result.batch_id, "already_committed": result.already_committed}))
+    return 0

@@ -1,0 +1,263 @@
+"""The campaign's faults: the kinds of each Spark runtime, their seeded schedule, and how each one is
+injected into a run and timed (the strikes), with where in the batch it landed."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tools.fault_campaign import PROJECT_ROOT
+
+COMMON_FAULTS = (
+    "kill_commit",                # SIGKILL of the committing task inside its transaction
+    "restart_postgres_in_commit",  # Postgres restarted while the commit's transaction is open
+    "restart_kafka_in_read",      # the Kafka broker restarted while Spark reads
+    "racing_runs",                # two runs of the pipeline at once: a double trigger, or a zombie task
+    "retry_after_success",        # a task run again after it succeeded
+    "crash_after_plan",           # the plan task dies after recording the batch, before Spark starts
+)
+FAULT_KINDS = {
+    "connect": (
+        "kill_task_in_read",      # SIGKILL of the read_and_commit task while its query runs (timed, or as rows stream)
+        "kill_spark_connect",     # SIGKILL of the Spark Connect server mid-read or mid-streaming, then started again
+        "restart_spark_connect",  # the Spark Connect server stopped and started mid-read or mid-streaming
+        "racing_attempts",        # a second attempt of the same batch on the same server while the first runs
+        *COMMON_FAULTS,
+    ),
+    "submit": (
+        "kill_spark_submit",      # SIGKILL of spark-submit (the driver JVM) at a random moment of its read
+        "kill_spark_driver",      # SIGKILL of the PySpark driver process, timed or as its first rows are staged
+        *COMMON_FAULTS,
+    ),
+}
+# On a Spark cluster (KAFKA_LEDGER_SPARK_MASTER=spark://...): the machine running the executors is lost.
+CLUSTER_FAULTS = (
+    "kill_spark_worker",          # SIGKILL of the worker and its executors mid-read, then a new worker started
+)
+
+
+def campaign_shape(runtime: str, on_cluster: bool) -> str:
+    """What a campaign ran on: the Spark runtime, and whether on the local standalone cluster."""
+    return f"{runtime}-cluster" if on_cluster else runtime
+
+
+def fault_kinds(shape: str) -> tuple[str, ...]:
+    runtime, _, cluster = shape.partition("-")
+    return FAULT_KINDS[runtime] + (CLUSTER_FAULTS if cluster else ())
+
+
+# Where the committing task dies: in `connect` its one transaction also holds the freshly copied rows.
+COMMIT_FAIL_POINTS = {"connect": ("after_staging", "commit_after_publish", "commit_before_end"),
+                      "submit": ("commit_after_publish", "commit_before_end")}
+# When a timed fault strikes, after the attempt began: spark-submit spends its first seconds starting a JVM.
+STRIKE_DELAYS = {"connect": (0.2, 4.0), "submit": (1.0, 15.0)}
+
+
+def fault_schedule(faults: int, rng: random.Random, kinds: tuple[str, ...]) -> list[str]:
+    """`faults` fault kinds: every kind once per round of len(kinds), in a seeded order."""
+    schedule: list[str] = []
+    while len(schedule) < faults:
+        round_ = list(kinds)
+        rng.shuffle(round_)
+        schedule.extend(round_)
+    return schedule[:faults]
+
+
+@dataclass
+class RunHooks:
+    """What to break in a run's first try of each task (later tries run clean, as retries do)."""
+
+    plan_failpoints: str | None = None
+    spark_strike: Callable[..., str] | None = None
+    commit_failpoints: str | None = None
+    commit_during: Callable[[subprocess.Popen, Path], str] | None = None
+    repeat_spark: bool = False
+    repeat_commit: bool = False
+
+
+class FaultStrikes:
+    """The faults of a Campaign (runner.py), which mixes this in: the hooks that inject each fault into a run.
+
+    Uses the campaign's rng, runtime, pipeline and task_log, its ledger look-up (_query, batch_state) and its
+    task processes (_start_task, _finish_task).
+    """
+
+    # --- where a batch is ---------------------------------------------------------------------------------
+    def staged_rows(self, batch_id: int, attempt: int) -> int:
+        from psycopg2 import sql
+
+        from kafka_ledger.sql import staging_table
+
+        statement = sql.SQL("SELECT count(*) FROM {} WHERE batch_id = %(b)s AND attempt = %(a)s").format(
+            staging_table(self.pipeline))
+        return self._query(statement, {"b": batch_id, "a": attempt})[0][0]
+
+    def copying(self) -> bool:
+        """Whether a task is copying rows into the output table (connect: the query runs, rows stream)."""
+        return bool(self._query("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'COPY%%' AND query LIKE "
+                                "%(t)s", {"t": f"%{self.pipeline.output_table}%"})[0][0])
+
+    def phase(self, batch_id: int, attempt: int) -> str:
+        status, attempts = self.batch_state(batch_id)
+        if self.runtime == "connect":
+            if status == "committed" or attempts != attempt:
+                return "after the batch was committed (the task was finishing)"
+            return "mid-streaming (rows flowing into COPY)" if self.copying() else "before streaming (connect or read)"
+        if status in ("written", "committed") or attempts != attempt:
+            return "after staging (the job was finishing)"
+        return "mid-staging" if self.staged_rows(batch_id, attempt) else "before staging (session start or read)"
+
+    # --- faults -------------------------------------------------------------------------------------------
+    def _wait(self, condition: Callable[[], bool], alive: threading.Thread | subprocess.Popen,
+              timeout: float = 300) -> bool:
+        """Wait for `condition` while the Spark task (a thread driving spark-submit, or a process) is alive."""
+        is_alive = alive.is_alive if isinstance(alive, threading.Thread) else (lambda: alive.poll() is None)
+        deadline = time.monotonic() + timeout
+        while is_alive() and time.monotonic() < deadline:
+            if condition():
+                return True
+            time.sleep(0.02)
+        return False
+
+    def _strike_spark(self, target: str, timing: str, delay: float) -> Callable[..., str]:
+        def strike(hook: Any, batch_id: int, attempts_before: int, thread: threading.Thread) -> str:
+            import psutil
+
+            attempt = attempts_before + 1
+            if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, thread):
+                return f"{target} kill missed: the job ended before its attempt began"
+            if timing == "first staged rows":
+                self._wait(lambda: self.staged_rows(batch_id, attempt) > 0
+                           or self.batch_state(batch_id)[0] != "planned", thread)
+            else:
+                time.sleep(delay)
+            landed = self.phase(batch_id, attempt)
+            proc = hook._submit_sp
+            if proc is None or proc.poll() is not None:
+                return f"{target} kill missed: spark-submit had exited ({landed})"
+            if target == "spark-submit":
+                os.kill(proc.pid, signal.SIGKILL)
+            else:
+                drivers = []
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    try:
+                        if any("ingest_batch.py" in part for part in child.cmdline()):
+                            drivers.append(child)
+                    except psutil.Error:  # exited meanwhile
+                        continue
+                if not drivers:
+                    return f"driver kill missed: no driver process ({landed})"
+                for driver in drivers:
+                    driver.kill()
+            return f"{target} SIGKILLed {landed}"
+        return strike
+
+    def _strike_stack(self, delay: float, missed: str, commands: tuple[str, ...], landed_as: str) -> Callable[..., str]:
+        """A fault by scripts/stack.sh `commands`, `delay` seconds after the Spark attempt began."""
+        def strike(task: Any, batch_id: int, attempts_before: int, thread: threading.Thread | None = None) -> str:
+            # spark-submit's task is a thread driving the hook; the connect runtime's is a process.
+            alive = thread if thread is not None else task
+            running = alive.is_alive if thread is not None else (lambda: task.poll() is None)
+            attempt = attempts_before + 1
+            if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, alive):
+                return f"{missed} missed: the job ended before its attempt began"
+            time.sleep(delay)
+            landed = self.phase(batch_id, attempt) if running() else "after the job ended"
+            for command in commands:
+                self._stack(command)
+            return f"{landed_as} {landed}"
+        return strike
+
+    def _strike_connect(self, target: str, timing: str, delay: float) -> Callable[..., str]:
+        """A fault of the connect runtime, once the task's attempt began: after `delay`, or as rows stream."""
+        def strike(proc: subprocess.Popen, batch_id: int, attempts_before: int) -> str:
+            attempt = attempts_before + 1
+            if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, proc):
+                return f"{target} missed: the task ended before its attempt began"
+            if timing == "as rows stream":
+                self._wait(lambda: self.copying() or self.batch_state(batch_id)[0] != "planned", proc)
+            else:
+                time.sleep(delay)
+            landed = self.phase(batch_id, attempt)
+            if target == "task kill":
+                if proc.poll() is not None:
+                    return f"task kill missed: the task had ended ({landed})"
+                os.kill(proc.pid, signal.SIGKILL)
+                return f"task SIGKILLed {landed}"
+            if target == "server kill":
+                self._stack("kill-spark-connect")
+                self._stack("start")
+                return f"Spark Connect server SIGKILLed {landed}, then started again"
+            if target == "server restart":
+                self._stack("restart-spark-connect")
+                return f"Spark Connect server restarted {landed}"
+            # A racing attempt: the same batch's task once more, on the same server, while the first runs.
+            racer, _ = self._start_task(["read_and_commit", "--batch-id", str(batch_id)])
+            won = self._finish_task(racer) is not None
+            return f"a second attempt raced the first {landed}: the second {'committed' if won else 'failed'}"
+        return strike
+
+    def _restart_postgres_during(self, point: str) -> Callable[[subprocess.Popen, Path], str]:
+        def during(proc: subprocess.Popen, once_dir: Path) -> str:
+            deadline = time.monotonic() + 120
+            while not (once_dir / point).exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    return "Postgres restart missed: the commit never reached " + point
+                time.sleep(0.02)
+            self._stack("restart-postgres")
+            (once_dir / f"{point}.resume").touch()
+            return f"Postgres restarted with the commit's transaction open at {point}"
+        return during
+
+    def _stack(self, command: str) -> None:
+        subprocess.run(["bash", str(PROJECT_ROOT / "scripts" / "stack.sh"), command], check=True,
+                       stdout=self.task_log, stderr=self.task_log)
+
+    def fault_hooks(self, kind: str) -> tuple[str, RunHooks]:
+        rng = self.rng
+        low, high = STRIKE_DELAYS[self.runtime]
+        if kind in ("kill_spark_submit", "kill_spark_driver"):
+            target = "spark-submit" if kind == "kill_spark_submit" else "driver"
+            timing = rng.choice(["timed", "first staged rows"])
+            delay = round(rng.uniform(low, high), 2)
+            variant = f"{timing}" + (f" ({delay}s after the attempt began)" if timing == "timed" else "")
+            return variant, RunHooks(spark_strike=self._strike_spark(target, timing, delay))
+        if kind in ("kill_task_in_read", "kill_spark_connect", "restart_spark_connect", "racing_attempts"):
+            target = {"kill_task_in_read": "task kill", "kill_spark_connect": "server kill",
+                      "restart_spark_connect": "server restart", "racing_attempts": "racing attempt"}[kind]
+            timing = rng.choice(["timed", "as rows stream"])
+            delay = round(rng.uniform(low, high), 2)
+            variant = f"{timing}" + (f" ({delay}s after the attempt began)" if timing == "timed" else "")
+            return variant, RunHooks(spark_strike=self._strike_connect(target, timing, delay))
+        if kind == "kill_commit":
+            point = rng.choice(COMMIT_FAIL_POINTS[self.runtime])
+            return point, RunHooks(commit_failpoints=f"{point}=kill")
+        if kind == "restart_postgres_in_commit":
+            point = rng.choice(COMMIT_FAIL_POINTS[self.runtime])
+            return point, RunHooks(commit_failpoints=f"{point}=pause",
+                                   commit_during=self._restart_postgres_during(point))
+        if kind == "restart_kafka_in_read":
+            delay = round(rng.uniform(max(low, 0.5) if self.runtime == "connect" else 2.0, high), 2)
+            return f"timed ({delay}s after the attempt began)", RunHooks(
+                spark_strike=self._strike_stack(delay, "broker restart", ("restart-kafka",), "Kafka broker restarted"))
+        if kind == "kill_spark_worker":
+            delay = round(rng.uniform(low, high), 2)
+            return f"timed ({delay}s after the attempt began)", RunHooks(spark_strike=self._strike_stack(
+                # A new worker at once: Spark runs the lost tasks there, or the task's retry does.
+                delay, "worker kill", ("kill-spark-worker", "cluster"), "Spark worker killed"))
+        if kind == "crash_after_plan":
+            return "after_plan", RunHooks(plan_failpoints="after_plan=kill")
+        if kind == "retry_after_success":
+            variant = rng.choice(["spark", "commit", "whole run"])
+            return variant, RunHooks(repeat_spark=variant == "spark", repeat_commit=variant == "commit")
+        if kind == "racing_runs":
+            return rng.choice(["double trigger", "zombie"]), RunHooks()
+        raise ValueError(kind)
