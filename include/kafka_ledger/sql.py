@@ -323,11 +323,6 @@ ADVANCE_VERIFIED_POINT = """
     RETURNING batch_id
 """
 
-SELECT_COMMITTED_RANGES = """
-    SELECT topic, partition, from_offset, until_offset FROM kafka_ledger.committed_ranges
-    WHERE pipeline = %(pipeline)s AND disposition = 'read' ORDER BY topic, partition, from_offset
-"""
-
 
 def staging_table(pipeline: PipelineConfig) -> sql.Composed:
     return sql.Identifier(STAGING_SCHEMA, pipeline.name)

@@ -39,7 +39,7 @@ from typing import Any
 import psycopg2.extensions
 from confluent_kafka import KafkaException
 
-from kafka_ledger import audit, consumer_group, kafka_offsets, ledger, sql
+from kafka_ledger import consumer_group, kafka_offsets, ledger, readback, sql
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import Coverage, PartitionOffsets, PlanError, TopicPartition, coverage_problems
 
@@ -289,7 +289,7 @@ def _stored_offsets(conn: psycopg2.extensions.connection, pipeline: PipelineConf
 
 def _kafka_offsets(consumer: Any, tp: TopicPartition, spans: list[Span], deadline: float) -> Iterator[int]:
     for lo, hi in spans:
-        yield from audit.partition_record_offsets(consumer, tp, lo, hi, deadline)
+        yield from readback.partition_record_offsets(consumer, tp, lo, hi, deadline)
 
 
 def _ledger_checks(report: VerifyReport, positions: dict[TopicPartition, ledger.PositionRow],
@@ -466,7 +466,7 @@ def _check_data(
     to_read = sum(hi - lo for w in work for lo, hi in w.kafka_spans)
     deadline = time.monotonic() + deadline_seconds(to_read, timeout)
     tally = Tally()
-    consumer = audit.audit_consumer(bootstrap_servers, **audit.ONE_PARTITION_FETCH) if to_read else None
+    consumer = readback.readback_consumer(bootstrap_servers, **readback.ONE_PARTITION_FETCH) if to_read else None
     try:
         for w in work:
             began, rows_before = time.monotonic(), tally.output_rows + tally.dead_letters
@@ -491,7 +491,7 @@ def _check_data(
         report.unverified = (f"{exc} ({deadline_seconds(to_read, timeout):.0f} s for {to_read} offsets; "
                              "give more with --timeout SECONDS)")
         return
-    except (KafkaException, audit.KafkaReadError) as exc:
+    except (KafkaException, readback.KafkaReadError) as exc:
         report.unverified = f"cannot read the committed topics back from Kafka: {exc}"
         return
     finally:

@@ -17,7 +17,8 @@ from pathlib import Path
 import psycopg2
 from confluent_kafka import Producer
 
-from kafka_ledger import audit, kafka_offsets, ledger
+from kafka_ledger import kafka_offsets, ledger
+from kafka_ledger import readback as audit
 from kafka_ledger.airflow_dag import SPARK_TASK
 from kafka_ledger.planner import plan_next_batch
 from kafka_ledger.runtimes import run_batch

@@ -36,7 +36,8 @@ from integration_support import (
 )
 from psycopg2 import sql
 
-from kafka_ledger import audit, kafka_offsets, ledger
+from kafka_ledger import kafka_offsets, ledger
+from kafka_ledger import readback as audit
 from kafka_ledger.config import PipelineConfig, read_pipelines
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,7 @@ import psycopg2
 import pytest
 from integration_support import CASES, NEAR_MAX, assert_exactly_once, good_value, verify_ok
 
-from kafka_ledger import audit
+from kafka_ledger import readback as audit
 from kafka_ledger.airflow_dag import run_pipeline_dag
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Producer
 from integration_support import assert_exactly_once, batches, good_value, positions, verify_ok
 
-from kafka_ledger import audit
+from kafka_ledger import readback as audit
 from kafka_ledger.airflow_dag import run_pipeline_dag
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ from integration_support import (
     verify_ok,
 )
 
-from kafka_ledger import audit
+from kafka_ledger import readback as audit
 from kafka_ledger.airflow_dag import run_pipeline_dag
 from kafka_ledger.batch_requests import parse_request
 from kafka_ledger.planner import plan_batch

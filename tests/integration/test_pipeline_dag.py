@@ -9,7 +9,8 @@ import psycopg2
 import pytest
 from integration_support import BAD_VALUES, assert_exactly_once, batches, good_value, spark_task, stored
 
-from kafka_ledger import audit, kafka_offsets, ledger
+from kafka_ledger import kafka_offsets, ledger
+from kafka_ledger import readback as audit
 from kafka_ledger.airflow_dag import run_pipeline_dag
 from kafka_ledger.commit import commit_batch
 

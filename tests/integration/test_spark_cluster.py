@@ -22,7 +22,7 @@ from integration_support import (
     stack,
 )
 
-from kafka_ledger import audit
+from kafka_ledger import readback as audit
 from kafka_ledger.airflow_dag import run_pipeline_dag
 from kafka_ledger.settings import libpq_settings
 

@@ -206,3 +206,11 @@ def test_the_committing_task_updates_the_output_tables_asset(monkeypatch, runtim
     asset = output_asset(pipeline)
     assert asset.name == f"kafka_ledger.{pipeline.qualified_output_table}"
     assert [t.task_id for t in dag.tasks if asset in t.outlets] == [committing_task]
+
+
+def test_the_spark_job_and_its_log_configuration_are_where_spark_submit_is_told_to_find_them():
+    """A module move once sent spark-submit to include/spark_jobs/ingest_batch.py, which does not exist."""
+    from kafka_ledger.runtimes.submit import SPARK_LOG_CONFIG
+
+    assert SPARK_APPLICATION == REPO / "spark_jobs" / "ingest_batch.py" and SPARK_APPLICATION.is_file()
+    assert SPARK_LOG_CONFIG.is_file()

@@ -8,8 +8,8 @@ import time
 import pytest
 from confluent_kafka import KafkaError
 
-from kafka_ledger.audit import partition_record_offsets
 from kafka_ledger.planning import PartitionOffsets, TopicPartition
+from kafka_ledger.readback import partition_record_offsets
 from kafka_ledger.verify import (
     OPEN_END,
     Tally,

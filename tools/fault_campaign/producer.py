@@ -129,7 +129,7 @@ class SequenceProducer:
 
 def records_by_key(servers: str, topic: str, timeout: float = 300) -> dict[tuple[int, int], int]:
     """Every record of `topic` read back from Kafka: (partition, offset) -> the sequence number in its key."""
-    from kafka_ledger.audit import read_back
+    from kafka_ledger.readback import read_back
 
     return {(m.partition(), m.offset()): int(m.key().decode()[1:]) for m in read_back(servers, [topic], timeout)}
 

@@ -1,10 +1,9 @@
-"""Independent accounting of a pipeline: records in Kafka vs. rows and dead letters in Postgres."""
+"""Reading Kafka back, independently of the pipeline: what verify compares with the rows, and the tests' tallies."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -30,10 +29,10 @@ ONE_PARTITION_FETCH = {"max.partition.fetch.bytes": 4 << 20, "queued.max.message
                        "fetch.queue.backoff.ms": 0}
 
 
-def audit_consumer(bootstrap_servers: str, **extra: object) -> Consumer:
+def readback_consumer(bootstrap_servers: str, **extra: object) -> Consumer:
     """A read_committed consumer of its own (no group offsets) that reports reaching a partition's end."""
     return Consumer(kafka_config(bootstrap_servers, **extra, **{
-        "group.id": f"kafka-ledger-audit-{uuid.uuid4().hex}",
+        "group.id": f"kafka-ledger-readback-{uuid.uuid4().hex}",
         "enable.auto.commit": False,
         "isolation.level": "read_committed",
         "enable.partition.eof": True,
@@ -98,18 +97,18 @@ def read_back(
     remaining = {(tp.topic, tp.partition) for tp, o in offsets.items() if o.end > o.log_start}
     if not remaining:
         return
-    consumer = audit_consumer(bootstrap_servers)
+    consumer = readback_consumer(bootstrap_servers)
     deadline = time.monotonic() + timeout
     try:
         consumer.assign([KafkaTopicPartition(t, p, offsets[TopicPartition(t, p)].log_start) for t, p in remaining])
         while remaining:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"audit read of {', '.join(topics)} did not reach the end offsets in {timeout}s")
+                raise TimeoutError(f"reading back {', '.join(topics)} did not reach the end offsets in {timeout}s")
             for message in consumer.consume(num_messages=10_000, timeout=1.0):
                 key = (message.topic(), message.partition())
                 if message.error() is not None:
                     if message.error().code() != KafkaError._PARTITION_EOF:
-                        raise RuntimeError(f"audit read failed: {message.error()}")
+                        raise RuntimeError(f"reading back failed: {message.error()}")
                     remaining.discard(key)  # at the end: trailing transaction markers hold no record
                     continue
                 if message.offset() < ends[key]:
@@ -161,56 +160,3 @@ def lag(dsn: str, bootstrap_servers: str, pipeline: PipelineConfig) -> int:
     """Offsets between the ledger positions and Kafka's read_committed end offsets, over all partitions."""
     with ledger.transaction(dsn) as cur:
         return _lag(cur, bootstrap_servers, pipeline)
-
-
-@dataclass(frozen=True)
-class Reconciliation:
-    """Kafka vs. Postgres for one pipeline: every record must be in exactly one place, exactly once."""
-
-    produced: int
-    output_rows: int
-    dead_letters: int
-    duplicates: int
-    missing: int
-    unexpected: int
-    lag: int
-
-    @property
-    def exact(self) -> bool:
-        return self.duplicates == 0 and self.missing == 0 and self.unexpected == 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "produced": self.produced, "output_rows": self.output_rows, "dead_letters": self.dead_letters,
-            "duplicates": self.duplicates, "missing": self.missing, "unexpected": self.unexpected, "lag": self.lag,
-        }
-
-
-def reconcile(dsn: str, bootstrap_servers: str, pipeline: PipelineConfig) -> Reconciliation:
-    """Count from Kafka and Postgres (never from the ledger's own counters) and compare as sets.
-
-    `missing` counts records inside committed ranges that are neither in the output nor dead letters;
-    records not read yet are the lag, not missing.
-    """
-    topics = sorted({tp.topic for tp in kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)})
-    produced = kafka_record_ids(bootstrap_servers, topics)
-    with ledger.transaction(dsn) as cur:
-        stored = record_ids(cur, pipeline)
-        cur.execute(sql.SELECT_COMMITTED_RANGES, {"pipeline": pipeline.name})
-        ranges: dict[tuple[str, int], list[tuple[int, int]]] = {}
-        for topic, partition, lo, hi in cur.fetchall():
-            ranges.setdefault((topic, partition), []).append((lo, hi))
-        current_lag = _lag(cur, bootstrap_servers, pipeline)
-    seen = Counter(stored.output) + Counter(stored.dead_letters)
-    committed = {
-        rid for rid in produced if any(lo <= rid[2] < hi for lo, hi in ranges.get((rid[0], rid[1]), ()))
-    }
-    return Reconciliation(
-        produced=len(produced),
-        output_rows=len(stored.output),
-        dead_letters=len(stored.dead_letters),
-        duplicates=sum(n - 1 for n in seen.values() if n > 1),
-        missing=len(committed - set(seen)),
-        unexpected=len(set(seen) - produced),
-        lag=current_lag,
-    )
