@@ -19,4 +19,4 @@ pytest -m "not integration"
 echo "[test] lane 2: integration tests (set-up first)"
 bash scripts/stack.sh up
 bash scripts/stack.sh browser
-pytest -m integration
+pytest -m integration --durations=25
