@@ -58,7 +58,10 @@ class Campaign(FaultStrikes):
         from kafka_ledger.runtimes import runtime_for
 
         self.pipeline, self.dsn, self.servers = pipeline, dsn, servers
-        self.runtime = runtime_for(pipeline).name
+        runtime = runtime_for(pipeline)
+        self.runtime = runtime.name
+        # The connect runtime's Spark task commits the batch itself: the commit's faults strike that task.
+        self.spark_task_commits = runtime.commit_task_id is None
         # The stack's cluster serves both runtimes once KAFKA_LEDGER_SPARK_MASTER names it (scripts/stack.sh).
         self.shape = campaign_shape(self.runtime, os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"))
         self.kinds = fault_kinds(self.shape)
@@ -129,7 +132,7 @@ class Campaign(FaultStrikes):
         """One try of the run's Spark task, in the pipeline's runtime; (succeeded, where a fault landed)."""
         with self.counter_lock:
             self.spark_tasks += 1
-        if self.runtime == "connect":
+        if self.spark_task_commits:
             return self.read_and_commit_try(batch_id, strike, failpoints, during)
         return self.spark_submit_try(batch_id, strike)
 
@@ -219,7 +222,7 @@ class Campaign(FaultStrikes):
         if batch_id is None:
             return "nothing to read", None, landings
 
-        connect = self.runtime == "connect"  # the Spark task commits: the commit's faults strike it
+        connect = self.spark_task_commits
         for try_number in range(retries + 1):
             first = try_number == 0
             ok, landed = self.spark_try(batch_id, hooks.spark_strike if first else None,
