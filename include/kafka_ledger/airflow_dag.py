@@ -21,7 +21,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.timetables.interval import CronDataIntervalTimetable
 
 from kafka_ledger import commit, kafka_security, ledger, planner
-from kafka_ledger.batch_requests import MODES, RequestError, parse_request
+from kafka_ledger.batch_requests import RequestError, parse_request, trigger_form_fields
 from kafka_ledger.commit import CommitResult
 from kafka_ledger.config import PipelineConfig, get_pipeline
 from kafka_ledger.runtimes import RUNTIMES, runtime_for
@@ -114,61 +114,10 @@ def committed(context: Any, pipeline: PipelineConfig, result: CommitResult) -> d
 
 
 def trigger_form(pipeline: PipelineConfig) -> dict[str, Param]:
-    """The trigger form of a pipeline's DAG: what a manual run (UI form or REST conf) should read."""
-    example = pipeline.topics[0] if pipeline.topics else "topic"
-    return {
-        "mode": Param(
-            "catch_up",
-            type="string",
-            enum=list(MODES),
-            values_display={
-                "catch_up": "Catch up: from the committed positions to the latest offsets",
-                "offset_ranges": "Offset ranges: re-read and replace the ranges below",
-                "time_window": "Time window: re-read and replace what Kafka timestamps put in the window",
-                "replay_batch": "Replay a batch: re-read and replace a recorded batch's ranges",
-            },
-            title="What to read",
-            description_md=(
-                "**catch_up** is what scheduled runs do. The other modes re-read offsets the pipeline has "
-                "already committed and *replace* their rows and dead letters in one transaction (use them "
-                "after fixing a transform); they never move the committed positions, except replaying the "
-                "pipeline's own unfinished batch, which completes it."
-            ),
-            section="Run",
-        ),
-        # Optional: a form field whose type does not admit null is required by Airflow's form.
-        "reason": Param(None, type=["null", "string"], title="Reason (optional)",
-                        description="Recorded in the ledger with the batch (who asked, and why).", section="Run"),
-        "ranges": Param(
-            [],
-            type="array",
-            title="Offset ranges (mode offset_ranges)",
-            description_md=(
-                "One object per partition; `until` is exclusive, as in Kafka. Example: "
-                f'`[{{"topic": "{example}", "partition": 0, "from": 100, "until": 200}}]`'
-            ),
-            items={
-                "type": "object",
-                "properties": {
-                    "topic": {"type": "string"},
-                    "partition": {"type": "integer", "minimum": 0},
-                    "from": {"type": "integer", "minimum": 0},
-                    "until": {"type": "integer", "minimum": 0},
-                },
-                "required": ["topic", "partition", "from", "until"],
-                "additionalProperties": False,
-            },
-            section="Offset ranges",
-        ),
-        "window_from": Param(None, type=["null", "string"], format="date-time", title="From (inclusive, UTC)",
-                             description="Mode time_window: first Kafka record timestamp of the window.",
-                             section="Time window"),
-        "window_to": Param(None, type=["null", "string"], format="date-time", title="To (exclusive, UTC)",
-                           description="Mode time_window: end of the window.", section="Time window"),
-        "batch_id": Param(None, type=["null", "integer"], minimum=1, title="Batch id (mode replay_batch)",
-                          description="A batch id from `kafka-ledger batches <pipeline>` or the ledger.",
-                          section="Replay"),
-    }
+    """The trigger form of a pipeline's DAG (batch_requests.BatchRequest's fields): what a manual run (UI form or
+    REST conf) should read, its example the pipeline's first topic."""
+    fields = trigger_form_fields(pipeline.topics[0] if pipeline.topics else "topic")
+    return {name: Param(field.default, description=field.description, **field.schema) for name, field in fields.items()}
 
 
 def plan_task(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any]:
