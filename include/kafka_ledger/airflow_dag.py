@@ -17,10 +17,12 @@ import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Asset, BaseOperator, Param, task
+from airflow.sdk import log as task_log
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.timetables.interval import CronDataIntervalTimetable
+from pydantic import BaseModel
 
-from kafka_ledger import commit, kafka_security, ledger, planner
+from kafka_ledger import commit, ledger, planner
 from kafka_ledger.batch_requests import RequestError, parse_request, trigger_form_fields
 from kafka_ledger.commit import CommitResult
 from kafka_ledger.config import PipelineConfig, get_pipeline
@@ -35,11 +37,13 @@ from kafka_ledger.runtimes.submit import (
     spark_job_environment,
 )
 from kafka_ledger.settings import (
+    KAFKA_CONN_ID,
+    LEDGER_DB_CONN_ID,
     SPARK_SUBMIT_CONN_ID,
     bootstrap_servers,
-    kafka_settings,
+    deployment_settings,
     ledger_dsn,
-    libpq_settings,
+    secret_values,
 )
 
 __all__ = ["BASE_SPARK_CONF", "SPARK_APPLICATION", "SPARK_POOL", "SPARK_TASK", "build_pipeline_dag",
@@ -53,26 +57,11 @@ PLAN_TASK = "plan_batch"
 SPARK_TASK = {name: runtime.spark_task_id for name, runtime in RUNTIMES.items()}
 
 
-def masked_ledger_dsn() -> str:
-    """The ledger DSN for the Spark task's environment, registered as a secret so logs and the UI hide it."""
-    from airflow.sdk.log import mask_secret
-
-    dsn = ledger_dsn()
-    mask_secret(dsn)
-    password = libpq_settings(dsn).get("password")  # a URL's or a key=value DSN's
-    if password:
-        mask_secret(password)
-    return dsn
-
-
-def masked_kafka_settings() -> dict[str, str]:
-    """The deployment's Kafka client settings for the Spark task's environment, their secrets masked."""
-    from airflow.sdk.log import mask_secret
-
-    values = kafka_settings()
-    for secret in kafka_security.secret_values(values):
-        mask_secret(secret)
-    return values
+def mask_secrets(settings: BaseModel) -> None:
+    """Register every secret the settings hold (settings.secret_values: the SecretStr values, a connection
+    string's password too) with Airflow's masker, so that task logs and the UI show *** in their place."""
+    for secret in secret_values(settings):
+        task_log.mask_secret(secret)
 
 
 class SubmitBatchOperator(SparkSubmitOperator):
@@ -85,7 +74,10 @@ class SubmitBatchOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> None:
         check_master(self._get_hook())
-        os.environ.update(spark_job_environment(masked_ledger_dsn(), bootstrap_servers(), masked_kafka_settings()))
+        settings = deployment_settings(LEDGER_DB_CONN_ID, KAFKA_CONN_ID)
+        mask_secrets(settings)
+        os.environ.update(spark_job_environment(settings.ledger_dsn(), settings.kafka_servers(),
+                                                settings.kafka_client_settings()))
         super().execute(context)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +9,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kafka_ledger.settings import SparkRuntime, deployment_settings
 
 # Names end up in SQL identifiers, DAG ids and pool names: keep them to a safe, portable alphabet.
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -26,8 +27,6 @@ EPOCH_MICROS_PER_UNIT: dict[str, int] = {"epoch_seconds": 1_000_000, "epoch_mill
 # epoch number in the wrong unit lands outside them (milliseconds read as seconds give the year 58000) and
 # is dead-lettered instead of published.
 TIMESTAMP_YEARS = (1900, 2199)
-
-SparkRuntime = Literal["connect", "submit"]
 
 # The Postgres type each declared column type is stored as.
 POSTGRES_TYPES: dict[str, str] = {
@@ -47,9 +46,6 @@ RESERVED_COLUMNS = frozenset(
 
 # Every pipeline's DAG id is this prefix and the pipeline's name.
 DAG_ID_PREFIX = "kafka_ledger__"
-
-DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "config" / "pipelines.yaml"
-
 
 class ConfigError(ValueError):
     """The pipelines file is missing, unreadable or does not validate."""
@@ -386,7 +382,7 @@ def read_declarations(text: str, source: str = "<string>") -> PipelineDeclaratio
 
 def config_path() -> Path:
     """The pipelines file in use: $KAFKA_LEDGER_PIPELINES, else config/pipelines.yaml in the project."""
-    return Path(os.environ.get("KAFKA_LEDGER_PIPELINES") or DEFAULT_CONFIG_PATH)
+    return deployment_settings().pipelines
 
 
 def parse_pipelines(text: str, source: str = "<string>") -> dict[str, PipelineConfig]:
