@@ -1,5 +1,8 @@
 """The reference tables of docs/configuration.md, generated from the models that declare the settings.
 
+The pipeline fields come from config.PipelineConfig and ColumnSpec, the deployment settings from
+settings.Settings (with the value scripts/env.sh gives each for the local stack).
+
 Each table sits between `<!-- generated: NAME -->` and `<!-- end generated -->` in the page; everything else
 on the page is written by hand. After changing a declaration (a field, its default or its description):
 
@@ -20,8 +23,12 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from kafka_ledger.config import ColumnSpec, PipelineConfig
+from kafka_ledger.settings import PROJECT_ROOT, Settings, env_name
 
-CONFIGURATION_PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+CONFIGURATION_PAGE = PROJECT_ROOT / "docs" / "configuration.md"
+ENV_SH = PROJECT_ROOT / "scripts" / "env.sh"
+# scripts/env.sh gives a variable its local-stack value, unless already set, as NAME=${NAME:-value}.
+ENV_SH_DEFAULT = re.compile(r"^(\w+)=\$\{\1:-(.*)\}[ \t]*(?:#.*)?$", re.MULTILINE)
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[^>]+?) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.DOTALL)
 
 
@@ -57,10 +64,50 @@ def fields_table(model: type[BaseModel], leave_out: tuple[str, ...] = ()) -> str
     return "\n".join(rows) + "\n"
 
 
+def local_stack_values() -> dict[str, str]:
+    """Variable -> the value scripts/env.sh gives it for the local stack (unless it is set already)."""
+    return {match[1]: match[2] for match in ENV_SH_DEFAULT.finditer(ENV_SH.read_text())}
+
+
+def setting_default(field: FieldInfo) -> str:
+    """What a deployment setting is when its variable is unset: its default, or where it comes from then."""
+    connection = (field.json_schema_extra or {}).get("airflow_connection")  # type: ignore[union-attr]
+    if connection and field.default is None:
+        return f"the Airflow connection `{connection}`"
+    if field.default is None:
+        return "unset"
+    if isinstance(field.default, Path):
+        return f"`{field.default.relative_to(PROJECT_ROOT)}`"
+    return default_text(field)
+
+
+def settings_table(names: list[str]) -> str:
+    """One row per deployment setting: its variable, default, local-stack value and description."""
+    local = local_stack_values()
+    rows = ["| variable | default | local stack (`scripts/env.sh`) | used for |", "| --- | --- | --- | --- |"]
+    for name in names:
+        field, variable = Settings.model_fields[name], env_name(name)
+        stack = f"`{cell(local[variable])}`" if variable in local else "unset"
+        rows.append(f"| `{variable}` | {setting_default(field)} | {stack} | {cell(field.description)} |")
+    return "\n".join(rows) + "\n"
+
+
+def timeouts_table(names: list[str]) -> str:
+    rows = ["| variable | default | bounds |", "| --- | --- | --- |"]
+    for name in names:
+        field = Settings.model_fields[name]
+        rows.append(f"| `{env_name(name)}` | {default_text(field)} | {cell(field.description)} |")
+    return "\n".join(rows) + "\n"
+
+
+# The ledger's timeouts have a section of their own.
+TIMEOUTS = [name for name in Settings.model_fields if name.endswith("_timeout")]
 GENERATED: dict[str, Callable[[], str]] = {
     # A pipeline's name is its entry's key in the file, not a field written in the entry.
     "pipeline fields": lambda: fields_table(PipelineConfig, leave_out=("name",)),
     "column fields": lambda: fields_table(ColumnSpec),
+    "deployment settings": lambda: settings_table([name for name in Settings.model_fields if name not in TIMEOUTS]),
+    "ledger timeouts": lambda: timeouts_table(TIMEOUTS),
 }
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from kafka_ledger import config_reference
 from kafka_ledger.config import AssignedPartition, ColumnSpec, PipelineConfig
+from kafka_ledger.settings import Settings, env_name
 
 
 def test_the_configuration_page_holds_the_current_generation():
@@ -46,3 +47,16 @@ def test_an_unknown_block_is_an_error_and_the_check_mode_reports_a_stale_page(tm
     assert config_reference.main(["--check", str(page)]) == 0
     text = page.read_text()
     assert text.startswith("before\n") and text.endswith("<!-- end generated -->\nafter\n") and "stale" not in text
+
+
+def test_every_deployment_setting_is_in_one_generated_table_with_the_local_stacks_value():
+    deployment = config_reference.GENERATED["deployment settings"]()
+    timeouts = config_reference.GENERATED["ledger timeouts"]()
+    for name in Settings.model_fields:
+        row = f"| `{env_name(name)}` |"
+        assert (row in deployment) != (row in timeouts), name
+    assert config_reference.TIMEOUTS == ["db_statement_timeout", "db_lock_timeout"]
+    assert "| `KAFKA_LEDGER_SPARK_RUNTIME` | `submit` | `connect` |" in deployment
+    assert "| `KAFKA_LEDGER_DB_URL` | the Airflow connection `kafka_ledger_db` | `postgresql://" in deployment
+    assert "| `KAFKA_LEDGER_PIPELINES` | `config/pipelines.yaml` | `$KL_HOME/config/pipelines.yaml` |" in deployment
+    assert "| `KAFKA_LEDGER_DB_LOCK_TIMEOUT` | 600 |" in timeouts

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kafka_ledger.settings import DEFAULT_SPARK_RUNTIME, Settings
+from kafka_ledger.settings import DEFAULT_SPARK_RUNTIME
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -138,13 +138,6 @@ def test_every_documented_environment_variable_exists_in_the_code():
     assert not missing, (
         "documented settings that occur nowhere in " + ", ".join(CODE_PLACES) + ": "
         + "; ".join(f"{name} (in {', '.join(sorted(pages))})" for name, pages in sorted(missing.items())))
-
-
-def test_configuration_documents_every_ledger_timeout_with_its_default():
-    text = CONFIGURATION.read_text()
-    for name in ("db_statement_timeout", "db_lock_timeout"):
-        field = Settings.model_fields[name]
-        assert f"| `KAFKA_LEDGER_{name.upper()}` | {field.default} | {field.description} |" in text
 
 
 def test_docs_state_the_spark_runtime_defaults_of_the_code_and_of_the_local_stack():

@@ -209,13 +209,6 @@ def test_ledger_timeouts_default_and_come_from_the_environment(monkeypatch):
         ledger_timeouts()
 
 
-def test_the_configuration_reference_documents_every_ledger_timeout_with_its_default():
-    readme = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
-    for name in ("db_statement_timeout", "db_lock_timeout"):
-        field = settings.Settings.model_fields[name]
-        assert f"| `KAFKA_LEDGER_{name.upper()}` | {field.default} | {field.description} |" in readme
-
-
 # --- the Settings model ---------------------------------------------------------------------------------------
 
 
