@@ -1,13 +1,15 @@
-"""The reference tables of docs/configuration.md, generated from the models that declare the settings.
+"""What the settings' declarations generate: docs/configuration.md's reference tables and the stacks' environment.
 
-The pipeline fields come from config.PipelineConfig and ColumnSpec, the deployment settings from
-settings.Settings (with the value scripts/env.sh gives each for the local stack).
+The pipeline fields come from config.PipelineConfig and ColumnSpec; the deployment settings from
+settings.Settings, whose fields also say what the local stack (scripts/env.sh) and Docker Compose
+(docker-compose.yaml) set each variable to. Each generated block sits between `generated: NAME` and
+`end generated` comments (`<!-- ... -->` in Markdown, `# ...` in shell and YAML); everything else in those
+files is written by hand. After changing a declaration (a field, its default, description or stack values):
 
-Each table sits between `<!-- generated: NAME -->` and `<!-- end generated -->` in the page; everything else
-on the page is written by hand. After changing a declaration (a field, its default or its description):
+    python -m kafka_ledger.config_reference           # rewrite the generated blocks
+    python -m kafka_ledger.config_reference --check   # exit 1 if a file is out of date (a unit test does this)
 
-    python -m kafka_ledger.config_reference           # rewrite docs/configuration.md
-    python -m kafka_ledger.config_reference --check   # exit 1 if the page is out of date (a unit test does this)
+scripts/env.sh is sourced before Python packages are installed: its block is committed, never made at run time.
 """
 
 from __future__ import annotations
@@ -19,17 +21,18 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from kafka_ledger.config import ColumnSpec, PipelineConfig
 from kafka_ledger.settings import PROJECT_ROOT, Settings, env_name
 
-CONFIGURATION_PAGE = PROJECT_ROOT / "docs" / "configuration.md"
-ENV_SH = PROJECT_ROOT / "scripts" / "env.sh"
-# scripts/env.sh gives a variable its local-stack value, unless already set, as NAME=${NAME:-value}.
-ENV_SH_DEFAULT = re.compile(r"^(\w+)=\$\{\1:-(.*)\}[ \t]*(?:#.*)?$", re.MULTILINE)
-BLOCK = re.compile(r"(<!-- generated: (?P<name>[^>]+?) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.DOTALL)
+BLOCK = re.compile(
+    r"(?P<open>(?:<!--|#) generated: (?P<name>[^\n]+?)(?: -->)?\n)(?P<body>.*?)"
+    r"(?P<close>[ \t]*(?:<!--|#) end generated(?: -->)?)",
+    re.DOTALL,
+)
 
 
 def default_text(field: FieldInfo) -> str:
@@ -64,9 +67,9 @@ def fields_table(model: type[BaseModel], leave_out: tuple[str, ...] = ()) -> str
     return "\n".join(rows) + "\n"
 
 
-def local_stack_values() -> dict[str, str]:
-    """Variable -> the value scripts/env.sh gives it for the local stack (unless it is set already)."""
-    return {match[1]: match[2] for match in ENV_SH_DEFAULT.finditer(ENV_SH.read_text())}
+def stack_value(name: str, stack: str) -> str | None:
+    """What a stack (`local_stack`: scripts/env.sh, `compose`: docker-compose.yaml) sets a setting to, if it does."""
+    return (Settings.model_fields[name].json_schema_extra or {}).get(stack)  # type: ignore[union-attr, return-value]
 
 
 def setting_default(field: FieldInfo) -> str:
@@ -82,13 +85,14 @@ def setting_default(field: FieldInfo) -> str:
 
 
 def settings_table(names: list[str]) -> str:
-    """One row per deployment setting: its variable, default, local-stack value and description."""
-    local = local_stack_values()
-    rows = ["| variable | default | local stack (`scripts/env.sh`) | used for |", "| --- | --- | --- | --- |"]
+    """One row per deployment setting: its variable, default, the stacks' values and its description."""
+    rows = ["| variable | default | local stack | Docker Compose | used for |", "| --- | --- | --- | --- | --- |"]
     for name in names:
-        field, variable = Settings.model_fields[name], env_name(name)
-        stack = f"`{cell(local[variable])}`" if variable in local else "unset"
-        rows.append(f"| `{variable}` | {setting_default(field)} | {stack} | {cell(field.description)} |")
+        field = Settings.model_fields[name]
+        stacks = [f"`{cell(value)}`" if value else "unset" for value in
+                  (stack_value(name, "local_stack"), stack_value(name, "compose"))]
+        rows.append(f"| `{env_name(name)}` | {setting_default(field)} | {' | '.join(stacks)} | "
+                    f"{cell(field.description)} |")
     return "\n".join(rows) + "\n"
 
 
@@ -100,42 +104,72 @@ def timeouts_table(names: list[str]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def env_sh_block() -> str:
+    """scripts/env.sh's lines for the settings the local stack sets: each a default, a value already set wins."""
+    names = [env_name(name) for name in Settings.model_fields if stack_value(name, "local_stack")]
+    lines = [f"{env_name(name)}=${{{env_name(name)}:-{value}}}" for name in Settings.model_fields
+             if (value := stack_value(name, "local_stack"))]
+    return "\n".join([*lines, f"export {' '.join(names)}"]) + "\n"
+
+
+def yaml_scalar(value: str) -> str:
+    """`value` as a YAML scalar: plain when YAML reads it back unchanged, else double-quoted."""
+    return value if yaml.safe_load(f"key: {value}") == {"key": value} else json.dumps(value)
+
+
+def compose_block() -> str:
+    """docker-compose.yaml's entries for the settings the containers set (x-airflow-common's environment)."""
+    return "".join(f"    {env_name(name)}: {yaml_scalar(value)}\n" for name in Settings.model_fields
+                   if (value := stack_value(name, "compose")))
+
+
 # The ledger's timeouts have a section of their own.
 TIMEOUTS = [name for name in Settings.model_fields if name.endswith("_timeout")]
-GENERATED: dict[str, Callable[[], str]] = {
-    # A pipeline's name is its entry's key in the file, not a field written in the entry.
-    "pipeline fields": lambda: fields_table(PipelineConfig, leave_out=("name",)),
-    "column fields": lambda: fields_table(ColumnSpec),
-    "deployment settings": lambda: settings_table([name for name in Settings.model_fields if name not in TIMEOUTS]),
-    "ledger timeouts": lambda: timeouts_table(TIMEOUTS),
+# File (relative to the project) -> its generated blocks by name.
+GENERATED: dict[str, dict[str, Callable[[], str]]] = {
+    "docs/configuration.md": {
+        # A pipeline's name is its entry's key in the file, not a field written in the entry.
+        "pipeline fields": lambda: fields_table(PipelineConfig, leave_out=("name",)),
+        "column fields": lambda: fields_table(ColumnSpec),
+        "deployment settings": lambda: settings_table([name for name in Settings.model_fields
+                                                       if name not in TIMEOUTS]),
+        "ledger timeouts": lambda: timeouts_table(TIMEOUTS),
+    },
+    "scripts/env.sh": {"kafka-ledger settings": env_sh_block},
+    "docker-compose.yaml": {"kafka-ledger settings": compose_block},
 }
 
 
-def render(text: str) -> str:
-    """The page with every generated block rewritten from the code; an unknown block name is an error."""
+def render(text: str, blocks: dict[str, Callable[[], str]]) -> str:
+    """The text with every generated block rewritten from the code; an unknown block name is an error."""
     def block(match: re.Match[str]) -> str:
         name = match["name"]
-        if name not in GENERATED:
-            raise ValueError(f"unknown generated block {name!r} (known: {', '.join(GENERATED)})")
-        return f"{match[1]}{GENERATED[name]()}{match[4]}"
+        if name not in blocks:
+            raise ValueError(f"unknown generated block {name!r} (known: {', '.join(blocks)})")
+        return f"{match['open']}{blocks[name]()}{match['close']}"
 
     return BLOCK.sub(block, text)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kafka_ledger.config_reference", description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the page differs from the generation")
-    parser.add_argument("page", nargs="?", type=Path, default=CONFIGURATION_PAGE)
+    parser.add_argument("--check", action="store_true", help="exit 1 if a file differs from the generation")
+    parser.add_argument("--root", type=Path, default=PROJECT_ROOT, help="the project (default: this one)")
     args = parser.parse_args(argv)
-    text = args.page.read_text()
-    generated = render(text)
-    if generated == text:
-        return 0
-    if args.check:
-        print(f"{args.page} is out of date: run python -m kafka_ledger.config_reference", file=sys.stderr)
+    stale = []
+    for relative, blocks in GENERATED.items():
+        path = args.root / relative
+        text = path.read_text()
+        generated = render(text, blocks)
+        if generated == text:
+            continue
+        stale.append(relative)
+        if not args.check:
+            path.write_text(generated)
+            print(f"rewrote the generated blocks of {relative}")
+    if stale and args.check:
+        print(f"out of date: {', '.join(stale)}: run python -m kafka_ledger.config_reference", file=sys.stderr)
         return 1
-    args.page.write_text(generated)
-    print(f"rewrote the generated tables of {args.page}")
     return 0
 
 

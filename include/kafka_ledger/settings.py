@@ -48,6 +48,8 @@ class Settings(BaseSettings):
 
     A field whose json_schema_extra names an `airflow_connection` comes from that Airflow connection when its
     variable is unset (AirflowConnections, for the callers of deployment_settings() that name the connection).
+    Its `local_stack` and `compose` values are what scripts/env.sh and docker-compose.yaml set the variable to
+    (generated there by config_reference; env.sh's values may use the KL_* variables it sets before).
     """
 
     model_config = SettingsConfigDict(env_prefix="KAFKA_LEDGER_", env_ignore_empty=True, frozen=True)
@@ -56,7 +58,8 @@ class Settings(BaseSettings):
         default=None,
         description="Kafka's bootstrap servers, `host:port[,host:port...]`; from the Airflow connection: its "
                     "extra's `bootstrap.servers`, else its host and port",
-        json_schema_extra={"airflow_connection": KAFKA_CONN_ID})
+        json_schema_extra={"airflow_connection": KAFKA_CONN_ID, "local_stack": "127.0.0.1:$KL_KAFKA_PORT",
+                           "compose": "kafka:9092"})
     # NoDecode: the validator below reads the JSON, so that a malformed value is an error in its own words.
     kafka_config: Annotated[KafkaClientConfig | None, NoDecode] = Field(
         default=None,
@@ -74,21 +77,37 @@ class Settings(BaseSettings):
                     "settings translated (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`, `sslpassword`, "
                     "`connect_timeout`, `application_name`, `options`; any other setting is refused with its name "
                     "rather than dropped). A secret: it holds the password",
-        json_schema_extra={"airflow_connection": LEDGER_DB_CONN_ID})
+        json_schema_extra={
+            "airflow_connection": LEDGER_DB_CONN_ID,
+            # The local Postgres accepts the ledger role over TLS only, and the ledger checks its certificate.
+            "local_stack": "postgresql://kafka_ledger:$KL_PG_LEDGER_PASSWORD@127.0.0.1:$KL_PG_PORT/kafka_ledger"
+                           "?sslmode=verify-full&sslrootcert=$KL_TLS_DIR/ca.pem",
+            # Compose refuses to start without the password in .env.
+            "compose": "postgresql://kafka_ledger:${KAFKA_LEDGER_DB_PASSWORD:?set it in .env}@postgres:5432"
+                       "/kafka_ledger",
+        })
     spark_runtime: SparkRuntime = Field(
         default=DEFAULT_SPARK_RUNTIME,
         description="the deployment's Spark runtime, `connect` or `submit` (a pipeline's `spark_runtime` wins; "
-                    "[Spark runtimes](deployment.md#spark-runtimes))")
+                    "[Spark runtimes](deployment.md#spark-runtimes))",
+        # The local stack runs a warm Spark Connect server, so pipelines use it unless they say submit.
+        json_schema_extra={"local_stack": "connect"})
     spark_master: str | None = Field(
         default=None,
         description="the Spark master spark-submit must use: a batch is refused when the `spark_default` "
                     "connection says another (`scripts/env.sh` makes that connection from this variable; the "
-                    "local Spark Connect server uses it too)")
-    pipelines: Path = Field(default=DEFAULT_CONFIG_PATH, description="the pipelines file")
+                    "local Spark Connect server uses it too)",
+        json_schema_extra={"local_stack": "local[*]", "compose": "spark://spark-master:7077"})
+    pipelines: Path = Field(
+        default=DEFAULT_CONFIG_PATH, description="the pipelines file",
+        json_schema_extra={"local_stack": "$KL_HOME/config/pipelines.yaml",
+                           "compose": "/opt/kafka-ledger/config/pipelines.yaml"})  # bind-mounted from config/
     spark_jars_dir: Path | None = Field(
         default=None,
         description="the folder of jars passed to spark-submit (`--jars`): the Kafka connector and the Postgres "
-                    "JDBC driver (`scripts/stack.sh install` fills the local stack's)")
+                    "JDBC driver (`scripts/stack.sh install` fills the local stack's)",
+        # The Airflow image is built with them there (docker/airflow.Dockerfile).
+        json_schema_extra={"local_stack": "$KL_STATE/cache/spark-jars", "compose": "/opt/kafka-ledger/spark-jars"})
     db_statement_timeout: int = Field(
         default=600, ge=1,
         description="any one ledger statement (a batch's publish and commit get its `spark_timeout_minutes`)")
