@@ -61,14 +61,17 @@ mkdir -p "$(dirname "$KL_SECRETS")"
 KL_LOCAL_KAFKA=${KL_LOCAL_KAFKA:-1}
 KL_LOCAL_POSTGRES=${KL_LOCAL_POSTGRES:-1}
 KL_LOCAL_SPARK_CONNECT=${KL_LOCAL_SPARK_CONNECT:-1}
+# kafka-ledger's own settings, generated from their declarations in include/kafka_ledger/settings.py (why
+# each value: there) by `python -m kafka_ledger.config_reference`; committed, as this file runs before set-up.
+# generated: kafka-ledger settings
 KAFKA_LEDGER_BOOTSTRAP_SERVERS=${KAFKA_LEDGER_BOOTSTRAP_SERVERS:-127.0.0.1:$KL_KAFKA_PORT}
-# The local Postgres accepts the ledger role over TLS only, and the ledger checks its certificate.
 KAFKA_LEDGER_DB_URL=${KAFKA_LEDGER_DB_URL:-postgresql://kafka_ledger:$KL_PG_LEDGER_PASSWORD@127.0.0.1:$KL_PG_PORT/kafka_ledger?sslmode=verify-full&sslrootcert=$KL_TLS_DIR/ca.pem}
-KAFKA_LEDGER_SPARK_MASTER=${KAFKA_LEDGER_SPARK_MASTER:-local[*]}
-KAFKA_LEDGER_SPARK_JARS_DIR=${KAFKA_LEDGER_SPARK_JARS_DIR:-$KL_STATE/cache/spark-jars}
-KAFKA_LEDGER_PIPELINES=${KAFKA_LEDGER_PIPELINES:-$KL_HOME/config/pipelines.yaml}
-# The local stack runs a warm Spark Connect server, so pipelines use it unless they say spark_runtime: submit.
 KAFKA_LEDGER_SPARK_RUNTIME=${KAFKA_LEDGER_SPARK_RUNTIME:-connect}
+KAFKA_LEDGER_SPARK_MASTER=${KAFKA_LEDGER_SPARK_MASTER:-local[*]}
+KAFKA_LEDGER_PIPELINES=${KAFKA_LEDGER_PIPELINES:-$KL_HOME/config/pipelines.yaml}
+KAFKA_LEDGER_SPARK_JARS_DIR=${KAFKA_LEDGER_SPARK_JARS_DIR:-$KL_STATE/cache/spark-jars}
+export KAFKA_LEDGER_BOOTSTRAP_SERVERS KAFKA_LEDGER_DB_URL KAFKA_LEDGER_SPARK_RUNTIME KAFKA_LEDGER_SPARK_MASTER KAFKA_LEDGER_PIPELINES KAFKA_LEDGER_SPARK_JARS_DIR
+# end generated
 
 # Airflow: Postgres metadata DB, the project's dags/ and plugins/, and every connection defined
 # explicitly (a missing spark_default silently means master "yarn").
@@ -92,8 +95,6 @@ export AIRFLOW_CONN_KAFKA_LEDGER_KAFKA=${AIRFLOW_CONN_KAFKA_LEDGER_KAFKA:-"{\"co
 export KL_SECRETS KL_PG_AIRFLOW_TEST_PASSWORD KL_KAFKA_SASL_PASSWORD KL_KAFKA_SASL_PORT KL_TLS_DIR KL_KAFKA_SASL_USER
 export KL_HOME KL_STATE KL_VENV KL_KAFKA_LIBS KL_LOCAL_KAFKA KL_LOCAL_POSTGRES KL_LOCAL_SPARK_CONNECT KL_KAFKA_PORT
 export KL_SPARK_SLOTS KL_SPARK_POOL_DESCRIPTION KL_KAFKA_CONTROLLER_PORT KL_PG_PORT KL_AIRFLOW_PORT KL_AIRFLOW_TEST_PORT KL_SPARK_CONNECT_PORT KL_SPARK_CONNECT_MEMORY KL_SPARK_CONNECT_CORES
-export KAFKA_LEDGER_BOOTSTRAP_SERVERS KAFKA_LEDGER_DB_URL KAFKA_LEDGER_SPARK_MASTER KAFKA_LEDGER_SPARK_RUNTIME
-export KAFKA_LEDGER_SPARK_JARS_DIR KAFKA_LEDGER_PIPELINES
 # Spark's settings for every Spark process of the stack (the cluster, spark-submit, the Connect server): a
 # spark-defaults.conf made from the secrets by scripts/stack.sh, so the RPC secret is on no command line.
 export SPARK_CONF_DIR=${SPARK_CONF_DIR:-$KL_STATE/spark-conf}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 
 from kafka_ledger.runtimes.submit import run_job
@@ -25,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Read one kafka-ledger batch and stage its rows.")
     parser.add_argument("--pipeline", required=True, help="pipeline name, as declared in the pipelines file")
     parser.add_argument("--batch-id", required=True, type=int, help="ledger batch id to read")
-    parser.add_argument("--config", default=os.environ.get("KAFKA_LEDGER_PIPELINES"), help="pipelines file")
+    parser.add_argument("--config", help="pipelines file (default: $KAFKA_LEDGER_PIPELINES, as everywhere)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     print(json.dumps(run_job(args.pipeline, args.batch_id, args.config, ledger_dsn(), bootstrap_servers())))

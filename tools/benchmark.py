@@ -46,7 +46,9 @@ from kafka_ledger.runtimes import run_batch
 from kafka_ledger.runtimes.submit import BASE_SPARK_CONF, spark_jars
 from kafka_ledger.settings import (
     bootstrap_servers,
+    deployment_settings,
     deployment_spark_runtime,
+    env_name,
     jdbc_target,
     kafka_config,
     ledger_dsn,
@@ -134,7 +136,7 @@ def _pipeline(setup: Setup, name: str, delivery_mode: str) -> PipelineConfig:
         "max_records_per_partition": setup.cap, "schedule": None, "delivery_mode": delivery_mode,
         "spark_runtime": setup.runtime,
     }}}))
-    os.environ["KAFKA_LEDGER_PIPELINES"] = str(config)
+    os.environ[env_name("pipelines")] = str(config)
     pipeline = get_pipeline(name)
     setup.pipelines.append(pipeline)
     return pipeline
@@ -201,7 +203,7 @@ def run_spark_peer(setup: Setup, round_no: int) -> dict[str, Any]:
     setup.tables.append(table)
     target = jdbc_target(setup.dsn)
     conf = [part for key, value in BASE_SPARK_CONF.items() for part in ("--conf", f"{key}={value}")]
-    command = ["spark-submit", "--master", os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "local[*]"), *conf,
+    command = ["spark-submit", "--master", deployment_settings().spark_master or "local[*]", *conf,
                "--jars", spark_jars(), benchmark_peers.__file__, "spark", "--servers", setup.servers,
                "--topic", setup.topic, "--schema", SCHEMA, "--table", table, "--jdbc-url", target.url,
                "--checkpoint", str(setup.workdir / f"checkpoint-{round_no}")]

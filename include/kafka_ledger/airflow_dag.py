@@ -17,11 +17,13 @@ import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Asset, BaseOperator, Param, task
+from airflow.sdk import log as task_log
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.timetables.interval import CronDataIntervalTimetable
+from pydantic import BaseModel
 
-from kafka_ledger import commit, kafka_security, ledger, planner
-from kafka_ledger.batch_requests import MODES, RequestError, parse_request
+from kafka_ledger import commit, ledger, planner
+from kafka_ledger.batch_requests import RequestError, parse_request, trigger_form_fields
 from kafka_ledger.commit import CommitResult
 from kafka_ledger.config import PipelineConfig, get_pipeline
 from kafka_ledger.runtimes import RUNTIMES, runtime_for
@@ -35,11 +37,13 @@ from kafka_ledger.runtimes.submit import (
     spark_job_environment,
 )
 from kafka_ledger.settings import (
+    KAFKA_CONN_ID,
+    LEDGER_DB_CONN_ID,
     SPARK_SUBMIT_CONN_ID,
     bootstrap_servers,
-    kafka_settings,
+    deployment_settings,
     ledger_dsn,
-    libpq_settings,
+    secret_values,
 )
 
 __all__ = ["BASE_SPARK_CONF", "SPARK_APPLICATION", "SPARK_POOL", "SPARK_TASK", "build_pipeline_dag",
@@ -53,26 +57,11 @@ PLAN_TASK = "plan_batch"
 SPARK_TASK = {name: runtime.spark_task_id for name, runtime in RUNTIMES.items()}
 
 
-def masked_ledger_dsn() -> str:
-    """The ledger DSN for the Spark task's environment, registered as a secret so logs and the UI hide it."""
-    from airflow.sdk.log import mask_secret
-
-    dsn = ledger_dsn()
-    mask_secret(dsn)
-    password = libpq_settings(dsn).get("password")  # a URL's or a key=value DSN's
-    if password:
-        mask_secret(password)
-    return dsn
-
-
-def masked_kafka_settings() -> dict[str, str]:
-    """The deployment's Kafka client settings for the Spark task's environment, their secrets masked."""
-    from airflow.sdk.log import mask_secret
-
-    values = kafka_settings()
-    for secret in kafka_security.secret_values(values):
-        mask_secret(secret)
-    return values
+def mask_secrets(settings: BaseModel) -> None:
+    """Register every secret the settings hold (settings.secret_values: the SecretStr values, a connection
+    string's password too) with Airflow's masker, so that task logs and the UI show *** in their place."""
+    for secret in secret_values(settings):
+        task_log.mask_secret(secret)
 
 
 class SubmitBatchOperator(SparkSubmitOperator):
@@ -85,7 +74,10 @@ class SubmitBatchOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> None:
         check_master(self._get_hook())
-        os.environ.update(spark_job_environment(masked_ledger_dsn(), bootstrap_servers(), masked_kafka_settings()))
+        settings = deployment_settings(LEDGER_DB_CONN_ID, KAFKA_CONN_ID)
+        mask_secrets(settings)
+        os.environ.update(spark_job_environment(settings.ledger_dsn(), settings.kafka_servers(),
+                                                settings.kafka_client_settings()))
         super().execute(context)
 
 
@@ -114,61 +106,10 @@ def committed(context: Any, pipeline: PipelineConfig, result: CommitResult) -> d
 
 
 def trigger_form(pipeline: PipelineConfig) -> dict[str, Param]:
-    """The trigger form of a pipeline's DAG: what a manual run (UI form or REST conf) should read."""
-    example = pipeline.topics[0] if pipeline.topics else "topic"
-    return {
-        "mode": Param(
-            "catch_up",
-            type="string",
-            enum=list(MODES),
-            values_display={
-                "catch_up": "Catch up: from the committed positions to the latest offsets",
-                "offset_ranges": "Offset ranges: re-read and replace the ranges below",
-                "time_window": "Time window: re-read and replace what Kafka timestamps put in the window",
-                "replay_batch": "Replay a batch: re-read and replace a recorded batch's ranges",
-            },
-            title="What to read",
-            description_md=(
-                "**catch_up** is what scheduled runs do. The other modes re-read offsets the pipeline has "
-                "already committed and *replace* their rows and dead letters in one transaction (use them "
-                "after fixing a transform); they never move the committed positions, except replaying the "
-                "pipeline's own unfinished batch, which completes it."
-            ),
-            section="Run",
-        ),
-        # Optional: a form field whose type does not admit null is required by Airflow's form.
-        "reason": Param(None, type=["null", "string"], title="Reason (optional)",
-                        description="Recorded in the ledger with the batch (who asked, and why).", section="Run"),
-        "ranges": Param(
-            [],
-            type="array",
-            title="Offset ranges (mode offset_ranges)",
-            description_md=(
-                "One object per partition; `until` is exclusive, as in Kafka. Example: "
-                f'`[{{"topic": "{example}", "partition": 0, "from": 100, "until": 200}}]`'
-            ),
-            items={
-                "type": "object",
-                "properties": {
-                    "topic": {"type": "string"},
-                    "partition": {"type": "integer", "minimum": 0},
-                    "from": {"type": "integer", "minimum": 0},
-                    "until": {"type": "integer", "minimum": 0},
-                },
-                "required": ["topic", "partition", "from", "until"],
-                "additionalProperties": False,
-            },
-            section="Offset ranges",
-        ),
-        "window_from": Param(None, type=["null", "string"], format="date-time", title="From (inclusive, UTC)",
-                             description="Mode time_window: first Kafka record timestamp of the window.",
-                             section="Time window"),
-        "window_to": Param(None, type=["null", "string"], format="date-time", title="To (exclusive, UTC)",
-                           description="Mode time_window: end of the window.", section="Time window"),
-        "batch_id": Param(None, type=["null", "integer"], minimum=1, title="Batch id (mode replay_batch)",
-                          description="A batch id from `kafka-ledger batches <pipeline>` or the ledger.",
-                          section="Replay"),
-    }
+    """The trigger form of a pipeline's DAG (batch_requests.BatchRequest's fields): what a manual run (UI form or
+    REST conf) should read, its example the pipeline's first topic."""
+    fields = trigger_form_fields(pipeline.topics[0] if pipeline.topics else "topic")
+    return {name: Param(field.default, description=field.description, **field.schema) for name, field in fields.items()}
 
 
 def plan_task(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any]:

@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.config:
-        os.environ["KAFKA_LEDGER_PIPELINES"] = args.config
+        os.environ[settings.env_name("pipelines")] = args.config
     try:
         return args.run(args)
     except CommitError as exc:

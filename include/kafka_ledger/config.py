@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kafka_ledger.columns import RESERVED_COLUMNS
+from kafka_ledger.settings import SparkRuntime, deployment_settings
 
 # Names end up in SQL identifiers, DAG ids and pool names: keep them to a safe, portable alphabet.
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -29,12 +29,8 @@ EPOCH_MICROS_PER_UNIT: dict[str, int] = {"epoch_seconds": 1_000_000, "epoch_mill
 # is dead-lettered instead of published.
 TIMESTAMP_YEARS = (1900, 2199)
 
-SparkRuntime = Literal["connect", "submit"]
-
 # Every pipeline's DAG id is this prefix and the pipeline's name.
 DAG_ID_PREFIX = "kafka_ledger__"
-
-DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "config" / "pipelines.yaml"
 
 
 class ConfigError(ValueError):
@@ -46,14 +42,23 @@ class ColumnSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
-    type: ColumnType
-    required: bool = False
-    description: str = ""
-    # Timestamp columns only: the accepted forms of the value (default: ISO-8601 text or epoch seconds), and
-    # the years a value may fall in (default TIMESTAMP_YEARS).
-    formats: list[TimestampFormat] | None = None
-    years: tuple[int, int] | None = None
+    name: str = Field(description="the field's name in the JSON value and the column's: lower-case letters, digits "
+                                  "and _; not one of the columns the ledger adds (`kafka_topic`, `kafka_partition`, "
+                                  "`kafka_offset`, `kafka_timestamp`, `batch_id`, ...)")
+    type: ColumnType = Field(description="`string`, `long`, `int`, `double`, `boolean` or `timestamp` (Postgres "
+                                         "`text`, `bigint`, `integer`, `double precision`, `boolean`, `timestamptz`); "
+                                         "a value that does not fit is a dead letter")
+    required: bool = Field(default=False, description="a record whose value lacks the field (or holds null) is a "
+                                                      "dead letter (`required field '<name>' is missing or null`)")
+    description: str = Field(default="", description="what the column holds, for the people reading the file")
+    formats: list[TimestampFormat] | None = Field(
+        default=None,
+        description="timestamp columns only: the forms the value may take, at most one epoch unit ([Timestamps]"
+                    f"(#timestamps)); none: `[{', '.join(DEFAULT_TIMESTAMP_FORMATS)}]`")
+    years: tuple[int, int] | None = Field(
+        default=None,
+        description="timestamp columns only: `[first, last]`, the years (inclusive) a value may fall in, else it "
+                    f"is a dead letter; none: `[{TIMESTAMP_YEARS[0]}, {TIMESTAMP_YEARS[1]}]`")
 
     @field_validator("name")
     @classmethod
@@ -102,9 +107,11 @@ class AssignedPartition(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    topic: str
-    partition: int = Field(ge=0)
-    start_offset: int | None = Field(default=None, ge=0)
+    topic: str = Field(description="the partition's topic")
+    partition: int = Field(ge=0, description="the partition's number, from 0")
+    start_offset: int | None = Field(default=None, ge=0,
+                                     description="the offset the pipeline starts the partition at; none: where "
+                                                 "`start_position` says")
 
 
 DeliveryMode = Literal["exactly_once", "at_least_once", "latest_only"]
@@ -115,35 +122,77 @@ class PipelineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
-    description: str = ""
-    # Exactly one subscription: a topic list, a regex over topic names, or an explicit assignment.
-    topics: list[str] = Field(default_factory=list)
-    topic_pattern: str | None = None
-    assignment: list[AssignedPartition] | None = None
-    delivery_mode: DeliveryMode = "exactly_once"
-    # What planning does when retention deleted offsets the pipeline never read: fail (name them) or
-    # skip them, recording the lost range in the ledger.
-    on_data_loss: Literal["fail", "skip"] = "fail"
-    # Fields of the JSON value that are not declared columns: ignored, or the record is dead-lettered.
-    extra_fields: Literal["ignore", "dead_letter"] = "ignore"
-    output_table: str
-    output_schema: str = "public"
-    columns: list[ColumnSpec] = Field(min_length=1)
-    max_records_per_partition: int = Field(default=100_000, ge=1)
-    start_position: Literal["earliest", "latest"] = "earliest"
-    schedule: str | None = "@hourly"
-    owner: str = "data-engineering"
-    retries: int = Field(default=2, ge=0)
-    retry_delay_seconds: int = Field(default=60, ge=0)
-    spark_timeout_minutes: int = Field(default=60, ge=1)
-    spark_conf: dict[str, str] = Field(default_factory=dict)
-    # Where the batch's Spark work runs: the warm Spark Connect server, or one spark-submit per batch.
-    # None: the deployment's default ($KAFKA_LEDGER_SPARK_RUNTIME).
-    spark_runtime: SparkRuntime | None = None
-    # Opt-in: after each commit the ledger's positions are also committed to this Kafka consumer group, so
-    # kafka-consumer-groups, Burrow or kafbat show the pipeline's lag. The ledger stays authoritative.
-    mirror_consumer_group: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]{1,249}$")
+    name: str = Field(description="the pipeline's name, its entry's key in the file: lower-case letters, digits "
+                                  "and _, at most 48 characters; its DAG is `kafka_ledger__<name>`")
+    description: str = Field(default="", description="the DAG's description in Airflow (without one: `Exactly-once "
+                                                     "ingest of <subscription>`)")
+    topics: list[str] = Field(
+        default_factory=list,
+        description="Kafka topics to read, each of which must exist. A pipeline declares exactly one subscription: "
+                    "`topics`, `topic_pattern` or `assignment` ([below](#subscriptions))")
+    topic_pattern: str | None = Field(
+        default=None,
+        description="a regular expression matching whole topic names (internal `__` topics never); topics that "
+                    "come to match it are read from the next plan on")
+    assignment: list[AssignedPartition] | None = Field(
+        default=None,
+        description="explicit partitions: `topic`, `partition` and optionally `start_offset` each ([below]"
+                    "(#subscriptions))")
+    delivery_mode: DeliveryMode = Field(
+        default="exactly_once",
+        description="`exactly_once`, `at_least_once` or `latest_only` ([below](#delivery-modes))")
+    on_data_loss: Literal["fail", "skip"] = Field(
+        default="fail",
+        description="when retention deleted offsets the pipeline never read: `fail` the plan, naming the lost "
+                    "ranges (nothing moves until someone resets the positions deliberately), or `skip` them: the "
+                    "batch starts at the log start and the lost range is recorded as `skipped` in the ledger, "
+                    "logged as a warning and counted by `kafka-ledger status`")
+    extra_fields: Literal["ignore", "dead_letter"] = Field(
+        default="ignore",
+        description="fields of the JSON value that are not declared columns: `ignore` them, or `dead_letter` the "
+                    "record (reason `unexpected field(s): ...`)")
+    output_table: str = Field(
+        description="the published table, created if missing in `output_schema`; it gets the declared columns plus "
+                    "`kafka_topic`, `kafka_partition`, `kafka_offset`, `kafka_timestamp`, `batch_id`. One pipeline "
+                    "per table: an entry whose table an entry earlier in the file writes is invalid")
+    output_schema: str = Field(default="public", description="the Postgres schema of `output_table`")
+    columns: list[ColumnSpec] = Field(
+        min_length=1,
+        description="the fields of the JSON value, one column each ([Columns](#columns)); names may not reuse "
+                    "the `kafka_*` columns")
+    max_records_per_partition: int = Field(
+        default=100_000, ge=1,
+        description="offsets per partition per batch: bounds one batch's memory")
+    start_position: Literal["earliest", "latest"] = Field(
+        default="earliest",
+        description="where partitions new to the ledger start (also partitions added later): `earliest` or "
+                    "`latest`")
+    schedule: str | None = Field(
+        default="@hourly",
+        description="when scheduled runs start: a cron expression or `@hourly`/`@daily`, as an interval timetable "
+                    "(`CronDataIntervalTimetable`, UTC); `null` for manual runs only. A scheduled run catches up "
+                    "from the committed positions to the latest offsets (capped per partition) whatever its data "
+                    "interval; only backfill runs use their data interval, which they rewrite ([Backfills]"
+                    "(operating.md#backfills))")
+    owner: str = Field(default="data-engineering", description="the tasks' owner in Airflow")
+    retries: int = Field(default=2, ge=0,
+                         description="retries of each task; they back off exponentially (at most 30 min)")
+    retry_delay_seconds: int = Field(default=60, ge=0, description="the delay before a task's first retry")
+    spark_timeout_minutes: int = Field(default=60, ge=1, description="execution timeout of the Spark task")
+    spark_conf: dict[str, str] = Field(
+        default_factory=dict,
+        description="extra `--conf` for spark-submit, e.g. `spark.executor.memory` (runtime `submit`)")
+    spark_runtime: SparkRuntime | None = Field(
+        default=None,
+        description="where the batch's Spark work runs: `connect`, the warm Spark Connect server, or `submit`, one "
+                    "spark-submit per batch ([Spark runtimes](deployment.md#spark-runtimes)); none: the "
+                    "deployment's (`$KAFKA_LEDGER_SPARK_RUNTIME`, else `submit`; the local stack sets `connect`)")
+    mirror_consumer_group: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9._:-]{1,249}$",
+        description="opt-in: a Kafka consumer group (e.g. `kafka-ledger.impressions`) the committed positions are "
+                    "copied into after each commit, so `kafka-consumer-groups --describe`, Burrow or kafbat show "
+                    "the lag ([Lag in Kafka's own tools](operating.md#lag-in-kafkas-own-tools)); the ledger stays "
+                    "authoritative")
 
     @field_validator("name")
     @classmethod
@@ -319,7 +368,7 @@ def read_declarations(text: str, source: str = "<string>") -> PipelineDeclaratio
 
 def config_path() -> Path:
     """The pipelines file in use: $KAFKA_LEDGER_PIPELINES, else config/pipelines.yaml in the project."""
-    return Path(os.environ.get("KAFKA_LEDGER_PIPELINES") or DEFAULT_CONFIG_PATH)
+    return deployment_settings().pipelines
 
 
 def parse_pipelines(text: str, source: str = "<string>") -> dict[str, PipelineConfig]:

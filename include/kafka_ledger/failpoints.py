@@ -19,7 +19,22 @@ import signal
 import time
 from pathlib import Path
 
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
 log = logging.getLogger(__name__)
+
+
+class FailPointSettings(BaseSettings):
+    """The fail points' environment, KAFKA_LEDGER_<FIELD NAME>: for fault-injection tests, never a deployment
+    (so not among settings.Settings, the deployment's settings)."""
+
+    model_config = SettingsConfigDict(env_prefix="KAFKA_LEDGER_", env_ignore_empty=True, frozen=True)
+
+    failpoints: str = Field(default="", description="armed fail points, `name=action` separated by commas")
+    failpoints_once_dir: Path | None = Field(
+        default=None, description="a folder of marker files: with it, each fail point fires once")
+    failpoints_pause_seconds: float = Field(default=15, description="how long the `pause` action waits at most")
 
 
 class FailPointError(RuntimeError):
@@ -29,7 +44,7 @@ class FailPointError(RuntimeError):
 def armed() -> dict[str, str]:
     """Fail point name -> action, as configured in the environment."""
     result = {}
-    for item in os.environ.get("KAFKA_LEDGER_FAILPOINTS", "").split(","):
+    for item in FailPointSettings().failpoints.split(","):
         name, _, action = item.partition("=")
         if name.strip():
             result[name.strip()] = action.strip() or "raise"
@@ -44,17 +59,18 @@ def hit(name: str) -> None:
         return
     if action not in ("kill", "raise", "pause"):
         raise ValueError(f"fail point {name}: unknown action {action!r} (use kill, raise or pause)")
-    once_dir = os.environ.get("KAFKA_LEDGER_FAILPOINTS_ONCE_DIR")
+    settings = FailPointSettings()
+    once_dir = settings.failpoints_once_dir
     if once_dir:
-        marker = Path(once_dir) / name
+        marker = once_dir / name
         if marker.exists():
             return
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
     log.warning("fail point %s fired: %s", name, action)
     if action == "pause":
-        deadline = time.monotonic() + float(os.environ.get("KAFKA_LEDGER_FAILPOINTS_PAUSE_SECONDS", "15"))
-        resume = Path(once_dir) / f"{name}.resume" if once_dir else None
+        deadline = time.monotonic() + settings.failpoints_pause_seconds
+        resume = once_dir / f"{name}.resume" if once_dir else None
         while time.monotonic() < deadline and not (resume and resume.exists()):
             time.sleep(0.05)
         return

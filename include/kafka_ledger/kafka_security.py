@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+# The environment variable of settings.Settings.kafka_config, for callers that set it (a test, a Spark job's
+# environment); tests/unit/test_settings.py checks that it is the model's.
 KAFKA_CONFIG_ENV = "KAFKA_LEDGER_KAFKA_CONFIG"
 
 # librdkafka (confluent-kafka) settings that reach Spark's Java Kafka client under the same name.
@@ -15,32 +17,40 @@ SASL_LOGIN_MODULES = {
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
     "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
 }
-# Values of these settings are secrets: never logged, and registered with Airflow's masker.
-SECRET_SETTINGS = ("sasl.password", "ssl.key.password", "ssl.keystore.password")
 
 
 class KafkaConfigError(ValueError):
-    """The Kafka client settings are malformed or cannot be given to one of the clients."""
+    """The Kafka client settings cannot be given to one of the clients."""
 
 
-def client_settings(extra: dict[str, object] | None = None) -> dict[str, str]:
+class KafkaClientConfig(BaseModel):
     """Kafka client settings beyond bootstrap.servers, in librdkafka's names (security.protocol, sasl.*, ssl.*, ...).
 
-    From $KAFKA_LEDGER_KAFKA_CONFIG (a JSON object) when it is set, else `extra`: the extra of the Airflow
-    connection the bootstrap servers came from (the Kafka provider's `kafka` connection type holds a
-    confluent-kafka configuration there). bootstrap.servers itself is decided by settings.bootstrap_servers().
+    Every setting is kept, as text (as the clients take it); the passwords are declared, as secrets: never
+    logged, and registered with Airflow's masker (airflow_dag.mask_secrets).
     """
-    raw = os.environ.get(KAFKA_CONFIG_ENV)
-    if raw:
-        try:
-            extra = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise KafkaConfigError(f"${KAFKA_CONFIG_ENV} is not a JSON object: {exc.msg}") from None
-    if extra is None:
-        return {}
-    if not isinstance(extra, dict):
-        raise KafkaConfigError(f"the Kafka client settings must be a JSON object, not {type(extra).__name__}")
-    return {str(key): str(value) for key, value in extra.items() if key != "bootstrap.servers"}
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    sasl_password: SecretStr | None = Field(default=None, alias="sasl.password", description="the SASL password")
+    ssl_key_password: SecretStr | None = Field(default=None, alias="ssl.key.password",
+                                               description="the password of the client's private key")
+    ssl_keystore_password: SecretStr | None = Field(default=None, alias="ssl.keystore.password",
+                                                    description="the password of the client's key store")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _as_text(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            raise ValueError(f"the Kafka client settings must be a JSON object, not {type(data).__name__}")
+        # bootstrap.servers is settings.bootstrap_servers()'s, wherever the rest comes from.
+        return {str(key): str(value) for key, value in data.items() if key != "bootstrap.servers"}
+
+    def client_settings(self) -> dict[str, str]:
+        """The settings as the clients take them, the secrets revealed."""
+        secrets = {field.alias: getattr(self, name) for name, field in type(self).model_fields.items()}
+        return {**{key: value.get_secret_value() for key, value in secrets.items() if value is not None},
+                **(self.model_extra or {})}
 
 
 # librdkafka writes its informational lines (syslog level 6, such as "Purging 1 unserved events from background
@@ -113,7 +123,3 @@ def spark_options(settings: dict[str, str]) -> dict[str, str]:
                                "ssl.key.password, ssl.endpoint.identification.algorithm")
     return options
 
-
-def secret_values(settings: dict[str, str]) -> list[str]:
-    """The values among the settings that are secrets (to mask in logs and the UI)."""
-    return [settings[key] for key in SECRET_SETTINGS if settings.get(key)]

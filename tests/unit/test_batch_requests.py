@@ -71,3 +71,39 @@ def test_trigger_form_schema_accepts_the_documented_examples_and_refuses_bad_typ
         check("ranges", [{"topic": "t", "partition": 0, "from": -1, "until": 2}])
     with pytest.raises(jsonschema.ValidationError):
         check("mode", "everything")
+
+
+def test_the_form_is_the_request_model_and_only_the_mode_is_required():
+    from typing import get_args
+
+    from kafka_ledger.batch_requests import BatchRequest, Mode, trigger_form_fields
+
+    fields = trigger_form_fields()
+    assert list(fields) == list(BatchRequest.model_fields)
+    # Airflow's form requires a field whose type does not admit null and has no value: the mode has one, the
+    # ranges have [], every other field admits null and is null by default.
+    nullable = [name for name, field in fields.items() if "null" in field.schema["type"]]
+    assert nullable == [name for name, field in fields.items() if field.default is None] == [
+        "reason", "window_from", "window_to", "batch_id"]
+    assert (fields["mode"].default, fields["ranges"].default) == ("catch_up", [])
+    mode = fields["mode"].schema
+    assert mode["enum"] == list(get_args(Mode)) and set(mode["values_display"]) == set(mode["enum"])
+    assert {name: field.schema["section"] for name, field in fields.items()} == {
+        "mode": "Run", "reason": "Run", "ranges": "Offset ranges", "window_from": "Time window",
+        "window_to": "Time window", "batch_id": "Replay"}
+    assert fields["window_from"].schema["type"] == ["null", "string"]
+    assert fields["window_from"].schema["format"] == "date-time"
+    assert fields["batch_id"].schema["type"] == ["null", "integer"] and fields["batch_id"].schema["minimum"] == 1
+    # Markdown descriptions go to Airflow's description_md, plain ones to the Param's description.
+    assert fields["mode"].description is None and "**catch_up**" in mode["description_md"]
+    assert fields["reason"].description == BatchRequest.model_fields["reason"].description
+    # What the form sends by default is the model's default request.
+    assert parse_request({name: field.default for name, field in fields.items()}) == BatchRequest()
+
+
+def test_the_forms_example_range_names_the_pipelines_first_topic():
+    from kafka_ledger.batch_requests import trigger_form_fields
+
+    assert '`[{"topic": "clicks", "partition": 0, "from": 100, "until": 200}]`' in (
+        trigger_form_fields("clicks")["ranges"].schema["description_md"])
+    assert '"topic": "topic"' in trigger_form_fields()["ranges"].schema["description_md"]

@@ -5,7 +5,7 @@ import textwrap
 import pytest
 import yaml
 
-from kafka_ledger import config
+from kafka_ledger import config, settings
 from kafka_ledger.columns import POSTGRES_TYPES
 from kafka_ledger.config import ConfigError, get_pipeline, load_pipelines, parse_pipelines
 
@@ -276,8 +276,8 @@ def test_load_pipelines_uses_env_path(tmp_path, monkeypatch):
 
 
 def test_config_path_defaults_to_repo_file():
-    assert config.config_path() == config.DEFAULT_CONFIG_PATH
-    assert config.DEFAULT_CONFIG_PATH.parts[-2:] == ("config", "pipelines.yaml")
+    assert config.config_path() == settings.DEFAULT_CONFIG_PATH
+    assert settings.DEFAULT_CONFIG_PATH.parts[-2:] == ("config", "pipelines.yaml")
 
 
 def test_get_pipeline_returns_the_named_pipeline(tmp_path):
@@ -305,7 +305,7 @@ def test_get_pipeline_in_empty_file_says_none_declared(tmp_path):
 
 
 def test_repo_pipelines_file_declares_impressions():
-    pipelines = load_pipelines(config.DEFAULT_CONFIG_PATH)
+    pipelines = load_pipelines(settings.DEFAULT_CONFIG_PATH)
     assert "impressions" in pipelines
     impressions = pipelines["impressions"]
     assert impressions.topics == ["impressions"]

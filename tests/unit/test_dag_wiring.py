@@ -188,11 +188,14 @@ def test_the_ledger_password_is_registered_as_a_secret_whatever_the_dsn_form(mon
     import airflow.sdk.log
 
     from kafka_ledger import airflow_dag
+    from kafka_ledger.settings import deployment_settings
 
     masked: list[str] = []
     monkeypatch.setattr(airflow.sdk.log, "mask_secret", masked.append)
     monkeypatch.setenv("KAFKA_LEDGER_DB_URL", dsn)
-    assert airflow_dag.masked_ledger_dsn() == dsn
+    settings = deployment_settings()
+    airflow_dag.mask_secrets(settings)
+    assert settings.ledger_dsn() == dsn
     assert masked == [dsn, "s3cr/t"]
 
 

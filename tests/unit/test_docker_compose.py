@@ -2,7 +2,8 @@
 
 Docker does not run where the tests run, so the file is checked as data: the services exist and are wired
 together (dependencies, addresses, mounts), every Airflow service gets the same settings, and the names and
-versions stay in sync with the Docker-less stack (scripts/env.sh, requirements.txt, the Maven poms).
+versions stay in sync with the Docker-less stack (scripts/env.sh, requirements.txt, the Maven poms). The
+KAFKA_LEDGER_* variables of both are generated from include/kafka_ledger/settings.py (test_config_reference.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ AIRFLOW_SERVICES = [
 SERVICES = ["kafka", "postgres", "spark-master", "spark-worker", *AIRFLOW_SERVICES]
 
 # Settings both stacks must define under the same names (values differ: container vs 127.0.0.1 addresses).
+# kafka-ledger's own (KAFKA_LEDGER_*) are generated in both from include/kafka_ledger/settings.py
+# (test_config_reference.py).
 SHARED_ENV_NAMES = [
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
     "AIRFLOW__CORE__EXECUTOR",
@@ -38,11 +41,6 @@ SHARED_ENV_NAMES = [
     "AIRFLOW_CONN_SPARK_DEFAULT",
     "AIRFLOW_CONN_KAFKA_LEDGER_DB",
     "AIRFLOW_CONN_KAFKA_LEDGER_KAFKA",
-    "KAFKA_LEDGER_BOOTSTRAP_SERVERS",
-    "KAFKA_LEDGER_DB_URL",
-    "KAFKA_LEDGER_SPARK_MASTER",
-    "KAFKA_LEDGER_PIPELINES",
-    "KAFKA_LEDGER_SPARK_JARS_DIR",
     "PYSPARK_PYTHON",
 ]
 

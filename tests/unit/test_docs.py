@@ -1,4 +1,5 @@
-"""The README and docs/ must not drift from the code: settings, pipeline fields, links and the quick start."""
+"""The README and docs/ must not drift from the code: settings, links and the quick start (the generated reference
+tables are checked by test_config_reference.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kafka_ledger.config import PipelineConfig
-from kafka_ledger.settings import DEFAULT_SPARK_RUNTIME, LedgerTimeouts
+from kafka_ledger.settings import DEFAULT_SPARK_RUNTIME
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -99,20 +99,6 @@ def settings_env_names() -> set[str]:
     return names
 
 
-def pipeline_fields_table() -> list[list[str]]:
-    """The backticked names of each row's first column in docs/configuration.md's pipeline-fields table."""
-    lines = prose_lines(CONFIGURATION.read_text())
-    start = next((i for i, line in enumerate(lines) if re.match(r"\|\s*field\s*\|\s*default\s*\|", line)), None)
-    assert start is not None, "docs/configuration.md has no '| field | default | meaning |' table"
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        first_cell = line.strip("|").split("|")[0]
-        rows.append(re.findall(r"`([^`]+)`", first_cell))
-    return rows
-
-
 def test_readme_opens_with_its_title_one_sentence_and_the_quick_start():
     lines = README.read_text().splitlines()
     assert lines[0] == "# kafka-ledger"
@@ -152,26 +138,6 @@ def test_every_documented_environment_variable_exists_in_the_code():
     assert not missing, (
         "documented settings that occur nowhere in " + ", ".join(CODE_PLACES) + ": "
         + "; ".join(f"{name} (in {', '.join(sorted(pages))})" for name, pages in sorted(missing.items())))
-
-
-def test_every_pipeline_field_is_in_the_configuration_table():
-    documented = {name for row in pipeline_fields_table() for name in row}
-    undocumented = sorted(set(PipelineConfig.model_fields) - {"name"} - documented)
-    assert not undocumented, f"pipeline fields missing from docs/configuration.md's field table: {undocumented}"
-
-
-def test_the_configuration_table_lists_only_real_pipeline_fields():
-    fields = set(PipelineConfig.model_fields)
-    rows = pipeline_fields_table()
-    assert rows and all(rows), "every row of the pipeline-fields table must name its field(s) in backticks"
-    unknown = sorted({name for row in rows for name in row} - fields)
-    assert not unknown, f"docs/configuration.md documents pipeline fields that do not exist: {unknown}"
-
-
-def test_configuration_documents_every_ledger_timeout_with_its_default():
-    text = CONFIGURATION.read_text()
-    for name, field in LedgerTimeouts.model_fields.items():
-        assert f"| `KAFKA_LEDGER_{name.upper()}` | {field.default} | {field.description} |" in text
 
 
 def test_docs_state_the_spark_runtime_defaults_of_the_code_and_of_the_local_stack():

@@ -1,31 +1,40 @@
 """Kafka client settings: where they come from, and their translation for Spark's Java Kafka client."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from kafka_ledger import kafka_security, settings
-from kafka_ledger.kafka_security import KafkaConfigError, client_settings, secret_values, spark_options
+from kafka_ledger.kafka_security import KafkaClientConfig, KafkaConfigError, spark_options
+from kafka_ledger.settings import SettingsError, secret_values
 
 SCRAM = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "ingest",
          "sasl.password": 'p"a\\ss', "ssl.ca.location": "/etc/kafka/ca.pem"}
 
 
 def test_settings_come_from_the_environment_first_without_bootstrap_servers(monkeypatch):
+    connection = SimpleNamespace(extra_dejson={"security.protocol": "PLAINTEXT", "bootstrap.servers": "x:1"},
+                                 host=None, port=None)
+    monkeypatch.setattr(settings, "_airflow_connection", lambda conn_id: connection)
     monkeypatch.setenv(kafka_security.KAFKA_CONFIG_ENV, json.dumps({**SCRAM, "bootstrap.servers": "x:1"}))
-    assert client_settings({"security.protocol": "PLAINTEXT"}) == SCRAM
+    assert settings.kafka_settings() == SCRAM
     monkeypatch.delenv(kafka_security.KAFKA_CONFIG_ENV)
-    assert client_settings({"security.protocol": "SSL", "bootstrap.servers": "x:1"}) == {"security.protocol": "SSL"}
-    assert client_settings(None) == {}
+    connection.extra_dejson = {"security.protocol": "SSL", "bootstrap.servers": "x:1"}
+    assert settings.kafka_settings() == {"security.protocol": "SSL"}
+    # Servers from the environment never get a connection's settings: none but the environment's.
+    monkeypatch.setenv("KAFKA_LEDGER_BOOTSTRAP_SERVERS", "k:1")
+    assert settings.kafka_settings() == {}
 
 
-def test_malformed_environment_settings_are_a_clear_error(monkeypatch):
+def test_malformed_environment_settings_are_a_clear_error_that_shows_no_value(monkeypatch):
     monkeypatch.setenv(kafka_security.KAFKA_CONFIG_ENV, "{security.protocol: SSL}")
-    with pytest.raises(KafkaConfigError, match=r"\$KAFKA_LEDGER_KAFKA_CONFIG is not a JSON object"):
-        client_settings()
+    with pytest.raises(SettingsError, match=r"^KAFKA_LEDGER_KAFKA_CONFIG: not a JSON object: ") as exc_info:
+        settings.kafka_settings()
+    assert "SSL" not in str(exc_info.value)  # the value may hold a password
     monkeypatch.setenv(kafka_security.KAFKA_CONFIG_ENV, '["SSL"]')
-    with pytest.raises(KafkaConfigError, match="must be a JSON object, not list"):
-        client_settings()
+    with pytest.raises(SettingsError, match="must be a JSON object, not list"):
+        settings.kafka_settings()
 
 
 def test_deployment_settings_follow_the_servers_environment(monkeypatch):
@@ -76,8 +85,13 @@ def test_what_spark_cannot_be_given_is_refused_by_name():
     assert spark_options({"client.id": "me"}) == {}  # client tuning is the Python clients' business
 
 
-def test_secret_values_are_the_passwords():
-    assert secret_values({**SCRAM, "ssl.key.password": "k"}) == ['p"a\\ss', "k"]
+def test_the_passwords_are_the_secrets_and_every_setting_is_kept_as_text():
+    config = KafkaClientConfig.model_validate({**SCRAM, "ssl.key.password": "k", "ssl.keystore.password": "",
+                                               "socket.timeout.ms": 5000})
+    assert secret_values(config) == ['p"a\\ss', "k"]
+    assert config.client_settings() == {**SCRAM, "ssl.key.password": "k", "ssl.keystore.password": "",
+                                        "socket.timeout.ms": "5000"}
+    assert 'p"a' not in repr(config)
 
 
 def test_clients_log_warnings_and_worse_only_unless_the_deployment_says_otherwise():

@@ -8,7 +8,6 @@ import pytest
 from kafka_ledger import settings
 from kafka_ledger.settings import (
     JdbcTarget,
-    LedgerTimeouts,
     SettingsError,
     jdbc_target,
     ledger_timeouts,
@@ -201,15 +200,134 @@ def test_spark_connect_url_names_the_batch_session(monkeypatch):
 
 
 def test_ledger_timeouts_default_and_come_from_the_environment(monkeypatch):
-    assert ledger_timeouts() == LedgerTimeouts(db_statement_timeout=600, db_lock_timeout=600)
+    timeouts = ledger_timeouts()
+    assert (timeouts.db_statement_timeout, timeouts.db_lock_timeout) == (600, 600)
     monkeypatch.setenv("KAFKA_LEDGER_DB_LOCK_TIMEOUT", "5")
     assert ledger_timeouts().db_lock_timeout == 5
     monkeypatch.setenv("KAFKA_LEDGER_DB_LOCK_TIMEOUT", "0")
-    with pytest.raises(SettingsError, match="db_lock_timeout"):
+    with pytest.raises(SettingsError, match="KAFKA_LEDGER_DB_LOCK_TIMEOUT='0': Input should be greater than"):
         ledger_timeouts()
 
 
-def test_the_configuration_reference_documents_every_ledger_timeout_with_its_default():
-    readme = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
-    for name, field in LedgerTimeouts.model_fields.items():
-        assert f"| `KAFKA_LEDGER_{name.upper()}` | {field.default} | {field.description} |" in readme
+# --- the Settings model ---------------------------------------------------------------------------------------
+
+
+def test_every_setting_is_described_and_named_kafka_ledger_field():
+    from kafka_ledger.kafka_security import KAFKA_CONFIG_ENV
+
+    assert [name for name, field in settings.Settings.model_fields.items() if not field.description] == []
+    assert settings.env_name("kafka_config") == KAFKA_CONFIG_ENV
+    assert settings.env_name("db_url") == "KAFKA_LEDGER_DB_URL"
+    with pytest.raises(KeyError):
+        settings.env_name("nothing")
+
+
+def test_the_environment_wins_and_no_connection_is_looked_up_for_what_it_gives(monkeypatch):
+    calls = airflow_returns(monkeypatch, SimpleNamespace(get_uri=lambda: "postgres://conn@h/d"))
+    monkeypatch.setenv("KAFKA_LEDGER_DB_URL", "postgresql://env@h/d")
+    assert settings.ledger_dsn() == "postgresql://env@h/d"
+    assert calls == []
+
+
+def test_only_the_connections_a_caller_names_are_looked_up(monkeypatch):
+    def refuse(conn_id):
+        raise AssertionError(f"looked up {conn_id}")
+
+    monkeypatch.setattr(settings, "_airflow_connection", refuse)
+    # The environment's settings alone (the Spark runtime, the pipelines file, the timeouts): no look-up.
+    assert settings.deployment_settings().spark_runtime == "submit"
+    assert settings.deployment_spark_runtime() == "submit"
+    from kafka_ledger import config
+
+    assert config.config_path() == settings.DEFAULT_CONFIG_PATH
+
+
+def test_building_a_dag_looks_up_no_connection(monkeypatch):
+    from kafka_ledger.airflow_dag import build_pipeline_dag
+    from kafka_ledger.config import parse_pipelines
+
+    def refuse(conn_id):
+        raise AssertionError(f"looked up {conn_id} while building a DAG")
+
+    monkeypatch.setattr(settings, "_airflow_connection", refuse)
+    pipeline = parse_pipelines("pipelines:\n  p:\n    topics: [t]\n    output_table: t\n"
+                               "    columns: [{name: a, type: string}]\n")["p"]
+    assert build_pipeline_dag(pipeline).dag_id == "kafka_ledger__p"
+
+
+def test_why_a_connection_could_not_be_read_is_the_errors_cause(monkeypatch):
+    def broken(conn_id):
+        raise LookupError(f"secrets backend down for {conn_id}")
+
+    monkeypatch.setattr(settings, "_airflow_connection", broken)
+    with pytest.raises(SettingsError, match="no ledger database configured") as exc_info:
+        settings.ledger_dsn()
+    assert isinstance(exc_info.value.__cause__, LookupError)
+    with pytest.raises(SettingsError, match="no Kafka configured") as exc_info:
+        settings.kafka_settings()
+    assert isinstance(exc_info.value.__cause__, LookupError)
+
+
+def test_kafka_settings_from_the_connection_are_secrets_too(monkeypatch):
+    extra = {"bootstrap.servers": "k:9094", "security.protocol": "SASL_SSL", "sasl.password": "c0nn"}
+    airflow_returns(monkeypatch, SimpleNamespace(extra_dejson=extra, host=None, port=None))
+    loaded = settings.deployment_settings(settings.KAFKA_CONN_ID)
+    assert (loaded.kafka_servers(), loaded.kafka_client_settings()) == (
+        "k:9094", {"security.protocol": "SASL_SSL", "sasl.password": "c0nn"})
+    assert settings.secret_values(loaded) == ["c0nn"]
+    assert "c0nn" not in repr(loaded)
+
+
+def test_an_invalid_setting_is_one_sentence_naming_the_variable_and_never_showing_a_secret(monkeypatch):
+    monkeypatch.setenv("KAFKA_LEDGER_DB_STATEMENT_TIMEOUT", "soon")
+    monkeypatch.setenv("KAFKA_LEDGER_KAFKA_CONFIG", '{"sasl.password": "s3cret",}')
+    with pytest.raises(SettingsError) as exc_info:
+        settings.deployment_settings()
+    message = str(exc_info.value)
+    assert message.startswith("KAFKA_LEDGER_KAFKA_CONFIG: not a JSON object: "), message
+    assert "; KAFKA_LEDGER_DB_STATEMENT_TIMEOUT='soon': Input should be a valid integer" in message
+    assert "s3cret" not in message and "\n" not in message
+
+
+def test_spark_jars_need_their_folder_named(monkeypatch, tmp_path):
+    from kafka_ledger.runtimes.submit import spark_jars
+
+    with pytest.raises(SettingsError, match="set KAFKA_LEDGER_SPARK_JARS_DIR"):
+        spark_jars()
+    (tmp_path / "b.jar").touch()
+    (tmp_path / "a.jar").touch()
+    monkeypatch.setenv("KAFKA_LEDGER_SPARK_JARS_DIR", str(tmp_path))
+    assert spark_jars() == f"{tmp_path}/a.jar,{tmp_path}/b.jar"
+
+
+def test_the_spark_job_gets_the_settings_under_their_variables(monkeypatch):
+    from kafka_ledger.runtimes.submit import spark_job_environment
+
+    monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", "/etc/pipelines.yaml")
+    assert spark_job_environment("postgresql://h/d", "k:1", {"security.protocol": "SSL"}) == {
+        "KAFKA_LEDGER_DB_URL": "postgresql://h/d", "KAFKA_LEDGER_BOOTSTRAP_SERVERS": "k:1",
+        "KAFKA_LEDGER_KAFKA_CONFIG": '{"security.protocol": "SSL"}', "KAFKA_LEDGER_PIPELINES": "/etc/pipelines.yaml"}
+
+
+def test_no_kafka_ledger_variable_is_read_outside_the_settings_models():
+    import re
+
+    root = Path(__file__).resolve().parents[2] / "include" / "kafka_ledger"
+    reads = re.compile(r"os\.environ(?:\.get\(|\[)\s*[\"']KAFKA_LEDGER_")
+    found = sorted(str(path.relative_to(root)) for path in root.rglob("*.py") if reads.search(path.read_text()))
+    # The benchmark's Python peer stands for a job written without kafka-ledger: it reads its database itself.
+    assert [name for name in found if name != "benchmark_peers.py"] == []
+
+
+def test_every_field_that_names_an_airflow_connection_comes_from_it(monkeypatch):
+    connection = SimpleNamespace(get_uri=lambda: "postgres://c@h/d", extra_dejson={"bootstrap.servers": "k:1"},
+                                 host=None, port=None)
+    airflow_returns(monkeypatch, connection)
+    named = {name: (field.json_schema_extra or {}).get("airflow_connection")
+             for name, field in settings.Settings.model_fields.items()}
+    named = {name: conn_id for name, conn_id in named.items() if conn_id}
+    assert named == {"bootstrap_servers": "kafka_ledger_kafka", "kafka_config": "kafka_ledger_kafka",
+                     "db_url": "kafka_ledger_db"}
+    loaded = settings.deployment_settings(*set(named.values()))
+    assert all(getattr(loaded, name) is not None for name in named)
+    assert settings.deployment_settings().model_fields_set == set()  # none without the connections named

@@ -16,10 +16,16 @@ from typing import TYPE_CHECKING, Any
 from kafka_ledger import commit, failpoints, ledger, read, sql
 from kafka_ledger.commit import CommitResult, log_read, writes_output_directly
 from kafka_ledger.config import PipelineConfig, config_path, get_pipeline
-from kafka_ledger.kafka_security import KAFKA_CONFIG_ENV
 from kafka_ledger.planning import PartitionReadStats, check_read_coverage
 from kafka_ledger.runtimes.base import AirflowTasks, Runtime
-from kafka_ledger.settings import SPARK_SUBMIT_CONN_ID, SettingsError, jdbc_target, kafka_settings
+from kafka_ledger.settings import (
+    SPARK_SUBMIT_CONN_ID,
+    SettingsError,
+    deployment_settings,
+    env_name,
+    jdbc_target,
+    kafka_settings,
+)
 
 if TYPE_CHECKING:
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -42,7 +48,10 @@ BASE_SPARK_CONF = {
 
 def spark_jars() -> str:
     """Comma-separated local jars for spark-submit: the Kafka connector and the JDBC driver."""
-    jars_dir = Path(os.environ.get("KAFKA_LEDGER_SPARK_JARS_DIR") or PROJECT_ROOT / ".stack" / "cache" / "spark-jars")
+    jars_dir = deployment_settings().spark_jars_dir
+    if jars_dir is None:
+        raise SettingsError("no Spark connector jars configured: set KAFKA_LEDGER_SPARK_JARS_DIR to their folder "
+                            "(scripts/env.sh sets it for the local stack, and scripts/stack.sh install fills it)")
     jars = sorted(str(p) for p in jars_dir.glob("*.jar"))
     if not jars:
         raise FileNotFoundError(
@@ -61,8 +70,8 @@ def spark_job_environment(dsn: str, servers: str, kafka: dict[str, str]) -> dict
     It holds secrets, so it reaches spark-submit as the environment it inherits, never as the hook's
     env_vars: on YARN and Kubernetes the Spark provider turns those into `--conf` arguments on its command line.
     """
-    return {"KAFKA_LEDGER_DB_URL": dsn, "KAFKA_LEDGER_BOOTSTRAP_SERVERS": servers,
-            KAFKA_CONFIG_ENV: json.dumps(kafka), "KAFKA_LEDGER_PIPELINES": str(config_path())}
+    return {env_name("db_url"): dsn, env_name("bootstrap_servers"): servers,
+            env_name("kafka_config"): json.dumps(kafka), env_name("pipelines"): str(config_path())}
 
 
 def spark_submit_hook(pipeline: PipelineConfig, batch_id: int) -> SparkSubmitHook:
@@ -88,7 +97,7 @@ def check_master(hook: SparkSubmitHook) -> None:
     The `spark_default` connection is derived from that variable when scripts/env.sh is sourced: one
     exported afterwards would otherwise be ignored, and the job would silently run on the old master.
     """
-    wanted = os.environ.get("KAFKA_LEDGER_SPARK_MASTER")
+    wanted = deployment_settings().spark_master
     master = hook._connection["master"]  # the provider's own reading of the connection (host and port)
     if wanted and wanted != master:
         raise SettingsError(
