@@ -100,7 +100,8 @@ def committed(context: Any, pipeline: PipelineConfig, result: CommitResult) -> d
         "pipeline": pipeline.name, "batch_id": batch.batch_id, "kind": batch.kind,
         "replay_of": batch.replay_of, "already_committed": result.already_committed,
         "records_written": result.records_written, "records_dead_lettered": result.records_dead_lettered,
-        "ranges": [{key: r.as_dict()[key] for key in ("topic", "partition", "from", "until")} for r in batch.ranges],
+        "ranges": [{"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until_offset}
+                   for r in batch.ranges],
     }
     return commit.after_commit(ledger_dsn(), bootstrap_servers(), pipeline, result)
 

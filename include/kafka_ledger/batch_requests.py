@@ -148,7 +148,6 @@ def parse_request(conf: dict[str, Any] | None) -> BatchRequest:
         raise RequestError("invalid run request: " + "; ".join(problems)) from exc
 
 
-
 @dataclass(frozen=True)
 class FormField:
     """One field of the DAG's trigger form: what an Airflow Param takes (default, description, JSON schema)."""

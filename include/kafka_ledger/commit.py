@@ -21,7 +21,6 @@ import psycopg2
 from kafka_ledger import consumer_group, failpoints, ledger, sql
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import OffsetRange, PartitionReadStats, check_read_coverage, cover_with_read
-from kafka_ledger.publish import CopyStream
 from kafka_ledger.sinks import Sink, sink_for
 from kafka_ledger.sinks.postgres import COPY_CHUNK_BYTES
 
@@ -147,6 +146,10 @@ def publish_stream(
     marked written and committed exactly as commit_batch does. Only the attempt that began last may publish:
     an older (zombie) attempt finds the batch moved on and writes nothing.
     """
+    # Arrow and NumPy load only where a batch streams (the connect runtime's task), not in every process that
+    # imports this module: the DAG file, the plan task, the CLI.
+    from kafka_ledger.publish import CopyStream
+
     with _publishing(dsn, pipeline, batch_id) as p:
         batch = _newest_attempt(p.batch, attempt)
         replaced = _remove_published(p, pipeline)

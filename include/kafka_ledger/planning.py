@@ -387,8 +387,8 @@ def partition_lag(
 
 def backlog(positions: Mapping[TopicPartition, int], offsets: Mapping[TopicPartition, PartitionOffsets]) -> int:
     """Offsets between the given positions and the end offsets, summed (partitions not in `positions` left out)."""
-    return sum(partition_lag({tp: p for tp, p in positions.items() if tp in offsets},
-                             {tp: o for tp, o in offsets.items() if tp in positions}, "earliest").values())
+    lags = partition_lag(positions, offsets, "earliest")
+    return sum(lags[tp] for tp in positions if tp in lags)
 
 
 @dataclass(frozen=True)

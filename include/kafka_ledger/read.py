@@ -20,7 +20,7 @@ from kafka_ledger.settings import kafka_settings
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-log = logging.getLogger("kafka_ledger.ingest_batch")
+log = logging.getLogger(__name__)
 
 # Tuned options of Spark's Kafka source (measured in docs/benchmark.md).
 KAFKA_READER_TUNING = {

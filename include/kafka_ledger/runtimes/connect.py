@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from kafka_ledger import commit, read
 from kafka_ledger.commit import CommitResult
 from kafka_ledger.config import PipelineConfig
-from kafka_ledger.publish import copy_lines
 from kafka_ledger.runtimes.base import AirflowTasks, Runtime
 from kafka_ledger.settings import spark_connect_url
 
@@ -200,8 +199,10 @@ def publish(
     The rows stream from the Spark Connect server into COPY as Spark produces them. Once `interrupted` is set,
     the stream stops and nothing is published.
     """
-    # decode builds Spark columns: PySpark is imported once a batch is read, not by every user of the runtimes.
+    # decode builds Spark columns and publish Arrow streams: PySpark, Arrow and NumPy are imported once a batch is
+    # read, not by every user of the runtimes (the DAG file, the CLI).
     from kafka_ledger.decode import decode_records
+    from kafka_ledger.publish import copy_lines
 
     started = time.monotonic()
     lines = copy_lines(decode_records(read.read_records(spark, attempt, servers), pipeline), pipeline,
