@@ -3,7 +3,7 @@
 # loopback. Not `airflow standalone`: it also starts the scheduler's and the triggerer's log servers, which
 # listen on every interface whatever the configuration; here they are off and the api-server reads task
 # logs from the log folder the components share. Stops all of them on SIGINT or SIGTERM, and when any one
-# exits. `scripts/stack.sh airflow` runs it in the background; the tests' dedicated Airflow runs it too.
+# exits. `scripts/stack.sh airflow` runs it as a supervisord program; the tests' dedicated Airflow runs it too.
 set -u
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 

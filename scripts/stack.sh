@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The local kafka-ledger stack: install, start, stop and inspect Kafka (KRaft), PostgreSQL, the Spark Connect
-# server and Airflow.
+# server and Airflow. The services run under supervisord (one per $KL_STATE, its socket in $KL_STATE/run):
+# this script writes each service's program section, then asks supervisorctl to start, stop or signal it
+# and waits until the service answers.
 #
 #   scripts/stack.sh up         install what is missing, start Kafka + Postgres + Spark Connect, migrate both databases
 #   scripts/stack.sh install    OS packages, Python venv, Kafka broker jars, Spark connector jars
@@ -8,7 +10,7 @@
 #   scripts/stack.sh start      start Kafka, Postgres and the Spark Connect server (idempotent) and wait for them
 #   scripts/stack.sh migrate    create roles/databases, run the ledger migrations and `airflow db migrate`
 #   scripts/stack.sh airflow    start Airflow (api-server, scheduler, dag-processor, triggerer) on KL_AIRFLOW_PORT
-#   scripts/stack.sh stop       stop everything this script started
+#   scripts/stack.sh stop       stop every service and supervisord
 #   scripts/stack.sh status     one line per service
 #   scripts/stack.sh restart-postgres | restart-kafka | restart-spark-connect
 #                               stop and start one service (the fault campaign uses them)
@@ -16,8 +18,12 @@
 #   scripts/stack.sh cluster    start a Spark standalone master and worker on loopback (KL_SPARK_CLUSTER_MASTER);
 #                               pipelines use it with KAFKA_LEDGER_SPARK_MASTER=spark://127.0.0.1:17077
 #   scripts/stack.sh stop-cluster | kill-spark-worker   stop the cluster; SIGKILL the worker and its executors
+#   scripts/stack.sh ctl ...    supervisorctl on the stack's supervisord (e.g. `ctl status`, `ctl tail -f kafka`)
 #
-# Everything lives under $KL_STATE (.stack/ by default): data, logs, pid files and downloaded jars.
+# Everything lives under $KL_STATE (.stack/ by default): data, logs, supervisord's socket and downloaded jars.
+# The services get the environment supervisord started with (scripts/env.sh and the overrides set then);
+# what a service's command line says (the Spark master, ports) is written again on every start, and a service
+# whose command changed is restarted by it.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
@@ -25,7 +31,8 @@ LOGS=$KL_STATE/logs
 RUN=$KL_STATE/run
 STAMPS=$KL_STATE/stamps
 KAFKA_LIBS=$KL_KAFKA_LIBS
-mkdir -p "$LOGS" "$RUN" "$STAMPS" "$KL_STATE/cache"
+mkdir -p "$LOGS" "$RUN/programs" "$STAMPS" "$KL_STATE/cache"
+chmod 700 "$RUN"
 
 say() { printf '[stack] %s\n' "$*"; }
 die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -35,17 +42,96 @@ stamp_ok() { [ -f "$STAMPS/$1" ] && [ "$(cat "$STAMPS/$1")" = "$2" ]; }
 stamp_set() { printf '%s' "$2" >"$STAMPS/$1"; }
 hash_files() { cat "$@" | sha256sum | cut -c1-16; }
 
-pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# --- Supervision ------------------------------------------------------------------------------------
+SUPERVISOR_CONF=$RUN/supervisord.conf
+sctl() { "$KL_VENV/bin/supervisorctl" -c "$SUPERVISOR_CONF" "$@"; }
 
-# Wait until a service just started answers: `probe` succeeds within `seconds`, else its log and a clear end.
-await_start() {  # await_start <name> <pidfile> <seconds> <log> <probe command...>
-  local name=$1 pidfile=$2 seconds=$3 log=$4 i; shift 4
+# supervisord's own settings; the services' sections are files in $RUN/programs, written when they start.
+# Its control socket is a Unix socket only its user may use: no TCP port, nothing beyond this machine.
+ensure_supervisord() {
+  cat >"$SUPERVISOR_CONF.tmp" <<CONF
+[unix_http_server]
+file=$RUN/supervisor.sock
+chmod=0700
+
+[supervisord]
+logfile=$LOGS/supervisord.log
+pidfile=$RUN/supervisord.pid
+childlogdir=$LOGS
+$( [ "$(id -u)" = 0 ] && echo "user=root" )
+
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+
+[supervisorctl]
+serverurl=unix://$RUN/supervisor.sock
+
+[include]
+files = $RUN/programs/*.conf
+CONF
+  mv "$SUPERVISOR_CONF.tmp" "$SUPERVISOR_CONF"
+  sctl pid >/dev/null 2>&1 && return 0
+  [ -x "$KL_VENV/bin/supervisord" ] || die "no supervisord in $KL_VENV: run scripts/stack.sh install"
+  "$KL_VENV/bin/supervisord" -c "$SUPERVISOR_CONF" || die "supervisord did not start (log: $LOGS/supervisord.log)"
+  local i
+  for i in $(seq 1 50); do sctl pid >/dev/null 2>&1 && return 0; sleep 0.2; done
+  die "supervisord does not answer on $RUN/supervisor.sock (log: $LOGS/supervisord.log)"
+}
+
+# A service's console log (Kafka's own log4j log is kafka.log beside it).
+program_log() { case $1 in kafka) echo "$LOGS/kafka.out" ;; *) echo "$LOGS/$1.log" ;; esac; }
+
+# A service's program section. Never restarted behind our back: a crash stays visible (and the fault
+# campaign's kills stay kills) until a verb of this script starts it again. Stopping signals its whole
+# process group (the JVM and whatever it started), then kills it after `stopwaitsecs`.
+write_program() {  # write_program <name> <priority> <stop signal> <stop wait s> <command> [extra lines]
+  local name=$1 priority=$2 signal=$3 wait=$4 command=$5 extra=${6:-} group=true log; log=$(program_log "$1")
+  # Postgres stops through its postmaster alone: the signal means other things to its backends.
+  [ "$name" = postgres ] && group=false
+  (umask 077; cat >"$RUN/programs/$name.conf.tmp" <<CONF
+[program:$name]
+command=$command
+priority=$priority
+autostart=false
+autorestart=false
+startsecs=1
+startretries=0
+stopsignal=$signal
+stopwaitsecs=$wait
+stopasgroup=$group
+killasgroup=true
+redirect_stderr=true
+stdout_logfile=$log
+stdout_logfile_maxbytes=100MB
+stdout_logfile_backups=1
+$extra
+CONF
+  )
+  mv "$RUN/programs/$name.conf.tmp" "$RUN/programs/$name.conf"
+}
+
+# supervisord takes the sections as written now: a changed one replaces (stops) the running service.
+apply_programs() { sctl update >/dev/null; }
+
+running() { sctl status "$1" >/dev/null 2>&1; }  # exit 0 only in state RUNNING
+service_pid() { running "$1" && sctl pid "$1"; }
+
+# Start a service and wait until it answers: `probe` succeeds within `seconds`, else its log and a clear end.
+start_and_await() {  # start_and_await <program> <what> <seconds> <probe command...>
+  local name=$1 what=$2 seconds=$3 log i; log=$(program_log "$1"); shift 3
+  running "$name" || sctl start "$name" >/dev/null || { tail -n 30 "$log" >&2; die "$what did not start (log: $log)"; }
   for i in $(seq 1 "$seconds"); do
     "$@" && return 0
-    pid_alive "$pidfile" || { tail -n 30 "$log" >&2; die "$name exited during start (log: $log)"; }
+    running "$name" || { tail -n 30 "$log" >&2; die "$what exited during start (log: $log)"; }
     sleep 1
   done
-  tail -n 30 "$log" >&2; die "$name did not answer within $seconds s (log: $log)"
+  tail -n 30 "$log" >&2; die "$what did not answer within $seconds s (log: $log)"
+}
+
+stop_service() {  # stop_service <program or group:*> <what>
+  [ -S "$RUN/supervisor.sock" ] && sctl pid >/dev/null 2>&1 || return 0
+  running "$1" || return 0
+  sctl stop "$1" >/dev/null && say "$2: stopped"
 }
 
 # Postgres refuses to run as root: run its binaries as the unprivileged "postgres" user when we are root.
@@ -67,7 +153,7 @@ pg_dir() {
 }
 PG_DIR=$(pg_dir)
 PG_DATA=$PG_DIR/data
-PG_LOG=$PG_DIR/postgres.log
+PG_LOG=$LOGS/postgres.log
 
 install_os_packages() {
   local need=()
@@ -153,10 +239,8 @@ start_postgres() {
     rm -f "$PG_DIR/pwfile"
     rm -f "$STAMPS/databases" "$STAMPS/airflow-db" "$STAMPS/airflow-test-db"
   fi
-  if pg_ready; then
-    [ -f "$PG_DATA/postmaster.pid" ] || die "port $KL_PG_PORT is taken by another Postgres (not the one in $PG_DATA): stop it or set KL_PG_PORT"
-    say "postgres: already running on 127.0.0.1:$KL_PG_PORT"; return
-  fi
+  if running postgres; then say "postgres: already running on 127.0.0.1:$KL_PG_PORT"; return; fi
+  pg_ready && die "port $KL_PG_PORT is taken by another Postgres (not this stack's): stop it or set KL_PG_PORT"
   make_tls
   # TLS with the stack's certificate; its key and the access rules live beside the cluster, owned by its user
   # (the key must be, and that user may not reach $KL_TLS_DIR). Rewritten on every start: older clusters too.
@@ -164,15 +248,13 @@ start_postgres() {
   cp "$KL_HOME/stack/postgres/pg_hba.conf" "$PG_DIR/pg_hba.conf"
   chmod 600 "$PG_DIR/server.key"
   [ "$(id -u)" = 0 ] && chown postgres: "$PG_DIR/server.pem" "$PG_DIR/server.key" "$PG_DIR/pg_hba.conf"
-  as_pg "$bin/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 start \
-    -o "-c listen_addresses=127.0.0.1 -p $KL_PG_PORT -c unix_socket_directories='' -c max_connections=200 -c shared_buffers=256MB -c fsync=on -c ssl=on -c ssl_cert_file=$PG_DIR/server.pem -c ssl_key_file=$PG_DIR/server.key -c hba_file=$PG_DIR/pg_hba.conf" >/dev/null \
-    || { tail -n 20 "$PG_LOG" >&2; die "postgres did not start (log: $PG_LOG)"; }
+  # The postmaster in the foreground, as the postgres user when we are root (it refuses to run as root);
+  # SIGINT is its fast shutdown: sessions end, committed work is on disk.
+  write_program postgres 10 INT 60 "$bin/postgres -D $PG_DATA -c listen_addresses=127.0.0.1 -p $KL_PG_PORT -c unix_socket_directories='' -c max_connections=200 -c shared_buffers=256MB -c fsync=on -c ssl=on -c ssl_cert_file=$PG_DIR/server.pem -c ssl_key_file=$PG_DIR/server.key -c hba_file=$PG_DIR/pg_hba.conf" \
+    "directory=/$( [ "$(id -u)" = 0 ] && printf '\nuser=postgres' )"
+  apply_programs
+  start_and_await postgres postgres 60 pg_ready
   say "postgres: started on 127.0.0.1:$KL_PG_PORT (TLS; the ledger role over TLS only, CA $KL_TLS_DIR/ca.pem)"
-}
-
-stop_postgres() {
-  [ -f "$PG_DATA/postmaster.pid" ] || return 0
-  as_pg "$(pg_bin)/pg_ctl" -D "$PG_DATA" -m fast -w stop >/dev/null && say "postgres: stopped"
 }
 
 # Passwords reach psql in its environment and SQL on stdin, never on a command line.
@@ -210,7 +292,6 @@ SQL
 
 # --- Kafka -----------------------------------------------------------------------------------------
 KAFKA_DIR=$KL_STATE/kafka
-KAFKA_PID=$RUN/kafka.pid
 # The local broker's plaintext listener: what set-up probes and administers it through, whatever
 # KAFKA_LEDGER_BOOTSTRAP_SERVERS says (clients may use its SASL_SSL listener instead).
 LOCAL_KAFKA=127.0.0.1:$KL_KAFKA_PORT
@@ -227,27 +308,13 @@ PY
 }
 
 # The local stack's CA and the certificates it signs (for 127.0.0.1 and localhost): the broker's SASL_SSL
-# listener and Postgres. Made once; passwords reach openssl in its environment, never its command line.
+# listener and Postgres. Made once by trustme (stack/tls.py); the key store's password reaches it in its
+# environment, never its command line.
 make_tls() {
-  local d=$KL_TLS_DIR
-  [ -f "$d/ca.pem" ] && [ -f "$d/broker.p12" ] && [ -f "$d/postgres.pem" ] && return 0
-  say "tls: making the local CA and the certificates of Kafka and Postgres in $d"
-  mkdir -p "$d"; chmod 700 "$d"
-  sign() {  # sign <name>: a key and a certificate for this host, signed by the CA
-    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout "$d/$1.key" -out "$d/$1.csr" &&
-    openssl x509 -req -in "$d/$1.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -days 3650 \
-      -extfile "$d/host.ext" -out "$d/$1.pem" && rm -f "$d/$1.csr"
-  }
-  {
-    { [ -f "$d/ca.pem" ] || openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=kafka-ledger local CA" \
-        -keyout "$d/ca.key" -out "$d/ca.pem"; } &&
-    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$d/host.ext" &&
-    sign broker && sign postgres &&
-    KL_P12_PASSWORD=$KL_KAFKA_KEYSTORE_PASSWORD openssl pkcs12 -export -in "$d/broker.pem" -inkey "$d/broker.key" \
-      -certfile "$d/ca.pem" -name broker -passout env:KL_P12_PASSWORD -out "$d/broker.p12.tmp" &&
-    mv "$d/broker.p12.tmp" "$d/broker.p12"
-  } >"$LOGS/tls.log" 2>&1 || { cat "$LOGS/tls.log" >&2; die "making the TLS certificates failed"; }
-  rm -f "$d/host.ext"
+  KL_KAFKA_KEYSTORE_PASSWORD=$KL_KAFKA_KEYSTORE_PASSWORD "$KL_VENV/bin/python" "$KL_HOME/stack/tls.py" "$KL_TLS_DIR" >"$LOGS/tls.log" 2>&1 \
+    || { cat "$LOGS/tls.log" >&2; die "making the TLS certificates failed"; }
+  grep -q '^tls: made' "$LOGS/tls.log" && say "$(cat "$LOGS/tls.log")"
+  return 0
 }
 
 # The SASL_SSL listener's SCRAM user (idempotent: set again on every start), through the plaintext listener.
@@ -267,7 +334,7 @@ PY
 
 start_kafka() {
   [ "$KL_LOCAL_KAFKA" = 1 ] || { say "kafka: external ($KAFKA_LEDGER_BOOTSTRAP_SERVERS), not started"; return; }
-  if pid_alive "$KAFKA_PID"; then say "kafka: already running (pid $(cat "$KAFKA_PID"))"; return; fi
+  if running kafka; then say "kafka: already running (pid $(service_pid kafka))"; return; fi
   kafka_ready && die "another Kafka already answers on $LOCAL_KAFKA: stop it or set KL_KAFKA_PORT"
   compgen -G "$KAFKA_LIBS/kafka_*.jar" >/dev/null || die "no Kafka broker jars in $KAFKA_LIBS: run scripts/stack.sh install"
   mkdir -p "$KAFKA_DIR"
@@ -284,70 +351,53 @@ start_kafka() {
     "${KAFKA_JAVA[@]}" kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$KAFKA_DIR/server.properties" >"$LOGS/kafka-format.log" 2>&1 \
       || { cat "$LOGS/kafka-format.log" >&2; die "Kafka storage format failed"; }
   fi
-  nohup "${KAFKA_JAVA[@]}" kafka.Kafka "$KAFKA_DIR/server.properties" >"$LOGS/kafka.out" 2>&1 &
-  echo $! >"$KAFKA_PID"
-  await_start kafka "$KAFKA_PID" 90 "$LOGS/kafka.out" kafka_ready
+  # SIGTERM is the broker's controlled shutdown; it may take a while with many partitions.
+  write_program kafka 20 TERM 120 "${KAFKA_JAVA[*]} kafka.Kafka $KAFKA_DIR/server.properties"
+  apply_programs
+  start_and_await kafka kafka 90 kafka_ready
   add_kafka_scram_user
-  say "kafka: started on $LOCAL_KAFKA, SASL_SSL on 127.0.0.1:$KL_KAFKA_SASL_PORT (user $KL_KAFKA_SASL_USER, CA $KL_TLS_DIR/ca.pem) (pid $(cat "$KAFKA_PID"), log $LOGS/kafka.log)"
-}
-
-stop_pidfile() {  # stop_pidfile <name> <pidfile>: SIGTERM (a controlled shutdown for Kafka), then wait
-  pid_alive "$2" || { rm -f "$2"; return 0; }
-  local pid i; pid=$(cat "$2")
-  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
-  for i in $(seq 1 600); do kill -0 -- "-$pid" 2>/dev/null || kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
-  rm -f "$2"; say "$1: stopped"
+  say "kafka: started on $LOCAL_KAFKA, SASL_SSL on 127.0.0.1:$KL_KAFKA_SASL_PORT (user $KL_KAFKA_SASL_USER, CA $KL_TLS_DIR/ca.pem) (pid $(service_pid kafka), log $LOGS/kafka.log)"
 }
 
 # --- Spark Connect server (the warm Spark runtime) --------------------------------------------------
-SPARK_CONNECT_PID=$RUN/spark-connect.pid
-
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 start_spark_connect() {
   [ "$KL_LOCAL_SPARK_CONNECT" = 1 ] || { say "spark connect: external (connection spark_connect_default), not started"; return; }
-  if pid_alive "$SPARK_CONNECT_PID"; then
-    if [ "$(cat "$SPARK_CONNECT_PID.master" 2>/dev/null)" = "$KAFKA_LEDGER_SPARK_MASTER" ]; then
-      say "spark connect: already running (pid $(cat "$SPARK_CONNECT_PID"), master $KAFKA_LEDGER_SPARK_MASTER)"; return
-    fi
-    # Another master than the one asked for: a server left on the wrong one would run the batches there.
-    say "spark connect: restarting on master $KAFKA_LEDGER_SPARK_MASTER (was $(cat "$SPARK_CONNECT_PID.master" 2>/dev/null || echo unknown))"
-    stop_pidfile "spark connect" "$SPARK_CONNECT_PID"
-  fi
   write_spark_conf
-  port_open "$KL_SPARK_CONNECT_PORT" && die "port $KL_SPARK_CONNECT_PORT is taken (another Spark Connect server?): stop it or set KL_SPARK_CONNECT_PORT"
   local jars; jars=$(ls "$KAFKA_LEDGER_SPARK_JARS_DIR"/*.jar 2>/dev/null | paste -sd, -)
   [ -n "$jars" ] || die "no Spark connector jars in $KAFKA_LEDGER_SPARK_JARS_DIR: run scripts/stack.sh install"
   # The server's JVM is the driver and, with a local master, the executors: --driver-memory bounds its heap,
   # the -XX limits and MALLOC_ARENA_MAX what it holds beside the heap (direct buffers, code, malloc arenas).
   # Everything binds loopback; -XX:-DontCompileHugeMethods lets the JIT compile the decoder's generated code.
   # On a cluster it holds its executors for good: spark.cores.max leaves the other cores to spark-submit batches.
-  MALLOC_ARENA_MAX=2 setsid nohup "$KL_VENV/bin/spark-submit" --class org.apache.spark.sql.connect.service.SparkConnectServer \
-    --name kafka-ledger-spark-connect --master "$KAFKA_LEDGER_SPARK_MASTER" --driver-memory "$KL_SPARK_CONNECT_MEMORY" \
-    --jars "$jars" \
-    --conf spark.connect.grpc.binding.address=127.0.0.1 --conf "spark.connect.grpc.binding.port=$KL_SPARK_CONNECT_PORT" \
-    --conf spark.driver.bindAddress=127.0.0.1 --conf spark.driver.host=127.0.0.1 --conf spark.ui.enabled=false \
-    --conf spark.sql.session.timeZone=UTC --conf spark.sql.shuffle.partitions=8 \
-    --conf "spark.cores.max=$KL_SPARK_CONNECT_CORES" \
-    --conf "spark.driver.extraJavaOptions=-XX:-DontCompileHugeMethods -XX:MaxDirectMemorySize=256m -XX:ReservedCodeCacheSize=96m -XX:MaxMetaspaceSize=256m -XX:+UseParallelGC -Duser.timezone=UTC -Dlog4j2.configurationFile=file:$KL_HOME/stack/spark-connect/log4j2.properties" \
-    spark-internal >"$LOGS/spark-connect.log" 2>&1 &
-  echo $! >"$SPARK_CONNECT_PID"
-  printf '%s' "$KAFKA_LEDGER_SPARK_MASTER" >"$SPARK_CONNECT_PID.master"
-  await_start "the Spark Connect server" "$SPARK_CONNECT_PID" 120 "$LOGS/spark-connect.log" port_open "$KL_SPARK_CONNECT_PORT"
-  say "spark connect: started on sc://127.0.0.1:$KL_SPARK_CONNECT_PORT, master $KAFKA_LEDGER_SPARK_MASTER (pid $(cat "$SPARK_CONNECT_PID"), heap $KL_SPARK_CONNECT_MEMORY, log $LOGS/spark-connect.log)"
+  # The master is on the command line: a server asked for on another master is restarted there by apply_programs.
+  write_program spark-connect 40 TERM 30 "$KL_VENV/bin/spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer \
+--name kafka-ledger-spark-connect --master $KAFKA_LEDGER_SPARK_MASTER --driver-memory $KL_SPARK_CONNECT_MEMORY --jars $jars \
+--conf spark.connect.grpc.binding.address=127.0.0.1 --conf spark.connect.grpc.binding.port=$KL_SPARK_CONNECT_PORT \
+--conf spark.driver.bindAddress=127.0.0.1 --conf spark.driver.host=127.0.0.1 --conf spark.ui.enabled=false \
+--conf spark.sql.session.timeZone=UTC --conf spark.sql.shuffle.partitions=8 --conf spark.cores.max=$KL_SPARK_CONNECT_CORES \
+--conf \"spark.driver.extraJavaOptions=-XX:-DontCompileHugeMethods -XX:MaxDirectMemorySize=256m -XX:ReservedCodeCacheSize=96m -XX:MaxMetaspaceSize=256m -XX:+UseParallelGC -Duser.timezone=UTC -Dlog4j2.configurationFile=file:$KL_HOME/stack/spark-connect/log4j2.properties\" \
+spark-internal" "environment=MALLOC_ARENA_MAX=\"2\""
+  apply_programs
+  if running spark-connect; then
+    say "spark connect: already running (pid $(service_pid spark-connect), master $KAFKA_LEDGER_SPARK_MASTER)"; return
+  fi
+  port_open "$KL_SPARK_CONNECT_PORT" && die "port $KL_SPARK_CONNECT_PORT is taken (another Spark Connect server?): stop it or set KL_SPARK_CONNECT_PORT"
+  start_and_await spark-connect "the Spark Connect server" 120 port_open "$KL_SPARK_CONNECT_PORT"
+  say "spark connect: started on sc://127.0.0.1:$KL_SPARK_CONNECT_PORT, master $KAFKA_LEDGER_SPARK_MASTER (pid $(service_pid spark-connect), heap $KL_SPARK_CONNECT_MEMORY, log $LOGS/spark-connect.log)"
 }
 
-kill_spark_connect() {  # SIGKILL of the whole server (JVM and its spark-submit wrapper), as a crash would
-  pid_alive "$SPARK_CONNECT_PID" || return 0
-  local pid i; pid=$(cat "$SPARK_CONNECT_PID")
+# SIGKILL of a service's whole process group (the JVM and whatever it started), as a crash or a lost machine
+# would look; gone once the process has exited and, if it had one, its port is free again.
+kill_service() {  # kill_service <program> <what> [port]
+  local pid i; pid=$(service_pid "$1") || return 0
   kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"
-  # Gone only once the process has exited and its port is free: a start right after must find it so.
   for i in $(seq 1 100); do
-    kill -0 "$pid" 2>/dev/null || port_open "$KL_SPARK_CONNECT_PORT" || break
+    if ! kill -0 "$pid" 2>/dev/null && ! running "$1" && { [ -z "${3:-}" ] || ! port_open "$3"; }; then break; fi
     sleep 0.1
   done
-  rm -f "$SPARK_CONNECT_PID"; say "spark connect: killed"
+  say "$2: killed"
 }
 
 # --- Spark settings and the standalone cluster ------------------------------------------------------
@@ -374,40 +424,34 @@ CONF
   mv "$SPARK_CONF_DIR/spark-defaults.conf.tmp" "$SPARK_CONF_DIR/spark-defaults.conf"
 }
 
-SPARK_MASTER_PID=$RUN/spark-master.pid
-SPARK_WORKER_PID=$RUN/spark-worker.pid
-
 # A daemon from PySpark's own distribution (spark-class), bound to loopback, its UI too (SPARK_LOCAL_IP).
-start_spark_daemon() {  # start_spark_daemon <name> <pidfile> <class> <args...>
-  local name=$1 pidfile=$2; shift 2
-  if pid_alive "$pidfile"; then say "$name: already running (pid $(cat "$pidfile"))"; return; fi
-  SPARK_LOCAL_IP=127.0.0.1 SPARK_NO_DAEMONIZE=1 setsid nohup "$KL_VENV/bin/spark-class" "$@" \
-    >"$LOGS/$name.log" 2>&1 </dev/null &
-  echo $! >"$pidfile"
+write_spark_daemon() {  # write_spark_daemon <program> <priority> <class> <args...>
+  local name=$1 priority=$2; shift 2
+  write_program "$name" "$priority" TERM 30 "$KL_VENV/bin/spark-class $*" \
+    "environment=SPARK_LOCAL_IP=\"127.0.0.1\",SPARK_NO_DAEMONIZE=\"1\""
 }
 
 start_cluster() {
   write_spark_conf
-  start_spark_daemon spark-master "$SPARK_MASTER_PID" org.apache.spark.deploy.master.Master \
+  write_spark_daemon spark-master 30 org.apache.spark.deploy.master.Master \
     --host 127.0.0.1 --port "$KL_SPARK_MASTER_PORT" --webui-port "$KL_SPARK_MASTER_UI_PORT"
-  await_start "the Spark master" "$SPARK_MASTER_PID" 60 "$LOGS/spark-master.log" port_open "$KL_SPARK_MASTER_PORT"
-  start_spark_daemon spark-worker "$SPARK_WORKER_PID" org.apache.spark.deploy.worker.Worker "$KL_SPARK_CLUSTER_MASTER" \
+  write_spark_daemon spark-worker 31 org.apache.spark.deploy.worker.Worker "$KL_SPARK_CLUSTER_MASTER" \
     --host 127.0.0.1 --cores "$KL_SPARK_WORKER_CORES" --memory "$KL_SPARK_WORKER_MEMORY" \
     --webui-port "$KL_SPARK_WORKER_UI_PORT" --work-dir "$KL_STATE/spark-work"
-  await_start "the Spark worker" "$SPARK_WORKER_PID" 60 "$LOGS/spark-worker.log" \
-    grep -qs "Successfully registered with master" "$LOGS/spark-worker.log"
+  apply_programs
+  if running spark-master; then say "spark-master: already running (pid $(service_pid spark-master))"
+  else start_and_await spark-master "the Spark master" 60 port_open "$KL_SPARK_MASTER_PORT"; fi
+  if running spark-worker; then say "spark-worker: already running (pid $(service_pid spark-worker))"
+  else
+    # A new worker registers again: wait for its own registration, not an earlier worker's line in the log.
+    : >"$LOGS/spark-worker.log"
+    start_and_await spark-worker "the Spark worker" 60 grep -qs "Successfully registered with master" "$LOGS/spark-worker.log"
+  fi
   say "spark cluster: master $KL_SPARK_CLUSTER_MASTER (UI http://127.0.0.1:$KL_SPARK_MASTER_UI_PORT), one worker ($KL_SPARK_WORKER_CORES cores, $KL_SPARK_WORKER_MEMORY)"
 }
 
 # The local cluster is started with the rest when Spark is pointed at it.
 start_cluster_if_used() { [ "$KAFKA_LEDGER_SPARK_MASTER" != "$KL_SPARK_CLUSTER_MASTER" ] || start_cluster; }
-
-kill_spark_worker() {  # SIGKILL of the worker and the executors it started, as a lost machine would look
-  pid_alive "$SPARK_WORKER_PID" || return 0
-  local pid; pid=$(cat "$SPARK_WORKER_PID")
-  kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"
-  rm -f "$SPARK_WORKER_PID"; say "spark worker: killed"
-}
 
 # --- Airflow + ledger migrations -------------------------------------------------------------------
 migrate() {
@@ -424,39 +468,52 @@ migrate() {
   fi
 }
 
-AIRFLOW_PID=$RUN/airflow.pid
+# Airflow's components, as scripts/airflow.sh runs them (the one list of them, shared with the tests'
+# dedicated Airflow); stopping the program stops its whole process group.
 start_airflow() {
-  if pid_alive "$AIRFLOW_PID"; then say "airflow: already running (pid $(cat "$AIRFLOW_PID"))"; return; fi
-  setsid nohup bash "$KL_HOME/scripts/airflow.sh" >"$LOGS/airflow.log" 2>&1 </dev/null &
-  echo $! >"$AIRFLOW_PID"
-  await_start airflow "$AIRFLOW_PID" 120 "$LOGS/airflow.log" curl -sf -o /dev/null "http://127.0.0.1:$KL_AIRFLOW_PORT/api/v2/monitor/health"
-  say "airflow: UI and REST API on http://127.0.0.1:$KL_AIRFLOW_PORT (user admin, password in $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated)"
+  write_program airflow 50 TERM 60 "bash $KL_HOME/scripts/airflow.sh"
+  apply_programs
+  if running airflow; then say "airflow: already running (pid $(service_pid airflow))"; return; fi
+  start_and_await airflow airflow 120 curl -sf -o /dev/null "http://127.0.0.1:$KL_AIRFLOW_PORT/api/v2/monitor/health"
+  say "airflow: UI and REST API on http://127.0.0.1:$KL_AIRFLOW_PORT (user admin, password in $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated; log $LOGS/airflow.log)"
 }
 
 status() {
-  if pg_ready 2>/dev/null; then echo "postgres  up    127.0.0.1:$KL_PG_PORT  data $PG_DATA  log $PG_LOG"; else echo "postgres  down"; fi
-  if pid_alive "$KAFKA_PID"; then echo "kafka     up    $LOCAL_KAFKA (SASL_SSL 127.0.0.1:$KL_KAFKA_SASL_PORT)  pid $(cat "$KAFKA_PID")"; else echo "kafka     down"; fi
-  if pid_alive "$SPARK_CONNECT_PID"; then echo "spark     up    sc://127.0.0.1:$KL_SPARK_CONNECT_PORT  pid $(cat "$SPARK_CONNECT_PID")  log $LOGS/spark-connect.log"; else echo "spark     down  (Spark Connect server)"; fi
-  if pid_alive "$SPARK_MASTER_PID"; then echo "cluster   up    $KL_SPARK_CLUSTER_MASTER  master pid $(cat "$SPARK_MASTER_PID")  worker $(pid_alive "$SPARK_WORKER_PID" && echo "pid $(cat "$SPARK_WORKER_PID")" || echo down)"; else echo "cluster   down  (Spark standalone: scripts/stack.sh cluster)"; fi
-  if pid_alive "$AIRFLOW_PID"; then echo "airflow   up    http://127.0.0.1:$KL_AIRFLOW_PORT  pid $(cat "$AIRFLOW_PID")"; else echo "airflow   down"; fi
+  if ! sctl pid >/dev/null 2>&1; then echo "supervisord down: nothing of the stack runs (scripts/stack.sh up)"; return; fi
+  line() { if running "$1"; then printf '%-14s up    %s  pid %s\n' "$1" "$2" "$(service_pid "$1")"; else printf '%-14s down\n' "$1"; fi; }
+  line postgres "127.0.0.1:$KL_PG_PORT  data $PG_DATA  log $PG_LOG"
+  line kafka "$LOCAL_KAFKA (SASL_SSL 127.0.0.1:$KL_KAFKA_SASL_PORT)  log $LOGS/kafka.log"
+  line spark-connect "sc://127.0.0.1:$KL_SPARK_CONNECT_PORT  log $LOGS/spark-connect.log"
+  line spark-master "$KL_SPARK_CLUSTER_MASTER  (scripts/stack.sh cluster)"
+  line spark-worker "$KL_SPARK_WORKER_CORES cores, $KL_SPARK_WORKER_MEMORY"
+  line airflow "http://127.0.0.1:$KL_AIRFLOW_PORT  log $LOGS/airflow.log"
+}
+
+stop_all() {
+  sctl pid >/dev/null 2>&1 || return 0
+  # In reverse order of priority: Airflow and Spark first, the databases last.
+  sctl stop all >/dev/null
+  sctl shutdown >/dev/null
+  local i; for i in $(seq 1 100); do [ -S "$RUN/supervisor.sock" ] && sctl pid >/dev/null 2>&1 || break; sleep 0.2; done
+  say "stopped every service and supervisord"
 }
 
 case "${1:-}" in
   install) install ;;
   browser) install_browser ;;
-  start) start_postgres; start_kafka; start_cluster_if_used; start_spark_connect ;;
+  start) ensure_supervisord; start_postgres; start_kafka; start_cluster_if_used; start_spark_connect ;;
   migrate) migrate ;;
-  up) install; start_postgres; start_kafka; start_cluster_if_used; start_spark_connect; migrate ;;
-  airflow) start_airflow ;;
-  restart-postgres) stop_postgres; start_postgres ;;
-  restart-kafka) stop_pidfile kafka "$KAFKA_PID"; start_kafka ;;
-  restart-spark-connect) stop_pidfile "spark connect" "$SPARK_CONNECT_PID"; start_spark_connect ;;
-  kill-spark-connect) kill_spark_connect ;;
-  cluster) start_cluster ;;
-  stop-cluster) stop_pidfile "spark worker" "$SPARK_WORKER_PID"; stop_pidfile "spark master" "$SPARK_MASTER_PID" ;;
-  kill-spark-worker) kill_spark_worker ;;
-  stop) stop_pidfile airflow "$AIRFLOW_PID"; stop_pidfile "spark connect" "$SPARK_CONNECT_PID"
-        stop_pidfile "spark worker" "$SPARK_WORKER_PID"; stop_pidfile "spark master" "$SPARK_MASTER_PID"; stop_pidfile kafka "$KAFKA_PID"; stop_postgres ;;
+  up) install; ensure_supervisord; start_postgres; start_kafka; start_cluster_if_used; start_spark_connect; migrate ;;
+  airflow) ensure_supervisord; start_airflow ;;
+  restart-postgres) ensure_supervisord; stop_service postgres postgres; start_postgres ;;
+  restart-kafka) ensure_supervisord; stop_service kafka kafka; start_kafka ;;
+  restart-spark-connect) ensure_supervisord; stop_service spark-connect "spark connect"; start_spark_connect ;;
+  kill-spark-connect) ensure_supervisord; kill_service spark-connect "spark connect" "$KL_SPARK_CONNECT_PORT" ;;
+  cluster) ensure_supervisord; start_cluster ;;
+  stop-cluster) ensure_supervisord; stop_service spark-worker "spark worker"; stop_service spark-master "spark master" ;;
+  kill-spark-worker) ensure_supervisord; kill_service spark-worker "spark worker" ;;
+  stop) stop_all ;;
   status) status ;;
-  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  ctl) shift; sctl "$@" ;;
+  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -15,6 +15,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import psycopg2
+import trustme
 from confluent_kafka import Producer
 
 from kafka_ledger import kafka_offsets, ledger
@@ -102,9 +103,7 @@ def not_loopback(sockets: set[tuple[str, int]]) -> set[tuple[str, int]]:
 
 def other_ca(folder: Path) -> Path:
     """A CA (PEM) that signed none of the stack's certificates: a client trusting only it must refuse them."""
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=other",
-                    "-keyout", str(folder / "other.key"), "-out", str(folder / "other.pem")],
-                   check=True, capture_output=True)
+    trustme.CA(organization_name="another CA").cert_pem.write_to_path(str(folder / "other.pem"))
     return folder / "other.pem"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import psycopg2
@@ -14,22 +15,29 @@ from integration_support import listening_sockets, not_loopback, other_ca
 pytestmark = pytest.mark.integration
 
 STATE = Path(os.environ.get("KL_STATE") or Path(__file__).resolve().parents[2] / ".stack")
+SUPERVISOR_CONF = STATE / "run" / "supervisord.conf"
 
 
 def service_pids() -> dict[str, int]:
-    """The running local services, by name (those scripts/stack.sh started and records)."""
-    pid_files = {
-        "kafka": STATE / "run" / "kafka.pid",
-        "spark connect": STATE / "run" / "spark-connect.pid",
-        "postgres": STATE / "postgres" / "data" / "postmaster.pid",  # its first line is the postmaster's pid
-    }
-    return {name: int(path.read_text().split()[0]) for name, path in pid_files.items() if path.exists()}
+    """The running local services and supervisord itself, by name (as the stack's supervisord reports them)."""
+    def ctl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(Path(sys.executable).parent / "supervisorctl"), "-c", str(SUPERVISOR_CONF), *args],
+                              capture_output=True, text=True, timeout=30)
+
+    pids = {"supervisord": int(ctl("pid").stdout)}
+    for line in ctl("status").stdout.splitlines():
+        name, state, *rest = line.split()
+        if state == "RUNNING":
+            pids[name] = int(rest[1].rstrip(","))  # "pid 1234, uptime 0:01:02"
+    return pids
 
 
 def test_every_local_service_listens_on_loopback_only():
     pids = service_pids()
     if os.environ.get("KL_LOCAL_KAFKA", "1") == "1" and os.environ.get("KL_LOCAL_POSTGRES", "1") == "1":
         assert {"kafka", "postgres"} <= set(pids), pids
+    # supervisord is controlled through a Unix socket only: it must hold no TCP listener at all.
+    assert listening_sockets([pids.pop("supervisord")]) == set()
     for name, pid in pids.items():
         sockets = listening_sockets([pid])
         assert sockets, f"{name} (pid {pid}) listens nowhere: is it running?"
