@@ -5,7 +5,8 @@
 KL_HOME=${KL_HOME:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 KL_STATE=${KL_STATE:-$KL_HOME/.stack}           # data, logs, pids and downloaded artifacts (git-ignored)
 KL_VENV=${KL_VENV:-$KL_HOME/.venv}
-# Kafka's jars from Maven Central: the local broker, and Kafka's own tools (`kafka-ledger kafka <tool>`).
+# Kafka's jars from Maven Central: the local broker, and Kafka's own tools (`kafka-ledger kafka <tool>`, which
+# finds them through KAFKA_LEDGER_KAFKA_TOOLS_DIR below).
 KL_KAFKA_LIBS=${KL_KAFKA_LIBS:-$KL_STATE/cache/kafka-libs}
 
 KL_KAFKA_PORT=${KL_KAFKA_PORT:-19092}
@@ -70,7 +71,8 @@ KAFKA_LEDGER_SPARK_RUNTIME=${KAFKA_LEDGER_SPARK_RUNTIME:-connect}
 KAFKA_LEDGER_SPARK_MASTER=${KAFKA_LEDGER_SPARK_MASTER:-local[*]}
 KAFKA_LEDGER_PIPELINES=${KAFKA_LEDGER_PIPELINES:-$KL_HOME/config/pipelines.yaml}
 KAFKA_LEDGER_SPARK_JARS_DIR=${KAFKA_LEDGER_SPARK_JARS_DIR:-$KL_STATE/cache/spark-jars}
-export KAFKA_LEDGER_BOOTSTRAP_SERVERS KAFKA_LEDGER_DB_URL KAFKA_LEDGER_SPARK_RUNTIME KAFKA_LEDGER_SPARK_MASTER KAFKA_LEDGER_PIPELINES KAFKA_LEDGER_SPARK_JARS_DIR
+KAFKA_LEDGER_KAFKA_TOOLS_DIR=${KAFKA_LEDGER_KAFKA_TOOLS_DIR:-$KL_KAFKA_LIBS}
+export KAFKA_LEDGER_BOOTSTRAP_SERVERS KAFKA_LEDGER_DB_URL KAFKA_LEDGER_SPARK_RUNTIME KAFKA_LEDGER_SPARK_MASTER KAFKA_LEDGER_PIPELINES KAFKA_LEDGER_SPARK_JARS_DIR KAFKA_LEDGER_KAFKA_TOOLS_DIR
 # end generated
 
 # Airflow: Postgres metadata DB, the project's dags/ and plugins/, and every connection defined

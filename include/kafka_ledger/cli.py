@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg2
@@ -312,9 +311,13 @@ KAFKA_TOOLS: dict[str, tuple[str, str]] = {
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
-    libs = Path(os.environ.get("KL_KAFKA_LIBS", ""))
+    libs = settings.deployment_settings().kafka_tools_dir
+    variable = settings.env_name("kafka_tools_dir")
+    if libs is None:
+        raise Failed(f"Kafka's tools need Kafka's jars: set {variable} to their folder (scripts/env.sh sets it "
+                     "for the local stack, and `scripts/stack.sh install` puts them in .stack/cache/kafka-libs)")
     if not libs.is_dir() or not any(libs.glob("kafka-tools-*.jar")):
-        raise Failed(f"Kafka's tools need Kafka's jars: KL_KAFKA_LIBS={str(libs)!r} holds no kafka-tools jar "
+        raise Failed(f"Kafka's tools need Kafka's jars: {variable}={str(libs)!r} holds no kafka-tools jar "
                      "(`scripts/stack.sh install` puts them in .stack/cache/kafka-libs)")
     tool_class, config_option = KAFKA_TOOLS[args.tool]
     # The deployment's security settings reach the tool in a file only this user can read, never in argv.

@@ -108,6 +108,14 @@ class Settings(BaseSettings):
                     "JDBC driver (`scripts/stack.sh install` fills the local stack's)",
         # The Airflow image is built with them there (docker/airflow.Dockerfile).
         json_schema_extra={"local_stack": "$KL_STATE/cache/spark-jars", "compose": "/opt/kafka-ledger/spark-jars"})
+    kafka_tools_dir: Path | None = Field(
+        default=None,
+        description="the folder holding Kafka's jars (a `kafka-tools` jar and its dependencies) that "
+                    "`kafka-ledger kafka <tool>` runs Kafka's own command-line tools from (`scripts/stack.sh "
+                    "install` fills the local stack's)",
+        # The local stack's are the jars its broker runs from. The Airflow image of Docker Compose has no Kafka
+        # tools (only the Spark connector's Kafka client): unset there.
+        json_schema_extra={"local_stack": "$KL_KAFKA_LIBS"})
     db_statement_timeout: int = Field(
         default=600, ge=1,
         description="any one ledger statement (a batch's publish and commit get its `spark_timeout_minutes`)")

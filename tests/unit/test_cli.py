@@ -91,9 +91,15 @@ def test_output_to_a_reader_that_goes_away_ends_quietly():
 
 
 def test_kafkas_tools_need_kafkas_jars_and_say_where_they_come_from(capsys, monkeypatch, tmp_path):
-    monkeypatch.setenv("KL_KAFKA_LIBS", str(tmp_path))
+    # Unset (as in Docker Compose, whose image has no Kafka tools): the setting to name them is named.
+    monkeypatch.delenv("KL_KAFKA_LIBS", raising=False)
     assert cli.main(["kafka", "consumer-groups", "--list"]) == cli.EXIT_FAILED
-    assert "holds no kafka-tools jar" in capsys.readouterr().err
+    assert "set KAFKA_LEDGER_KAFKA_TOOLS_DIR to their folder" in capsys.readouterr().err
+    # A folder without the kafka-tools jar: named with its value. The dev stack's own variable plays no part.
+    monkeypatch.setenv("KL_KAFKA_LIBS", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("KAFKA_LEDGER_KAFKA_TOOLS_DIR", str(tmp_path))
+    assert cli.main(["kafka", "consumer-groups", "--list"]) == cli.EXIT_FAILED
+    assert f"KAFKA_LEDGER_KAFKA_TOOLS_DIR={str(tmp_path)!r} holds no kafka-tools jar" in capsys.readouterr().err
     for tool in ("consumer-groups", "console-consumer", "console-producer", "topics", "get-offsets"):
         assert tool in cli.KAFKA_TOOLS
 

@@ -27,7 +27,8 @@ AIRFLOW_SERVICES = [
     "airflow-dag-processor",
     "airflow-triggerer",
 ]
-SERVICES = ["kafka", "postgres", "spark-master", "spark-worker", *AIRFLOW_SERVICES]
+SPARK_SERVICES = ["spark-master", "spark-worker"]
+SERVICES = ["kafka", "postgres", *SPARK_SERVICES, *AIRFLOW_SERVICES]
 
 # Settings both stacks must define under the same names (values differ: container vs 127.0.0.1 addresses).
 # kafka-ledger's own (KAFKA_LEDGER_*) are generated in both from include/kafka_ledger/settings.py
@@ -42,6 +43,7 @@ SHARED_ENV_NAMES = [
     "AIRFLOW_CONN_KAFKA_LEDGER_DB",
     "AIRFLOW_CONN_KAFKA_LEDGER_KAFKA",
     "PYSPARK_PYTHON",
+    "SPARK_CONF_DIR",
 ]
 
 @pytest.fixture(scope="module")
@@ -258,3 +260,57 @@ def test_ports_are_published_on_the_hosts_loopback_only(services):
     assert published
     for name, port in published:
         assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
+
+
+def command_line(service: dict[str, Any]) -> str:
+    """Everything of a service that ends up on a process's command line or in its environment."""
+    parts = []
+    for key in ("command", "entrypoint"):
+        value = service.get(key) or []
+        parts += [value] if isinstance(value, str) else [str(arg) for arg in value]
+    parts += [str(arg) for arg in (service.get("healthcheck") or {}).get("test") or []]
+    parts += [f"{key}={value}" for key, value in env(service).items()]
+    return " ".join(parts)
+
+
+def test_every_spark_process_authenticates_with_a_secret_from_spark_defaults_and_never_from_a_command_line(
+    compose, services
+):
+    """As the local stack's spark-defaults.conf (scripts/stack.sh write_spark_conf): spark.authenticate with a
+    secret that compose requires, in a file the master, the worker and spark-submit read, on no command line."""
+    secret = "${KAFKA_LEDGER_SPARK_AUTH_SECRET:?set it in .env}"
+    for name in [*SPARK_SERVICES, *AIRFLOW_SERVICES]:
+        service = services[name]
+        if name in SPARK_SERVICES:
+            # The apache/spark image's daemons, from its SPARK_HOME: their settings are in its conf/.
+            assert str(service["command"][0]).startswith("/opt/spark/bin/"), name
+            assert "SPARK_CONF_DIR" not in env(service)
+            conf_dir = "/opt/spark/conf"
+        else:  # spark-submit (PySpark's) and the driver it starts: the folder SPARK_CONF_DIR names
+            conf_dir = env(service)["SPARK_CONF_DIR"]
+        mounted = {config["target"]: config["source"] for config in service.get("configs") or []}
+        source = mounted.get(f"{conf_dir}/spark-defaults.conf")
+        assert source, f"{name} gets no spark-defaults.conf in {conf_dir}"
+        lines = [line.split(None, 1) for line in compose["configs"][source]["content"].splitlines()
+                 if line.strip() and not line.lstrip().startswith("#")]
+        assert dict(lines) == {"spark.authenticate": "true", "spark.authenticate.secret": secret}, name
+        assert len(lines) == 2  # each once: the local stack's loopback driver bindings are wrong in containers
+    for name, service in services.items():
+        given = command_line(service)
+        assert "KAFKA_LEDGER_SPARK_AUTH_SECRET" not in given, f"{name} has Spark's secret on a command line"
+        assert "spark.authenticate" not in given, f"{name} sets Spark's authentication on a command line"
+    # Required wherever it is used: no default, so compose refuses to start without it in .env.
+    text = COMPOSE_FILE.read_text()
+    assert set(re.findall(r"\$\{KAFKA_LEDGER_SPARK_AUTH_SECRET[^}]*\}", text)) == {secret}
+
+
+def test_the_env_file_recipes_write_every_variable_compose_requires():
+    text = COMPOSE_FILE.read_text()
+    settings = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    required = set(re.findall(r"\$\{([A-Z_]+):\?", settings))
+    assert "KAFKA_LEDGER_SPARK_AUTH_SECRET" in required
+    deployment = (REPO / "docs" / "deployment.md").read_text()
+    for where, recipe_text in (("docker-compose.yaml's header", text), ("docs/deployment.md", deployment)):
+        recipe = re.search(r"for v in ([A-Z_\s\\#]+?);", recipe_text)
+        assert recipe, f"no .env recipe in {where}"
+        assert set(re.findall(r"[A-Z_]{2,}", recipe.group(1))) == required, where

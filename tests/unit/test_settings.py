@@ -310,10 +310,11 @@ def test_the_spark_job_gets_the_settings_under_their_variables(monkeypatch):
 
 
 def test_no_kafka_ledger_variable_is_read_outside_the_settings_models():
+    """Nor any of the local stack's KL_* variables: what the package needs from them is a setting of its own."""
     import re
 
     root = Path(__file__).resolve().parents[2] / "include" / "kafka_ledger"
-    reads = re.compile(r"os\.environ(?:\.get\(|\[)\s*[\"']KAFKA_LEDGER_")
+    reads = re.compile(r"(?:os\.environ(?:\.get\(|\[)|os\.getenv\()\s*[\"'](?:KAFKA_LEDGER|KL)_")
     found = sorted(str(path.relative_to(root)) for path in root.rglob("*.py") if reads.search(path.read_text()))
     # The benchmark's Python peer stands for a job written without kafka-ledger: it reads its database itself.
     assert [name for name in found if name != "benchmark_peers.py"] == []
