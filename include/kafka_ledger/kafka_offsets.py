@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import time
 
-from confluent_kafka import IsolationLevel, KafkaException
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
+from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, OffsetSpec
 
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import PartitionOffsets, PlanError, TopicPartition
@@ -24,13 +25,35 @@ LIBRDKAFKA_LOG.setLevel(logging.CRITICAL)
 LIBRDKAFKA_LOG.propagate = False
 
 
+# Connection errors that repeat the same way on every attempt: a wrong password or an untrusted certificate
+# does not heal by waiting. Seen this often, the look-up stops at once instead of at its timeout; once is
+# not enough (a connection cut during its handshake reports one).
+REFUSALS = (KafkaError._AUTHENTICATION, KafkaError._SSL)
+REFUSALS_TO_STOP = 3
+
+
 class ReportingAdminClient(AdminClient):
     """An admin client that keeps what librdkafka reports about its connections (why Kafka is unreachable)."""
 
     def __init__(self, config: dict[str, object]):
         self.errors: list[str] = []
-        super().__init__({**config, "error_cb": lambda error: self.errors.append(error.str()),
-                          "logger": LIBRDKAFKA_LOG})
+        self.refusals = 0
+        super().__init__({**config, "error_cb": self._connection_error, "logger": LIBRDKAFKA_LOG})
+
+    def _connection_error(self, error: KafkaError) -> None:
+        self.errors.append(error.str())
+        self.refusals += error.code() in REFUSALS
+
+    def topics(self, bootstrap_servers: str, timeout: float) -> ClusterMetadata:
+        """The cluster's metadata; KafkaUnavailable at the timeout, or as soon as the broker keeps refusing us."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+            except KafkaException as exc:
+                self.poll(0)  # serves the error callbacks queued meanwhile
+                if self.refusals >= REFUSALS_TO_STOP or time.monotonic() >= deadline:
+                    raise self.unreachable(bootstrap_servers, exc) from exc
 
     def unreachable(self, bootstrap_servers: str, exc: Exception) -> KafkaUnavailable:
         """The error to raise when a request failed: the connection's own reason (TLS, SASL) when known."""
@@ -61,10 +84,7 @@ def partition_offsets(
     into a batch, so a range never ends inside a transaction that might still abort.
     """
     admin = admin_client(bootstrap_servers)
-    try:
-        metadata = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise admin.unreachable(bootstrap_servers, exc) from exc
+    metadata = admin.topics(bootstrap_servers, timeout)
     missing = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
     if missing:
         raise PlanError(f"topic(s) not found in Kafka at {bootstrap_servers}: {', '.join(missing)}")
@@ -88,11 +108,7 @@ def subscribed_offsets(
     matching topics are picked up at plan time); an assignment must name existing partitions.
     """
     if pipeline.topic_pattern:
-        admin = admin_client(bootstrap_servers)
-        try:
-            names = list(admin.list_topics(timeout=timeout).topics)
-        except KafkaException as exc:
-            raise admin.unreachable(bootstrap_servers, exc) from exc
+        names = list(admin_client(bootstrap_servers).topics(bootstrap_servers, timeout).topics)
         matching = sorted(t for t in names if pipeline.subscribes(t))
         return partition_offsets(bootstrap_servers, matching, timeout) if matching else {}
     if pipeline.assignment:
