@@ -57,6 +57,7 @@ from kafka_ledger.settings import (
 from tools import benchmark_peers
 from tools.benchmark_peers import COLUMNS
 from tools.demo import accounting
+from tools.stack import service_pids
 
 log = logging.getLogger("tools.benchmark")
 
@@ -143,13 +144,8 @@ def _pipeline(setup: Setup, name: str, delivery_mode: str) -> PipelineConfig:
 
 
 def _server_pid() -> int | None:
-    """The pid of the local stack's Spark Connect server (scripts/stack.sh keeps it in $KL_STATE/run)."""
-    state = Path(os.environ.get("KL_STATE") or PROJECT_ROOT / ".stack")
-    pid_file = state / "run" / "spark-connect.pid"
-    try:
-        return int(pid_file.read_text())
-    except (OSError, ValueError):
-        return None
+    """The pid of the local stack's Spark Connect server (as the stack's supervisord reports it)."""
+    return service_pids().get("spark-connect")
 
 
 def run_kafka_ledger(setup: Setup, round_no: int, delivery_mode: str) -> dict[str, Any]:

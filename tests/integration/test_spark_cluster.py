@@ -25,6 +25,7 @@ from integration_support import (
 from kafka_ledger import readback as audit
 from kafka_ledger.airflow_dag import run_pipeline_dag
 from kafka_ledger.settings import libpq_settings
+from tools.stack import service_pids
 
 pytestmark = pytest.mark.integration
 
@@ -98,9 +99,9 @@ class CommandLines:
 
 
 def test_the_cluster_listens_on_loopback_only(cluster):
-    state = Path(os.environ.get("KL_STATE") or ROOT / ".stack")
+    pids = service_pids()
     for daemon in ("spark-master", "spark-worker"):
-        sockets = listening_sockets([int((state / "run" / f"{daemon}.pid").read_text())])
+        sockets = listening_sockets([pids[daemon]])
         assert sockets and not_loopback(sockets) == set(), (daemon, sorted(sockets))
 
 

@@ -5,32 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import psycopg2
 import pytest
 from integration_support import listening_sockets, not_loopback, other_ca
 
+from tools.stack import service_pids
+
 pytestmark = pytest.mark.integration
-
-STATE = Path(os.environ.get("KL_STATE") or Path(__file__).resolve().parents[2] / ".stack")
-SUPERVISOR_CONF = STATE / "run" / "supervisord.conf"
-
-
-def service_pids() -> dict[str, int]:
-    """The running local services and supervisord itself, by name (as the stack's supervisord reports them)."""
-    def ctl(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(Path(sys.executable).parent / "supervisorctl"), "-c", str(SUPERVISOR_CONF), *args],
-                              capture_output=True, text=True, timeout=30)
-
-    pids = {"supervisord": int(ctl("pid").stdout)}
-    for line in ctl("status").stdout.splitlines():
-        name, state, *rest = line.split()
-        if state == "RUNNING":
-            pids[name] = int(rest[1].rstrip(","))  # "pid 1234, uptime 0:01:02"
-    return pids
-
 
 def test_every_local_service_listens_on_loopback_only():
     pids = service_pids()
