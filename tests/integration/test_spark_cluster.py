@@ -29,7 +29,6 @@ from tools.stack import service_pids
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 MASTER_UI = f"http://127.0.0.1:{os.environ.get('KL_SPARK_MASTER_UI_PORT', '18081')}/json/"
 WORKER_UI = f"http://127.0.0.1:{os.environ.get('KL_SPARK_WORKER_UI_PORT', '18082')}/json/"
 
