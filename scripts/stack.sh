@@ -311,6 +311,8 @@ PY
 # listener and Postgres. Made once by trustme (stack/tls.py); the key store's password reaches it in its
 # environment, never its command line.
 make_tls() {
+  # Made already (the CA is written last): no Python start-up on every service start.
+  [ -f "$KL_TLS_DIR/ca.pem" ] && [ -f "$KL_TLS_DIR/broker.p12" ] && [ -f "$KL_TLS_DIR/postgres.key" ] && return 0
   KL_KAFKA_KEYSTORE_PASSWORD=$KL_KAFKA_KEYSTORE_PASSWORD "$KL_VENV/bin/python" "$KL_HOME/stack/tls.py" "$KL_TLS_DIR" >"$LOGS/tls.log" 2>&1 \
     || { cat "$LOGS/tls.log" >&2; die "making the TLS certificates failed"; }
   grep -q '^tls: made' "$LOGS/tls.log" && say "$(cat "$LOGS/tls.log")"
@@ -335,7 +337,7 @@ PY
 start_kafka() {
   [ "$KL_LOCAL_KAFKA" = 1 ] || { say "kafka: external ($KAFKA_LEDGER_BOOTSTRAP_SERVERS), not started"; return; }
   if running kafka; then say "kafka: already running (pid $(service_pid kafka))"; return; fi
-  kafka_ready && die "another Kafka already answers on $LOCAL_KAFKA: stop it or set KL_KAFKA_PORT"
+  port_open "$KL_KAFKA_PORT" && die "port $KL_KAFKA_PORT is taken (another Kafka?): stop it or set KL_KAFKA_PORT"
   compgen -G "$KAFKA_LIBS/kafka_*.jar" >/dev/null || die "no Kafka broker jars in $KAFKA_LIBS: run scripts/stack.sh install"
   mkdir -p "$KAFKA_DIR"
   make_tls
