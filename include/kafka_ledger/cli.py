@@ -259,6 +259,9 @@ def cmd_reset(args: argparse.Namespace) -> int:
                      "abandoned with --abandon-open-batches")
     if result.abandoned_batches:
         lines.append(f"abandoned batch(es): {result.abandoned_batches}")
+    for topic, (before, after) in sorted(result.reanchored.items()):
+        lines.append(f"topic {topic} {'is re-anchored' if result.dry_run else 're-anchored'} from topic id {before} "
+                     f"(recreated, or another cluster's) to {after}")
     _emit(args, data, "\n".join(lines))
     return EXIT_OK
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import IsolationLevel, KafkaError, KafkaException
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, OffsetSpec
 
@@ -120,6 +120,18 @@ def subscribed_offsets(
             raise PlanError(f"assigned partition(s) do not exist in Kafka: {', '.join(missing)}")
         return {tp: offsets[tp] for tp in sorted(wanted)}
     return partition_offsets(bootstrap_servers, pipeline.topics, timeout)
+
+
+def topic_ids(bootstrap_servers: str, topics: list[str], timeout: float = 30.0) -> dict[str, str]:
+    """Each topic's Kafka topic id (KIP-516): a new id for every creation of a topic of that name."""
+    if not topics:
+        return {}
+    admin = admin_client(bootstrap_servers)
+    try:
+        futures = admin.describe_topics(TopicCollection(sorted(topics)), request_timeout=timeout)
+        return {topic: str(future.result().topic_id) for topic, future in futures.items()}
+    except KafkaException as exc:
+        raise admin.unreachable(bootstrap_servers, exc) from exc
 
 
 def offsets_for_time(

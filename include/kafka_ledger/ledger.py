@@ -287,6 +287,20 @@ def positions(cur: Cursor, pipeline: str) -> dict[TopicPartition, int]:
     return {TopicPartition(topic, partition): position for topic, partition, position in cur.fetchall()}
 
 
+def topic_anchors(cur: Cursor, pipeline: str) -> dict[str, str]:
+    """The Kafka topic id each of the pipeline's topics is anchored to."""
+    cur.execute(sql.SELECT_TOPIC_ANCHORS, {"pipeline": pipeline})
+    return dict(cur.fetchall())
+
+
+def anchor_topics(cur: Cursor, pipeline: str, topic_ids: dict[str, str]) -> None:
+    """Anchor (or re-anchor) topics of the pipeline to these Kafka topic ids."""
+    psycopg2.extras.execute_batch(
+        cur, sql.UPSERT_TOPIC_ANCHOR,
+        [{"pipeline": pipeline, "topic": topic, "topic_id": topic_id} for topic, topic_id in topic_ids.items()],
+    )
+
+
 def insert_start_positions(cur: Cursor, pipeline: str, starts: dict[TopicPartition, int]) -> None:
     psycopg2.extras.execute_batch(
         cur,

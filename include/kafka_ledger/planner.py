@@ -14,6 +14,7 @@ from kafka_ledger.planning import (
     LostDataError,
     OffsetRange,
     PartitionOffsets,
+    TopicIdentityError,
     TopicPartition,
     backlog,
     check_rewrite_ranges,
@@ -21,6 +22,7 @@ from kafka_ledger.planning import (
     plan_latest_ranges,
     plan_ranges,
     start_positions,
+    topic_identity,
     window_ranges,
 )
 from kafka_ledger.sinks import sink_for
@@ -105,6 +107,26 @@ def _ms(moment: datetime) -> int:
     return int(moment.timestamp() * 1000)
 
 
+def _check_topic_identity(
+    cur: ledger.Cursor,
+    bootstrap_servers: str,
+    pipeline: PipelineConfig,
+    offsets: dict[TopicPartition, PartitionOffsets],
+) -> None:
+    """Refuse when a topic's Kafka id is not the one the ledger anchored; anchor topics met for the first time.
+
+    Before positions are read or a batch resumed: offsets of a recreated topic name other records, so neither
+    the next ranges nor an unfinished batch's recorded ones may be read from it.
+    """
+    current = kafka_offsets.topic_ids(bootstrap_servers, sorted({tp.topic for tp in offsets}))
+    unseen, changed = topic_identity(ledger.topic_anchors(cur, pipeline.name), current)
+    if changed:
+        raise TopicIdentityError(pipeline.name, changed)
+    if unseen:
+        ledger.anchor_topics(cur, pipeline.name, unseen)
+        log.info("anchored %s", ", ".join(f"topic {t} to its id {i}" for t, i in sorted(unseen.items())))
+
+
 def _subscribed_positions(
     cur: ledger.Cursor, pipeline: PipelineConfig, offsets: dict[TopicPartition, PartitionOffsets]
 ) -> dict[TopicPartition, int]:
@@ -168,6 +190,7 @@ def _plan(
 ) -> PlannedBatch:
     sink_for(pipeline).prepare(cur)
     offsets = kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)
+    _check_topic_identity(cur, bootstrap_servers, pipeline, offsets)
     positions = _subscribed_positions(cur, pipeline, offsets)
     mine = ledger.run_open_batch(cur, pipeline.name, dag_id, run_id)
     if mine is not None:

@@ -95,6 +95,34 @@ class LostDataError(PlanError):
         )
 
 
+class TopicIdentityError(PlanError):
+    """A topic's Kafka id is not the one the pipeline's positions refer to (recreated, or another cluster's)."""
+
+    def __init__(self, pipeline: str, changed: Mapping[str, tuple[str, str]]):
+        self.changed = dict(changed)
+        details = "; ".join(f"topic {topic}: the ledger's positions refer to topic id {anchored}, Kafka's {topic} "
+                            f"has id {current}" for topic, (anchored, current) in sorted(changed.items()))
+        super().__init__(
+            f"topic identity changed for {pipeline}: {details}. The topic was deleted and recreated, or this is "
+            "another cluster's topic of the same name: its offsets name other records. Nothing was planned and "
+            f"no position moved. Re-anchor deliberately: `kafka-ledger reset {pipeline} --to-earliest` (or "
+            "--to-latest, --to-datetime), dry run first, then --execute."
+        )
+
+
+def topic_identity(
+    anchored: Mapping[str, str], current: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    """Compare the ids the ledger anchored with Kafka's: (topics to anchor now, {topic: (anchored, current)} changed).
+
+    A topic seen for the first time is anchored to the id it has now; a topic whose id differs is changed.
+    """
+    unseen = {topic: topic_id for topic, topic_id in current.items() if topic not in anchored}
+    changed = {topic: (anchored[topic], topic_id) for topic, topic_id in current.items()
+               if topic in anchored and anchored[topic] != topic_id}
+    return unseen, changed
+
+
 def start_positions(
     new_partitions: Iterable[TopicPartition],
     offsets: Mapping[TopicPartition, PartitionOffsets],

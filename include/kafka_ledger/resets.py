@@ -17,6 +17,7 @@ from kafka_ledger.planning import (
     PositionChange,
     TopicPartition,
     plan_reset,
+    topic_identity,
     truncate_coverage,
 )
 from kafka_ledger.sinks import sink_for
@@ -45,6 +46,8 @@ class ResetResult:
     dry_run: bool
     reset_id: int | None = None
     abandoned_batches: list[int] = field(default_factory=list)
+    # {topic: (the id the ledger was anchored to, the id Kafka's topic has now)}: a recreated topic re-anchored.
+    reanchored: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def skipped_offsets(self) -> int:
@@ -60,6 +63,8 @@ class ResetResult:
             "skipped_offsets": self.skipped_offsets, "reread_offsets": self.reread_offsets,
             "blocking_batches": self.blocking_batches, "abandoned_batches": self.abandoned_batches,
             "partitions": [change_dict(c) for c in self.changes],
+            "reanchored": {topic: {"before": before, "after": after}
+                           for topic, (before, after) in sorted(self.reanchored.items())},
         }
 
 
@@ -108,10 +113,14 @@ def reset_positions(
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
             sink_for(pipeline).prepare(cur)
             offsets = kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)
+            # A reset is how a recreated topic is re-anchored: the new positions refer to the topic Kafka has now.
+            current_ids = kafka_offsets.topic_ids(bootstrap_servers, sorted({tp.topic for tp in offsets}))
+            unseen, reanchored = topic_identity(ledger.topic_anchors(cur, pipeline.name), current_ids)
             positions = ledger.positions(cur, pipeline.name)
             changes = plan_reset(positions, resolve_targets(bootstrap_servers, target, offsets), offsets)
             blocking = [b.batch_id for b in ledger.in_flight_batches(cur, pipeline.name)]
-            result = ResetResult(pipeline.name, describe_target(target), changes, blocking, dry_run)
+            result = ResetResult(pipeline.name, describe_target(target), changes, blocking, dry_run,
+                                 reanchored=reanchored)
             if dry_run:
                 conn.rollback()
                 return result
@@ -126,9 +135,11 @@ def reset_positions(
                 sql.INSERT_RESET,
                 {"pipeline": pipeline.name, "requested_by": requested_by, "reason": reason,
                  "target": result.target, "partitions": json.dumps([change_dict(c) for c in changes]),
-                 "abandoned_batches": abandoned},
+                 "abandoned_batches": abandoned,
+                 "topic_ids": json.dumps(result.as_dict()["reanchored"])},
             )
             reset_id = cur.fetchone()[0]
+            ledger.anchor_topics(cur, pipeline.name, {**unseen, **{t: ids[1] for t, ids in reanchored.items()}})
             coverage = ledger.coverage(cur, pipeline.name)
             for c in changes:
                 tp = TopicPartition(c.topic, c.partition)
@@ -141,11 +152,12 @@ def reset_positions(
                     )
                 cur.execute(sql.UPSERT_POSITION, {"pipeline": pipeline.name, "topic": c.topic,
                                                   "partition": c.partition, "position": c.after})
-        result = ResetResult(pipeline.name, result.target, changes, blocking, False, reset_id, abandoned)
+        result = ResetResult(pipeline.name, result.target, changes, blocking, False, reset_id, abandoned, reanchored)
         log.warning(
-            "reset %s of %s to %s by %s (%s): %d offsets skipped, %d offsets to be read again%s",
+            "reset %s of %s to %s by %s (%s): %d offsets skipped, %d offsets to be read again%s%s",
             reset_id, pipeline.name, result.target, requested_by, reason, result.skipped_offsets,
             result.reread_offsets, f", abandoned batches {abandoned}" if abandoned else "",
+            "".join(f", topic {t} re-anchored from id {b} to {a}" for t, (b, a) in sorted(reanchored.items())),
         )
         return result
 

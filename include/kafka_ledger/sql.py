@@ -120,9 +120,19 @@ UPSERT_POSITION = """
 """
 
 INSERT_RESET = """
-    INSERT INTO kafka_ledger.position_resets (pipeline, requested_by, reason, target, partitions, abandoned_batches)
-    VALUES (%(pipeline)s, %(requested_by)s, %(reason)s, %(target)s, %(partitions)s, %(abandoned_batches)s)
+    INSERT INTO kafka_ledger.position_resets
+        (pipeline, requested_by, reason, target, partitions, abandoned_batches, topic_ids)
+    VALUES (%(pipeline)s, %(requested_by)s, %(reason)s, %(target)s, %(partitions)s, %(abandoned_batches)s,
+            %(topic_ids)s)
     RETURNING reset_id, requested_at
+"""
+
+# --- topic identity ---------------------------------------------------------------------------------------------
+SELECT_TOPIC_ANCHORS = "SELECT topic, topic_id FROM kafka_ledger.topic_anchors WHERE pipeline = %(pipeline)s"
+
+UPSERT_TOPIC_ANCHOR = """
+    INSERT INTO kafka_ledger.topic_anchors (pipeline, topic, topic_id) VALUES (%(pipeline)s, %(topic)s, %(topic_id)s)
+    ON CONFLICT (pipeline, topic) DO UPDATE SET topic_id = EXCLUDED.topic_id, anchored_at = now()
 """
 
 SELECT_RESETS = """
@@ -277,7 +287,8 @@ REOPEN_WRITTEN_BATCHES = """
 # A pipeline's ledger rows, children before parents (foreign keys point at batches).
 DELETE_PIPELINE_LEDGER_ROWS = [
     f"DELETE FROM kafka_ledger.{table} WHERE pipeline = %(pipeline)s"
-    for table in ("dead_letters", "positions", "committed_ranges", "batches", "position_resets", "verified_points")
+    for table in ("dead_letters", "positions", "committed_ranges", "batches", "position_resets", "verified_points",
+                  "topic_anchors")
 ]
 
 SELECT_DEAD_LETTER_REASONS = """

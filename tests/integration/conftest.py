@@ -64,6 +64,7 @@ PIPELINES = {
     "bad_records": {"extra_fields": "dead_letter"},
     "upgrade": {"retries": 0},
     "deleted": {},
+    "recreated": {},
     "compacted": {"max_records_per_partition": 5},
     # The Spark Connect runtime under faults (test_connect_runtime.py), whatever the deployment's default.
     **{key: {"spark_runtime": "connect", "retries": 0, "max_records_per_partition": 100_000} for key in (

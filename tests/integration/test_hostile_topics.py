@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 from confluent_kafka import Producer
-from integration_support import assert_exactly_once, batches, good_value, positions, verify_ok
+from integration_support import assert_exactly_once, batches, cli, good_value, positions, query, verify_ok
 
 from kafka_ledger import readback as audit
 from kafka_ledger.airflow_dag import run_pipeline_dag
@@ -120,6 +120,69 @@ def test_a_deleted_topic_fails_the_plan_by_name_and_moves_nothing(dsn, servers, 
         plan_next_batch(dsn, servers, pipeline)
     assert positions(dsn, pipeline) == {(topic, 0): 0}
     assert [(b.batch_id, b.status) for b in batches(dsn, pipeline)] == [(planned.batch_id, "planned")]
+
+
+def recreate_topic(servers: str, topic: str) -> None:
+    """Delete `topic` and create it again under the same name (Kafka gives it a new topic id)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": servers})  # keep a reference until the futures resolve
+    admin.delete_topics([topic])[topic].result(timeout=30)
+    deadline = time.monotonic() + 60
+    while True:  # the broker refuses the name while the old topic is still being deleted
+        try:
+            admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(timeout=30)
+            return
+        except Exception:
+            assert time.monotonic() < deadline, f"{topic} could not be created again"
+            time.sleep(0.5)
+
+
+def test_a_recreated_and_refilled_topic_is_refused_until_reset_re_anchors_it(
+    dsn, servers, pipeline_factory, producer
+):
+    """The case of issue 21: 100 records read, the topic recreated and refilled with 300; positions (100) lie
+    inside the new topic, so only its id tells that offsets 0-99 now name other records."""
+    from kafka_ledger import kafka_offsets
+    from kafka_ledger.planner import plan_next_batch
+    from kafka_ledger.planning import TopicIdentityError
+
+    pipeline = pipeline_factory("recreated", partitions=1)
+    topic = pipeline.topics[0]
+    producer.send(topic, [good_value(i) for i in range(100)])
+    assert run_pipeline_dag(pipeline).state == "success"
+    (old_id,) = kafka_offsets.topic_ids(servers, [topic]).values()
+
+    recreate_topic(servers, topic)
+    landed = producer.send(topic, [good_value(1000 + i) for i in range(300)])
+    (new_id,) = kafka_offsets.topic_ids(servers, [topic]).values()
+    assert new_id != old_id and landed == [(topic, 0, offset) for offset in range(300)]
+
+    with pytest.raises(TopicIdentityError) as refused:
+        plan_next_batch(dsn, servers, pipeline)
+    assert f"topic {topic}: the ledger's positions refer to topic id {old_id}" in str(refused.value)
+    assert f"has id {new_id}" in str(refused.value) and "Nothing was planned" in str(refused.value)
+    outcome = run_pipeline_dag(pipeline)  # the DAG's plan task refuses the same way
+    assert outcome.state == "failed" and outcome.tasks["plan_batch"] == "failed"
+    assert positions(dsn, pipeline) == {(topic, 0): 100}
+    assert len(batches(dsn, pipeline)) == 1
+
+    code, dry_run, _ = cli("reset", pipeline.name, "--to-earliest")
+    assert code == 0 and dry_run["dry_run"] and dry_run["reanchored"] == {topic: {"before": old_id, "after": new_id}}
+    with pytest.raises(TopicIdentityError):  # a dry run changes nothing
+        plan_next_batch(dsn, servers, pipeline)
+    code, applied, stderr = cli("reset", pipeline.name, "--to-earliest", "--execute", "--reason", "topic recreated")
+    assert code == 0, stderr
+    assert applied["reanchored"] == {topic: {"before": old_id, "after": new_id}}
+    assert query(dsn, "SELECT topic_ids FROM kafka_ledger.position_resets WHERE reset_id = %s",
+                 applied["reset_id"]) == [({topic: {"before": old_id, "after": new_id}},)]
+
+    assert run_pipeline_dag(pipeline).state == "success"
+    assert positions(dsn, pipeline) == {(topic, 0): 300}
+    stored = audit.postgres_record_ids(dsn, pipeline)
+    assert sorted(stored.output) == landed and not stored.dead_letters
+    # The old topic's rows under offsets 0-99 were replaced by the new topic's records.
+    assert query(dsn, f"SELECT min(amount), max(amount) FROM it_output.{pipeline.output_table}") == [(1000, 1299)]
 
 
 # Compaction at once: tiny segments, any dirty ratio, no lag (the broker looks every second, see server.properties).

@@ -369,3 +369,16 @@ def test_partition_lag_counts_unseen_partitions_from_where_the_pipeline_would_st
     # A position past the end (a truncated topic) is no negative lag; a partition gone from Kafka has none.
     assert partition_lag({A0: 120, TopicPartition("gone", 0): 5}, offsets, "latest") == {A0: 0, A1: 0, B0: 0}
     assert backlog({A0: 90, A1: 3}, offsets) == sum(partition_lag({A0: 90, A1: 3}, offsets, "earliest").values())
+
+
+def test_topic_identity_anchors_new_topics_and_names_changed_ones():
+    from kafka_ledger.planning import TopicIdentityError, topic_identity
+
+    unseen, changed = topic_identity({"a": "id-a", "b": "id-b"}, {"a": "id-a", "b": "id-b2", "c": "id-c"})
+    assert unseen == {"c": "id-c"} and changed == {"b": ("id-b", "id-b2")}
+    assert topic_identity({"a": "id-a"}, {"a": "id-a"}) == ({}, {})
+    # A topic no longer subscribed keeps its anchor and is no one's concern here.
+    assert topic_identity({"gone": "id-g"}, {}) == ({}, {})
+    message = str(TopicIdentityError("p", changed))
+    assert "topic b: the ledger's positions refer to topic id id-b, Kafka's b has id id-b2" in message
+    assert "Nothing was planned" in message and "kafka-ledger reset p --to-earliest" in message
