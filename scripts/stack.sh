@@ -84,10 +84,9 @@ program_log() { case $1 in kafka) echo "$LOGS/kafka.out" ;; *) echo "$LOGS/$1.lo
 # A service's program section. Never restarted behind our back: a crash stays visible (and the fault
 # campaign's kills stay kills) until a verb of this script starts it again. Stopping signals its whole
 # process group (the JVM and whatever it started), then kills it after `stopwaitsecs`.
-write_program() {  # write_program <name> <priority> <stop signal> <stop wait s> <command> [extra lines]
-  local name=$1 priority=$2 signal=$3 wait=$4 command=$5 extra=${6:-} group=true log; log=$(program_log "$1")
-  # Postgres stops through its postmaster alone: the signal means other things to its backends.
-  [ "$name" = postgres ] && group=false
+# <stop group>: true signals the whole process group on stop, false the main process alone.
+write_program() {  # write_program <name> <priority> <stop signal> <stop wait s> <stop group> <command> [extra lines]
+  local name=$1 priority=$2 signal=$3 wait=$4 group=$5 command=$6 extra=${7:-} log; log=$(program_log "$1")
   (umask 077; cat >"$RUN/programs/$name.conf.tmp" <<CONF
 [program:$name]
 command=$command
@@ -249,8 +248,9 @@ start_postgres() {
   chmod 600 "$PG_DIR/server.key"
   [ "$(id -u)" = 0 ] && chown postgres: "$PG_DIR/server.pem" "$PG_DIR/server.key" "$PG_DIR/pg_hba.conf"
   # The postmaster in the foreground, as the postgres user when we are root (it refuses to run as root);
-  # SIGINT is its fast shutdown: sessions end, committed work is on disk.
-  write_program postgres 10 INT 60 "$bin/postgres -D $PG_DATA -c listen_addresses=127.0.0.1 -p $KL_PG_PORT -c unix_socket_directories='' -c max_connections=200 -c shared_buffers=256MB -c fsync=on -c ssl=on -c ssl_cert_file=$PG_DIR/server.pem -c ssl_key_file=$PG_DIR/server.key -c hba_file=$PG_DIR/pg_hba.conf" \
+  # SIGINT is its fast shutdown: sessions end, committed work is on disk. To the postmaster alone: the signal
+  # means other things to its backends.
+  write_program postgres 10 INT 60 false "$bin/postgres -D $PG_DATA -c listen_addresses=127.0.0.1 -p $KL_PG_PORT -c unix_socket_directories='' -c max_connections=200 -c shared_buffers=256MB -c fsync=on -c ssl=on -c ssl_cert_file=$PG_DIR/server.pem -c ssl_key_file=$PG_DIR/server.key -c hba_file=$PG_DIR/pg_hba.conf" \
     "directory=/$( [ "$(id -u)" = 0 ] && printf '\nuser=postgres' )"
   apply_programs
   start_and_await postgres postgres 60 pg_ready
@@ -311,8 +311,8 @@ PY
 # listener and Postgres. Made once by trustme (stack/tls.py); the key store's password reaches it in its
 # environment, never its command line.
 make_tls() {
-  # Made already (the CA is written last): no Python start-up on every service start.
-  [ -f "$KL_TLS_DIR/ca.pem" ] && [ -f "$KL_TLS_DIR/broker.p12" ] && [ -f "$KL_TLS_DIR/postgres.key" ] && return 0
+  # Made already (stack/tls.py writes the CA last): no Python start-up on every service start.
+  [ -f "$KL_TLS_DIR/ca.pem" ] && return 0
   KL_KAFKA_KEYSTORE_PASSWORD=$KL_KAFKA_KEYSTORE_PASSWORD "$KL_VENV/bin/python" "$KL_HOME/stack/tls.py" "$KL_TLS_DIR" >"$LOGS/tls.log" 2>&1 \
     || { cat "$LOGS/tls.log" >&2; die "making the TLS certificates failed"; }
   grep -q '^tls: made' "$LOGS/tls.log" && say "$(cat "$LOGS/tls.log")"
@@ -354,7 +354,7 @@ start_kafka() {
       || { cat "$LOGS/kafka-format.log" >&2; die "Kafka storage format failed"; }
   fi
   # SIGTERM is the broker's controlled shutdown; it may take a while with many partitions.
-  write_program kafka 20 TERM 120 "${KAFKA_JAVA[*]} kafka.Kafka $KAFKA_DIR/server.properties"
+  write_program kafka 20 TERM 120 true "${KAFKA_JAVA[*]} kafka.Kafka $KAFKA_DIR/server.properties"
   apply_programs
   start_and_await kafka kafka 90 kafka_ready
   add_kafka_scram_user
@@ -374,7 +374,7 @@ start_spark_connect() {
   # Everything binds loopback; -XX:-DontCompileHugeMethods lets the JIT compile the decoder's generated code.
   # On a cluster it holds its executors for good: spark.cores.max leaves the other cores to spark-submit batches.
   # The master is on the command line: a server asked for on another master is restarted there by apply_programs.
-  write_program spark-connect 40 TERM 30 "$KL_VENV/bin/spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer \
+  write_program spark-connect 40 TERM 30 true "$KL_VENV/bin/spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer \
 --name kafka-ledger-spark-connect --master $KAFKA_LEDGER_SPARK_MASTER --driver-memory $KL_SPARK_CONNECT_MEMORY --jars $jars \
 --conf spark.connect.grpc.binding.address=127.0.0.1 --conf spark.connect.grpc.binding.port=$KL_SPARK_CONNECT_PORT \
 --conf spark.driver.bindAddress=127.0.0.1 --conf spark.driver.host=127.0.0.1 --conf spark.ui.enabled=false \
@@ -429,7 +429,7 @@ CONF
 # A daemon from PySpark's own distribution (spark-class), bound to loopback, its UI too (SPARK_LOCAL_IP).
 write_spark_daemon() {  # write_spark_daemon <program> <priority> <class> <args...>
   local name=$1 priority=$2; shift 2
-  write_program "$name" "$priority" TERM 30 "$KL_VENV/bin/spark-class $*" \
+  write_program "$name" "$priority" TERM 30 true "$KL_VENV/bin/spark-class $*" \
     "environment=SPARK_LOCAL_IP=\"127.0.0.1\",SPARK_NO_DAEMONIZE=\"1\""
 }
 
@@ -473,7 +473,7 @@ migrate() {
 # Airflow's components, as scripts/airflow.sh runs them (the one list of them, shared with the tests'
 # dedicated Airflow); stopping the program stops its whole process group.
 start_airflow() {
-  write_program airflow 50 TERM 60 "bash $KL_HOME/scripts/airflow.sh"
+  write_program airflow 50 TERM 60 true "bash $KL_HOME/scripts/airflow.sh"
   apply_programs
   if running airflow; then say "airflow: already running (pid $(service_pid airflow))"; return; fi
   start_and_await airflow airflow 120 curl -sf -o /dev/null "http://127.0.0.1:$KL_AIRFLOW_PORT/api/v2/monitor/health"

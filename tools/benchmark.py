@@ -61,7 +61,6 @@ from tools.stack import service_pids
 
 log = logging.getLogger("tools.benchmark")
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "benchmark"
 SMALL_BATCH = 1_000
 
@@ -143,17 +142,13 @@ def _pipeline(setup: Setup, name: str, delivery_mode: str) -> PipelineConfig:
     return pipeline
 
 
-def _server_pid() -> int | None:
-    """The pid of the local stack's Spark Connect server (as the stack's supervisord reports it)."""
-    return service_pids().get("spark-connect")
-
-
 def run_kafka_ledger(setup: Setup, round_no: int, delivery_mode: str) -> dict[str, Any]:
     """Plan, read, publish and commit one batch of the whole topic, as the pipeline DAG does."""
     pipeline = _pipeline(setup, f"bench_{uuid.uuid4().hex[:8]}_{round_no}", delivery_mode)
     pids = {"client": os.getpid()}
-    if setup.runtime == "connect" and _server_pid():
-        pids["spark_connect_server"] = _server_pid()
+    server = service_pids().get("spark-connect") if setup.runtime == "connect" else None
+    if server:
+        pids["spark_connect_server"] = server
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     with PeakRss(pids) as rss:
         started = time.monotonic()

@@ -107,6 +107,14 @@ def _ms(moment: datetime) -> int:
     return int(moment.timestamp() * 1000)
 
 
+def compare_topic_ids(
+    cur: ledger.Cursor, bootstrap_servers: str, pipeline: PipelineConfig, topics: set[str]
+) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    """Kafka's ids of `topics` against the ledger's anchors: (unseen topics' ids, {topic: (anchored, current)})."""
+    current = kafka_offsets.topic_ids(bootstrap_servers, sorted(topics))
+    return topic_identity(ledger.topic_anchors(cur, pipeline.name), current)
+
+
 def _check_topic_identity(
     cur: ledger.Cursor,
     bootstrap_servers: str,
@@ -118,8 +126,7 @@ def _check_topic_identity(
     Before positions are read or a batch resumed: offsets of a recreated topic name other records, so neither
     the next ranges nor an unfinished batch's recorded ones may be read from it.
     """
-    current = kafka_offsets.topic_ids(bootstrap_servers, sorted({tp.topic for tp in offsets}))
-    unseen, changed = topic_identity(ledger.topic_anchors(cur, pipeline.name), current)
+    unseen, changed = compare_topic_ids(cur, bootstrap_servers, pipeline, {tp.topic for tp in offsets})
     if changed:
         raise TopicIdentityError(pipeline.name, changed)
     if unseen:

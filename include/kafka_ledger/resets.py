@@ -11,13 +11,13 @@ from typing import Any, Literal
 from kafka_ledger import kafka_offsets, ledger, sql
 from kafka_ledger.batch_requests import RequestError, as_utc
 from kafka_ledger.config import PipelineConfig
+from kafka_ledger.planner import compare_topic_ids
 from kafka_ledger.planning import (
     Coverage,
     PartitionOffsets,
     PositionChange,
     TopicPartition,
     plan_reset,
-    topic_identity,
     truncate_coverage,
 )
 from kafka_ledger.sinks import sink_for
@@ -63,9 +63,12 @@ class ResetResult:
             "skipped_offsets": self.skipped_offsets, "reread_offsets": self.reread_offsets,
             "blocking_batches": self.blocking_batches, "abandoned_batches": self.abandoned_batches,
             "partitions": [change_dict(c) for c in self.changes],
-            "reanchored": {topic: {"before": before, "after": after}
-                           for topic, (before, after) in sorted(self.reanchored.items())},
+            "reanchored": self.reanchored_ids(),
         }
+
+    def reanchored_ids(self) -> dict[str, dict[str, str]]:
+        """{topic: {"before": id, "after": id}}: the form of the audit row and of --json."""
+        return {topic: {"before": before, "after": after} for topic, (before, after) in sorted(self.reanchored.items())}
 
 
 def change_dict(c: PositionChange) -> dict[str, Any]:
@@ -114,8 +117,7 @@ def reset_positions(
             sink_for(pipeline).prepare(cur)
             offsets = kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)
             # A reset is how a recreated topic is re-anchored: the new positions refer to the topic Kafka has now.
-            current_ids = kafka_offsets.topic_ids(bootstrap_servers, sorted({tp.topic for tp in offsets}))
-            unseen, reanchored = topic_identity(ledger.topic_anchors(cur, pipeline.name), current_ids)
+            unseen, reanchored = compare_topic_ids(cur, bootstrap_servers, pipeline, {tp.topic for tp in offsets})
             positions = ledger.positions(cur, pipeline.name)
             changes = plan_reset(positions, resolve_targets(bootstrap_servers, target, offsets), offsets)
             blocking = [b.batch_id for b in ledger.in_flight_batches(cur, pipeline.name)]
@@ -136,10 +138,10 @@ def reset_positions(
                 {"pipeline": pipeline.name, "requested_by": requested_by, "reason": reason,
                  "target": result.target, "partitions": json.dumps([change_dict(c) for c in changes]),
                  "abandoned_batches": abandoned,
-                 "topic_ids": json.dumps(result.as_dict()["reanchored"])},
+                 "topic_ids": json.dumps(result.reanchored_ids())},
             )
             reset_id = cur.fetchone()[0]
-            ledger.anchor_topics(cur, pipeline.name, {**unseen, **{t: ids[1] for t, ids in reanchored.items()}})
+            ledger.anchor_topics(cur, pipeline.name, {**unseen, **{t: after for t, (_, after) in reanchored.items()}})
             coverage = ledger.coverage(cur, pipeline.name)
             for c in changes:
                 tp = TopicPartition(c.topic, c.partition)
