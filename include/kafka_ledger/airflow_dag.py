@@ -153,7 +153,8 @@ def plan_task(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any]
 def commit_task(pipeline_name: str, plan: dict[str, Any], **context: Any) -> dict[str, Any]:
     """Publish the staged batch and advance its offsets in one Postgres transaction."""
     pipeline = get_pipeline(pipeline_name)
-    return committed(context, pipeline, commit.commit_batch(ledger_dsn(), pipeline, plan["batch_id"]))
+    result = commit.commit_batch(ledger_dsn(), bootstrap_servers(), pipeline, plan["batch_id"])
+    return committed(context, pipeline, result)
 
 
 class ReadAndCommitOperator(BaseOperator):

@@ -262,6 +262,12 @@ def cmd_reset(args: argparse.Namespace) -> int:
     for topic, (before, after) in sorted(result.reanchored.items()):
         lines.append(f"topic {topic} {'is re-anchored' if result.dry_run else 're-anchored'} from topic id {before} "
                      f"(recreated, or another cluster's) to {after}")
+    if result.kept_from_earlier_topic:
+        lines.append(
+            f"{sum(r.span for r in result.kept_from_earlier_topic)} offsets read from the earlier topic stay in the "
+            "output under offsets that name other records now (verify reports them until they are read again: "
+            "reset --to-earliest, or replay them): " + ", ".join(r.describe() for r in result.kept_from_earlier_topic)
+        )
     _emit(args, data, "\n".join(lines))
     return EXIT_OK
 

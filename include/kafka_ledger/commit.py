@@ -18,9 +18,16 @@ from typing import Any
 
 import psycopg2
 
-from kafka_ledger import consumer_group, failpoints, ledger, sql
+from kafka_ledger import consumer_group, failpoints, kafka_offsets, ledger, sql
 from kafka_ledger.config import PipelineConfig
-from kafka_ledger.planning import OffsetRange, PartitionReadStats, check_read_coverage, cover_with_read
+from kafka_ledger.planning import (
+    OffsetRange,
+    PartitionReadStats,
+    TopicIdentityError,
+    check_read_coverage,
+    cover_with_read,
+    identity_changes,
+)
 from kafka_ledger.sinks import Sink, sink_for
 from kafka_ledger.sinks.postgres import COPY_CHUNK_BYTES
 
@@ -70,16 +77,18 @@ def log_read(
 
 @dataclass
 class _Publishing:
-    """The open commit transaction of one batch: its cursor, the batch (locked), and the pipeline's sink."""
+    """The open commit transaction of one batch: its cursor, the batch (locked), the pipeline's sink, and the
+    Kafka it was read from."""
 
     cur: ledger.Cursor
     batch: ledger.Batch
     sink: Sink
+    servers: str
     started: float
 
 
 @contextmanager
-def _publishing(dsn: str, pipeline: PipelineConfig, batch_id: int) -> Iterator[_Publishing]:
+def _publishing(dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int) -> Iterator[_Publishing]:
     """The one transaction every commit runs in: the pipeline's lock, the batch locked, statements allowed as
     long as the batch's Spark task. Rolled back (nothing published, no offset moved) unless the block ends."""
     started = time.monotonic()
@@ -89,10 +98,10 @@ def _publishing(dsn: str, pipeline: PipelineConfig, batch_id: int) -> Iterator[_
             batch = ledger.pipeline_batch(cur, pipeline.name, batch_id, for_update=True)
         except ledger.LedgerError as exc:
             raise CommitError(str(exc)) from None
-        yield _Publishing(cur, batch, sink_for(pipeline), started)
+        yield _Publishing(cur, batch, sink_for(pipeline), servers, started)
 
 
-def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitResult:
+def commit_batch(dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int) -> CommitResult:
     """In ONE transaction: replace the rows of the batch's offsets with what spark-submit staged, record its
     ranges, advance the positions.
 
@@ -101,7 +110,7 @@ def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitRes
     backfills, explicit ranges) replace rows behind the positions and never move them.
     """
     try:
-        with _publishing(dsn, pipeline, batch_id) as p:
+        with _publishing(dsn, servers, pipeline, batch_id) as p:
             batch = p.batch
             if batch.status == "committed":
                 log.info("batch %s was already committed at %s: nothing to do", batch_id, batch.committed_at)
@@ -137,7 +146,8 @@ def commit_batch(dsn: str, pipeline: PipelineConfig, batch_id: int) -> CommitRes
 
 
 def publish_stream(
-    dsn: str, pipeline: PipelineConfig, batch_id: int, attempt: int, tables: Iterable[Any], *, started: float
+    dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int, attempt: int, tables: Iterable[Any], *,
+    started: float,
 ) -> CommitResult:
     """In ONE transaction: copy an attempt's rows into the sink and the dead letters, then commit.
 
@@ -150,7 +160,7 @@ def publish_stream(
     # imports this module: the DAG file, the plan task, the CLI.
     from kafka_ledger.publish import CopyStream
 
-    with _publishing(dsn, pipeline, batch_id) as p:
+    with _publishing(dsn, servers, pipeline, batch_id) as p:
         batch = _newest_attempt(p.batch, attempt)
         replaced = _remove_published(p, pipeline)
         stream = CopyStream(tables)
@@ -192,7 +202,8 @@ def _finish(
     p: _Publishing, pipeline: PipelineConfig, batch: ledger.Batch, written: int, dead: int,
     started: float | None = None,
 ) -> CommitResult:
-    """The end of every commit: counts checked, coverage and positions recorded, batch committed."""
+    """The end of every commit: topic ids and counts checked, coverage and positions recorded, batch committed."""
+    _check_topic_ids(p, pipeline, batch)
     params = {"batch_id": batch.batch_id, "pipeline": pipeline.name}
     if written + dead != (batch.records_read or 0):
         raise CommitError(
@@ -210,6 +221,23 @@ def _finish(
     p.cur.execute(sql.DELETE_STAGED.format(staging=sql.staging_table(pipeline)), params)
     failpoints.hit("commit_before_end")
     return CommitResult(batch.batch_id, False, written, dead, seconds)
+
+
+def _check_topic_ids(p: _Publishing, pipeline: PipelineConfig, batch: ledger.Batch) -> None:
+    """Refuse to commit what was read from a topic that is no longer the one the batch was planned against.
+
+    Checked once the read is over: Kafka's id now equal to the planned one means the read saw that topic
+    throughout (a topic id is never reused). The commit's transaction rolls back: nothing published.
+    """
+    planned = ledger.batch_topic_ids(p.cur, batch.batch_id)
+    changed = identity_changes(planned, kafka_offsets.topic_ids(p.servers, sorted(planned)))
+    if changed:
+        raise TopicIdentityError(
+            pipeline.name, changed,
+            outcome=f"Batch {batch.batch_id} read from it: nothing was published and no position moved. Its ranges "
+                    "name other records now, so it cannot be resumed: abandon it with the reset "
+                    "(--abandon-open-batches).",
+        )
 
 
 def _log_commit(pipeline: PipelineConfig, batch: ledger.Batch, result: CommitResult, replaced: int) -> None:

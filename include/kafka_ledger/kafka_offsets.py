@@ -123,15 +123,24 @@ def subscribed_offsets(
 
 
 def topic_ids(bootstrap_servers: str, topics: list[str], timeout: float = 30.0) -> dict[str, str]:
-    """Each topic's Kafka topic id (KIP-516): a new id for every creation of a topic of that name."""
+    """Each topic's Kafka topic id (KIP-516): a new id for every creation of a topic of that name.
+
+    A topic Kafka does not have is left out.
+    """
     if not topics:
         return {}
     admin = admin_client(bootstrap_servers)
+    ids = {}
     try:
-        futures = admin.describe_topics(TopicCollection(sorted(topics)), request_timeout=timeout)
-        return {topic: str(future.result().topic_id) for topic, future in futures.items()}
+        for topic, future in admin.describe_topics(TopicCollection(sorted(topics)), request_timeout=timeout).items():
+            try:
+                ids[topic] = str(future.result().topic_id)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise
     except KafkaException as exc:
         raise admin.unreachable(bootstrap_servers, exc) from exc
+    return ids
 
 
 def offsets_for_time(

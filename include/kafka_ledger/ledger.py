@@ -185,13 +185,25 @@ def create_batch(
         cur,
         sql.INSERT_BATCH_RANGE,
         [
-            {"batch_id": batch_id, "topic": r.topic, "partition": r.partition,
+            {"batch_id": batch_id, "pipeline": pipeline, "topic": r.topic, "partition": r.partition,
              "from_offset": r.from_offset, "until_offset": r.until_offset, "skipped_from": r.skipped_from,
              "end_offset": (end_offsets or {}).get(r.topic_partition)}
             for r in ranges
         ],
     )
     return get_batch(cur, batch_id)
+
+
+def batch_topic_ids(cur: Cursor, batch_id: int) -> dict[str, str | None]:
+    """The Kafka topic id each topic of the batch was planned against (None: unknown, planned before ids)."""
+    cur.execute(sql.SELECT_BATCH_TOPIC_IDS, {"batch_id": batch_id})
+    return dict(cur.fetchall())
+
+
+def read_coverage_topic_ids(cur: Cursor, pipeline: str) -> list[tuple[OffsetRange, str | None]]:
+    """Every read stretch of the pipeline with the topic id its batch read it under (None: not recorded)."""
+    cur.execute(sql.SELECT_READ_COVERAGE_TOPIC_IDS, {"pipeline": pipeline})
+    return [(OffsetRange(topic, partition, lo, hi), topic_id) for topic, partition, lo, hi, topic_id in cur.fetchall()]
 
 
 def in_flight_batches(cur: Cursor, pipeline: str) -> list[Batch]:

@@ -95,18 +95,24 @@ class LostDataError(PlanError):
         )
 
 
+NOTHING_PLANNED = "Nothing was planned and no position moved."
+
+
 class TopicIdentityError(PlanError):
     """A topic's Kafka id is not the one the pipeline's positions refer to (recreated, or another cluster's)."""
 
-    def __init__(self, pipeline: str, changed: Mapping[str, tuple[str, str]]):
+    def __init__(self, pipeline: str, changed: Mapping[str, tuple[str, str | None]], outcome: str = NOTHING_PLANNED):
         self.changed = dict(changed)
-        details = "; ".join(f"topic {topic}: the ledger's positions refer to topic id {anchored}, Kafka's {topic} "
-                            f"has id {current}" for topic, (anchored, current) in sorted(changed.items()))
+        details = "; ".join(
+            f"topic {topic}: the ledger's positions refer to topic id {anchored}, "
+            + (f"Kafka's {topic} has id {current}" if current else f"Kafka has no topic {topic} now")
+            for topic, (anchored, current) in sorted(changed.items())
+        )
         super().__init__(
             f"topic identity changed for {pipeline}: {details}. The topic was deleted and recreated, or this is "
-            "another cluster's topic of the same name: its offsets name other records. Nothing was planned and "
-            f"no position moved. Re-anchor deliberately: `kafka-ledger reset {pipeline} --to-earliest` (or "
-            "--to-latest, --to-datetime), dry run first, then --execute."
+            f"another cluster's topic of the same name: its offsets name other records. {outcome} Re-anchor "
+            f"deliberately: `kafka-ledger reset {pipeline} --to-earliest` (or --to-latest, --to-datetime), dry run "
+            "first, then --execute."
         )
 
 
@@ -121,6 +127,37 @@ def topic_identity(
     changed = {topic: (anchored[topic], topic_id) for topic, topic_id in current.items()
                if topic in anchored and anchored[topic] != topic_id}
     return unseen, changed
+
+
+def identity_changes(
+    planned: Mapping[str, str | None], current: Mapping[str, str]
+) -> dict[str, tuple[str, str | None]]:
+    """Topics whose Kafka id is no longer the one a batch was planned against: {topic: (planned, current or None)}.
+
+    A topic missing from `current` was deleted; a topic planned without a known id is not compared.
+    """
+    return {topic: (topic_id, current.get(topic)) for topic, topic_id in sorted(planned.items())
+            if topic_id is not None and current.get(topic) != topic_id}
+
+
+def earlier_incarnations(
+    read: Iterable[tuple[OffsetRange, str | None]], current: Mapping[str, str]
+) -> tuple[dict[str, tuple[set[str], list[OffsetRange]]], int]:
+    """Read stretches whose batch read them from another topic of the same name than Kafka's now.
+
+    Returns ({topic: (the earlier ids, the stretches)}, offsets whose topic id was never recorded). Topics Kafka
+    does not hold now are left out (their offsets cannot be compared at all).
+    """
+    earlier: dict[str, tuple[set[str], list[OffsetRange]]] = {}
+    unrecorded = 0
+    for r, topic_id in read:
+        if topic_id is None:
+            unrecorded += r.span
+        elif r.topic in current and topic_id != current[r.topic]:
+            ids, stretches = earlier.setdefault(r.topic, (set(), []))
+            ids.add(topic_id)
+            stretches.append(r)
+    return earlier, unrecorded
 
 
 def start_positions(
@@ -288,26 +325,21 @@ def cover_with_read(
 ) -> tuple[list[Coverage], list[Coverage]]:
     """Coverage changes when a rewrite batch publishes [from, until): (rows to remove, rows to add).
 
-    Read stretches stay as they are (the rewrite replaced their rows); skipped stretches inside the
-    range become read; offsets covered by nothing (history before the pipeline began) become read.
+    The rewrite replaced every row of its range, so the range becomes one read stretch of the rewrite batch
+    (coverage tells which batch published an offset's row last, and from which topic id it read it). Stretches
+    reaching out of the range keep their outer parts; offsets covered by nothing before (history before the
+    pipeline began) become read as well.
     """
     removed, added = [], []
-    cursor = from_offset
-    for c in sorted(existing, key=lambda c: c.from_offset):
+    for c in existing:
         if c.until_offset <= from_offset or c.from_offset >= until_offset:
             continue
-        if c.from_offset > cursor:
-            added.append(Coverage(cursor, c.from_offset, "read", batch_id))
-        if c.disposition == "skipped":
-            removed.append(c)
-            if c.from_offset < from_offset:
-                added.append(replace(c, until_offset=from_offset))
-            added.append(Coverage(max(c.from_offset, from_offset), min(c.until_offset, until_offset), "read", batch_id))
-            if c.until_offset > until_offset:
-                added.append(replace(c, from_offset=until_offset))
-        cursor = max(cursor, c.until_offset)
-    if cursor < until_offset:
-        added.append(Coverage(cursor, until_offset, "read", batch_id))
+        removed.append(c)
+        if c.from_offset < from_offset:
+            added.append(replace(c, until_offset=from_offset))
+        if c.until_offset > until_offset:
+            added.append(replace(c, from_offset=until_offset))
+    added.append(Coverage(from_offset, until_offset, "read", batch_id))
     return removed, added
 
 

@@ -14,6 +14,7 @@ from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planner import compare_topic_ids
 from kafka_ledger.planning import (
     Coverage,
+    OffsetRange,
     PartitionOffsets,
     PositionChange,
     TopicPartition,
@@ -48,6 +49,9 @@ class ResetResult:
     abandoned_batches: list[int] = field(default_factory=list)
     # {topic: (the id the ledger was anchored to, the id Kafka's topic has now)}: a recreated topic re-anchored.
     reanchored: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Read stretches of a re-anchored topic the reset leaves below the positions: their rows are the earlier
+    # topic's records under offsets that name other records now, until read again.
+    kept_from_earlier_topic: list[OffsetRange] = field(default_factory=list)
 
     @property
     def skipped_offsets(self) -> int:
@@ -64,6 +68,7 @@ class ResetResult:
             "blocking_batches": self.blocking_batches, "abandoned_batches": self.abandoned_batches,
             "partitions": [change_dict(c) for c in self.changes],
             "reanchored": self.reanchored_ids(),
+            "kept_from_earlier_topic": [r.as_dict() for r in self.kept_from_earlier_topic],
         }
 
     def reanchored_ids(self) -> dict[str, dict[str, str]]:
@@ -121,8 +126,10 @@ def reset_positions(
             positions = ledger.positions(cur, pipeline.name)
             changes = plan_reset(positions, resolve_targets(bootstrap_servers, target, offsets), offsets)
             blocking = [b.batch_id for b in ledger.in_flight_batches(cur, pipeline.name)]
+            coverage = ledger.coverage(cur, pipeline.name)
+            kept = _kept_from_earlier_topic(coverage, changes, set(reanchored))
             result = ResetResult(pipeline.name, describe_target(target), changes, blocking, dry_run,
-                                 reanchored=reanchored)
+                                 reanchored=reanchored, kept_from_earlier_topic=kept)
             if dry_run:
                 conn.rollback()
                 return result
@@ -142,7 +149,6 @@ def reset_positions(
             )
             reset_id = cur.fetchone()[0]
             ledger.anchor_topics(cur, pipeline.name, {**unseen, **{t: after for t, (_, after) in reanchored.items()}})
-            coverage = ledger.coverage(cur, pipeline.name)
             for c in changes:
                 tp = TopicPartition(c.topic, c.partition)
                 if c.reread:
@@ -154,7 +160,8 @@ def reset_positions(
                     )
                 cur.execute(sql.UPSERT_POSITION, {"pipeline": pipeline.name, "topic": c.topic,
                                                   "partition": c.partition, "position": c.after})
-        result = ResetResult(pipeline.name, result.target, changes, blocking, False, reset_id, abandoned, reanchored)
+        result = ResetResult(pipeline.name, result.target, changes, blocking, False, reset_id, abandoned, reanchored,
+                             kept)
         log.warning(
             "reset %s of %s to %s by %s (%s): %d offsets skipped, %d offsets to be read again%s%s",
             reset_id, pipeline.name, result.target, requested_by, reason, result.skipped_offsets,
@@ -162,6 +169,22 @@ def reset_positions(
             "".join(f", topic {t} re-anchored from id {b} to {a}" for t, (b, a) in sorted(reanchored.items())),
         )
         return result
+
+
+def _kept_from_earlier_topic(
+    coverage: dict[TopicPartition, list[Coverage]], changes: list[PositionChange], reanchored: set[str]
+) -> list[OffsetRange]:
+    """The read stretches of re-anchored topics that stay below the positions after the reset."""
+    after = {TopicPartition(c.topic, c.partition): c.after for c in changes}
+    kept = []
+    for tp, stretches in sorted(coverage.items()):
+        if tp.topic not in reanchored:
+            continue
+        for c in stretches:
+            until = min(c.until_offset, after.get(tp, c.until_offset))
+            if c.disposition == "read" and c.from_offset < until:
+                kept.append(OffsetRange(tp.topic, tp.partition, c.from_offset, until))
+    return kept
 
 
 def _abandon(cur: ledger.Cursor, pipeline: str, batch_ids: list[int]) -> list[int]:

@@ -83,11 +83,32 @@ INSERT_BATCH = """
     RETURNING batch_id
 """
 
+# A range records the id its topic is anchored to: planning checked it against Kafka's a moment before.
 INSERT_BATCH_RANGE = """
     INSERT INTO kafka_ledger.batch_ranges
-        (batch_id, topic, partition, from_offset, until_offset, skipped_from, end_offset)
+        (batch_id, topic, partition, from_offset, until_offset, skipped_from, end_offset, topic_id)
     VALUES (%(batch_id)s, %(topic)s, %(partition)s, %(from_offset)s, %(until_offset)s, %(skipped_from)s,
-            %(end_offset)s)
+            %(end_offset)s, (SELECT topic_id FROM kafka_ledger.topic_anchors
+                             WHERE pipeline = %(pipeline)s AND topic = %(topic)s))
+"""
+
+# The topic id each topic of a batch was read under: as planned, or (ranges planned before ids were recorded)
+# the topic's anchor.
+SELECT_BATCH_TOPIC_IDS = """
+    SELECT DISTINCT r.topic, coalesce(r.topic_id, a.topic_id)
+    FROM kafka_ledger.batch_ranges r
+    JOIN kafka_ledger.batches b USING (batch_id)
+    LEFT JOIN kafka_ledger.topic_anchors a ON a.pipeline = b.pipeline AND a.topic = r.topic
+    WHERE r.batch_id = %(batch_id)s
+"""
+
+# Every read stretch of a pipeline with the topic id its batch read it under (NULL: planned before ids were kept).
+SELECT_READ_COVERAGE_TOPIC_IDS = """
+    SELECT c.topic, c.partition, c.from_offset, c.until_offset, r.topic_id
+    FROM kafka_ledger.committed_ranges c
+    LEFT JOIN kafka_ledger.batch_ranges r ON r.batch_id = c.batch_id AND r.topic = c.topic AND r.partition = c.partition
+    WHERE c.pipeline = %(pipeline)s AND c.disposition = 'read'
+    ORDER BY c.topic, c.partition, c.from_offset
 """
 
 UPDATE_BATCH_OWNER = """

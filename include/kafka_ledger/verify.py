@@ -19,7 +19,9 @@ that commits after a verify's snapshot always has an id above any batch that sna
 What an incremental verify does not see: changes to already verified ranges made outside the pipeline
 (rows edited or deleted by hand) and Kafka-side changes there (compaction, retention): `full=True`
 (`kafka-ledger verify --full`) compares everything. The ledger's invariants are cheap and always checked
-in full.
+in full, and so is the identity of every read range's topic: a range read from a topic since deleted and
+recreated under the same name holds rows whose offsets name other records now (one Kafka look-up of the topic
+ids; no per-row cost).
 
 Bounded in memory: partition by partition, Kafka's offsets (ascending as they are read) are merged against
 the partition's rows and dead letters streamed in offset order from a server-side cursor; only counts and
@@ -41,7 +43,15 @@ from confluent_kafka import KafkaException
 
 from kafka_ledger import consumer_group, kafka_offsets, ledger, readback, sql
 from kafka_ledger.config import PipelineConfig
-from kafka_ledger.planning import Coverage, PartitionOffsets, PlanError, TopicPartition, coverage_problems
+from kafka_ledger.planning import (
+    Coverage,
+    OffsetRange,
+    PartitionOffsets,
+    PlanError,
+    TopicPartition,
+    coverage_problems,
+    earlier_incarnations,
+)
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +230,10 @@ class VerifyReport:
     awaiting_reread: int = 0
     unverifiable_offsets: int = 0
     compacted_away: int = 0
+    # Committed offsets read from an earlier topic of the same name (deleted and recreated since), and offsets
+    # committed before kafka-ledger recorded topic ids (their topic's identity cannot be checked).
+    earlier_topic_offsets: int = 0
+    unrecorded_topic_id_offsets: int = 0
     # Incremental: ranges of the batches committed after `checked_after_batch`; full: every read range.
     checked_after_batch: int | None = None
     checked_batches: int = 0
@@ -319,6 +333,28 @@ def _unverifiable(report: VerifyReport, coverage: dict[TopicPartition, list[Cove
                                "(retention or a deleted topic): not compared")
 
 
+def _identity_checks(report: VerifyReport, read: list[tuple[OffsetRange, str | None]],
+                     current: dict[str, str]) -> None:
+    """Rows read from an earlier topic of the same name sit under offsets that name other records now."""
+    earlier, report.unrecorded_topic_id_offsets = earlier_incarnations(read, current)
+    for topic, (ids, stretches) in sorted(earlier.items()):
+        offsets = sum(r.span for r in stretches)
+        report.earlier_topic_offsets += offsets
+        first = stretches[:EXAMPLES]
+        shown = ", ".join(f"{r.topic}-{r.partition} [{r.from_offset}, {r.until_offset})" for r in first)
+        more = f" and {len(stretches) - EXAMPLES} more" if len(stretches) > EXAMPLES else ""
+        replay = " ".join(f"--range {r.topic}:{r.partition}:{r.from_offset}:{r.until_offset}" for r in first)
+        report.problems.append(
+            f"{offsets} committed offset(s) of topic {topic} were read from an earlier topic of that name (id "
+            f"{', '.join(sorted(ids))}); Kafka's {topic} is id {current[topic]} now, so their rows sit under offsets "
+            f"that name other records: {shown}{more}. Replace them with the current topic's records: "
+            f"`kafka-ledger replay {report.pipeline} {replay}`"
+        )
+    if report.unrecorded_topic_id_offsets:
+        report.warnings.append(f"{report.unrecorded_topic_id_offsets} committed offsets were read before kafka-ledger "
+                               "recorded topic ids: whether their topic was recreated since is not checked")
+
+
 def _conclude(report: VerifyReport, tally: Tally, pipeline: PipelineConfig) -> None:
     report.kafka_records, report.output_rows, report.dead_letters = (
         tally.kafka_records, tally.output_rows, tally.dead_letters)
@@ -361,7 +397,8 @@ def verify_pipeline(
     """Check the ledger and the published data of one pipeline (incremental unless `full`; see the module).
 
     Ledger: committed ranges never overlap, they tile each partition from where the pipeline began to
-    its position, and nothing is committed past a position. Data (gap-aware, against Kafka): every
+    its position, nothing is committed past a position, and every read range was read from the topic Kafka
+    holds under its name now (the topic id its batch recorded). Data (gap-aware, against Kafka): every
     record Kafka holds in a checked read range is in the output or the dead letters exactly once, and
     nothing published lies outside the committed ranges (except rows a backward reset left to be
     replaced when re-read). A verify that completed and found no problem advances the verified point.
@@ -375,6 +412,7 @@ def verify_pipeline(
             with conn.cursor() as cur:
                 positions = {r.topic_partition: r for r in ledger.position_rows(cur, pipeline.name)}
                 coverage = ledger.coverage(cur, pipeline.name)
+                read_topic_ids = ledger.read_coverage_topic_ids(cur, pipeline.name)
                 before = ledger.verified_point(cur, pipeline.name)
                 cur.execute(sql.SELECT_FINISHED_THROUGH, {"pipeline": pipeline.name})
                 finished_through = cur.fetchone()[0]
@@ -395,7 +433,7 @@ def verify_pipeline(
                 report.checked_batches = len({row[0] for row in committed_after})
             _ledger_checks(report, positions, coverage)
             _check_data(conn, report, pipeline, bootstrap_servers, full, timeout, positions, coverage,
-                        committed_after, stored_partitions, has_output)
+                        read_topic_ids, committed_after, stored_partitions, has_output)
             _check_mirror(report, pipeline, bootstrap_servers, positions)
         conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_DEFAULT, readonly=False)
         if report.ok:
@@ -433,6 +471,7 @@ def _check_data(
     timeout: float | None,
     positions: dict[TopicPartition, ledger.PositionRow],
     coverage: dict[TopicPartition, list[Coverage]],
+    read_topic_ids: list[tuple[OffsetRange, str | None]],
     committed_after: list[tuple[int, str, int, int, int]],
     stored_partitions: set[TopicPartition],
     has_output: bool,
@@ -444,10 +483,12 @@ def _check_data(
     try:
         offsets = kafka_offsets.partition_offsets(bootstrap_servers, topics, **bound) if topics else {}
         compacted = kafka_offsets.compacted_topics(bootstrap_servers, topics, **bound)
+        current_ids = kafka_offsets.topic_ids(bootstrap_servers, topics, **bound)
     except (PlanError, KafkaException) as exc:
         report.unverified = f"cannot read the committed topics back from Kafka: {exc}"
         return
     _unverifiable(report, coverage, offsets)
+    _identity_checks(report, read_topic_ids, current_ids)
 
     new_spans: dict[TopicPartition, list[Span]] = {}
     for _, topic, partition, lo, hi in committed_after:

@@ -65,6 +65,7 @@ PIPELINES = {
     "upgrade": {"retries": 0},
     "deleted": {},
     "recreated": {},
+    "recreated_mid_batch": {},
     "compacted": {"max_records_per_partition": 5},
     # The Spark Connect runtime under faults (test_connect_runtime.py), whatever the deployment's default.
     **{key: {"spark_runtime": "connect", "retries": 0, "max_records_per_partition": 100_000} for key in (

@@ -8,6 +8,7 @@ import ipaddress
 import json
 import os
 import subprocess
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -17,11 +18,13 @@ from pathlib import Path
 import psycopg2
 import trustme
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_ledger import kafka_offsets, ledger
 from kafka_ledger import readback as audit
 from kafka_ledger.airflow_dag import SPARK_TASK
 from kafka_ledger.planner import plan_next_batch
+from kafka_ledger.planning import OffsetRange, PartitionReadStats
 from kafka_ledger.runtimes import run_batch
 from kafka_ledger.settings import runtime_name as spark_runtime
 
@@ -303,3 +306,38 @@ CASES: dict[str, tuple[bytes | None, bytes | None, str | None]] = {
     "invalid timestamp": (b'{"event_id": "t", "event_time": "2026-13-45T99:00:00Z"}', b"k",
                           "field 'event_time' is not a valid timestamp"),
 }
+
+
+def recreate_topic(servers: str, topic: str) -> None:
+    """Delete `topic` and create it again under the same name (Kafka gives it a new topic id)."""
+    admin = AdminClient({"bootstrap.servers": servers})  # keep a reference until the futures resolve
+    admin.delete_topics([topic])[topic].result(timeout=30)
+    deadline = time.monotonic() + 60
+    while True:  # the broker refuses the name while the old topic is still being deleted
+        try:
+            admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(timeout=30)
+            return
+        except Exception:
+            assert time.monotonic() < deadline, f"{topic} could not be created again"
+            time.sleep(0.5)
+
+
+def stage_rows(cur, pipeline, batch_id: int, attempt: int, ranges: list[OffsetRange]) -> None:
+    """Stage one decoded row per offset, as the Spark job would, and declare the attempt written."""
+    for r in ranges:
+        for offset in range(r.from_offset, r.until_offset):
+            cur.execute(
+                f"INSERT INTO kafka_ledger_staging.{pipeline.name} "
+                "(batch_id, attempt, kafka_topic, kafka_partition, kafka_offset, event_id) "
+                "VALUES (%s, %s, %s, %s, %s, %s)",
+                (batch_id, attempt, r.topic, r.partition, offset, f"e{offset}"),
+            )
+    stats = [
+        PartitionReadStats(r.topic, r.partition, r.span, r.span, r.from_offset, r.until_offset - 1) for r in ranges
+    ]
+    ledger.mark_written(cur, batch_id, attempt, stats, read_seconds=0.1)
+
+
+def output_count(cur, pipeline) -> int:
+    cur.execute(f"SELECT count(*) FROM it_output.{pipeline.name}")
+    return cur.fetchone()[0]

@@ -7,7 +7,18 @@ import uuid
 
 import pytest
 from confluent_kafka import Producer
-from integration_support import assert_exactly_once, batches, cli, good_value, positions, query, verify_ok
+from integration_support import (
+    assert_exactly_once,
+    batches,
+    cli,
+    good_value,
+    output_count,
+    positions,
+    query,
+    recreate_topic,
+    stage_rows,
+    verify_ok,
+)
 
 from kafka_ledger import readback as audit
 from kafka_ledger.airflow_dag import run_pipeline_dag
@@ -122,22 +133,6 @@ def test_a_deleted_topic_fails_the_plan_by_name_and_moves_nothing(dsn, servers, 
     assert [(b.batch_id, b.status) for b in batches(dsn, pipeline)] == [(planned.batch_id, "planned")]
 
 
-def recreate_topic(servers: str, topic: str) -> None:
-    """Delete `topic` and create it again under the same name (Kafka gives it a new topic id)."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": servers})  # keep a reference until the futures resolve
-    admin.delete_topics([topic])[topic].result(timeout=30)
-    deadline = time.monotonic() + 60
-    while True:  # the broker refuses the name while the old topic is still being deleted
-        try:
-            admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(timeout=30)
-            return
-        except Exception:
-            assert time.monotonic() < deadline, f"{topic} could not be created again"
-            time.sleep(0.5)
-
-
 def test_a_recreated_and_refilled_topic_is_refused_until_reset_re_anchors_it(
     dsn, servers, pipeline_factory, producer
 ):
@@ -183,6 +178,66 @@ def test_a_recreated_and_refilled_topic_is_refused_until_reset_re_anchors_it(
     assert sorted(stored.output) == landed and not stored.dead_letters
     # The old topic's rows under offsets 0-99 were replaced by the new topic's records.
     assert query(dsn, f"SELECT min(amount), max(amount) FROM it_output.{pipeline.output_table}") == [(1000, 1299)]
+    assert verify_ok(pipeline)["earlier_topic_offsets"] == 0
+
+
+def test_a_topic_recreated_while_its_batch_is_read_is_refused_at_commit_and_its_old_rows_fail_verify(
+    dsn, servers, pipeline_factory, producer
+):
+    """Planning saw the topic it anchored; the topic was recreated before the batch committed. The commit refuses
+    (nothing published, no position moved). Re-anchored by latest, the earlier topic's rows stay under offsets that
+    name other records: verify fails naming them, until a replay of those offsets replaces them."""
+    from kafka_ledger import kafka_offsets, ledger
+    from kafka_ledger.commit import commit_batch
+    from kafka_ledger.planner import plan_next_batch
+    from kafka_ledger.planning import OffsetRange, TopicIdentityError
+
+    pipeline = pipeline_factory("recreated_mid_batch", partitions=1)
+    topic = pipeline.topics[0]
+    producer.send(topic, [good_value(i) for i in range(100)])
+    assert run_pipeline_dag(pipeline).state == "success"
+    (old_id,) = kafka_offsets.topic_ids(servers, [topic]).values()
+    producer.send(topic, [good_value(100 + i) for i in range(20)])
+    planned = plan_next_batch(dsn, servers, pipeline)
+    assert planned.ranges == [OffsetRange(topic, 0, 100, 120)]
+    assert query(dsn, "SELECT topic_id FROM kafka_ledger.batch_ranges WHERE batch_id = %s",
+                 planned.batch_id) == [(old_id,)]
+    with ledger.connect(dsn) as conn, conn.cursor() as cur:  # read by the old topic's attempt
+        stage_rows(cur, pipeline, planned.batch_id, ledger.begin_attempt(cur, planned.batch_id), planned.ranges)
+
+    recreate_topic(servers, topic)
+    landed = producer.send(topic, [good_value(1000 + i) for i in range(300)])
+    (new_id,) = kafka_offsets.topic_ids(servers, [topic]).values()
+    with pytest.raises(TopicIdentityError) as refused:
+        commit_batch(dsn, servers, pipeline, planned.batch_id)
+    assert f"refer to topic id {old_id}, Kafka's {topic} has id {new_id}" in str(refused.value)
+    assert f"Batch {planned.batch_id} read from it: nothing was published" in str(refused.value)
+    with ledger.connect(dsn) as conn, conn.cursor() as cur:
+        assert output_count(cur, pipeline) == 100
+        assert ledger.get_batch(cur, planned.batch_id).status == "written"
+    assert positions(dsn, pipeline) == {(topic, 0): 100}
+
+    code, dry_run, _ = cli("reset", pipeline.name, "--to-latest")
+    assert code == 0 and dry_run["blocking_batches"] == [planned.batch_id]
+    assert dry_run["kept_from_earlier_topic"] == [{"topic": topic, "partition": 0, "from": 0, "until": 100}]
+    code, _, stderr = cli("reset", pipeline.name, "--to-latest", "--execute", "--abandon-open-batches",
+                          "--reason", "topic recreated; history of the old topic is gone")
+    assert code == 0, stderr
+    assert positions(dsn, pipeline) == {(topic, 0): 300}
+
+    code, report, _ = cli("verify", pipeline.name, "--full")
+    (failed,) = report["pipelines"]
+    assert code == 1 and not failed["ok"] and failed["earlier_topic_offsets"] == 100, failed
+    assert any(f"earlier topic of that name (id {old_id})" in p and f"--range {topic}:0:0:100" in p
+               for p in failed["problems"]), failed["problems"]
+
+    code, _, stderr = cli("replay", pipeline.name, "--range", f"{topic}:0:0:100", "--reason", "rows of the old topic")
+    assert code == 0, stderr
+    report = verify_ok(pipeline)
+    assert report["earlier_topic_offsets"] == 0 and report["unrecorded_topic_id_offsets"] == 0
+    stored = audit.postgres_record_ids(dsn, pipeline)
+    assert sorted(stored.output) == landed[:100] and not stored.dead_letters
+    assert query(dsn, f"SELECT min(amount), max(amount) FROM it_output.{pipeline.output_table}") == [(1000, 1099)]
 
 
 # Compaction at once: tiny segments, any dirty ratio, no lag (the broker looks every second, see server.properties).

@@ -9,12 +9,12 @@ import psycopg2.errors
 import pytest
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
-from integration_support import RecordedProducer, good_value
+from integration_support import RecordedProducer, good_value, output_count, stage_rows
 
 from kafka_ledger import ledger, sql
 from kafka_ledger.commit import CommitError, commit_batch
 from kafka_ledger.planner import plan_next_batch
-from kafka_ledger.planning import LostDataError, OffsetRange, PartitionReadStats
+from kafka_ledger.planning import LostDataError, OffsetRange
 
 pytestmark = pytest.mark.integration
 
@@ -71,27 +71,6 @@ def test_partitions_added_between_runs_start_at_the_log_start(dsn, servers, pipe
     assert planned.ranges == [OffsetRange(topic, 0, 0, 3), OffsetRange(topic, 2, 0, 4)]
 
 
-def stage_rows(cur, pipeline, batch_id: int, attempt: int, ranges: list[OffsetRange]) -> None:
-    """Stage one decoded row per offset, as the Spark job would, and declare the attempt written."""
-    for r in ranges:
-        for offset in range(r.from_offset, r.until_offset):
-            cur.execute(
-                f"INSERT INTO kafka_ledger_staging.{pipeline.name} "
-                "(batch_id, attempt, kafka_topic, kafka_partition, kafka_offset, event_id) "
-                "VALUES (%s, %s, %s, %s, %s, %s)",
-                (batch_id, attempt, r.topic, r.partition, offset, f"e{offset}"),
-            )
-    stats = [
-        PartitionReadStats(r.topic, r.partition, r.span, r.span, r.from_offset, r.until_offset - 1) for r in ranges
-    ]
-    ledger.mark_written(cur, batch_id, attempt, stats, read_seconds=0.1)
-
-
-def output_count(cur, pipeline) -> int:
-    cur.execute(f"SELECT count(*) FROM it_output.{pipeline.name}")
-    return cur.fetchone()[0]
-
-
 def test_commit_refuses_a_moved_position_and_writes_nothing(dsn, servers, pipeline_factory, producer):
     pipeline = pipeline_factory("cas", partitions=1)
     topic = pipeline.topics[0]
@@ -104,7 +83,7 @@ def test_commit_refuses_a_moved_position_and_writes_nothing(dsn, servers, pipeli
         cur.execute("UPDATE kafka_ledger.positions SET position = 4 WHERE pipeline = %s", (pipeline.name,))
 
     with pytest.raises(CommitError, match=rf"compare-and-set.*{topic}-0: ledger position 4, batch starts at 0"):
-        commit_batch(dsn, pipeline, planned.batch_id)
+        commit_batch(dsn, servers, pipeline, planned.batch_id)
 
     with ledger.connect(dsn) as conn, conn.cursor() as cur:
         assert output_count(cur, pipeline) == 0
@@ -114,7 +93,7 @@ def test_commit_refuses_a_moved_position_and_writes_nothing(dsn, servers, pipeli
         assert cur.fetchone()[0] == 0
         cur.execute("UPDATE kafka_ledger.positions SET position = 0 WHERE pipeline = %s", (pipeline.name,))
 
-    result = commit_batch(dsn, pipeline, planned.batch_id)  # with the position restored, it commits
+    result = commit_batch(dsn, servers, pipeline, planned.batch_id)  # with the position restored, it commits
     assert (result.already_committed, result.records_written) == (False, 10)
     with ledger.connect(dsn) as conn, conn.cursor() as cur:
         assert output_count(cur, pipeline) == 10
@@ -126,7 +105,7 @@ def test_commit_refuses_a_batch_that_was_not_written(dsn, servers, pipeline_fact
     producer.send(pipeline.topics[0], [good_value(0)])
     planned = plan_next_batch(dsn, servers, pipeline)
     with pytest.raises(CommitError, match="is planned, not written"):
-        commit_batch(dsn, pipeline, planned.batch_id)
+        commit_batch(dsn, servers, pipeline, planned.batch_id)
 
 
 @pytest.fixture

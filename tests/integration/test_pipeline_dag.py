@@ -152,7 +152,7 @@ def test_second_commit_of_a_batch_is_a_no_op(dsn, servers, pipeline_factory, pro
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         positions_before = ledger.positions(cur, pipeline.name)
 
-    again = commit_batch(dsn, pipeline, batch.batch_id)
+    again = commit_batch(dsn, servers, pipeline, batch.batch_id)
 
     assert again.already_committed
     assert (again.records_written, again.records_dead_lettered) == (50, 1)

@@ -122,22 +122,32 @@ def apply(existing: list[Coverage], change: tuple[list[Coverage], list[Coverage]
     return [c for c in existing if c not in removed] + added
 
 
-def test_rewrite_over_read_ranges_changes_nothing():
+def attributed(cov: list[Coverage]) -> list[tuple[int, int, str, int | None]]:
+    return sorted((c.from_offset, c.until_offset, c.disposition, c.batch_id) for c in cov)
+
+
+def test_rewrite_takes_over_the_read_offsets_it_replaced():
+    # Coverage says which batch published an offset's row last: the rewrite, inside its range.
     existing = [Coverage(0, 100, "read", 1), Coverage(100, 200, "read", 2)]
-    assert cover_with_read(existing, 50, 150, batch_id=9) == ([], [])
+    result = apply(existing, cover_with_read(existing, 50, 150, batch_id=9))
+    assert attributed(result) == [(0, 50, "read", 1), (50, 150, "read", 9), (150, 200, "read", 2)]
 
 
 def test_rewrite_turns_skipped_offsets_into_read_and_splits_the_rest():
     existing = [Coverage(0, 100, "read", 1), Coverage(100, 400, "skipped", 2)]
     result = apply(existing, cover_with_read(existing, 50, 250, batch_id=9))
-    assert covered(result) == [(0, 100, "read"), (100, 250, "read"), (250, 400, "skipped")]
+    assert attributed(result) == [(0, 50, "read", 1), (50, 250, "read", 9), (250, 400, "skipped", 2)]
+
+
+def test_rewrite_of_exactly_one_stretch_replaces_it():
+    existing = [Coverage(0, 100, "read", 1)]
+    assert apply(existing, cover_with_read(existing, 0, 100, batch_id=9)) == [Coverage(0, 100, "read", 9)]
 
 
 def test_rewrite_of_history_before_the_start_adds_read_coverage():
     existing = [Coverage(500, 600, "read", 1)]
     result = apply(existing, cover_with_read(existing, 300, 550, batch_id=9))
-    assert covered(result) == [(300, 500, "read"), (500, 600, "read")]
-    assert [c.batch_id for c in result if c.from_offset == 300] == [9]
+    assert attributed(result) == [(300, 550, "read", 9), (550, 600, "read", 1)]
 
 
 def test_truncate_uncommits_everything_from_the_new_position():

@@ -382,3 +382,31 @@ def test_topic_identity_anchors_new_topics_and_names_changed_ones():
     message = str(TopicIdentityError("p", changed))
     assert "topic b: the ledger's positions refer to topic id id-b, Kafka's b has id id-b2" in message
     assert "Nothing was planned" in message and "kafka-ledger reset p --to-earliest" in message
+
+
+def test_identity_changes_name_a_recreated_or_deleted_topic_of_a_planned_batch():
+    from kafka_ledger.planning import TopicIdentityError, identity_changes
+
+    planned = {"a": "id-a", "b": "id-b", "c": "id-c", "old": None}
+    changed = identity_changes(planned, {"a": "id-a", "b": "id-b2", "old": "id-o"})
+    # b was recreated, c deleted; a batch planned before ids were recorded is not compared.
+    assert changed == {"b": ("id-b", "id-b2"), "c": ("id-c", None)}
+    message = str(TopicIdentityError("p", changed, outcome="Batch 7 read from it: nothing was published."))
+    assert "Kafka's b has id id-b2" in message and "Kafka has no topic c now" in message
+    assert "Batch 7 read from it: nothing was published." in message and "Nothing was planned" not in message
+
+
+def test_earlier_incarnations_find_ranges_read_from_another_topic_id():
+    from kafka_ledger.planning import earlier_incarnations
+
+    read = [
+        (OffsetRange("a", 0, 0, 100), "id-a1"),  # read before the topic was recreated
+        (OffsetRange("a", 0, 100, 300), "id-a2"),  # replayed or read since
+        (OffsetRange("a", 1, 0, 40), "id-a1"),
+        (OffsetRange("b", 0, 0, 50), None),  # committed before ids were recorded
+        (OffsetRange("gone", 0, 0, 5), "id-g"),  # Kafka has no such topic now: not comparable
+    ]
+    earlier, unrecorded = earlier_incarnations(read, {"a": "id-a2", "b": "id-b"})
+    assert earlier == {"a": ({"id-a1"}, [OffsetRange("a", 0, 0, 100), OffsetRange("a", 1, 0, 40)])}
+    assert unrecorded == 50
+    assert earlier_incarnations(read[1:2], {"a": "id-a2"}) == ({}, 0)

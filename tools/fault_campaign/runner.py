@@ -579,6 +579,6 @@ def task_main(argv: list[str]) -> int:
         result = ConnectBatch(pipeline, args.batch_id).run(ledger_dsn(), bootstrap_servers())
         print(json.dumps({"batch_id": result.batch_id, "already_committed": result.already_committed}))
     else:
-        result = commit.commit_batch(ledger_dsn(), pipeline, args.batch_id)
+        result = commit.commit_batch(ledger_dsn(), bootstrap_servers(), pipeline, args.batch_id)
         print(json.dumps({"batch_id": result.batch_id, "already_committed": result.already_committed}))
     return 0

@@ -102,10 +102,10 @@ class ConnectBatch:
         if attempt is None:
             # Committed already (a no-op), or staged by a spark-submit attempt before the pipeline moved to
             # this runtime: publish what it staged.
-            return commit.commit_batch(dsn, self.pipeline, self.batch_id)
+            return commit.commit_batch(dsn, servers, self.pipeline, self.batch_id)
         if not attempt.readable:
             read.mark_nothing_to_read(dsn, attempt)
-            return commit.commit_batch(dsn, self.pipeline, self.batch_id)
+            return commit.commit_batch(dsn, servers, self.pipeline, self.batch_id)
         spark = self._connect()
         tag = attempt_tag(self.pipeline.name, self.batch_id, attempt.number)
         spark.addTag(tag)
@@ -207,7 +207,7 @@ def publish(
     started = time.monotonic()
     lines = copy_lines(decode_records(read.read_records(spark, attempt, servers), pipeline), pipeline,
                        attempt.batch.batch_id)
-    return commit.publish_stream(dsn, pipeline, attempt.batch.batch_id, attempt.number,
+    return commit.publish_stream(dsn, servers, pipeline, attempt.batch.batch_id, attempt.number,
                                  arrow_stream(lines, attempt, interrupted), started=started)
 
 

@@ -124,7 +124,7 @@ class SubmitRuntime(Runtime):
 
     def run_batch(self, pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> CommitResult:
         submit_batch(pipeline, batch_id, dsn, servers)
-        return commit.commit_batch(dsn, pipeline, batch_id)
+        return commit.commit_batch(dsn, servers, pipeline, batch_id)
 
     def airflow_tasks(self, tasks: AirflowTasks) -> tuple[Any, Any]:
         spark = tasks.spark_submit(self.spark_task_id)
