@@ -22,7 +22,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.timetables.interval import CronDataIntervalTimetable
 from pydantic import BaseModel
 
-from kafka_ledger import commit, ledger, planner
+from kafka_ledger import commit, headroom, ledger, planner
 from kafka_ledger.batch_requests import RequestError, parse_request, trigger_form_fields
 from kafka_ledger.commit import CommitResult
 from kafka_ledger.config import PipelineConfig, get_pipeline
@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 SPARK_POOL = "kafka_ledger_spark"
 PLAN_TASK = "plan_batch"
+RETENTION_CHECK_TASK = "check_retention_headroom"
 # The task that runs a batch's Spark work, by runtime.
 SPARK_TASK = {name: runtime.spark_task_id for name, runtime in RUNTIMES.items()}
 
@@ -131,7 +132,8 @@ def plan_task(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any]
                 raise RequestError("a backfill run always rewrites its own data interval: leave mode at catch_up")
             backfill_window = (context["data_interval_start"], context["data_interval_end"])
         requested_by = getattr(dag_run, "triggering_user_name", None) or getattr(run_type, "value", run_type)
-        planned = planner.plan_batch(ledger_dsn(), bootstrap_servers(), get_pipeline(pipeline_name), request,
+        pipeline = get_pipeline(pipeline_name)
+        planned = planner.plan_batch(ledger_dsn(), bootstrap_servers(), pipeline, request,
                                      dag_id=dag_id, run_id=run_id, requested_by=requested_by,
                                      backfill_window=backfill_window)
     except RequestError as exc:
@@ -147,7 +149,17 @@ def plan_task(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any]
         "partitions": len(planned.ranges),
         "offsets": planned.offsets,
         "backlog_after": planned.backlog_after,
+        "retention_warning": headroom.warning(pipeline, planned.headroom or []),
     }
+
+
+def check_retention_task(plan: dict[str, Any]) -> None:
+    """Fail, beside the batch's Spark work and never blocking it, when the plan found partitions whose oldest unread
+    offset is close to retention's deletion: a failed task is what Airflow's alerting (failure callbacks, e-mail,
+    the run's state) already reports."""
+    if plan.get("retention_warning"):
+        raise AirflowFailException(plan["retention_warning"])
+    log.info("retention headroom: no partition under the warning threshold (see the plan task's log)")
 
 
 def commit_task(pipeline_name: str, plan: dict[str, Any], **context: Any) -> dict[str, Any]:
@@ -291,6 +303,8 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         plan = task(plan_task, task_id=PLAN_TASK, execution_timeout=timedelta(minutes=10))(
             pipeline.name, pipeline.dag_id)
         _, committing = runtime_for(pipeline).airflow_tasks(_PipelineTasks(pipeline, plan))
+        # Retrying the check cannot add headroom: it fails once, loudly, and the next run checks again.
+        task(check_retention_task, task_id=RETENTION_CHECK_TASK, retries=0)(plan)
 
         @task.short_circuit(task_id="backlog_remains", ignore_downstream_trigger_rules=True)
         def backlog_remains(plan: dict[str, Any]) -> bool:

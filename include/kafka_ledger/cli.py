@@ -24,6 +24,7 @@ from kafka_ledger import commit, kafka_offsets, ledger, overview, planner, plann
 from kafka_ledger.batch_requests import BatchRequest, RequestError, as_utc, parse_request
 from kafka_ledger.commit import CommitError
 from kafka_ledger.config import ConfigError, PipelineConfig, get_pipeline, read_pipelines
+from kafka_ledger.headroom import headroom_text
 from kafka_ledger.kafka_security import java_client_properties
 from kafka_ledger.resets import reset_positions
 from kafka_ledger.runtimes import runtime_for
@@ -139,10 +140,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         lines.append(f"pipeline {pipeline.name} ({pipeline.delivery_mode}, {pipeline.subscription}): "
                      f"total lag {entry['lag']}")
         lines.append(_table(
-            ["TOPIC", "PARTITION", "POSITION", "LOG-START", "END-OFFSET", "LAG", "SKIPPED", "NOTE"],
+            ["TOPIC", "PARTITION", "POSITION", "LOG-START", "END-OFFSET", "LAG", "SKIPPED", "RETENTION HEADROOM",
+             "NOTE"],
             [[p["topic"], p["partition"], p["position"], p["log_start"], p["end_offset"], p["lag"],
-              p["skipped_offsets"], p["note"]] for p in entry["partitions"]],
+              p["skipped_offsets"], headroom_text(p["headroom"]), p["note"]] for p in entry["partitions"]],
         ))
+        for message in (entry["retention_warning"], entry["headroom_error"]):
+            if message:
+                lines.append(message)
         for b in entry["unfinished_batches"]:
             lines.append(f"unfinished batch {b['batch_id']} ({b['kind']}, {b['status']}, {b['attempts']} attempt(s))"
                          + (f": {b['last_error']}" if b["last_error"] else ""))

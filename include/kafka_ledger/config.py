@@ -147,6 +147,11 @@ class PipelineConfig(BaseModel):
                     "ranges (nothing moves until someone resets the positions deliberately), or `skip` them: the "
                     "batch starts at the log start and the lost range is recorded as `skipped` in the ledger, "
                     "logged as a warning and counted by `kafka-ledger status`")
+    retention_warning_fraction: float = Field(
+        default=0.25, gt=0, le=1,
+        description="warn when a partition's oldest unread offset has less than this share of its topic's retention "
+                    "window left before retention may delete it: the plan task logs a warning and the "
+                    "`check_retention_headroom` task fails ([retention headroom](operating.md#retention-headroom))")
     extra_fields: Literal["ignore", "dead_letter"] = Field(
         default="ignore",
         description="fields of the JSON value that are not declared columns: `ignore` them, or `dead_letter` the "

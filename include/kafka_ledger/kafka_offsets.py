@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
-from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, OffsetSpec
 
@@ -161,16 +162,60 @@ def offsets_for_time(
     return {tp: (offset if offset >= 0 else None) for tp, offset in found.items()}
 
 
-def compacted_topics(bootstrap_servers: str, topics: list[str], timeout: float = 30.0) -> set[str]:
-    """The topics among `topics` whose cleanup.policy includes compact (Kafka may delete older records
-    of a key at any time, leaving offset gaps)."""
+def topic_configs(bootstrap_servers: str, topics: list[str], timeout: float = 30.0) -> dict[str, dict[str, str | None]]:
+    """Each topic's effective configuration (its own settings, else the broker's defaults)."""
     if not topics:
-        return set()
+        return {}
     admin = admin_client(bootstrap_servers)
     try:
         futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics],
                                          request_timeout=timeout)
-        policies = {resource.name: future.result()["cleanup.policy"].value for resource, future in futures.items()}
+        return {resource.name: {name: entry.value for name, entry in future.result().items()}
+                for resource, future in futures.items()}
     except KafkaException as exc:
         raise KafkaUnavailable(f"cannot describe topics {', '.join(topics)}: {exc}") from exc
-    return {topic for topic, policy in policies.items() if "compact" in (policy or "")}
+
+
+def compacted_topics(bootstrap_servers: str, topics: list[str], timeout: float = 30.0) -> set[str]:
+    """The topics among `topics` whose cleanup.policy includes compact (Kafka may delete older records
+    of a key at any time, leaving offset gaps)."""
+    configs = topic_configs(bootstrap_servers, topics, timeout)
+    return {topic for topic, config in configs.items() if "compact" in (config.get("cleanup.policy") or "")}
+
+
+def record_timestamps(
+    bootstrap_servers: str, offsets: dict[TopicPartition, int], timeout: float = 10.0
+) -> dict[TopicPartition, int]:
+    """The Kafka timestamp (ms) of the first committed record at or after each offset, where Kafka has one.
+
+    One small fetch per partition. A partition with nothing readable there (its end, or only aborted records)
+    is left out, and so is one not answered within `timeout`.
+    """
+    if not offsets:
+        return {}
+    consumer = Consumer(kafka_config(bootstrap_servers, **{
+        "group.id": f"kafka-ledger-timestamps-{uuid.uuid4().hex}", "enable.auto.commit": False,
+        "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "error",
+        "fetch.wait.max.ms": 0, "max.partition.fetch.bytes": 1, "fetch.max.bytes": 1 << 20,
+        "socket.timeout.ms": int(timeout * 1000),
+    }))
+    found: dict[TopicPartition, int] = {}
+    waiting = set(offsets)
+    deadline = time.monotonic() + timeout
+    try:
+        consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, offset) for tp, offset in offsets.items()])
+        while waiting and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=len(waiting), timeout=0.2):
+                if message.topic() is None:
+                    continue  # a client-wide event, not a partition's answer
+                tp = TopicPartition(message.topic(), message.partition())
+                if tp not in waiting:
+                    continue
+                # The partition's end, or its offset deleted meanwhile, answers too: with no timestamp.
+                if message.error() is None:
+                    found[tp] = message.timestamp()[1]
+                waiting.discard(tp)
+                consumer.pause([KafkaTopicPartition(tp.topic, tp.partition)])
+    finally:
+        consumer.close()
+    return found

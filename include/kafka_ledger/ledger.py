@@ -299,6 +299,21 @@ def positions(cur: Cursor, pipeline: str) -> dict[TopicPartition, int]:
     return {TopicPartition(topic, partition): position for topic, partition, position in cur.fetchall()}
 
 
+def observe_log_starts(cur: Cursor, pipeline: str, log_starts: Mapping[TopicPartition, int]) -> None:
+    """Record where each partition's log start is now (kept only when it moved)."""
+    psycopg2.extras.execute_values(
+        cur, sql.OBSERVE_LOG_STARTS,
+        [(pipeline, tp.topic, tp.partition, log_start) for tp, log_start in sorted(log_starts.items())],
+        template="(%s, %s, %s, %s, now())",
+    )
+
+
+def log_start_rates(cur: Cursor, pipeline: str) -> dict[TopicPartition, float]:
+    """Offsets per second at which retention has been moving each partition's log start, where plans saw it move."""
+    cur.execute(sql.SELECT_LOG_START_RATES, {"pipeline": pipeline})
+    return {TopicPartition(topic, partition): float(rate) for topic, partition, rate in cur.fetchall()}
+
+
 def topic_anchors(cur: Cursor, pipeline: str) -> dict[str, str]:
     """The Kafka topic id each of the pipeline's topics is anchored to."""
     cur.execute(sql.SELECT_TOPIC_ANCHORS, {"pipeline": pipeline})

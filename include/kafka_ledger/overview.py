@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from kafka_ledger import kafka_offsets, ledger, planning, sql
+from confluent_kafka import KafkaException
+
+from kafka_ledger import headroom, kafka_offsets, ledger, planning, sql
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import Coverage, PartitionOffsets, TopicPartition
 
@@ -18,23 +20,29 @@ def partition_report(
     offsets: dict[TopicPartition, PartitionOffsets],
     rows: dict[TopicPartition, ledger.PositionRow],
     coverage: dict[TopicPartition, list[Coverage]],
+    margins: dict[TopicPartition, headroom.Headroom] | None = None,
 ) -> list[dict[str, Any]]:
-    """Per partition: committed position, log start, end offset, lag, skipped and lost offsets."""
+    """Per partition: committed position, log start, end offset, lag, skipped and lost offsets, retention headroom."""
     partitions = []
+    margins = margins or {}
     lags = planning.partition_lag({tp: row.position for tp, row in rows.items()}, offsets, pipeline.start_position)
     for tp in sorted(set(offsets) | set(rows)):
         row, kafka = rows.get(tp), offsets.get(tp)
         skipped = sum(c.until_offset - c.from_offset for c in coverage.get(tp, []) if c.disposition == "skipped")
         lag = lags.get(tp)
         lost = max(0, kafka.log_start - row.position) if row and kafka else 0
+        margin = margins.get(tp)
         partitions.append({
             "topic": tp.topic, "partition": tp.partition, "position": row.position if row else None,
             "log_start": kafka.log_start if kafka else None, "end_offset": kafka.end if kafka else None,
             "lag": lag, "skipped_offsets": skipped, "in_kafka": kafka is not None, "lost_offsets": lost,
             "last_batch_id": row.last_batch_id if row else None,
+            "headroom": margin.as_dict() if margin else None,
             "note": ("not in Kafka" if kafka is None else
                      f"LOST {lost} offsets (retention)" if lost else
-                     "not read yet" if row is None else ""),
+                     "not read yet" if row is None else
+                     f"RETENTION HEADROOM LOW: {headroom.duration(margin.seconds)} left" if margin and margin.low else
+                     ""),
         })
     return partitions
 
@@ -56,12 +64,22 @@ def pipeline_status(dsn: str, servers: str, pipeline: PipelineConfig, tolerate_k
         rows = {r.topic_partition: r for r in ledger.position_rows(cur, pipeline.name)}
         coverage = ledger.coverage(cur, pipeline.name)
         unfinished = ledger.in_flight_batches(cur, pipeline.name)
-    partitions = partition_report(pipeline, offsets, rows, coverage)
+        rates = ledger.log_start_rates(cur, pipeline.name)
+    margins, headroom_error = {}, None
+    if offsets:
+        try:
+            found = headroom.partition_headroom(servers, pipeline, {tp: r.position for tp, r in rows.items()}, offsets,
+                                                rates)
+            margins = {TopicPartition(h.topic, h.partition): h for h in found}
+        except (planning.PlanError, KafkaException) as exc:
+            headroom_error = f"retention headroom not computed: {exc}"
+    partitions = partition_report(pipeline, offsets, rows, coverage, margins)
     return {
         "pipeline": pipeline.name, "dag_id": pipeline.dag_id, "delivery_mode": pipeline.delivery_mode,
         "subscription": pipeline.subscription,
         "lag": None if kafka_error else sum(p["lag"] or 0 for p in partitions),
-        "kafka_error": kafka_error, "partitions": partitions,
+        "kafka_error": kafka_error, "headroom_error": headroom_error, "partitions": partitions,
+        "retention_warning": headroom.warning(pipeline, list(margins.values())),
         "unfinished_batches": [{"batch_id": b.batch_id, "kind": b.kind, "status": b.status,
                                 "attempts": b.attempts, "last_error": b.last_error} for b in unfinished],
     }

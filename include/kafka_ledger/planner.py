@@ -7,13 +7,16 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from kafka_ledger import failpoints, kafka_offsets, ledger
+from confluent_kafka import KafkaException
+
+from kafka_ledger import failpoints, headroom, kafka_offsets, ledger
 from kafka_ledger.batch_requests import BatchRequest, RequestError
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import (
     LostDataError,
     OffsetRange,
     PartitionOffsets,
+    PlanError,
     TopicIdentityError,
     TopicPartition,
     backlog,
@@ -41,6 +44,8 @@ class PlannedBatch:
     kind: str = "catch_up"
     pending: list[OffsetRange] = field(default_factory=list)  # a window's offsets not ingested yet
     dry_run: bool = False
+    # Each partition's margin before retention deletes its oldest unread offset (None: could not be looked up).
+    headroom: list[headroom.Headroom] | None = None
 
     @property
     def offsets(self) -> int:
@@ -55,6 +60,7 @@ class PlannedBatch:
             "batch_id": self.batch_id, "kind": self.kind, "resumed": self.resumed, "dry_run": self.dry_run,
             "offsets": self.offsets, "skipped_offsets": self.skipped, "backlog_after": self.backlog_after,
             "ranges": [r.as_dict() for r in self.ranges], "pending": [r.as_dict() for r in self.pending],
+            "headroom": None if self.headroom is None else [h.as_dict() for h in self.headroom],
         }
 
 
@@ -94,13 +100,36 @@ def plan_batch(
     request = request or BatchRequest()
     with ledger.session(dsn) as conn:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
-            planned = _plan(cur, bootstrap_servers, pipeline, request, dag_id, run_id, requested_by,
+            sink_for(pipeline).prepare(cur)
+            offsets = kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)
+            planned = _plan(cur, bootstrap_servers, pipeline, offsets, request, dag_id, run_id, requested_by,
                             backfill_window)
+            ledger.observe_log_starts(cur, pipeline.name, {tp: o.log_start for tp, o in offsets.items()})
+            positions = ledger.positions(cur, pipeline.name)
+            rates = ledger.log_start_rates(cur, pipeline.name)
             if dry_run:
                 conn.rollback()
                 planned = replace(planned, dry_run=True, batch_id=None if not planned.resumed else planned.batch_id)
         failpoints.hit("after_plan")
-        return planned
+    return replace(planned, headroom=_headroom(bootstrap_servers, pipeline, positions, offsets, rates))
+
+
+def _headroom(
+    bootstrap_servers: str,
+    pipeline: PipelineConfig,
+    positions: dict[TopicPartition, int],
+    offsets: dict[TopicPartition, PartitionOffsets],
+    rates: dict[TopicPartition, float],
+) -> list[headroom.Headroom] | None:
+    """Retention headroom as of this plan, logged; after the plan is recorded and its lock released, and never
+    failing it (the headroom only warns)."""
+    try:
+        found = headroom.partition_headroom(bootstrap_servers, pipeline, positions, offsets, rates)
+    except (PlanError, KafkaException) as exc:
+        log.warning("retention headroom of %s not computed: %s", pipeline.name, exc)
+        return None
+    headroom.log_headroom(pipeline, found)
+    return found
 
 
 def _ms(moment: datetime) -> int:
@@ -189,14 +218,13 @@ def _plan(
     cur: ledger.Cursor,
     bootstrap_servers: str,
     pipeline: PipelineConfig,
+    offsets: dict[TopicPartition, PartitionOffsets],
     request: BatchRequest,
     dag_id: str | None,
     run_id: str | None,
     requested_by: str | None,
     backfill_window: tuple[datetime, datetime] | None,
 ) -> PlannedBatch:
-    sink_for(pipeline).prepare(cur)
-    offsets = kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)
     _check_topic_identity(cur, bootstrap_servers, pipeline, offsets)
     positions = _subscribed_positions(cur, pipeline, offsets)
     mine = ledger.run_open_batch(cur, pipeline.name, dag_id, run_id)

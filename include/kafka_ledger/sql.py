@@ -156,6 +156,25 @@ UPSERT_TOPIC_ANCHOR = """
     ON CONFLICT (pipeline, topic) DO UPDATE SET topic_id = EXCLUDED.topic_id, anchored_at = now()
 """
 
+# A plan's sighting of each partition's log start: a moved log start keeps the one before (a log start that went
+# back, a recreated topic's, starts the history again).
+OBSERVE_LOG_STARTS = """
+    INSERT INTO kafka_ledger.log_starts AS o (pipeline, topic, partition, log_start, since) VALUES %s
+    ON CONFLICT (pipeline, topic, partition) DO UPDATE SET
+        previous_log_start = CASE WHEN EXCLUDED.log_start > o.log_start THEN o.log_start END,
+        previous_since = CASE WHEN EXCLUDED.log_start > o.log_start THEN o.since END,
+        log_start = EXCLUDED.log_start, since = EXCLUDED.since
+    WHERE o.log_start <> EXCLUDED.log_start
+"""
+
+# Offsets per second retention moved each partition's log start, between the plans that first saw its last two
+# values.
+SELECT_LOG_START_RATES = """
+    SELECT topic, partition, (log_start - previous_log_start) / extract(epoch FROM since - previous_since)
+    FROM kafka_ledger.log_starts
+    WHERE pipeline = %(pipeline)s AND previous_log_start IS NOT NULL AND since > previous_since
+"""
+
 SELECT_RESETS = """
     SELECT reset_id, requested_by, requested_at, reason, target, partitions, abandoned_batches
     FROM kafka_ledger.position_resets WHERE pipeline = %(pipeline)s ORDER BY reset_id DESC LIMIT %(limit)s
@@ -309,7 +328,7 @@ REOPEN_WRITTEN_BATCHES = """
 DELETE_PIPELINE_LEDGER_ROWS = [
     f"DELETE FROM kafka_ledger.{table} WHERE pipeline = %(pipeline)s"
     for table in ("dead_letters", "positions", "committed_ranges", "batches", "position_resets", "verified_points",
-                  "topic_anchors")
+                  "topic_anchors", "log_starts")
 ]
 
 SELECT_DEAD_LETTER_REASONS = """

@@ -66,6 +66,7 @@ PIPELINES = {
     "deleted": {},
     "recreated": {},
     "recreated_mid_batch": {},
+    "short_retention": {},
     "compacted": {"max_records_per_partition": 5},
     # The Spark Connect runtime under faults (test_connect_runtime.py), whatever the deployment's default.
     **{key: {"spark_runtime": "connect", "retries": 0, "max_records_per_partition": 100_000} for key in (

@@ -16,12 +16,13 @@ from integration_support import (
     positions,
     query,
     recreate_topic,
+    spark_task,
     stage_rows,
     verify_ok,
 )
 
 from kafka_ledger import readback as audit
-from kafka_ledger.airflow_dag import run_pipeline_dag
+from kafka_ledger.airflow_dag import PLAN_TASK, run_pipeline_dag
 
 pytestmark = pytest.mark.integration
 
@@ -238,6 +239,59 @@ def test_a_topic_recreated_while_its_batch_is_read_is_refused_at_commit_and_its_
     stored = audit.postgres_record_ids(dsn, pipeline)
     assert sorted(stored.output) == landed[:100] and not stored.dead_letters
     assert query(dsn, f"SELECT min(amount), max(amount) FROM it_output.{pipeline.output_table}") == [(1000, 1099)]
+
+
+def partition_status(pipeline) -> tuple[dict, str | None]:
+    code, status, stderr = cli("status", pipeline.name)
+    assert code == 0, stderr
+    (partition,) = status["partitions"]
+    return partition, status["retention_warning"]
+
+
+def test_retention_headroom_warns_before_retention_deletes_unread_offsets_and_the_loss_then_fails_the_plan(
+    dsn, servers, pipeline_factory, producer
+):
+    """A topic keeping records 120 s; records produced with timestamps 100 s old have 20 s left (17 % of the
+    window, under the default 25 %). The warning (status, the plan's check task) comes while nothing is lost; once
+    retention has deleted unread offsets, on_data_loss (fail) fails the plan naming them."""
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    pipeline = pipeline_factory("short_retention", partitions=1,
+                                topic_config={"retention.ms": "120000", "segment.ms": "100"})
+    topic = pipeline.topics[0]
+    aged = int(time.time() * 1000) - 100_000
+    first = producer.send(topic, [good_value(i) for i in range(30)], timestamp_ms=aged)
+    # The active segment is never deleted: this run reads everything in time, and its check task fails.
+    outcome = run_pipeline_dag(pipeline)
+    assert outcome.tasks["check_retention_headroom"] == "failed", outcome
+    assert outcome.tasks[PLAN_TASK] == "success" and outcome.tasks[spark_task(pipeline)] == "success", outcome
+    assert sorted(audit.postgres_record_ids(dsn, pipeline).output) == first
+    partition, warning = partition_status(pipeline)
+    assert partition["headroom"]["basis"] == "nothing unread" and warning is None
+
+    # 20 more aged records, then a fresh one: a new segment holds the 20, and the next append closes it.
+    aged = int(time.time() * 1000) - 100_000
+    producer.send(topic, [good_value(30 + i) for i in range(20)], timestamp_ms=aged)
+    producer.send(topic, [good_value(50)])
+    partition, warning = partition_status(pipeline)
+    margin = partition["headroom"]
+    assert partition["log_start"] <= 30 and margin["lost"] == 0, partition  # nothing unread is lost yet
+    assert margin["low"] and margin["basis"] == "retention.ms" and 0 < margin["seconds"] <= 20, margin
+    assert margin["window_seconds"] == 120 and margin["unread"] == 21, margin
+    assert warning.startswith(f"RETENTION HEADROOM LOW for {pipeline.name}: 1 partition(s) under 25%"), warning
+
+    admin = AdminClient({"bootstrap.servers": servers})
+    where = KafkaTopicPartition(topic, 0)
+    deadline = time.monotonic() + 90
+    while admin.list_offsets({where: OffsetSpec.earliest()})[where].result().offset < 50:
+        assert time.monotonic() < deadline, "retention did not delete the aged segment"
+        time.sleep(1)
+    partition, warning = partition_status(pipeline)
+    assert partition["headroom"]["lost"] == 20 and "LOST 20 offsets" in partition["note"], partition
+    outcome = run_pipeline_dag(pipeline)  # on_data_loss: fail
+    assert outcome.state == "failed" and outcome.tasks[PLAN_TASK] == "failed", outcome
+    assert positions(dsn, pipeline) == {(topic, 0): 30}
 
 
 # Compaction at once: tiny segments, any dirty ratio, no lag (the broker looks every second, see server.properties).

@@ -42,7 +42,10 @@ def test_tasks_run_plan_then_spark_then_commit_then_drain(dag):
         assert downstream in dag.get_task(upstream).downstream_task_ids
     # plan_batch also feeds its result to the later tasks; nothing else runs before Spark has succeeded.
     assert dag.get_task("commit_batch").upstream_task_ids == {"plan_batch", "read_and_stage"}
-    assert set(dag.task_ids) == set(order)
+    # The retention check runs beside the batch's Spark work, never before or after it, and is not retried.
+    check = dag.get_task("check_retention_headroom")
+    assert check.upstream_task_ids == {"plan_batch"} and check.downstream_task_ids == set() and check.retries == 0
+    assert set(dag.task_ids) == {*order, "check_retention_headroom"}
 
 
 def test_one_run_at_a_time_hourly_with_retries_and_timeouts(dag):
@@ -168,7 +171,8 @@ def test_connect_runtime_reads_and_commits_in_one_task(monkeypatch):
     order = ["plan_batch", "read_and_commit", "backlog_remains", "drain_backlog"]
     for upstream, downstream in zip(order, order[1:], strict=False):
         assert downstream in dag.get_task(upstream).downstream_task_ids
-    assert set(dag.task_ids) == set(order)  # no commit_batch: the Spark task's transaction commits
+    # No commit_batch: the Spark task's transaction commits.
+    assert set(dag.task_ids) == {*order, "check_retention_headroom"}
     spark = dag.get_task("read_and_commit")
     assert isinstance(spark, ReadAndCommitOperator) and spark.pipeline_name == "clicks"
     assert spark.pool == SPARK_POOL and spark.execution_timeout == timedelta(minutes=20)

@@ -14,6 +14,7 @@ from fastapi.templating import Jinja2Templates
 
 from kafka_ledger import ledger, overview, settings
 from kafka_ledger.config import ConfigError, PipelineConfig, read_pipelines
+from kafka_ledger.headroom import headroom_text
 from kafka_ledger.verify import VerifyReport, verify_pipeline
 from kafka_ledger.web.charts import Point, bar_chart
 
@@ -23,6 +24,7 @@ STATUS_THREADS = 8
 CHARTED_BATCHES = 60
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+templates.env.filters["headroom_text"] = headroom_text
 
 
 def _to_app_root(request: Request) -> str:
