@@ -61,8 +61,9 @@ class ConnectBatch:
 
     `interrupt()` may be called from another thread (Airflow's on_kill): it interrupts the attempt's
     query by its tag. An attempt that dies without that chance (SIGKILL) leaves its query to the next
-    attempt, which interrupts everything still running in the batch's session before it starts; and
-    whatever such a query computes, only the newest attempt may publish.
+    attempt, which interrupts the queries of every earlier attempt of the batch before it starts (never a
+    newer one's: a slow zombie must not stop its replacement); and whatever such a query computes, only the
+    newest attempt may publish.
     """
 
     def __init__(self, pipeline: PipelineConfig, batch_id: int):
@@ -72,7 +73,7 @@ class ConnectBatch:
         self._lock = threading.Lock()
         self._interrupted = threading.Event()
 
-    def _connect(self) -> SparkSession:
+    def _connect(self, attempt: int) -> SparkSession:
         from pyspark.sql import SparkSession
         from pyspark.sql.connect.client.retries import DefaultPolicy
 
@@ -82,8 +83,11 @@ class ConnectBatch:
             spark.client.set_retry_policies([DefaultPolicy(**CLIENT_RETRIES)])
             for key, value in SESSION_CONF.items():
                 spark.conf.set(key, value)
-            # Whatever an earlier attempt of this batch left running (its task was killed) stops now.
-            stale = spark.interruptAll()
+            # Whatever an earlier attempt of this batch left running (its task was killed) stops now. By the
+            # earlier attempts' tags, not interruptAll: a zombie that gets here after its replacement started
+            # would stop the replacement's query, and then neither may publish.
+            stale = [op for earlier in range(1, attempt)
+                     for op in spark.interruptTag(attempt_tag(self.pipeline.name, self.batch_id, earlier))]
         except Exception as exc:
             if not _lost_server(exc):
                 raise
@@ -106,7 +110,7 @@ class ConnectBatch:
         if not attempt.readable:
             read.mark_nothing_to_read(dsn, attempt)
             return commit.commit_batch(dsn, servers, self.pipeline, self.batch_id)
-        spark = self._connect()
+        spark = self._connect(attempt.number)
         tag = attempt_tag(self.pipeline.name, self.batch_id, attempt.number)
         spark.addTag(tag)
         with self._lock:
