@@ -21,6 +21,19 @@ KL_AIRFLOW_PORT=${KL_AIRFLOW_PORT:-18080}
 # The integration tests' own Airflow (tests/integration/airflow_server.py), beside a developer's on KL_AIRFLOW_PORT.
 KL_AIRFLOW_TEST_PORT=${KL_AIRFLOW_TEST_PORT:-18088}
 KL_SPARK_CONNECT_PORT=${KL_SPARK_CONNECT_PORT:-19002}
+# Toxiproxy (a TCP proxy with an HTTP API) between the clients and each service, for the fault campaign's network
+# faults: started on demand (`scripts/stack.sh proxies`: the tests and `scripts/fault_campaign.sh --network`), never
+# by `up`. Loopback only; its API has no authentication (a test tool: it injects faults, it holds no data).
+KL_TOXIPROXY_PORT=${KL_TOXIPROXY_PORT:-18474}
+# The broker's listeners behind the proxy (PLAINTEXT and SASL_SSL): they advertise the proxy's ports, so that a
+# client bootstrapped through the proxy keeps talking through it.
+KL_KAFKA_PROXIED_PORT=${KL_KAFKA_PROXIED_PORT:-19095}
+KL_KAFKA_SASL_PROXIED_PORT=${KL_KAFKA_SASL_PROXIED_PORT:-19096}
+# Where the proxy listens, per service.
+KL_KAFKA_PROXY_PORT=${KL_KAFKA_PROXY_PORT:-19097}
+KL_KAFKA_SASL_PROXY_PORT=${KL_KAFKA_SASL_PROXY_PORT:-19098}
+KL_PG_PROXY_PORT=${KL_PG_PROXY_PORT:-15433}
+KL_SPARK_CONNECT_PROXY_PORT=${KL_SPARK_CONNECT_PROXY_PORT:-19003}
 # Spark batches running at once across all pipelines (the slots of the Airflow pool kafka_ledger_spark; one
 # per pipeline at a time whatever this says). Each batch in the connect runtime shares the server's heap.
 KL_SPARK_SLOTS=${KL_SPARK_SLOTS:-2}
@@ -107,6 +120,7 @@ case $KAFKA_LEDGER_SPARK_MASTER in
   *) KL_SPARK_ON_THIS_MACHINE=0 ;;
 esac
 export KL_SPARK_ON_THIS_MACHINE
+export KL_TOXIPROXY_PORT KL_KAFKA_PROXIED_PORT KL_KAFKA_SASL_PROXIED_PORT KL_KAFKA_PROXY_PORT KL_KAFKA_SASL_PROXY_PORT KL_PG_PROXY_PORT KL_SPARK_CONNECT_PROXY_PORT
 export KL_SPARK_MASTER_PORT KL_SPARK_MASTER_UI_PORT KL_SPARK_WORKER_UI_PORT KL_SPARK_WORKER_CORES KL_SPARK_WORKER_MEMORY KL_SPARK_CLUSTER_MASTER
 # spark-submit is called by bare name by the Spark provider, and the driver must use the venv's Python.
 export PATH="$KL_VENV/bin:$PATH"

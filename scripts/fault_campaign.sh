@@ -3,6 +3,7 @@
 # fault per iteration while records flow, checking that no record is lost or doubled.
 #   bash scripts/fault_campaign.sh --faults 200 --seed 20261121 --write-docs docs   # the full campaign
 #   bash scripts/fault_campaign.sh --cluster --runtime connect --faults 40   # on the local Spark cluster
+#   bash scripts/fault_campaign.sh --network --runtime connect --faults 40   # through Toxiproxy, with network faults
 # Arguments go to the harness; `--help` lists them.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -11,5 +12,6 @@ for arg in "$@"; do
   [ "$arg" != --cluster ] || export KAFKA_LEDGER_SPARK_MASTER="spark://127.0.0.1:${KL_SPARK_MASTER_PORT:-17077}"
 done
 bash scripts/stack.sh up >&2
+for arg in "$@"; do [ "$arg" != --network ] || bash scripts/stack.sh proxies >&2; done
 . scripts/env.sh
 exec python -m tools.fault_campaign "$@"  # from the project root

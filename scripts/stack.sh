@@ -18,6 +18,8 @@
 #   scripts/stack.sh cluster    start a Spark standalone master and worker on loopback (KL_SPARK_CLUSTER_MASTER);
 #                               pipelines use it with KAFKA_LEDGER_SPARK_MASTER=spark://127.0.0.1:17077
 #   scripts/stack.sh stop-cluster | kill-spark-worker   stop the cluster; SIGKILL the worker and its executors
+#   scripts/stack.sh proxies | stop-proxies   Toxiproxy in front of Kafka, Postgres and Spark Connect (built with
+#                               `go install` the first time): the fault campaign's network faults
 #   scripts/stack.sh ctl ...    supervisorctl on the stack's supervisord (e.g. `ctl status`, `ctl tail -f kafka`)
 #
 # Everything lives under $KL_STATE (.stack/ by default): data, logs, supervisord's socket and downloaded jars.
@@ -344,6 +346,8 @@ start_kafka() {
   # Holds the key store's password: readable by us only.
   (umask 077; sed -e "s#@KAFKA_PORT@#$KL_KAFKA_PORT#g" -e "s#@CONTROLLER_PORT@#$KL_KAFKA_CONTROLLER_PORT#g" \
       -e "s#@SASL_PORT@#$KL_KAFKA_SASL_PORT#g" -e "s#@TLS_DIR@#$KL_TLS_DIR#g" \
+      -e "s#@KAFKA_PROXIED_PORT@#$KL_KAFKA_PROXIED_PORT#g" -e "s#@SASL_PROXIED_PORT@#$KL_KAFKA_SASL_PROXIED_PORT#g" \
+      -e "s#@KAFKA_PROXY_PORT@#$KL_KAFKA_PROXY_PORT#g" -e "s#@SASL_PROXY_PORT@#$KL_KAFKA_SASL_PROXY_PORT#g" \
       -e "s#@KEYSTORE_PASSWORD@#$KL_KAFKA_KEYSTORE_PASSWORD#g" \
       -e "s#@DATA_DIR@#$KAFKA_DIR/data#g" "$KL_HOME/stack/kafka/server.properties" >"$KAFKA_DIR/server.properties")
   chmod 600 "$KAFKA_DIR/server.properties"
@@ -388,6 +392,40 @@ spark-internal" "environment=MALLOC_ARENA_MAX=\"2\""
   port_open "$KL_SPARK_CONNECT_PORT" && die "port $KL_SPARK_CONNECT_PORT is taken (another Spark Connect server?): stop it or set KL_SPARK_CONNECT_PORT"
   start_and_await spark-connect "the Spark Connect server" 120 port_open "$KL_SPARK_CONNECT_PORT"
   say "spark connect: started on sc://127.0.0.1:$KL_SPARK_CONNECT_PORT, master $KAFKA_LEDGER_SPARK_MASTER (pid $(service_pid spark-connect), heap $KL_SPARK_CONNECT_MEMORY, log $LOGS/spark-connect.log)"
+}
+
+# --- Toxiproxy (the fault campaign's network faults) ----------------------------------------------------
+TOXIPROXY_VERSION=v2.5.0
+TOXIPROXY=$KL_STATE/cache/bin/toxiproxy-server
+
+install_toxiproxy() {
+  if stamp_ok toxiproxy "$TOXIPROXY_VERSION" && [ -x "$TOXIPROXY" ]; then return; fi
+  command -v go >/dev/null || die "Go is needed to build Toxiproxy (the fault campaign's network faults)"
+  say "building Toxiproxy $TOXIPROXY_VERSION from the Go module proxy"
+  local out; out=$(mktemp -d)
+  GOBIN=$out go install "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXIPROXY_VERSION" >"$LOGS/toxiproxy-build.log" 2>&1 \
+    || { tail -n 20 "$LOGS/toxiproxy-build.log" >&2; die "go install of Toxiproxy failed (log: $LOGS/toxiproxy-build.log)"; }
+  mkdir -p "$(dirname "$TOXIPROXY")"; mv "$out/server" "$TOXIPROXY"; rm -rf "$out"
+  stamp_set toxiproxy "$TOXIPROXY_VERSION"
+}
+
+# One proxy per service, each on loopback in front of the service's own port (Kafka: its PROXIED listeners).
+start_proxies() {
+  install_toxiproxy
+  cat >"$RUN/toxiproxy.json" <<JSON
+[
+  {"name": "kafka", "listen": "127.0.0.1:$KL_KAFKA_PROXY_PORT", "upstream": "127.0.0.1:$KL_KAFKA_PROXIED_PORT"},
+  {"name": "kafka-sasl", "listen": "127.0.0.1:$KL_KAFKA_SASL_PROXY_PORT", "upstream": "127.0.0.1:$KL_KAFKA_SASL_PROXIED_PORT"},
+  {"name": "postgres", "listen": "127.0.0.1:$KL_PG_PROXY_PORT", "upstream": "127.0.0.1:$KL_PG_PORT"},
+  {"name": "spark-connect", "listen": "127.0.0.1:$KL_SPARK_CONNECT_PROXY_PORT", "upstream": "127.0.0.1:$KL_SPARK_CONNECT_PORT"}
+]
+JSON
+  write_program toxiproxy 10 TERM 10 true "$TOXIPROXY -host 127.0.0.1 -port $KL_TOXIPROXY_PORT -config $RUN/toxiproxy.json"
+  apply_programs
+  if running toxiproxy; then say "toxiproxy: already running (pid $(service_pid toxiproxy))"; return; fi
+  port_open "$KL_TOXIPROXY_PORT" && die "port $KL_TOXIPROXY_PORT is taken (another Toxiproxy?): stop it or set KL_TOXIPROXY_PORT"
+  start_and_await toxiproxy toxiproxy 30 port_open "$KL_TOXIPROXY_PORT"
+  say "toxiproxy: API on 127.0.0.1:$KL_TOXIPROXY_PORT; Kafka through 127.0.0.1:$KL_KAFKA_PROXY_PORT (SASL_SSL $KL_KAFKA_SASL_PROXY_PORT), Postgres $KL_PG_PROXY_PORT, Spark Connect $KL_SPARK_CONNECT_PROXY_PORT (log $LOGS/toxiproxy.log)"
 }
 
 # SIGKILL of a service's whole process group (the JVM and whatever it started), as a crash or a lost machine
@@ -489,6 +527,7 @@ status() {
   line spark-master "$KL_SPARK_CLUSTER_MASTER  (scripts/stack.sh cluster)"
   line spark-worker "$KL_SPARK_WORKER_CORES cores, $KL_SPARK_WORKER_MEMORY"
   line airflow "http://127.0.0.1:$KL_AIRFLOW_PORT  log $LOGS/airflow.log"
+  line toxiproxy "API 127.0.0.1:$KL_TOXIPROXY_PORT  (scripts/stack.sh proxies)"
 }
 
 stop_all() {
@@ -514,6 +553,8 @@ case "${1:-}" in
   cluster) ensure_supervisord; start_cluster ;;
   stop-cluster) ensure_supervisord; stop_service spark-worker "spark worker"; stop_service spark-master "spark master" ;;
   kill-spark-worker) ensure_supervisord; kill_service spark-worker "spark worker" ;;
+  proxies) ensure_supervisord; start_proxies ;;
+  stop-proxies) ensure_supervisord; stop_service toxiproxy toxiproxy ;;
   stop) stop_all ;;
   status) status ;;
   ctl) shift; sctl "$@" ;;

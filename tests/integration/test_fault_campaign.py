@@ -14,7 +14,7 @@ from integration_support import SECURED_SERVERS, secured_kafka_settings, spark_c
 
 from kafka_ledger.kafka_security import KAFKA_CONFIG_ENV
 from tools.fault_campaign.runner import Campaign
-from tools.fault_campaign.strikes import FAULT_KINDS, fault_kinds
+from tools.fault_campaign.strikes import FAULT_KINDS, NETWORK_FAULTS, fault_kinds
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +62,25 @@ def test_every_kind_of_fault_on_the_production_shape_loses_and_doubles_nothing(
         stack("stop-cluster")
 
     assert report["faults_by_kind"] == dict.fromkeys(kinds, 1)
+    assert (report["lost"], report["duplicated"], report["unexpected"], report["wrong_content"]) == (0, 0, 0, 0)
+    assert report["output_rows"] + report["dead_letters"] == report["records_produced"]
+    assert report["verify_ok"]
+    missed = [it for it in report["iterations"] if "missed" in it["landed"]]
+    assert not missed, f"faults that did not land: {missed}"
+
+
+def test_every_kind_of_network_fault_loses_and_doubles_nothing(dsn, servers, pipeline_factory, tmp_path):
+    """The connect runtime's task reaching Kafka, the ledger and the Spark Connect server through Toxiproxy: added
+    latency, a slow link and connections reset mid-stream on each, and the broker restarted while a read streams."""
+    stack("proxies")
+    pipeline = pipeline_factory("campaign_network", partitions=4)
+    seed = int(os.environ.get("KAFKA_LEDGER_CAMPAIGN_SEED", "4"))
+    campaign = Campaign(pipeline, dsn, servers, seed=seed, faults=len(NETWORK_FAULTS), records_per_fault=1000,
+                        workdir=tmp_path, network=True, kinds=NETWORK_FAULTS)
+    assert campaign.shape == "connect-network"
+    report = campaign.run_all()
+
+    assert report["faults_by_kind"] == dict.fromkeys(NETWORK_FAULTS, 1)
     assert (report["lost"], report["duplicated"], report["unexpected"], report["wrong_content"]) == (0, 0, 0, 0)
     assert report["output_rows"] + report["dead_letters"] == report["records_produced"]
     assert report["verify_ok"]

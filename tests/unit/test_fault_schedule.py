@@ -91,3 +91,32 @@ def test_a_campaign_on_a_cluster_adds_the_loss_of_a_worker_to_its_runtime_s_faul
     assert fault_kinds("connect-cluster") == FAULT_KINDS["connect"] + CLUSTER_FAULTS
     assert fault_kinds("submit") == FAULT_KINDS["submit"]
     assert "kill_spark_worker" in CLUSTER_FAULTS
+
+
+def test_network_shapes_add_the_network_faults():
+    from tools.fault_campaign.strikes import CLUSTER_FAULTS, NETWORK_FAULTS, campaign_shape, fault_kinds
+
+    assert campaign_shape("connect", on_cluster=True, network=True) == "connect-cluster-network"
+    assert fault_kinds("connect-network") == FAULT_KINDS["connect"] + NETWORK_FAULTS
+    assert fault_kinds("connect-cluster-network") == FAULT_KINDS["connect"] + CLUSTER_FAULTS + NETWORK_FAULTS
+    assert len(set(NETWORK_FAULTS)) == 10
+
+
+def test_tasks_reach_every_service_through_its_proxy(monkeypatch):
+    from tools.fault_campaign.network import KAFKA, KAFKA_SASL, kafka_proxy, proxied_environment
+
+    for name in ("KL_KAFKA_PORT", "KL_KAFKA_SASL_PORT", "KL_KAFKA_PROXY_PORT", "KL_KAFKA_SASL_PROXY_PORT",
+                 "KL_PG_PORT", "KL_PG_PROXY_PORT", "KL_SPARK_CONNECT_PROXY_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    env = {"KAFKA_LEDGER_BOOTSTRAP_SERVERS": "127.0.0.1:19094",
+           "KAFKA_LEDGER_DB_URL": "postgresql://u:p@127.0.0.1:15432/kafka_ledger?sslmode=verify-full",
+           "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(
+               {"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": 19002}),
+           "OTHER": "kept"}
+    proxied = proxied_environment(env)
+    assert proxied["KAFKA_LEDGER_BOOTSTRAP_SERVERS"] == "127.0.0.1:19098"  # SASL_SSL through its own proxy
+    assert proxied["KAFKA_LEDGER_DB_URL"] == "postgresql://u:p@127.0.0.1:15433/kafka_ledger?sslmode=verify-full"
+    assert '"port": 19003' in proxied["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] and proxied["OTHER"] == "kept"
+    assert proxied_environment({**env, "KAFKA_LEDGER_BOOTSTRAP_SERVERS": "127.0.0.1:19092"})[
+        "KAFKA_LEDGER_BOOTSTRAP_SERVERS"] == "127.0.0.1:19097"
+    assert (kafka_proxy("127.0.0.1:19094"), kafka_proxy("127.0.0.1:19092")) == (KAFKA_SASL, KAFKA)

@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", action="store_true",
                         help="on the local Spark standalone cluster (scripts/fault_campaign.sh --cluster starts it and "
                              "sets KAFKA_LEDGER_SPARK_MASTER), adding the fault kill_spark_worker")
+    parser.add_argument("--network", action="store_true",
+                        help="every task reaches Kafka, the ledger and the Spark Connect server through Toxiproxy "
+                             "(scripts/fault_campaign.sh --network starts it), adding the network faults (runtime "
+                             "connect)")
     parser.add_argument("--write-docs", type=Path, metavar="DIR",
                         help="write reliability.json (and the per-iteration log) into DIR, e.g. docs")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows afterwards")
@@ -71,11 +75,13 @@ def main(argv: list[str] | None = None) -> int:
                                                         ("partitions", args.partitions)))
         if args.cluster:
             command += " --cluster"
+        if args.network:
+            command += " --network"
         if args.write_docs:
             command += f" --write-docs {args.write_docs}"
         settings = {"command": command, "write_docs": str(args.write_docs) if args.write_docs else None,
                     "keep": args.keep, "pipeline": f"fault_campaign_{tag}", "partitions": args.partitions,
-                    "runtime": runtime,
+                    "runtime": runtime, "network": args.network,
                     "topic": f"fault-campaign-{tag.replace('_', '-')}"}
     workdir.mkdir(parents=True, exist_ok=True)
     # Airflow's logging (which relays the Spark jobs' output) writes to stdout: point stdout at a log file,
@@ -109,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                              config={"flush.messages": "1"})
         admin.create_topics([new_topic])[topic].result()
         pipeline = get_pipeline(name)
-        campaign = Campaign(pipeline, dsn, servers, args.seed, args.faults, args.records_per_fault, workdir)
+        campaign = Campaign(pipeline, dsn, servers, args.seed, args.faults, args.records_per_fault, workdir,
+                            network=settings["network"])
         say(f"fault campaign ({campaign.shape}): {args.faults} faults, seed {args.seed}, "
             f"{args.records_per_fault} records per fault, "
             f"topic {topic} ({args.partitions} partitions); logs in {workdir}; if it is interrupted, go on with "

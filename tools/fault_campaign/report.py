@@ -52,15 +52,19 @@ def render_campaign(data: dict[str, Any], iterations: list[dict[str, Any]]) -> l
     recovered: dict[str, Counter] = defaultdict(Counter)
     for it in iterations:
         recovered[it["fault"]][it["recovered_by"]] += 1
-    runtime, _, cluster = shape.partition("-")
-    lines = [f"## Runtime `{runtime}`" + (" on a Spark cluster" if cluster else ""), ""]
+    runtime, *traits = shape.split("-")
+    network = "network" in traits
+    lines = [f"## Runtime `{runtime}`" + (" on a Spark cluster" if "cluster" in traits else "")
+             + (", through network proxies" if network else ""), ""]
     if not full:
         lines += ["**This is not a full campaign** (at least 200 faults over at least 1,000,000 records): "
                   "it is the last shorter one.", ""]
     sessions = data.get("sessions", 1)
     lines += [
         f"Commit `{data.get('git_commit', '?')}`, started {data['started_at']}, took {took} "
-        f"on a 2-core machine (Kafka 4.1.1 KRaft, PostgreSQL 15, {RUNTIMES[shape]})"
+        f"on a 2-core machine (Kafka 4.1.1 KRaft, PostgreSQL 15, {RUNTIMES[shape.removesuffix('-network')]}"
+        + (", every task reaching Kafka, the ledger and the Spark Connect server through Toxiproxy 2.5.0" if network
+           else "") + ")"
         + (f", over {sessions} working sessions: the campaign was resumed from its "
            "last checkpoint, every process of the interrupted iteration having been "
            "killed and the services restarted; the next runs recovered and the checks "

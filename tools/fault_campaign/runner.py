@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.fault_campaign import CampaignFailure
+from tools.fault_campaign.network import Toxiproxy, proxied_environment
 from tools.fault_campaign.producer import SequenceProducer, expected_reason, records_by_key
 from tools.fault_campaign.strikes import FaultStrikes, RunHooks, campaign_shape, fault_kinds, fault_schedule
 
@@ -54,7 +55,8 @@ class Campaign(FaultStrikes):
     """
 
     def __init__(self, pipeline: Any, dsn: str, servers: str, seed: int, faults: int, records_per_fault: int,
-                 workdir: Path, rate: float | None = None):
+                 workdir: Path, rate: float | None = None, network: bool = False,
+                 kinds: tuple[str, ...] | None = None):
         from kafka_ledger.runtimes import runtime_for
 
         self.pipeline, self.dsn, self.servers = pipeline, dsn, servers
@@ -63,8 +65,16 @@ class Campaign(FaultStrikes):
         # The connect runtime's Spark task commits the batch itself: the commit's faults strike that task.
         self.spark_task_commits = runtime.commit_task_id is None
         # The stack's cluster serves both runtimes once KAFKA_LEDGER_SPARK_MASTER names it (scripts/stack.sh).
-        self.shape = campaign_shape(self.runtime, os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"))
-        self.kinds = fault_kinds(self.shape)
+        self.shape = campaign_shape(self.runtime, os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"),
+                                    network)
+        # Network faults: every task reaches the services through Toxiproxy; the campaign's own checks do not.
+        self.network = Toxiproxy() if network else None
+        if network and not self.network.available():
+            raise CampaignFailure("network faults need the stack's proxies: scripts/stack.sh proxies")
+        if network and self.runtime != "connect":
+            raise CampaignFailure("network faults are injected in the connect runtime only")
+        # `kinds`: a subset of the shape's (a short campaign of some kinds only).
+        self.kinds = kinds or fault_kinds(self.shape)
         self.seed, self.faults, self.records_per_fault = seed, faults, records_per_fault
         self.rng = random.Random(seed)
         self.schedule = fault_schedule(faults, self.rng, self.kinds)
@@ -91,6 +101,8 @@ class Campaign(FaultStrikes):
     # --- the tasks, each in its own process as Airflow runs them --------------------------------------
     def _task_env(self, failpoints: str | None, once_dir: Path | None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_LEDGER_FAILPOINTS")}
+        if self.network is not None:
+            env = proxied_environment(env)
         if failpoints:
             env["KAFKA_LEDGER_FAILPOINTS"] = failpoints
             env["KAFKA_LEDGER_FAILPOINTS_ONCE_DIR"] = str(once_dir)
@@ -317,6 +329,8 @@ class Campaign(FaultStrikes):
         retried = [landing for landing in landings if landing.startswith("retried ")]
         landings = [landing for landing in landings if not landing.startswith("retried ")]
         report = IterationReport(index, kind, variant, retries, outcome, "; ".join(landings), batches=batches)
+        if self.network is not None:
+            self.network.reset()  # no toxic outlives the faulted run, whatever stopped its strike
         report.recovery_runs = self.recover(run_id, batches)
         if report.recovery_runs:
             report.recovered_by = "next run"
@@ -456,7 +470,8 @@ class Campaign(FaultStrikes):
     def resume(cls, pipeline: Any, dsn: str, servers: str, workdir: Path) -> Campaign:
         """The campaign saved in `workdir`, ready to go on after its last completed iteration."""
         state = json.loads((workdir / "state.json").read_text())
-        campaign = cls(pipeline, dsn, servers, state["seed"], state["faults"], state["records_per_fault"], workdir)
+        campaign = cls(pipeline, dsn, servers, state["seed"], state["faults"], state["records_per_fault"], workdir,
+                       network=state.get("shape", "").endswith("-network"))
         version, internal, gauss = state["rng"]
         campaign.rng.setstate((version, tuple(internal), gauss))
         campaign.iterations = [IterationReport(**it) for it in state["iterations"]]

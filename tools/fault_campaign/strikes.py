@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.fault_campaign import PROJECT_ROOT
+from tools.fault_campaign.network import POSTGRES, SPARK_CONNECT, kafka_proxy
 
 COMMON_FAULTS = (
     "kill_commit",                # SIGKILL of the committing task inside its transaction
@@ -44,14 +45,28 @@ CLUSTER_FAULTS = (
 )
 
 
-def campaign_shape(runtime: str, on_cluster: bool) -> str:
-    """What a campaign ran on: the Spark runtime, and whether on the local standalone cluster."""
-    return f"{runtime}-cluster" if on_cluster else runtime
+# Through Toxiproxy between the tasks and each service (scripts/stack.sh proxies), in the connect runtime, whose
+# one task talks to all three: Kafka (the server's executors read through the proxy too), the ledger's Postgres and
+# the Spark Connect server.
+NETWORK_FAULTS = (
+    "latency_kafka", "latency_postgres", "latency_spark_connect",        # every packet to the client delayed
+    "slow_link_kafka", "slow_link_postgres", "slow_link_spark_connect",  # a bandwidth limit on the link
+    "reset_kafka", "reset_postgres", "reset_spark_connect",              # connections reset mid-stream
+    "restart_kafka_streaming",    # the broker restarted while a slowed read streams its records
+)
+SERVICES = {"kafka": "Kafka", "postgres": "Postgres", "spark_connect": "the Spark Connect server"}
+
+
+def campaign_shape(runtime: str, on_cluster: bool, network: bool = False) -> str:
+    """What a campaign ran on: the Spark runtime, whether on the local standalone cluster, whether through
+    the network proxies (network faults among its kinds)."""
+    return runtime + ("-cluster" if on_cluster else "") + ("-network" if network else "")
 
 
 def fault_kinds(shape: str) -> tuple[str, ...]:
-    runtime, _, cluster = shape.partition("-")
-    return FAULT_KINDS[runtime] + (CLUSTER_FAULTS if cluster else ())
+    runtime, *traits = shape.split("-")
+    return (FAULT_KINDS[runtime] + (CLUSTER_FAULTS if "cluster" in traits else ())
+            + (NETWORK_FAULTS if "network" in traits else ()))
 
 
 # Where the committing task dies: in `connect` its one transaction also holds the freshly copied rows.
@@ -86,8 +101,8 @@ class RunHooks:
 class FaultStrikes:
     """The faults of a Campaign (runner.py), which mixes this in: the hooks that inject each fault into a run.
 
-    Uses the campaign's rng, runtime, pipeline and task_log, its ledger look-up (_query, batch_state) and its
-    task processes (_start_task, _finish_task).
+    Uses the campaign's rng, runtime, pipeline, servers, task_log and network (its Toxiproxy), its ledger look-up
+    (_query, batch_state) and its task processes (_start_task, _finish_task).
     """
 
     # --- where a batch is ---------------------------------------------------------------------------------
@@ -205,6 +220,51 @@ class FaultStrikes:
             return f"a second attempt raced the first {landed}: the second {'committed' if won else 'failed'}"
         return strike
 
+    def _strike_network(self, kind: str, timing: str, delay: float) -> Callable[..., str]:
+        """A network fault on the proxy in front of one service, once the task's attempt began: after `delay`,
+        or as rows stream; held until the task ends (a latency, a slow link) or for a moment (resets)."""
+        effect = kind.split("_")[0]
+        service = next(name for name in SERVICES if name in kind)
+        proxy = {"kafka": kafka_proxy(self.servers), "postgres": POSTGRES, "spark_connect": SPARK_CONNECT}[service]
+        rng = self.rng
+        toxic = {
+            "latency": ("latency", {"latency": rng.randrange(100, 800), "jitter": 50}),
+            "slow": ("bandwidth", {"rate": rng.choice([16, 64, 256])}),
+            "reset": ("reset_peer", {"timeout": 0}),
+            # A slow read (8 KB/s per connection), so that the broker's restart lands while it streams.
+            "restart": ("bandwidth", {"rate": 8}),
+        }[effect]
+        what = {"latency": f"{toxic[1].get('latency')} ms latency", "slow": f"a {toxic[1].get('rate')} KB/s link",
+                "reset": "connections reset", "restart": "a broker restart"}[effect]
+
+        def strike(proc: subprocess.Popen, batch_id: int, attempts_before: int) -> str:
+            attempt = attempts_before + 1
+            if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, proc):
+                return f"{what} missed: the task ended before its attempt began"
+            name = f"campaign-{kind}"
+            if effect == "restart":
+                self.network.add(proxy, name, *toxic)
+            try:
+                if timing == "as rows stream" or effect == "restart":
+                    self._wait(lambda: self.copying() or self.batch_state(batch_id)[0] != "planned", proc)
+                else:
+                    time.sleep(delay)
+                landed = self.phase(batch_id, attempt)
+                if proc.poll() is not None:
+                    return f"{what} missed: the task had ended ({landed})"
+                if effect == "restart":
+                    self._stack("restart-kafka")
+                    return f"Kafka broker restarted {landed}, its read slowed to 8 KB/s"
+                self.network.add(proxy, name, *toxic)
+                if effect == "reset":
+                    time.sleep(1.0)  # every connection that carries data meanwhile is reset
+                else:
+                    self._wait(lambda: False, proc, timeout=60)  # as long as the task runs
+                return f"{what} on {SERVICES[service]} from {landed}"
+            finally:
+                self.network.remove(proxy, name)
+        return strike
+
     def _restart_postgres_during(self, point: str) -> Callable[[subprocess.Popen, Path], str]:
         def during(proc: subprocess.Popen, once_dir: Path) -> str:
             deadline = time.monotonic() + 120
@@ -237,6 +297,11 @@ class FaultStrikes:
             delay = round(rng.uniform(low, high), 2)
             variant = f"{timing}" + (f" ({delay}s after the attempt began)" if timing == "timed" else "")
             return variant, RunHooks(spark_strike=self._strike_connect(target, timing, delay))
+        if kind in NETWORK_FAULTS:
+            timing = "as rows stream" if kind == "restart_kafka_streaming" else rng.choice(["timed", "as rows stream"])
+            delay = round(rng.uniform(low, high), 2)
+            variant = f"{timing}" + (f" ({delay}s after the attempt began)" if timing == "timed" else "")
+            return variant, RunHooks(spark_strike=self._strike_network(kind, timing, delay))
         if kind == "kill_commit":
             point = rng.choice(COMMIT_FAIL_POINTS[self.runtime])
             return point, RunHooks(commit_failpoints=f"{point}=kill")
