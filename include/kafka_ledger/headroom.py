@@ -8,9 +8,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from kafka_ledger import kafka_offsets
 from kafka_ledger.config import PipelineConfig
-from kafka_ledger.planning import PartitionOffsets, TopicPartition
+from kafka_ledger.planning import PartitionOffsets, PlanError, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +170,21 @@ def partition_headroom(
     now_ms = int(time.time() * 1000)
     return [assess(tp, positions[tp], offsets[tp], retention[tp.topic], stamps.get(tp), log_start_rates.get(tp),
                    now_ms, pipeline.retention_warning_fraction) for tp in tps]
+
+
+def look_up(
+    bootstrap_servers: str,
+    pipeline: PipelineConfig,
+    positions: Mapping[TopicPartition, int],
+    offsets: Mapping[TopicPartition, PartitionOffsets],
+    log_start_rates: Mapping[TopicPartition, float],
+) -> tuple[list[Headroom] | None, str | None]:
+    """partition_headroom, never raising for Kafka's sake: (the headroom, None), or (None, why not). The headroom
+    only warns: a plan or a report goes on without it."""
+    try:
+        return partition_headroom(bootstrap_servers, pipeline, positions, offsets, log_start_rates), None
+    except (PlanError, KafkaException) as exc:
+        return None, f"retention headroom of {pipeline.name} not computed: {exc}"
 
 
 def low(headroom: list[Headroom]) -> list[Headroom]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from confluent_kafka import KafkaException
-
 from kafka_ledger import headroom, kafka_offsets, ledger, planning, sql
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import Coverage, PartitionOffsets, TopicPartition
@@ -65,14 +63,9 @@ def pipeline_status(dsn: str, servers: str, pipeline: PipelineConfig, tolerate_k
         coverage = ledger.coverage(cur, pipeline.name)
         unfinished = ledger.in_flight_batches(cur, pipeline.name)
         rates = ledger.log_start_rates(cur, pipeline.name)
-    margins, headroom_error = {}, None
-    if offsets:
-        try:
-            found = headroom.partition_headroom(servers, pipeline, {tp: r.position for tp, r in rows.items()}, offsets,
-                                                rates)
-            margins = {TopicPartition(h.topic, h.partition): h for h in found}
-        except (planning.PlanError, KafkaException) as exc:
-            headroom_error = f"retention headroom not computed: {exc}"
+    found, headroom_error = (headroom.look_up(servers, pipeline, {tp: r.position for tp, r in rows.items()}, offsets,
+                                              rates) if offsets else (None, None))
+    margins = {TopicPartition(h.topic, h.partition): h for h in found or []}
     partitions = partition_report(pipeline, offsets, rows, coverage, margins)
     return {
         "pipeline": pipeline.name, "dag_id": pipeline.dag_id, "delivery_mode": pipeline.delivery_mode,

@@ -7,8 +7,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from confluent_kafka import KafkaException
-
 from kafka_ledger import failpoints, headroom, kafka_offsets, ledger
 from kafka_ledger.batch_requests import BatchRequest, RequestError
 from kafka_ledger.config import PipelineConfig
@@ -16,7 +14,6 @@ from kafka_ledger.planning import (
     LostDataError,
     OffsetRange,
     PartitionOffsets,
-    PlanError,
     TopicIdentityError,
     TopicPartition,
     backlog,
@@ -123,12 +120,11 @@ def _headroom(
 ) -> list[headroom.Headroom] | None:
     """Retention headroom as of this plan, logged; after the plan is recorded and its lock released, and never
     failing it (the headroom only warns)."""
-    try:
-        found = headroom.partition_headroom(bootstrap_servers, pipeline, positions, offsets, rates)
-    except (PlanError, KafkaException) as exc:
-        log.warning("retention headroom of %s not computed: %s", pipeline.name, exc)
-        return None
-    headroom.log_headroom(pipeline, found)
+    found, error = headroom.look_up(bootstrap_servers, pipeline, positions, offsets, rates)
+    if error:
+        log.warning(error)
+    else:
+        headroom.log_headroom(pipeline, found)
     return found
 
 
