@@ -13,7 +13,7 @@ import psycopg2.errors
 import psycopg2.extensions
 import psycopg2.extras
 
-from kafka_ledger import settings, sql
+from kafka_ledger import db_replies, settings, sql
 from kafka_ledger.config import ConfigError, PipelineConfig
 from kafka_ledger.planning import Coverage, OffsetRange, PartitionReadStats, TopicPartition
 
@@ -66,18 +66,20 @@ class Batch:
         return self.kind == "catch_up"
 
 
-def connect(dsn: str) -> psycopg2.extensions.connection:
-    """A connection to the ledger database, its statements and lock waits bounded (settings.LedgerTimeouts).
+def connect(dsn: str) -> db_replies.WatchedConnection:
+    """A connection to the ledger database, its statements and lock waits bounded (settings.LedgerTimeouts), and
+    the client's every wait on the server too (db_replies: a server that stops answering fails the call).
 
     Every `with conn:` block is one transaction.
     """
     timeouts = settings.ledger_timeouts()
-    conn = psycopg2.connect(dsn, application_name="kafka-ledger", connect_timeout=10)
+    conn = db_replies.connect(dsn, application_name="kafka-ledger", connect_timeout=10)
     try:
         conn.autocommit = True  # a session setting, outside any transaction
         with conn.cursor() as cur:
             cur.execute(sql.SET_SESSION_TIMEOUTS, {"statement_timeout": f"{timeouts.db_statement_timeout}s",
                                                    "lock_timeout": f"{timeouts.db_lock_timeout}s"})
+        conn.bound_replies(timeouts.db_statement_timeout)
         conn.autocommit = False
     except BaseException:
         conn.close()
@@ -126,6 +128,8 @@ def pipeline_transaction(conn: psycopg2.extensions.connection, pipeline: str) ->
 def allow_batch_duration(cur: Cursor, pipeline: PipelineConfig) -> None:
     """Let this transaction's statements run as long as the pipeline's Spark task may (a whole batch's rows)."""
     cur.execute(sql.SET_TRANSACTION_STATEMENT_TIMEOUT, {"statement_timeout": f"{pipeline.spark_timeout_minutes}min"})
+    if isinstance(cur.connection, db_replies.WatchedConnection):
+        cur.connection.widen_for_transaction(pipeline.spark_timeout_minutes * 60)
 
 
 def _load_ranges(cur: Cursor, batch: Batch) -> Batch:

@@ -38,6 +38,12 @@ KAFKA_READER_TUNING = {
 }
 
 
+# How long Spark's Kafka consumer waits for one fetch before the read fails (Spark's default is
+# spark.network.timeout, 120 s). The records of a bounded read exist and are committed: a broker that sends none
+# for this long is unreachable or stuck, and the task's retry resumes the batch with the same ranges.
+KAFKA_POLL_TIMEOUT_MS = 60_000
+
+
 def kafka_read_options(ranges: list[OffsetRange], servers: str, pipeline: str) -> dict[str, str]:
     """Options of a bounded Kafka read of exactly `ranges` (ends exclusive), committed records only."""
     assign: dict[str, list[int]] = {}
@@ -57,6 +63,7 @@ def kafka_read_options(ranges: list[OffsetRange], servers: str, pipeline: str) -
         # Offsets deleted under our feet must fail the read, never be skipped silently.
         "failOnDataLoss": "true",
         "includeHeaders": "false",
+        "kafkaConsumer.pollTimeoutMs": str(KAFKA_POLL_TIMEOUT_MS),
         "kafka.group.id": read_group_id(pipeline, client),
     }
 

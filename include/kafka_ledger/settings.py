@@ -118,7 +118,8 @@ class Settings(BaseSettings):
         json_schema_extra={"local_stack": "$KL_KAFKA_LIBS"})
     db_statement_timeout: int = Field(
         default=600, ge=1,
-        description="any one ledger statement (a batch's publish and commit get its `spark_timeout_minutes`)")
+        description="any one ledger statement (a batch's publish and commit get its `spark_timeout_minutes`); a "
+                    "client that has no answer 15 s past it takes the server for unreachable and fails the call")
     db_lock_timeout: int = Field(
         default=600, ge=1,
         description="a wait for a lock: the pipeline's or a batch's, held by the one plan, commit or reset of the "

@@ -99,7 +99,7 @@ def test_network_shapes_add_the_network_faults():
     assert campaign_shape("connect", on_cluster=True, network=True) == "connect-cluster-network"
     assert fault_kinds("connect-network") == FAULT_KINDS["connect"] + NETWORK_FAULTS
     assert fault_kinds("connect-cluster-network") == FAULT_KINDS["connect"] + CLUSTER_FAULTS + NETWORK_FAULTS
-    assert len(set(NETWORK_FAULTS)) == 10
+    assert len(set(NETWORK_FAULTS)) == 13
 
 
 def test_tasks_reach_every_service_through_its_proxy(monkeypatch):

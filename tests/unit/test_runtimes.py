@@ -87,3 +87,15 @@ def test_no_module_outside_the_runtimes_branches_on_a_runtime_name():
             if re.search(r"""[=!]=\s*["'](connect|submit)["']|["'](connect|submit)["']\s*[=!]=""", line):
                 found.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
     assert found == []
+
+
+def test_a_spark_failure_is_told_by_its_first_line_and_its_root_cause():
+    from kafka_ledger.runtimes.connect import _headline
+
+    error = Exception("[KAFKA_DATA_LOSS] Some data may have been lost\nJVM stacktrace:\n\tat org.apache.spark.X\n"
+                      "Caused by: java.util.concurrent.ExecutionException: boom\n\tat y\n"
+                      "Caused by: org.apache.kafka.common.errors.TimeoutException: Timed out waiting for a node\n")
+    assert _headline(error) == ("[KAFKA_DATA_LOSS] Some data may have been lost; Caused by: "
+                                "org.apache.kafka.common.errors.TimeoutException: Timed out waiting for a node")
+    assert _headline(Exception("just this")) == "just this"
+    assert _headline(Exception("")) == "Exception"

@@ -50,6 +50,7 @@ def test_read_options_exact_offsets_for_two_topics(ingest_batch):
         "kafka.isolation.level",
         "failOnDataLoss",
         "includeHeaders",
+        "kafkaConsumer.pollTimeoutMs",
         "kafka.group.id",
         *ingest.KAFKA_READER_TUNING,
     }

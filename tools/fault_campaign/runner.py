@@ -26,6 +26,9 @@ from tools.fault_campaign.network import Toxiproxy, proxied_environment
 from tools.fault_campaign.producer import SequenceProducer, expected_reason, records_by_key
 from tools.fault_campaign.strikes import FaultStrikes, RunHooks, campaign_shape, fault_kinds, fault_schedule
 
+# The ledger's statement bound in the tasks of a campaign through the proxies.
+NETWORK_DB_STATEMENT_SECONDS = 30
+
 # Each task process runs this package by its folder's path (its __main__.py), from any working directory.
 PACKAGE = Path(__file__).resolve().parent
 
@@ -103,6 +106,9 @@ class Campaign(FaultStrikes):
         env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_LEDGER_FAILPOINTS")}
         if self.network is not None:
             env = proxied_environment(env)
+            # A blackholed ledger ends a task's wait after the statement bound plus 15 s: 45 s here, not the
+            # default's 10 minutes per blackhole (docs/how-it-works.md#every-wait-is-bounded).
+            env.setdefault("KAFKA_LEDGER_DB_STATEMENT_TIMEOUT", str(NETWORK_DB_STATEMENT_SECONDS))
         if failpoints:
             env["KAFKA_LEDGER_FAILPOINTS"] = failpoints
             env["KAFKA_LEDGER_FAILPOINTS_ONCE_DIR"] = str(once_dir)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tools.fault_campaign import PROJECT_ROOT
+from tools.fault_campaign import PROJECT_ROOT, CampaignFailure
 from tools.fault_campaign.network import POSTGRES, SPARK_CONNECT, kafka_proxy
 
 COMMON_FAULTS = (
@@ -52,6 +52,7 @@ NETWORK_FAULTS = (
     "latency_kafka", "latency_postgres", "latency_spark_connect",        # every packet to the client delayed
     "slow_link_kafka", "slow_link_postgres", "slow_link_spark_connect",  # a bandwidth limit on the link
     "reset_kafka", "reset_postgres", "reset_spark_connect",              # connections reset mid-stream
+    "blackhole_kafka", "blackhole_postgres", "blackhole_spark_connect",  # nothing passes, until the task gives up
     "restart_kafka_streaming",    # the broker restarted while a slowed read streams its records
 )
 SERVICES = {"kafka": "Kafka", "postgres": "Postgres", "spark_connect": "the Spark Connect server"}
@@ -68,6 +69,10 @@ def fault_kinds(shape: str) -> tuple[str, ...]:
     return (FAULT_KINDS[runtime] + (CLUSTER_FAULTS if "cluster" in traits else ())
             + (NETWORK_FAULTS if "network" in traits else ()))
 
+
+# The longest a task may wait on a blackholed service before the campaign calls its wait unbounded: Spark's
+# Kafka poll bound (60 s) with its offset look-ups, the ledger's (the campaign's 30 s statement bound + 15 s).
+BLACKHOLE_LIMIT = 240
 
 # Where the committing task dies: in `connect` its one transaction also holds the freshly copied rows.
 COMMIT_FAIL_POINTS = {"connect": ("after_staging", "commit_after_publish", "commit_before_end"),
@@ -231,11 +236,15 @@ class FaultStrikes:
             "latency": ("latency", {"latency": rng.randrange(100, 800), "jitter": 50}),
             "slow": ("bandwidth", {"rate": rng.choice([16, 64, 256])}),
             "reset": ("reset_peer", {"timeout": 0}),
+            # Both ways, the connections held open: only the task's own bounds end its waits.
+            "blackhole": ("timeout", {"timeout": 0}),
             # A slow read (8 KB/s per connection), so that the broker's restart lands while it streams.
             "restart": ("bandwidth", {"rate": 8}),
         }[effect]
         what = {"latency": f"{toxic[1].get('latency')} ms latency", "slow": f"a {toxic[1].get('rate')} KB/s link",
-                "reset": "connections reset", "restart": "a broker restart"}[effect]
+                "reset": "connections reset", "restart": "a broker restart",
+                "blackhole": "a blackhole (nothing passes either way)"}[effect]
+        streams = ("downstream", "upstream") if effect == "blackhole" else ("downstream",)
 
         def strike(proc: subprocess.Popen, batch_id: int, attempts_before: int) -> str:
             attempt = attempts_before + 1
@@ -243,7 +252,7 @@ class FaultStrikes:
                 return f"{what} missed: the task ended before its attempt began"
             name = f"campaign-{kind}"
             if effect == "restart":
-                self.network.add(proxy, name, *toxic)
+                self.network.add(proxy, f"{name}-downstream", *toxic)
             try:
                 if timing == "as rows stream" or effect == "restart":
                     self._wait(lambda: self.copying() or self.batch_state(batch_id)[0] != "planned", proc)
@@ -255,14 +264,22 @@ class FaultStrikes:
                 if effect == "restart":
                     self._stack("restart-kafka")
                     return f"Kafka broker restarted {landed}, its read slowed to 8 KB/s"
-                self.network.add(proxy, name, *toxic)
+                for stream in streams:
+                    self.network.add(proxy, f"{name}-{stream}", *toxic, stream=stream)
                 if effect == "reset":
                     time.sleep(1.0)  # every connection that carries data meanwhile is reset
+                elif effect == "blackhole":
+                    # Until the task fails: its bounds (docs/how-it-works.md#every-wait-is-bounded) end it.
+                    self._wait(lambda: False, proc, timeout=BLACKHOLE_LIMIT)
+                    if proc.poll() is None:
+                        raise CampaignFailure(f"{what} on {SERVICES[service]} from {landed}: the task still waited "
+                                              f"after {BLACKHOLE_LIMIT} s")
                 else:
                     self._wait(lambda: False, proc, timeout=60)  # as long as the task runs
                 return f"{what} on {SERVICES[service]} from {landed}"
             finally:
-                self.network.remove(proxy, name)
+                for stream in streams:
+                    self.network.remove(proxy, f"{name}-{stream}")
         return strike
 
     def _restart_postgres_during(self, point: str) -> Callable[[subprocess.Popen, Path], str]:

@@ -35,12 +35,73 @@ SESSION_CONF = {
 # 10 minutes). A restarted server has lost the session anyway; the task's retry is the recovery.
 CLIENT_RETRIES = {"max_retries": 5, "max_backoff": 10_000}
 
+# The heartbeat (Heartbeat below): one cheap question to the server every HEARTBEAT_INTERVAL s, each allowed
+# HEARTBEAT_DEADLINE s; HEARTBEAT_MISSES unanswered in a row and the attempt gives up. The batch's own calls
+# wait as long as Spark computes (gRPC streams have no deadline of their own), so without it a server that
+# stops answering (a network that drops packets, a frozen JVM) would hold the task forever.
+HEARTBEAT_INTERVAL, HEARTBEAT_DEADLINE, HEARTBEAT_MISSES = 5.0, 10.0, 2
+
 # Names a batch's server-side session: every attempt of one batch works in the same session.
 _SESSION_NAMESPACE = uuid.UUID("6f1c7d0e-2f4b-4c1e-9a57-6b1f0d7a3c21")
 
 
 class SparkServerError(RuntimeError):
     """The Spark Connect server cannot be reached, or went away during the batch; nothing was published."""
+
+
+class Heartbeat:
+    """Asks the Spark Connect server a cheap question (the Config RPC, with a deadline) while an attempt runs.
+
+    A server that misses HEARTBEAT_MISSES questions in a row is taken as gone: the heartbeat closes the
+    session's gRPC channel, which ends every call waiting on it at once, and `lost` says why. Bounded: the
+    task fails about HEARTBEAT_MISSES x (HEARTBEAT_INTERVAL + HEARTBEAT_DEADLINE) s after the server's last
+    answer, and its retry (a new attempt) resumes the batch.
+    """
+
+    def __init__(self, spark: SparkSession, description: str):
+        self._spark, self._description = spark, description
+        self._stopped = threading.Event()
+        self.lost: str | None = None
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat {description}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stopped.set()
+
+    def _ask(self) -> None:
+        from pyspark.sql.connect.proto import base_pb2 as pb2
+
+        client = self._spark.client
+        request = client._config_request_with_metadata()
+        request.operation.CopyFrom(pb2.ConfigRequest.Operation(get=pb2.ConfigRequest.Get(keys=list(SESSION_CONF))))
+        # The stub directly: the client's own retries would wait far longer than the deadline.
+        client._stub.Config(request, metadata=client._builder.metadata(), timeout=HEARTBEAT_DEADLINE)
+
+    def _beat(self) -> None:
+        import grpc
+
+        misses = 0
+        while not self._stopped.wait(HEARTBEAT_INTERVAL):
+            try:
+                self._ask()
+                misses = 0
+            except grpc.RpcError as exc:
+                if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                    continue  # the server answered, if not with a result: it is there
+                misses += 1
+                log.warning("the Spark Connect server did not answer the heartbeat of %s (%s, %d of %d)",
+                            self._description, exc.code().name, misses, HEARTBEAT_MISSES)
+                if misses >= HEARTBEAT_MISSES and not self._stopped.is_set():
+                    self.lost = (f"the Spark Connect server stopped answering: {misses} heartbeats "
+                                 f"{HEARTBEAT_INTERVAL:.0f} s apart went unanswered within {HEARTBEAT_DEADLINE:.0f} s")
+                    log.error("%s during %s; closing the connection", self.lost, self._description)
+                    self._spark.client._channel.close()  # every call waiting on it fails now
+                    return
+            except ValueError:
+                return  # the channel was closed: the attempt is over
 
 
 def batch_session_id(pipeline: str, batch_id: int) -> str:
@@ -73,33 +134,29 @@ class ConnectBatch:
         self._lock = threading.Lock()
         self._interrupted = threading.Event()
 
-    def _connect(self, attempt: int) -> SparkSession:
+    def _url(self) -> str:
+        return spark_connect_url(batch_session_id(self.pipeline.name, self.batch_id))
+
+    def _session(self) -> SparkSession:
+        """The batch's session on the server (no call to it yet: the first one is _prepare's)."""
         from pyspark.sql import SparkSession
         from pyspark.sql.connect.client.retries import DefaultPolicy
 
-        url = spark_connect_url(batch_session_id(self.pipeline.name, self.batch_id))
-        try:
-            spark = SparkSession.builder.remote(url).create()
-            spark.client.set_retry_policies([DefaultPolicy(**CLIENT_RETRIES)])
-            for key, value in SESSION_CONF.items():
-                spark.conf.set(key, value)
-            # Whatever an earlier attempt of this batch left running (its task was killed) stops now. By the
-            # earlier attempts' tags, not interruptAll: a zombie that gets here after its replacement started
-            # would stop the replacement's query, and then neither may publish.
-            stale = [op for earlier in range(1, attempt)
-                     for op in spark.interruptTag(attempt_tag(self.pipeline.name, self.batch_id, earlier))]
-        except Exception as exc:
-            if not _lost_server(exc):
-                raise
-            raise SparkServerError(
-                f"the Spark Connect server at {_without_secrets(url)} is not reachable ({exc}): "
-                "nothing was read or published. Is it running (scripts/stack.sh status)? The task's retry, or "
-                "the next run, resumes the batch"
-            ) from exc
+        spark = SparkSession.builder.remote(self._url()).create()
+        spark.client.set_retry_policies([DefaultPolicy(**CLIENT_RETRIES)])
+        return spark
+
+    def _prepare(self, spark: SparkSession, attempt: int) -> None:
+        for key, value in SESSION_CONF.items():
+            spark.conf.set(key, value)
+        # Whatever an earlier attempt of this batch left running (its task was killed) stops now. By the
+        # earlier attempts' tags, not interruptAll: a zombie that gets here after its replacement started
+        # would stop the replacement's query, and then neither may publish.
+        stale = [op for earlier in range(1, attempt)
+                 for op in spark.interruptTag(attempt_tag(self.pipeline.name, self.batch_id, earlier))]
         if stale:
             log.warning("interrupted %d operation(s) an earlier attempt of batch %s left on the server",
                         len(stale), self.batch_id)
-        return spark
 
     def run(self, dsn: str, servers: str) -> CommitResult:
         attempt = read.begin(dsn, servers, self.pipeline, self.batch_id)
@@ -110,25 +167,44 @@ class ConnectBatch:
         if not attempt.readable:
             read.mark_nothing_to_read(dsn, attempt)
             return commit.commit_batch(dsn, servers, self.pipeline, self.batch_id)
-        spark = self._connect(attempt.number)
-        tag = attempt_tag(self.pipeline.name, self.batch_id, attempt.number)
-        spark.addTag(tag)
-        with self._lock:
-            self._spark, self._tag = spark, tag
-        try:
-            result = publish(spark, self.pipeline, attempt, dsn, servers, self._interrupted)
-        except BaseException as exc:
-            self.interrupt()
-            _close(spark, release_session=False)  # the next attempt reuses the session to clean up
-            if _lost_server(exc):
+        spark = self._session()
+        description = f"attempt {attempt.number} of batch {self.batch_id}"
+        with Heartbeat(spark, description) as heartbeat:
+            try:
+                self._prepare(spark, attempt.number)
+            except Exception as exc:
+                _close(spark, release_session=False)
+                if heartbeat.lost is None and not _lost_server(exc):
+                    raise
                 raise SparkServerError(
-                    f"the Spark Connect server went away during attempt {attempt.number} of batch {self.batch_id} "
-                    f"({exc}): nothing was published; the task's retry, or the next run, resumes the batch"
+                    f"the Spark Connect server at {_without_secrets(self._url())} is not reachable "
+                    f"({heartbeat.lost or exc}): nothing was read or published. Is it running (scripts/stack.sh "
+                    "status)? The task's retry, or the next run, resumes the batch"
                 ) from exc
-            raise
-        finally:
+            tag = attempt_tag(self.pipeline.name, self.batch_id, attempt.number)
+            spark.addTag(tag)
             with self._lock:
-                self._spark = self._tag = None
+                self._spark, self._tag = spark, tag
+            try:
+                result = publish(spark, self.pipeline, attempt, dsn, servers, self._interrupted)
+            except BaseException as exc:
+                if heartbeat.lost is None:
+                    self.interrupt()
+                _close(spark, release_session=False)  # the next attempt reuses the session to clean up
+                if heartbeat.lost is not None or _lost_server(exc):
+                    raise SparkServerError(
+                        f"the Spark Connect server went away during {description} ({heartbeat.lost or exc}): "
+                        "nothing was published; the task's retry, or the next run, resumes the batch"
+                    ) from exc
+                if _spark_failure(exc):
+                    raise SparkReadError(
+                        f"Spark failed {description} ({_headline(exc)}): nothing was published; the task's retry, "
+                        "or the next run, reads the same ranges again"
+                    ) from exc
+                raise
+            finally:
+                with self._lock:
+                    self._spark = self._tag = None
         _close(spark, release_session=True)  # the batch is done: its server-side session goes too
         return result
 
@@ -188,6 +264,25 @@ def _lost_server(exc: BaseException) -> bool:
         return True
     return isinstance(exc, SparkConnectGrpcException) and any(
         sign in str(exc) for sign in ("UNAVAILABLE", "SESSION_CHANGED", "Connection refused", "Socket closed"))
+
+
+def _spark_failure(exc: BaseException) -> bool:
+    """Whether the error is Spark's: the query failed on the server (a Kafka read that timed out, say)."""
+    from pyspark.errors import PySparkException
+
+    return isinstance(exc, PySparkException)
+
+
+def _headline(exc: BaseException) -> str:
+    """An error's first line, and the root cause Spark names below its stack trace, if any."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    causes = [line for line in lines if line.startswith("Caused by: ")]
+    head = lines[0] if lines else type(exc).__name__
+    return head + (f"; {causes[-1]}" if causes and causes[-1] not in head else "")
+
+
+class SparkReadError(RuntimeError):
+    """Spark failed the attempt's query (its read or decode); nothing was published."""
 
 
 class AttemptInterrupted(RuntimeError):
