@@ -25,19 +25,7 @@ done
 
 bash scripts/stack.sh up
 . scripts/env.sh
-if [ "$secure" = 1 ]; then
-  python - <<'PY' || exit 1
-import os, sys
-from kafka_ledger.settings import libpq_settings
-if libpq_settings(os.environ["KAFKA_LEDGER_DB_URL"]).get("sslmode") != "verify-full":
-    sys.exit("demo --secure: KAFKA_LEDGER_DB_URL does not say sslmode=verify-full")
-PY
-  export KAFKA_LEDGER_BOOTSTRAP_SERVERS=127.0.0.1:$KL_KAFKA_SASL_PORT
-  KAFKA_LEDGER_KAFKA_CONFIG=$(python -c 'import json, os, sys; print(json.dumps({
-      "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": os.environ["KL_KAFKA_SASL_USER"],
-      "sasl.password": os.environ["KL_KAFKA_SASL_PASSWORD"], "ssl.ca.location": os.environ["KL_TLS_DIR"] + "/ca.pem"}))')
-  export KAFKA_LEDGER_KAFKA_CONFIG
-fi
+if [ "$secure" = 1 ]; then . scripts/secured_kafka.sh || exit 1; fi
 if [ "$secure" = 1 ]; then shape="Kafka $KAFKA_LEDGER_BOOTSTRAP_SERVERS over SASL_SSL, the ledger over verified TLS"
 else shape="Kafka $KAFKA_LEDGER_BOOTSTRAP_SERVERS"; fi
 echo "[demo] $shape; Spark master $KAFKA_LEDGER_SPARK_MASTER (runtime $KAFKA_LEDGER_SPARK_RUNTIME)"

@@ -4,6 +4,10 @@
 #   bash scripts/fault_campaign.sh --faults 200 --seed 20261121 --write-docs docs   # the full campaign
 #   bash scripts/fault_campaign.sh --cluster --runtime connect --faults 40   # on the local Spark cluster
 #   bash scripts/fault_campaign.sh --network --runtime connect --faults 40   # through Toxiproxy, with network faults
+#   bash scripts/fault_campaign.sh --secure --cluster --network --network-weight 5 --runtime connect \
+#       --faults 304 --records-per-fault 3300 --write-docs docs
+#       # the production shape (Kafka over SASL_SSL, the ledger over verified TLS, Spark on the cluster), every
+#       # fault kind: 4 rounds, each network fault 5 times a round (20 in all), every other kind once (4)
 # Arguments go to the harness; `--help` lists them.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -14,4 +18,5 @@ done
 bash scripts/stack.sh up >&2
 for arg in "$@"; do [ "$arg" != --network ] || bash scripts/stack.sh proxies >&2; done
 . scripts/env.sh
+for arg in "$@"; do [ "$arg" != --secure ] || . scripts/secured_kafka.sh || exit 1; done
 exec python -m tools.fault_campaign "$@"  # from the project root

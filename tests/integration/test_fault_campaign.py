@@ -52,11 +52,11 @@ def test_every_kind_of_fault_on_the_production_shape_loses_and_doubles_nothing(
             monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": master}))
             monkeypatch.setenv("KAFKA_LEDGER_BOOTSTRAP_SERVERS", SECURED_SERVERS)
             monkeypatch.setenv(KAFKA_CONFIG_ENV, json.dumps(secured_kafka_settings()))
-            kinds = fault_kinds("connect-cluster")
+            kinds = fault_kinds("connect-cluster-secure")
             seed = int(os.environ.get("KAFKA_LEDGER_CAMPAIGN_SEED", "4"))
             campaign = Campaign(pipeline, dsn, SECURED_SERVERS, seed=seed, faults=len(kinds), records_per_fault=1000,
                                 workdir=tmp_path)
-            assert campaign.shape == "connect-cluster"
+            assert campaign.shape == "connect-cluster-secure"
             report = campaign.run_all()
     finally:
         stack("stop-cluster")

@@ -11,13 +11,23 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import time
 
 import pytest
-from integration_support import assert_exactly_once, batches, stack
-from test_connect_runtime import finish, nothing_published, produce_and_plan, start_task, wait_for_rows_streaming
+from integration_support import assert_exactly_once, batches, good_value, stack, stored
+from test_connect_runtime import (
+    HARNESS,
+    finish,
+    nothing_published,
+    produce_and_plan,
+    start_task,
+    wait_for_rows_streaming,
+)
 
 from kafka_ledger import db_replies
+from kafka_ledger.planner import plan_next_batch
 from kafka_ledger.read import KAFKA_POLL_TIMEOUT_MS
 from kafka_ledger.runtimes.connect import HEARTBEAT_DEADLINE, HEARTBEAT_INTERVAL, HEARTBEAT_MISSES
 from tools.fault_campaign.network import POSTGRES, SPARK_CONNECT, Toxiproxy, kafka_proxy, proxied_environment
@@ -75,3 +85,38 @@ def test_a_blackholed_service_fails_the_task_within_its_bound_and_the_retry_publ
     (batch,) = batches(dsn, pipeline)
     assert (batch.status, batch.attempts) == ("committed", 2)
     assert_exactly_once(dsn, servers, pipeline, expected_dead)
+
+
+# Planning: Kafka's metadata look-up gives up at 30 s (kafka_offsets), a new ledger connection at 10 s.
+PLAN_BOUNDS = {"kafka": 30.0, POSTGRES: 10.0}
+PLAN_REASONS = {"kafka": "cannot reach Kafka", POSTGRES: "timeout expired"}
+
+
+@pytest.mark.parametrize("service", ["kafka", POSTGRES])
+def test_a_blackholed_service_fails_planning_within_its_bound_and_records_nothing(
+    dsn, servers, pipeline_factory, producer, proxies, service
+):
+    pipeline = pipeline_factory(f"blackholed_plan_{service}", partitions=2)
+    sent = producer.send(pipeline.topics[0], [good_value(i) for i in range(500)])
+    proxy = kafka_proxy(servers) if service == "kafka" else service
+    for stream in ("downstream", "upstream"):
+        proxies.add(proxy, f"blackhole-{stream}", "timeout", {"timeout": 0}, stream=stream)
+    struck = time.monotonic()
+    try:
+        plan = subprocess.run([sys.executable, str(HARNESS), "task", "plan", "--pipeline", pipeline.name,
+                               "--dag-id", "blackholed", "--run-id", "plan-1"],
+                              env=proxied_environment(dict(os.environ)), capture_output=True, text=True,
+                              timeout=PLAN_BOUNDS[service] + 120)
+        took = time.monotonic() - struck
+    finally:
+        proxies.reset()
+    assert plan.returncode != 0
+    assert PLAN_REASONS[service] in plan.stderr, plan.stderr[-3000:]
+    assert took <= PLAN_BOUNDS[service] + 30, f"planning failed {took:.0f} s into the blackhole"
+    assert batches(dsn, pipeline) == []
+
+    planned = plan_next_batch(dsn, servers, pipeline)  # the task's retry, direct
+    code, _, err = finish(start_task(pipeline, planned.batch_id))
+    assert code == 0, err[-3000:]
+    assert_exactly_once(dsn, servers, pipeline, {})
+    assert set(stored(dsn, pipeline)[0]) == set(sent)

@@ -97,6 +97,8 @@ def test_network_shapes_add_the_network_faults():
     from tools.fault_campaign.strikes import CLUSTER_FAULTS, NETWORK_FAULTS, campaign_shape, fault_kinds
 
     assert campaign_shape("connect", on_cluster=True, network=True) == "connect-cluster-network"
+    assert campaign_shape("connect", True, network=True, secure=True) == "connect-cluster-secure-network"
+    assert fault_kinds("connect-cluster-secure-network") == fault_kinds("connect-cluster-network")
     assert fault_kinds("connect-network") == FAULT_KINDS["connect"] + NETWORK_FAULTS
     assert fault_kinds("connect-cluster-network") == FAULT_KINDS["connect"] + CLUSTER_FAULTS + NETWORK_FAULTS
     assert len(set(NETWORK_FAULTS)) == 13
@@ -120,3 +122,14 @@ def test_tasks_reach_every_service_through_its_proxy(monkeypatch):
     assert proxied_environment({**env, "KAFKA_LEDGER_BOOTSTRAP_SERVERS": "127.0.0.1:19092"})[
         "KAFKA_LEDGER_BOOTSTRAP_SERVERS"] == "127.0.0.1:19097"
     assert (kafka_proxy("127.0.0.1:19094"), kafka_proxy("127.0.0.1:19092")) == (KAFKA_SASL, KAFKA)
+
+
+def test_a_network_weight_repeats_each_network_fault_in_every_round():
+    from tools.fault_campaign.strikes import NETWORK_FAULTS, fault_kinds, fault_schedule
+
+    kinds = fault_kinds("connect-cluster-secure-network")
+    schedule = fault_schedule(4 * (len(kinds) + 4 * len(NETWORK_FAULTS)), random.Random(7), kinds, network_weight=5)
+    counts = Counter(schedule)
+    assert {counts[kind] for kind in NETWORK_FAULTS} == {20}
+    assert {counts[kind] for kind in kinds if kind not in NETWORK_FAULTS} == {4}
+    assert fault_schedule(24, random.Random(7), kinds) == fault_schedule(24, random.Random(7), kinds, 1)

@@ -16,7 +16,7 @@ import tools.fault_campaign
 from tools.fault_campaign import PROJECT_ROOT, CampaignFailure
 from tools.fault_campaign.report import write_docs
 from tools.fault_campaign.runner import Campaign, task_main
-from tools.fault_campaign.strikes import FAULT_KINDS
+from tools.fault_campaign.strikes import FAULT_KINDS, secured
 from tools.records import COLUMNS
 
 
@@ -41,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="every task reaches Kafka, the ledger and the Spark Connect server through Toxiproxy "
                              "(scripts/fault_campaign.sh --network starts it), adding the network faults (runtime "
                              "connect)")
+    parser.add_argument("--network-weight", type=int, default=1, metavar="N",
+                        help="with --network: each network fault N times per round of the other kinds (default 1)")
+    parser.add_argument("--secure", action="store_true",
+                        help="every Kafka client over the broker's SASL_SSL listener and the ledger over verified TLS "
+                             "(scripts/fault_campaign.sh --secure sets them, as scripts/demo.sh --secure does)")
     parser.add_argument("--write-docs", type=Path, metavar="DIR",
                         help="write reliability.json (and the per-iteration log) into DIR, e.g. docs")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows afterwards")
@@ -49,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cluster and not os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"):
         parser.error("--cluster: KAFKA_LEDGER_SPARK_MASTER names no cluster: run scripts/fault_campaign.sh --cluster")
+    if args.secure and not secured():
+        parser.error("--secure: Kafka is not reached over SASL_SSL, or the ledger's URL does not verify its server: "
+                     "run scripts/fault_campaign.sh --secure")
 
     import psycopg2
     import yaml
@@ -73,10 +81,14 @@ def main(argv: list[str] | None = None) -> int:
                                                         ("seed", args.seed),
                                                         ("records_per_fault", args.records_per_fault),
                                                         ("partitions", args.partitions)))
+        if args.secure:
+            command += " --secure"
         if args.cluster:
             command += " --cluster"
         if args.network:
             command += " --network"
+        if args.network_weight != 1:
+            command += f" --network-weight {args.network_weight}"
         if args.write_docs:
             command += f" --write-docs {args.write_docs}"
         settings = {"command": command, "write_docs": str(args.write_docs) if args.write_docs else None,
@@ -116,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         admin.create_topics([new_topic])[topic].result()
         pipeline = get_pipeline(name)
         campaign = Campaign(pipeline, dsn, servers, args.seed, args.faults, args.records_per_fault, workdir,
-                            network=settings["network"])
+                            network=settings["network"], network_weight=args.network_weight)
         say(f"fault campaign ({campaign.shape}): {args.faults} faults, seed {args.seed}, "
             f"{args.records_per_fault} records per fault, "
             f"topic {topic} ({args.partitions} partitions); logs in {workdir}; if it is interrupted, go on with "

@@ -109,6 +109,12 @@ class SequenceProducer:
                 raise CampaignFailure(f"delivery reports missing below positions {positions}: have {counts}")
             time.sleep(0.1)
 
+    def wait_delivered_some(self, records: int, timeout: float = 60) -> None:
+        """Wait until `records` more records than at the start have their delivery reports (or the timeout)."""
+        wanted, deadline = sum(self.delivered.values()) + records, time.monotonic() + timeout
+        while sum(self.delivered.values()) < wanted and time.monotonic() < deadline:
+            self.producer.poll(0.1)
+
     def settle(self, timeout: float = 300) -> list[tuple[int, int, int]]:
         """Wait until the quota is produced and every record has its report; return (and forget) the new ones."""
         deadline = time.monotonic() + timeout

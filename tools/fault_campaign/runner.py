@@ -24,7 +24,14 @@ from typing import Any
 from tools.fault_campaign import CampaignFailure
 from tools.fault_campaign.network import Toxiproxy, proxied_environment
 from tools.fault_campaign.producer import SequenceProducer, expected_reason, records_by_key
-from tools.fault_campaign.strikes import FaultStrikes, RunHooks, campaign_shape, fault_kinds, fault_schedule
+from tools.fault_campaign.strikes import (
+    FaultStrikes,
+    RunHooks,
+    campaign_shape,
+    fault_kinds,
+    fault_schedule,
+    secured,
+)
 
 # The ledger's statement bound in the tasks of a campaign through the proxies.
 NETWORK_DB_STATEMENT_SECONDS = 30
@@ -59,7 +66,7 @@ class Campaign(FaultStrikes):
 
     def __init__(self, pipeline: Any, dsn: str, servers: str, seed: int, faults: int, records_per_fault: int,
                  workdir: Path, rate: float | None = None, network: bool = False,
-                 kinds: tuple[str, ...] | None = None):
+                 kinds: tuple[str, ...] | None = None, network_weight: int = 1):
         from kafka_ledger.runtimes import runtime_for
 
         self.pipeline, self.dsn, self.servers = pipeline, dsn, servers
@@ -69,7 +76,7 @@ class Campaign(FaultStrikes):
         self.spark_task_commits = runtime.commit_task_id is None
         # The stack's cluster serves both runtimes once KAFKA_LEDGER_SPARK_MASTER names it (scripts/stack.sh).
         self.shape = campaign_shape(self.runtime, os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"),
-                                    network)
+                                    network, secured())
         # Network faults: every task reaches the services through Toxiproxy; the campaign's own checks do not.
         self.network = Toxiproxy() if network else None
         if network and not self.network.available():
@@ -80,7 +87,10 @@ class Campaign(FaultStrikes):
         self.kinds = kinds or fault_kinds(self.shape)
         self.seed, self.faults, self.records_per_fault = seed, faults, records_per_fault
         self.rng = random.Random(seed)
-        self.schedule = fault_schedule(faults, self.rng, self.kinds)
+        # A network fault `network_weight` times per round: each network kind 20 times without every other kind
+        # 20 times too (the network kinds are 13 of the production shape's 24).
+        self.network_weight = network_weight
+        self.schedule = fault_schedule(faults, self.rng, self.kinds, network_weight)
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.task_log = (workdir / "tasks.log").open("a")
@@ -334,6 +344,8 @@ class Campaign(FaultStrikes):
                 batches += [again[1]] if again[1] is not None else []
         retried = [landing for landing in landings if landing.startswith("retried ")]
         landings = [landing for landing in landings if not landing.startswith("retried ")]
+        if not landings and kind != "retry_after_success":
+            landings = [f"missed: the run found {outcome!r}, no batch for the fault to strike"]
         report = IterationReport(index, kind, variant, retries, outcome, "; ".join(landings), batches=batches)
         if self.network is not None:
             self.network.reset()  # no toxic outlives the faulted run, whatever stopped its strike
@@ -460,6 +472,7 @@ class Campaign(FaultStrikes):
         version, internal, gauss = self.rng.getstate()
         state = {
             "seed": self.seed, "faults": self.faults, "records_per_fault": self.records_per_fault,
+            "network_weight": self.network_weight,
             "pipeline": self.pipeline.name, "rng": [version, list(internal), gauss],
             "iterations": [asdict(it) for it in self.iterations],
             "positions": {str(p): pos for p, pos in self.positions.items()},
@@ -477,7 +490,8 @@ class Campaign(FaultStrikes):
         """The campaign saved in `workdir`, ready to go on after its last completed iteration."""
         state = json.loads((workdir / "state.json").read_text())
         campaign = cls(pipeline, dsn, servers, state["seed"], state["faults"], state["records_per_fault"], workdir,
-                       network=state.get("shape", "").endswith("-network"))
+                       network=state.get("shape", "").endswith("-network"),
+                       network_weight=state.get("network_weight", 1))
         version, internal, gauss = state["rng"]
         campaign.rng.setstate((version, tuple(internal), gauss))
         campaign.iterations = [IterationReport(**it) for it in state["iterations"]]
@@ -523,6 +537,10 @@ class Campaign(FaultStrikes):
                 if index <= len(self.iterations):
                     continue  # done in an earlier session
                 self.producer.allow(self.records_per_fault)
+                if index == 1:
+                    # A first run before the producer's first deliveries (a TLS handshake, SASL) would find
+                    # nothing to read, and its fault nothing to strike.
+                    self.producer.wait_delivered_some(self.records_per_fault // 10)
                 report = self.run_iteration(index, kind)
                 self.iterations.append(report)
                 self.checkpoint()

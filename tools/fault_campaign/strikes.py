@@ -58,10 +58,20 @@ NETWORK_FAULTS = (
 SERVICES = {"kafka": "Kafka", "postgres": "Postgres", "spark_connect": "the Spark Connect server"}
 
 
-def campaign_shape(runtime: str, on_cluster: bool, network: bool = False) -> str:
-    """What a campaign ran on: the Spark runtime, whether on the local standalone cluster, whether through
-    the network proxies (network faults among its kinds)."""
-    return runtime + ("-cluster" if on_cluster else "") + ("-network" if network else "")
+def campaign_shape(runtime: str, on_cluster: bool, network: bool = False, secure: bool = False) -> str:
+    """What a campaign ran on: the Spark runtime, whether on the local standalone cluster, whether Kafka over
+    SASL_SSL with the ledger over verified TLS (the production shape), whether through the network proxies
+    (network faults among its kinds)."""
+    return (runtime + ("-cluster" if on_cluster else "") + ("-secure" if secure else "")
+            + ("-network" if network else ""))
+
+
+def secured() -> bool:
+    """Whether the deployment reaches Kafka over SASL_SSL and the ledger over TLS that verifies its server."""
+    from kafka_ledger.settings import kafka_settings, ledger_dsn, libpq_settings
+
+    return (kafka_settings().get("security.protocol", "").upper() == "SASL_SSL"
+            and libpq_settings(ledger_dsn()).get("sslmode") == "verify-full")
 
 
 def fault_kinds(shape: str) -> tuple[str, ...]:
@@ -81,11 +91,12 @@ COMMIT_FAIL_POINTS = {"connect": ("after_staging", "commit_after_publish", "comm
 STRIKE_DELAYS = {"connect": (0.2, 4.0), "submit": (1.0, 15.0)}
 
 
-def fault_schedule(faults: int, rng: random.Random, kinds: tuple[str, ...]) -> list[str]:
-    """`faults` fault kinds: every kind once per round of len(kinds), in a seeded order."""
+def fault_schedule(faults: int, rng: random.Random, kinds: tuple[str, ...], network_weight: int = 1) -> list[str]:
+    """`faults` fault kinds: every kind once per round (a network fault `network_weight` times), in a seeded
+    order."""
     schedule: list[str] = []
     while len(schedule) < faults:
-        round_ = list(kinds)
+        round_ = [kind for kind in kinds for _ in range(network_weight if kind in NETWORK_FAULTS else 1)]
         rng.shuffle(round_)
         schedule.extend(round_)
     return schedule[:faults]
