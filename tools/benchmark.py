@@ -4,10 +4,12 @@
 
 produces the records to one fresh topic, then runs, round after round and alternately on that same topic:
 kafka-ledger's data path as the pipeline DAG takes it (in the deployment's Spark runtime, or `--runtime`),
-and with `--peers` a plain confluent-kafka + COPY consumer and a Spark Structured Streaming job
-(tools/benchmark_peers.py). Each contender writes into a fresh table with the primary key (topic, partition,
-offset) and is checked for the exact row count. One JSON line per round, then a summary line (medians,
-ratios kafka-ledger / peer as medians of the per-round ratios). `--small` times a 1,000-record batch.
+and with `--peers` a plain confluent-kafka + COPY consumer (copying in chunks while it reads), a Spark
+Structured Streaming job (tools/benchmark_peers.py), and the physical floor: Kafka's own consumer fetching
+the topic (kafka-consumer-perf-test) plus a bare COPY of the same rows. Each contender writes into a fresh
+table with the primary key (topic, partition, offset) and is checked for the exact row count. One JSON line
+per round, then a summary line (medians; ratios kafka-ledger / peer as medians of the per-round ratios; the
+1-minute load average at the start and the end; the commit). `--small` times a 1,000-record batch.
 `--verify` times `kafka-ledger verify` instead: `--full` over the ingested topic, then incremental after one
 more small batch (wall time and peak resident memory of the verify process).
 
@@ -163,6 +165,7 @@ def run_kafka_ledger(setup: Setup, round_no: int, delivery_mode: str) -> dict[st
         batch = ledger.get_batch(cur, planned.batch_id)
     rows = benchmark_peers.count_rows(setup.dsn, SCHEMA, pipeline.output_table)
     return {
+        "table": pipeline.output_table,
         "seconds": round(seconds, 3), "plan_seconds": round(plan_seconds, 3),
         "read_seconds": round(batch.read_seconds or 0.0, 3), "commit_seconds": round(result.seconds, 3),
         "rows": rows, "dead_letters": result.records_dead_lettered,
@@ -208,6 +211,27 @@ def run_spark_peer(setup: Setup, round_no: int) -> dict[str, Any]:
         raise RuntimeError(f"the Spark peer failed ({done.returncode}): {done.stderr[-3000:]}")
     rows = benchmark_peers.count_rows(setup.dsn, SCHEMA, table)
     return {"seconds": round(seconds, 3), "rows": rows, "exact": rows == setup.records}
+
+
+def run_floor(setup: Setup, round_no: int, source_table: str) -> dict[str, Any]:
+    """The physical floor on this machine: Kafka's own consumer fetching the whole topic (kafka-consumer-perf-test
+    from the stack's Kafka jars, its fetch time) plus a bare COPY of the same rows into a table with the primary
+    key (from `source_table`, untimed export). Serial: reading then writing, nothing overlapped."""
+    command = [str(Path(sys.executable).with_name("kafka-ledger")), "kafka", "consumer-perf-test",
+               "--topic", setup.topic, "--messages", str(setup.records), "--timeout", "60000", "--hide-header",
+               "--group", f"benchmark-floor-{uuid.uuid4().hex[:8]}"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"kafka-consumer-perf-test failed ({done.returncode}): {done.stderr[-3000:]}")
+    # start.time, end.time, MB, MB.sec, nMsg, nMsg.sec, rebalance.time.ms, fetch.time.ms, fetch.MB.sec, ...
+    fields = [f.strip() for f in done.stdout.strip().splitlines()[-1].split(",")]
+    messages, fetch_ms = int(fields[4]), int(fields[7])
+    table = f"floor_copy_{round_no}"
+    setup.tables.append(table)
+    copy_seconds = benchmark_peers.copy_floor(setup.dsn, SCHEMA, source_table, table)
+    read_seconds = fetch_ms / 1000
+    return {"seconds": round(read_seconds + copy_seconds, 3), "kafka_read_seconds": round(read_seconds, 3),
+            "copy_seconds": round(copy_seconds, 3), "exact": messages >= setup.records}
 
 
 def run_under_airflow(setup: Setup, round_no: int) -> dict[str, Any]:
@@ -280,12 +304,15 @@ def summarise(setup: Setup, rounds: list[dict[str, Any]], partitions: int) -> di
         "kafka_ledger_records_per_s": round(setup.records / statistics.median(kl)) if kl else None,
     }
     exact = all(r["kafka_ledger"]["exact"] for r in rounds)
-    for peer in ("python_peer", "spark_peer"):
+    for peer in ("python_peer", "spark_peer", "floor"):
         if all(peer in r for r in rounds) and rounds:
             summary[f"{peer}_seconds"] = _median([r[peer]["seconds"] for r in rounds])
             short = peer.split("_")[0]
             summary[f"ratio_vs_{short}"] = _median([r["kafka_ledger"]["seconds"] / r[peer]["seconds"] for r in rounds])
             exact = exact and all(r[peer]["exact"] for r in rounds)
+    if rounds and all("floor" in r for r in rounds):
+        for part in ("kafka_read_seconds", "copy_seconds"):
+            summary[f"floor_{part}"] = _median([r["floor"][part] for r in rounds])
     peaks: dict[str, int] = {}
     for r in rounds:
         for name, mib in r["kafka_ledger"]["peak_rss_mib"].items():
@@ -342,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     # Warm, as a worker is: the Airflow connection look-up imported once (the runtimes are imported above).
     if runtime == "connect":
         spark_connect_url()
+    load_before = os.getloadavg()[0]  # the 1-minute load average as the run starts, and as it ends
     try:
         rate = produce(servers, topic, records, args.partitions)
         report({"produced": records, "partitions": args.partitions, "produce_records_per_s": round(rate)})
@@ -358,9 +386,14 @@ def main(argv: list[str] | None = None) -> int:
             if args.peers:
                 result["python_peer"] = run_python_peer(setup, round_no)
                 result["spark_peer"] = run_spark_peer(setup, round_no)
+                if not args.airflow:
+                    result["floor"] = run_floor(setup, round_no, contender["table"])
             rounds.append(result)
             report(result)
         summary = summarise(setup, rounds, args.partitions)
+        summary["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+        summary["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                           text=True, cwd=Path(__file__).parent).stdout.strip()
         if args.airflow:
             summary.update(cap_per_partition=args.cap, under_airflow=True,
                            dag_runs=rounds[0]["kafka_ledger"]["dag_runs"])

@@ -1,7 +1,8 @@
 """The benchmark's peers: what a data engineer would hand-write instead of kafka-ledger, on the same topic.
 
 - the Python peer (`python tools/benchmark_peers.py python ...`): confluent-kafka (read_committed,
-  partitions assigned from the first offset) + json + psycopg2 COPY of every row in one transaction.
+  partitions assigned from the first offset) + json + psycopg2 COPY in one transaction, streaming: a chunk of
+  50,000 rows is copied while the next is read.
 - the Spark peer (`spark-submit tools/benchmark_peers.py spark ...`): Spark Structured Streaming with
   Trigger.AvailableNow and foreachBatch appending to the table over JDBC.
 
@@ -19,7 +20,9 @@ import csv
 import io
 import json
 import os
+import queue
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 
@@ -63,8 +66,13 @@ def count_rows(dsn: str, schema: str, table: str) -> int:
     return rows
 
 
+# Rows per COPY of the Python peer: each chunk goes to Postgres while the next one is read.
+CHUNK_ROWS = 50_000
+
+
 def python_peer(servers: str, dsn: str, topic: str, schema: str, table: str) -> None:
-    """Read the whole topic with confluent-kafka and COPY every row into `table` in one transaction."""
+    """Read the whole topic with confluent-kafka and COPY its rows into `table` in one transaction, a chunk of
+    CHUNK_ROWS at a time while the next chunk is read (a reader thread; librdkafka and the COPY release the GIL)."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     from kafka_ledger.settings import kafka_config
@@ -76,28 +84,68 @@ def python_peer(servers: str, dsn: str, topic: str, schema: str, table: str) -> 
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
     remaining = {p for p, end in ends.items() if end > 0}
     consumer.assign([TopicPartition(topic, p, 0) for p in remaining])
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    while remaining:
-        for message in consumer.consume(num_messages=10_000, timeout=1.0):
-            if message.error() is not None:
-                if message.error().code() != KafkaError._PARTITION_EOF:
-                    raise RuntimeError(message.error())
-                remaining.discard(message.partition())
-                continue
-            value = json.loads(message.value())
-            millis = message.timestamp()[1]
-            kafka_time = datetime.fromtimestamp(millis / 1000, UTC).isoformat() if millis >= 0 else None
-            writer.writerow([topic, message.partition(), message.offset(), kafka_time, *(value.get(f) for f in FIELDS)])
-            if message.offset() + 1 >= ends[message.partition()]:
-                remaining.discard(message.partition())
-    consumer.close()
-    buffer.seek(0)
+    chunks: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=2)
+
+    def read() -> None:
+        try:
+            buffer, rows = io.StringIO(), 0
+            writer = csv.writer(buffer)
+            while remaining:
+                for message in consumer.consume(num_messages=10_000, timeout=1.0):
+                    if message.error() is not None:
+                        if message.error().code() != KafkaError._PARTITION_EOF:
+                            raise RuntimeError(message.error())
+                        remaining.discard(message.partition())
+                        continue
+                    value = json.loads(message.value())
+                    millis = message.timestamp()[1]
+                    kafka_time = datetime.fromtimestamp(millis / 1000, UTC).isoformat() if millis >= 0 else None
+                    writer.writerow([topic, message.partition(), message.offset(), kafka_time,
+                                     *(value.get(f) for f in FIELDS)])
+                    rows += 1
+                    if message.offset() + 1 >= ends[message.partition()]:
+                        remaining.discard(message.partition())
+                if rows >= CHUNK_ROWS or (rows and not remaining):
+                    chunks.put(buffer.getvalue().encode())
+                    buffer, rows = io.StringIO(), 0
+                    writer = csv.writer(buffer)
+            chunks.put(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the COPY side, which raises it
+            chunks.put(exc)
+
+    reader = threading.Thread(target=read, name="python-peer-reader", daemon=True)
+    reader.start()
     copy = sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(
         sql.Identifier(schema, table), sql.SQL(", ").join(sql.Identifier(c) for c in TABLE_COLUMNS))
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-        cur.copy_expert(copy, buffer, size=1 << 20)
+        while (chunk := chunks.get()) is not None:
+            if isinstance(chunk, BaseException):
+                raise chunk
+            cur.copy_expert(copy, io.BytesIO(chunk), size=1 << 20)
     conn.close()
+    reader.join()
+    consumer.close()
+
+
+def copy_floor(dsn: str, schema: str, source: str, table: str) -> float:
+    """Seconds of a bare COPY, in one transaction, of `source`'s rows into `table` (created fresh, with the
+    primary key): the Postgres half of the physical floor. The rows are read out beforehand, untimed."""
+    columns = sql.SQL(", ").join(sql.Identifier(c) for c in TABLE_COLUMNS)
+    rows = io.BytesIO()
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.copy_expert(sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT WITH (FORMAT csv)").format(
+            columns, sql.Identifier(schema, source)), rows)
+    conn.close()
+    create_table(dsn, schema, table)
+    rows.seek(0)
+    conn = psycopg2.connect(dsn)
+    started = time.monotonic()
+    with conn, conn.cursor() as cur:
+        cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(
+            sql.Identifier(schema, table), columns), rows, size=1 << 20)
+    seconds = time.monotonic() - started
+    conn.close()
+    return seconds
 
 
 def _spark_peer(args: argparse.Namespace) -> None:
@@ -142,7 +190,7 @@ def _spark_peer(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The benchmark's peers, each run as its own program.")
     peers = parser.add_subparsers(dest="peer", required=True)
-    python = peers.add_parser("python", help="confluent-kafka + json + COPY in one transaction")
+    python = peers.add_parser("python", help="confluent-kafka + json + COPY in chunks while reading, one transaction")
     spark = peers.add_parser("spark", help="Structured Streaming AvailableNow + foreachBatch JDBC (spark-submit)")
     for sub in (python, spark):
         for name in ("--servers", "--topic", "--schema", "--table"):

@@ -321,6 +321,7 @@ KAFKA_TOOLS: dict[str, tuple[str, str]] = {
     "console-producer": ("org.apache.kafka.tools.ConsoleProducer", "--producer.config"),
     "topics": ("org.apache.kafka.tools.TopicCommand", "--command-config"),
     "get-offsets": ("org.apache.kafka.tools.GetOffsetShell", "--command-config"),
+    "consumer-perf-test": ("org.apache.kafka.tools.ConsumerPerformance", "--consumer.config"),
 }
 
 

@@ -100,7 +100,8 @@ def test_kafkas_tools_need_kafkas_jars_and_say_where_they_come_from(capsys, monk
     monkeypatch.setenv("KAFKA_LEDGER_KAFKA_TOOLS_DIR", str(tmp_path))
     assert cli.main(["kafka", "consumer-groups", "--list"]) == cli.EXIT_FAILED
     assert f"KAFKA_LEDGER_KAFKA_TOOLS_DIR={str(tmp_path)!r} holds no kafka-tools jar" in capsys.readouterr().err
-    for tool in ("consumer-groups", "console-consumer", "console-producer", "topics", "get-offsets"):
+    for tool in ("consumer-groups", "console-consumer", "console-producer", "topics", "get-offsets",
+                 "consumer-perf-test"):
         assert tool in cli.KAFKA_TOOLS
 
 
