@@ -56,7 +56,7 @@ from kafka_ledger.settings import (
     ledger_dsn,
     spark_connect_url,
 )
-from tools import benchmark_peers
+from tools import benchmark_peers, git_commit
 from tools.benchmark_peers import COLUMNS
 from tools.demo import accounting
 from tools.stack import service_pids
@@ -392,8 +392,7 @@ def main(argv: list[str] | None = None) -> int:
             report(result)
         summary = summarise(setup, rounds, args.partitions)
         summary["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-        summary["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                           text=True, cwd=Path(__file__).parent).stdout.strip()
+        summary["commit"] = git_commit()
         if args.airflow:
             summary.update(cap_per_partition=args.cap, under_airflow=True,
                            dag_runs=rounds[0]["kafka_ledger"]["dag_runs"])

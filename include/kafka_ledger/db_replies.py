@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import psycopg2
@@ -150,17 +150,10 @@ class _PausedWhileReading:
     def __init__(self, source: Any, watchdog: _Watchdog, seconds: float):
         self._source, self._watchdog, self._seconds = source, watchdog, seconds
 
-    def read(self, size: int = -1) -> Any:
+    def read(self, size: int = -1) -> Any:  # all COPY FROM asks of its source
         self._watchdog.disarm()
         try:
             return self._source.read(size)
-        finally:
-            self._watchdog.arm(self._seconds)
-
-    def readline(self, size: int = -1) -> Any:
-        self._watchdog.disarm()
-        try:
-            return self._source.readline(size)
         finally:
             self._watchdog.arm(self._seconds)
 
@@ -185,33 +178,26 @@ class WatchedCursor(psycopg2.extensions.cursor):
         with self.connection.awaiting_reply(seconds) as watchdog:
             super().copy_expert(sql, _PausedWhileReading(file, watchdog, seconds), size)
 
-    # A named (server-side) cursor asks the server for every batch of rows it fetches.
+    # A named (server-side) cursor asks the server for every batch of rows it fetches; a client-side one has
+    # them all already.
+    def _fetching(self) -> AbstractContextManager[Any]:
+        return nullcontext() if self.name is None else self.connection.awaiting_reply()
+
     def fetchone(self) -> Any:
-        if self.name is None:
-            return super().fetchone()
-        with self.connection.awaiting_reply():
+        with self._fetching():
             return super().fetchone()
 
     def fetchmany(self, size: int | None = None) -> Any:
-        if self.name is None:
-            return super().fetchmany(size) if size is not None else super().fetchmany()
-        with self.connection.awaiting_reply():
-            return super().fetchmany(size) if size is not None else super().fetchmany()
+        with self._fetching():
+            return super().fetchmany(size)
 
     def fetchall(self) -> Any:
-        if self.name is None:
-            return super().fetchall()
-        with self.connection.awaiting_reply():
+        with self._fetching():
             return super().fetchall()
 
     def __next__(self) -> Any:
-        if self.name is None:
+        with self._fetching():
             return super().__next__()
-        with self.connection.awaiting_reply():
-            return super().__next__()
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
 
 
 def keepalives(dsn: str) -> dict[str, str]:

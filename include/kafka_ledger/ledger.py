@@ -128,8 +128,7 @@ def pipeline_transaction(conn: psycopg2.extensions.connection, pipeline: str) ->
 def allow_batch_duration(cur: Cursor, pipeline: PipelineConfig) -> None:
     """Let this transaction's statements run as long as the pipeline's Spark task may (a whole batch's rows)."""
     cur.execute(sql.SET_TRANSACTION_STATEMENT_TIMEOUT, {"statement_timeout": f"{pipeline.spark_timeout_minutes}min"})
-    if isinstance(cur.connection, db_replies.WatchedConnection):
-        cur.connection.widen_for_transaction(pipeline.spark_timeout_minutes * 60)
+    cur.connection.widen_for_transaction(pipeline.spark_timeout_minutes * 60)  # the client waits as long (db_replies)
 
 
 def _load_ranges(cur: Cursor, batch: Batch) -> Batch:

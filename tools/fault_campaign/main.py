@@ -7,12 +7,12 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import tools.fault_campaign
+from tools import git_commit
 from tools.fault_campaign import PROJECT_ROOT, CampaignFailure
 from tools.fault_campaign.report import write_docs
 from tools.fault_campaign.runner import Campaign, task_main
@@ -144,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             delete_pipeline(cur, pipeline)
         conn.close()
         admin.delete_topics([topic])[topic].result(timeout=30)
-    report["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT,
-                                          capture_output=True, text=True).stdout.strip()
+    report["git_commit"] = git_commit()
     summary = {k: v for k, v in report.items() if k != "iterations"}
     say(json.dumps(summary, indent=2))
     if settings["write_docs"]:

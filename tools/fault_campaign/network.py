@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -41,7 +42,12 @@ class Toxiproxy:
                    {"name": name, "type": kind, "stream": stream, "attributes": attributes})
 
     def remove(self, proxy: str, name: str) -> None:
-        self._call("DELETE", f"/proxies/{proxy}/toxics/{name}")
+        """Remove the toxic if it is there (a strike that missed never added it)."""
+        try:
+            self._call("DELETE", f"/proxies/{proxy}/toxics/{name}")
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
 
     def reset(self) -> None:
         """Every proxy enabled and without toxics."""
