@@ -56,10 +56,11 @@ from kafka_ledger.settings import (
     ledger_dsn,
     spark_connect_url,
 )
+from kafka_ledger.stages import until_first_rows
 from tools import benchmark_peers, git_commit
 from tools.benchmark_peers import COLUMNS
 from tools.demo import accounting
-from tools.stack import service_pids
+from tools.stack import PROJECT_ROOT, service_pids
 
 log = logging.getLogger("tools.benchmark")
 
@@ -165,13 +166,56 @@ def run_kafka_ledger(setup: Setup, round_no: int, delivery_mode: str) -> dict[st
         batch = ledger.get_batch(cur, planned.batch_id)
     rows = benchmark_peers.count_rows(setup.dsn, SCHEMA, pipeline.output_table)
     return {
-        "table": pipeline.output_table,
+        "table": pipeline.output_table, "pipeline": pipeline.name, "batch_id": planned.batch_id,
         "seconds": round(seconds, 3), "plan_seconds": round(plan_seconds, 3),
         "read_seconds": round(batch.read_seconds or 0.0, 3), "commit_seconds": round(result.seconds, 3),
+        # The task's stages (stages.STAGES) with planning before them, and the gap before its first rows.
+        "stages": {"plan": round(plan_seconds, 3), **result.stages,
+                   **({"first_rows_after": gap} if (gap := until_first_rows(result.stages)) is not None else {})},
         "rows": rows, "dead_letters": result.records_dead_lettered,
         "exact": rows + result.records_dead_lettered == setup.records and batch.status == "committed",
         "peak_rss_mib": peaks,
     }
+
+
+def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
+    """The Spark side of the batch kafka-ledger just committed, one stage more per query on the warm server:
+    the Kafka read alone, the read and the decode into COPY lines, and both with the lines' transfer to this
+    process (no COPY). The differences are the decode's and the transfer's cost; COPY alone is the floor's."""
+    from pyspark.sql import functions as F
+
+    from kafka_ledger import read
+    from kafka_ledger.decode import decode_records
+    from kafka_ledger.publish import copy_lines
+    from kafka_ledger.runtimes.connect import arrow_stream, client_session, configure
+
+    pipeline = get_pipeline(contender["pipeline"])
+    with ledger.transaction(setup.dsn) as cur:
+        attempt = read.Attempt(ledger.get_batch(cur, contender["batch_id"]), 0)
+
+    def lines() -> Any:
+        return copy_lines(decode_records(read.read_records(spark, attempt, setup.servers), pipeline), pipeline,
+                          attempt.batch.batch_id)
+
+    def timed(count: Any) -> float:
+        started = time.monotonic()
+        counted = count()
+        if counted != setup.records:
+            raise RuntimeError(f"a stage query counted {counted} records, not {setup.records}")
+        return time.monotonic() - started
+
+    spark = client_session(f"benchmark-{uuid.uuid4()}")
+    try:
+        configure(spark)
+        # Each query touches every value (its length summed), so none can skip the part it times.
+        read_only = timed(lambda: read.read_records(spark, attempt, setup.servers)
+                          .agg(F.count("*"), F.sum(F.length("value"))).collect()[0][0])
+        decoded = timed(lambda: lines().agg(F.count("*"), F.sum(F.length("line"))).collect()[0][0])
+        transferred = timed(lambda: sum(table.num_rows for table in arrow_stream(lines(), attempt)))
+    finally:
+        spark.stop()
+    return {"spark_read": round(read_only, 3), "decode": round(decoded - read_only, 3),
+            "transfer": round(transferred - decoded, 3), "read_decode_transfer": round(transferred, 3)}
 
 
 def run_python_peer(setup: Setup, round_no: int) -> dict[str, Any]:
@@ -313,6 +357,14 @@ def summarise(setup: Setup, rounds: list[dict[str, Any]], partitions: int) -> di
     if rounds and all("floor" in r for r in rounds):
         for part in ("kafka_read_seconds", "copy_seconds"):
             summary[f"floor_{part}"] = _median([r["floor"][part] for r in rounds])
+    for key, source in (("kafka_ledger_stages", lambda r: r["kafka_ledger"].get("stages")),
+                        ("spark_stages", lambda r: r.get("spark_stages"))):
+        measured = [source(r) for r in rounds if source(r)]
+        if measured:
+            summary[key] = {stage: _median([m[stage] for m in measured if stage in m]) for stage in measured[0]}
+    if len(rounds) > 1:  # the first batch of a run (after a server restart with --after-restart) against warm ones
+        summary["first_round_seconds"] = rounds[0]["kafka_ledger"]["seconds"]
+        summary["ratio_first_vs_warm"] = round(kl[0] / statistics.median(kl[1:]), 3)
     peaks: dict[str, int] = {}
     for r in rounds:
         for name, mib in r["kafka_ledger"]["peak_rss_mib"].items():
@@ -337,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=18)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--peers", action="store_true", help="also run the Python and the Spark peer each round")
+    parser.add_argument("--stages", action="store_true",
+                        help="also time the Spark side alone each round (connect runtime): the Kafka read, the "
+                             "decode, the transfer to the task")
+    parser.add_argument("--after-restart", action="store_true",
+                        help="restart the local stack's Spark Connect server before the first round")
     parser.add_argument("--small", action="store_true", help=f"time a {SMALL_BATCH:,}-record batch (sets --records)")
     parser.add_argument("--runtime", choices=["connect", "submit"],
                         help="Spark runtime of kafka-ledger (default: the deployment's, $KAFKA_LEDGER_SPARK_RUNTIME)")
@@ -378,11 +435,16 @@ def main(argv: list[str] | None = None) -> int:
             for line in lines:
                 report(line)
             return 0 if all(line.get("ok", True) for line in lines) else 1
+        if args.after_restart:
+            subprocess.run(["bash", str(PROJECT_ROOT / "scripts" / "stack.sh"), "restart-spark-connect"],
+                           check=True, stdout=sys.stderr)
         rounds = []
         for round_no in range(args.rounds):
             contender = (run_under_airflow(setup, round_no) if args.airflow
                          else run_kafka_ledger(setup, round_no, args.delivery_mode))
             result: dict[str, Any] = {"round": round_no + 1, "kafka_ledger": contender}
+            if args.stages and runtime == "connect" and not args.airflow:
+                result["spark_stages"] = run_spark_stages(setup, contender)
             if args.peers:
                 result["python_peer"] = run_python_peer(setup, round_no)
                 result["spark_peer"] = run_spark_peer(setup, round_no)

@@ -8,6 +8,7 @@ written by its Spark work (`commit_batch`). Both end in `_finish`: counts checke
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import time
@@ -30,6 +31,7 @@ from kafka_ledger.planning import (
 )
 from kafka_ledger.sinks import Sink, sink_for
 from kafka_ledger.sinks.postgres import COPY_CHUNK_BYTES
+from kafka_ledger.stages import Stopwatch, describe
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +49,13 @@ class CommitResult:
     records_written: int
     records_dead_lettered: int
     seconds: float
+    # Seconds per stage of the attempt's data path (stages.STAGES), where the runtime measured them.
+    stages: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"batch_id": self.batch_id, "already_committed": self.already_committed,
                 "records_written": self.records_written, "records_dead_lettered": self.records_dead_lettered,
-                "commit_seconds": round(self.seconds, 3)}
+                "commit_seconds": round(self.seconds, 3), **({"stages": self.stages} if self.stages else {})}
 
 
 def writes_output_directly(pipeline: PipelineConfig, batch: ledger.Batch) -> bool:
@@ -147,15 +151,17 @@ def commit_batch(dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int
 
 def publish_stream(
     dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int, attempt: int, tables: Iterable[Any], *,
-    started: float,
+    started: float, clock: Stopwatch | None = None,
 ) -> CommitResult:
     """In ONE transaction: copy an attempt's rows into the sink and the dead letters, then commit.
 
     The connect runtime's publish: `tables` are Arrow tables of COPY lines (publish.copy_lines), streamed into
     COPY as Spark produces them, with no staging copy. The rows are checked against the ranges, the batch is
     marked written and committed exactly as commit_batch does. Only the attempt that began last may publish:
-    an older (zombie) attempt finds the batch moved on and writes nothing.
+    an older (zombie) attempt finds the batch moved on and writes nothing. `started` is when the read began;
+    `clock` (the attempt's, with its earlier stages) gets the stream's and the commit's stages.
     """
+    clock = clock or Stopwatch()
     # Arrow and NumPy load only where a batch streams (the connect runtime's task), not in every process that
     # imports this module: the DAG file, the plan task, the CLI.
     from kafka_ledger.publish import CopyStream
@@ -175,7 +181,13 @@ def publish_stream(
         if dead_lines:
             p.cur.copy_expert(sql.COPY_DEAD_LETTERS, io.BytesIO(dead_lines), size=COPY_CHUNK_BYTES)
             dead = p.cur.rowcount
-        read_seconds = time.monotonic() - started
+        copied = time.monotonic()
+        if stream.first_rows_at is not None:
+            clock.lap("to_first_rows", at=stream.first_rows_at)
+            clock.record("waiting_for_spark", stream.waiting_seconds)
+            clock.record("copying", copied - stream.first_rows_at - stream.waiting_seconds)
+        clock.lap("stream", at=copied)
+        read_seconds = copied - started
         failpoints.hit("after_staging")
         stats = stream.read_stats()
         problems = check_read_coverage(batch.ranges, stats)
@@ -185,8 +197,11 @@ def publish_stream(
         log_read(batch, attempt, stats, read_seconds)
         failpoints.hit("commit_after_publish")
         result = _finish(p, pipeline, ledger.get_batch(p.cur, batch_id), written, dead, started)
+    clock.lap("commit")
     _log_commit(pipeline, batch, result, replaced)
-    return result
+    log.info("batch %s attempt %d took %.2f s: %s", batch_id, attempt, time.monotonic() - clock.started,
+             describe(clock.stages))
+    return dataclasses.replace(result, stages=dict(clock.stages))
 
 
 def _newest_attempt(batch: ledger.Batch, attempt: int) -> ledger.Batch:

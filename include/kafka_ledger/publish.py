@@ -7,6 +7,7 @@ and summarises what it read for the coverage check. No staging table, no second 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -99,17 +100,34 @@ class CopyStream:
     """A file for psycopg2's copy_expert reading the output lines of a stream of Arrow tables.
 
     While the output lines flow into COPY, it keeps the dead letters' lines and every record's
-    coordinates, for `dead_letter_lines()` and `read_stats()` once the stream is drained.
+    coordinates, for `dead_letter_lines()` and `read_stats()` once the stream is drained, and times the
+    stream: when its first rows came (`first_rows_at`, monotonic) and how long COPY then waited for more
+    (`waiting_seconds`).
     """
 
     def __init__(self, tables: Iterable[pa.Table]):
-        self._tables = iter(tables)
+        self._tables = self._timed(iter(tables))
+        self.first_rows_at: float | None = None
+        self.waiting_seconds = 0.0
         self._pending: Iterator[memoryview] = iter(())
         self._current = memoryview(b"")
         self._coordinates: list[pa.Table] = []
         self._dead: list[pa.ChunkedArray] = []
         self.records = 0
         self.error: BaseException | None = None  # what broke the row stream, if anything
+
+    def _timed(self, tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
+        while True:
+            asked = time.monotonic()
+            table = next(tables, None)
+            now = time.monotonic()
+            if self.first_rows_at is not None:
+                self.waiting_seconds += now - asked
+            elif table is not None and table.num_rows:
+                self.first_rows_at = now
+            if table is None:
+                return
+            yield table
 
     def _next_table(self) -> bool:
         try:

@@ -70,3 +70,25 @@ def test_a_failing_row_stream_is_remembered_for_a_clear_error():
     with pytest.raises(ConnectionError):
         stream.read(100)
     assert isinstance(stream.error, ConnectionError)
+
+
+def test_the_stream_times_its_first_rows_and_the_waits_after_them():
+    import time
+
+    def tables():
+        time.sleep(0.05)  # before the first rows: the gap, not a wait of COPY
+        yield table([])
+        yield table([("t", 0, 0, True, "a\n")])
+        time.sleep(0.1)  # COPY waits for Spark's next rows
+        yield table([("t", 0, 1, True, "b\n")])
+
+    before = time.monotonic()
+    stream = CopyStream(tables())
+    assert drain(stream, 1 << 20) == b"a\nb\n"
+    assert stream.first_rows_at is not None and stream.first_rows_at - before >= 0.05
+    assert 0.1 <= stream.waiting_seconds < 0.5
+
+
+def test_a_stream_without_rows_has_no_first_rows():
+    stream = CopyStream([table([])])
+    assert drain(stream, 100) == b"" and stream.first_rows_at is None and stream.waiting_seconds == 0.0

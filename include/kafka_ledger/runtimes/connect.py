@@ -19,6 +19,7 @@ from kafka_ledger.commit import CommitResult
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.runtimes.base import AirflowTasks, Runtime
 from kafka_ledger.settings import spark_connect_url
+from kafka_ledger.stages import Stopwatch
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -104,6 +105,24 @@ class Heartbeat:
                 return  # the channel was closed: the attempt is over
 
 
+def client_session(session_id: str) -> SparkSession:
+    """A client of the server's session `session_id`, retrying a broken connection for CLIENT_RETRIES only.
+
+    No call reaches the server yet; `configure` is the first."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    spark = SparkSession.builder.remote(spark_connect_url(session_id)).create()
+    spark.client.set_retry_policies([DefaultPolicy(**CLIENT_RETRIES)])
+    return spark
+
+
+def configure(spark: SparkSession) -> None:
+    """Apply SESSION_CONF, which every read of a batch relies on, to a session."""
+    for key, value in SESSION_CONF.items():
+        spark.conf.set(key, value)
+
+
 def batch_session_id(pipeline: str, batch_id: int) -> str:
     return str(uuid.uuid5(_SESSION_NAMESPACE, f"{pipeline}/{batch_id}"))
 
@@ -139,16 +158,10 @@ class ConnectBatch:
 
     def _session(self) -> SparkSession:
         """The batch's session on the server (no call to it yet: the first one is _prepare's)."""
-        from pyspark.sql import SparkSession
-        from pyspark.sql.connect.client.retries import DefaultPolicy
-
-        spark = SparkSession.builder.remote(self._url()).create()
-        spark.client.set_retry_policies([DefaultPolicy(**CLIENT_RETRIES)])
-        return spark
+        return client_session(batch_session_id(self.pipeline.name, self.batch_id))
 
     def _prepare(self, spark: SparkSession, attempt: int) -> None:
-        for key, value in SESSION_CONF.items():
-            spark.conf.set(key, value)
+        configure(spark)
         # Whatever an earlier attempt of this batch left running (its task was killed) stops now. By the
         # earlier attempts' tags, not interruptAll: a zombie that gets here after its replacement started
         # would stop the replacement's query, and then neither may publish.
@@ -159,6 +172,7 @@ class ConnectBatch:
                         len(stale), self.batch_id)
 
     def run(self, dsn: str, servers: str) -> CommitResult:
+        clock = Stopwatch()
         attempt = read.begin(dsn, servers, self.pipeline, self.batch_id)
         if attempt is None:
             # Committed already (a no-op), or staged by a spark-submit attempt before the pipeline moved to
@@ -167,6 +181,7 @@ class ConnectBatch:
         if not attempt.readable:
             read.mark_nothing_to_read(dsn, attempt)
             return commit.commit_batch(dsn, servers, self.pipeline, self.batch_id)
+        clock.lap("begin")
         spark = self._session()
         description = f"attempt {attempt.number} of batch {self.batch_id}"
         with Heartbeat(spark, description) as heartbeat:
@@ -181,12 +196,13 @@ class ConnectBatch:
                     f"({heartbeat.lost or exc}): nothing was read or published. Is it running (scripts/stack.sh "
                     "status)? The task's retry, or the next run, resumes the batch"
                 ) from exc
+            clock.lap("session")
             tag = attempt_tag(self.pipeline.name, self.batch_id, attempt.number)
             spark.addTag(tag)
             with self._lock:
                 self._spark, self._tag = spark, tag
             try:
-                result = publish(spark, self.pipeline, attempt, dsn, servers, self._interrupted)
+                result = publish(spark, self.pipeline, attempt, dsn, servers, self._interrupted, clock)
             except BaseException as exc:
                 if heartbeat.lost is None:
                     self.interrupt()
@@ -291,12 +307,12 @@ class AttemptInterrupted(RuntimeError):
 
 def publish(
     spark: SparkSession, pipeline: PipelineConfig, attempt: read.Attempt, dsn: str, servers: str,
-    interrupted: threading.Event | None = None,
+    interrupted: threading.Event | None = None, clock: Stopwatch | None = None,
 ) -> CommitResult:
     """Read the attempt's ranges and publish them and the offsets in ONE transaction (commit.publish_stream).
 
     The rows stream from the Spark Connect server into COPY as Spark produces them. Once `interrupted` is set,
-    the stream stops and nothing is published.
+    the stream stops and nothing is published. `clock` times the stages (stages.STAGES).
     """
     # decode builds Spark columns and publish Arrow streams: PySpark, Arrow and NumPy are imported once a batch is
     # read, not by every user of the runtimes (the DAG file, the CLI).
@@ -307,7 +323,7 @@ def publish(
     lines = copy_lines(decode_records(read.read_records(spark, attempt, servers), pipeline), pipeline,
                        attempt.batch.batch_id)
     return commit.publish_stream(dsn, servers, pipeline, attempt.batch.batch_id, attempt.number,
-                                 arrow_stream(lines, attempt, interrupted), started=started)
+                                 arrow_stream(lines, attempt, interrupted), started=started, clock=clock)
 
 
 def arrow_stream(frame: DataFrame, attempt: read.Attempt, interrupted: threading.Event | None = None) -> Iterator[Any]:
