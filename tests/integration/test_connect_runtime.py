@@ -7,6 +7,7 @@ The connect runtime's Spark task runs here in a process of its own, as Airflow r
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -214,3 +215,18 @@ def test_interrupting_the_attempt_stops_its_query_and_publishes_nothing(dsn, ser
     code, _, err = finish(start_task(pipeline, batch_id))  # the retry
     assert code == 0, err
     assert_exactly_once(dsn, servers, pipeline, expected_dead)
+
+
+def test_the_attempt_says_where_its_time_went(dsn, servers, pipeline_factory, producer, caplog):
+    pipeline = pipeline_factory("connect_stages", partitions=2)
+    batch_id, expected_dead = produce_and_plan(dsn, servers, pipeline, producer, 5_000)
+    with caplog.at_level(logging.INFO, logger="kafka_ledger.commit"):
+        result = ConnectBatch(pipeline, batch_id).run(dsn, servers)
+    assert_exactly_once(dsn, servers, pipeline, expected_dead)
+    stages = result.stages
+    assert list(stages) == ["begin", "session", "to_first_rows", "waiting_for_spark", "copying", "stream", "commit"]
+    assert all(seconds >= 0 for seconds in stages.values()), stages
+    assert stages["waiting_for_spark"] + stages["copying"] == pytest.approx(stages["stream"], abs=0.005)
+    assert result.as_dict()["stages"] == stages  # what the task returns (its XCom)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"batch {batch_id} attempt 1 took")]
+    assert "first rows after" in line and "waiting for Spark" in line and "commit" in line, line
