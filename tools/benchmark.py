@@ -204,7 +204,7 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
             raise RuntimeError(f"a stage query counted {counted} records, not {setup.records}")
         return time.monotonic() - started
 
-    spark = client_session(f"benchmark-{uuid.uuid4()}")
+    spark = client_session(str(uuid.uuid4()))
     try:
         configure(spark)
         # Each query touches every value (its length summed), so none can skip the part it times.
