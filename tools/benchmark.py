@@ -60,7 +60,7 @@ from kafka_ledger.stages import until_first_rows
 from tools import benchmark_peers, git_commit
 from tools.benchmark_peers import COLUMNS
 from tools.demo import accounting
-from tools.stack import PROJECT_ROOT, service_pids
+from tools.stack import service_pids, stack_command
 
 log = logging.getLogger("tools.benchmark")
 
@@ -187,7 +187,7 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
     from kafka_ledger import read
     from kafka_ledger.decode import decode_records
     from kafka_ledger.publish import copy_lines
-    from kafka_ledger.runtimes.connect import arrow_stream, client_session, configure
+    from kafka_ledger.runtimes.connect import arrow_stream, client_session, close_session, configure
 
     pipeline = get_pipeline(contender["pipeline"])
     with ledger.transaction(setup.dsn) as cur:
@@ -213,7 +213,7 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
         decoded = timed(lambda: lines().agg(F.count("*"), F.sum(F.length("line"))).collect()[0][0])
         transferred = timed(lambda: sum(table.num_rows for table in arrow_stream(lines(), attempt)))
     finally:
-        spark.stop()
+        close_session(spark, release_session=True)  # not spark.stop(): see close_session
     return {"spark_read": round(read_only, 3), "decode": round(decoded - read_only, 3),
             "transfer": round(transferred - decoded, 3), "read_decode_transfer": round(transferred, 3)}
 
@@ -436,8 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                 report(line)
             return 0 if all(line.get("ok", True) for line in lines) else 1
         if args.after_restart:
-            subprocess.run(["bash", str(PROJECT_ROOT / "scripts" / "stack.sh"), "restart-spark-connect"],
-                           check=True, stdout=sys.stderr)
+            stack_command("restart-spark-connect")
         rounds = []
         for round_no in range(args.rounds):
             contender = (run_under_airflow(setup, round_no) if args.airflow

@@ -6,8 +6,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def stack_command(command: str, output: IO | None = None) -> None:
+    """Run `scripts/stack.sh <command>` (restart-spark-connect, kill-spark-worker, ...); its output to `output`
+    (stderr when None), a failure raised."""
+    output = output or sys.stderr
+    subprocess.run(["bash", str(PROJECT_ROOT / "scripts" / "stack.sh"), command], check=True, stdout=output,
+                   stderr=output)
 
 
 def supervisor_conf() -> Path:

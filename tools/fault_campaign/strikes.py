@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tools.fault_campaign import PROJECT_ROOT, CampaignFailure
+from tools.fault_campaign import CampaignFailure
 from tools.fault_campaign.network import POSTGRES, SPARK_CONNECT, kafka_proxy
+from tools.stack import stack_command
 
 COMMON_FAULTS = (
     "kill_commit",                # SIGKILL of the committing task inside its transaction
@@ -306,8 +307,7 @@ class FaultStrikes:
         return during
 
     def _stack(self, command: str) -> None:
-        subprocess.run(["bash", str(PROJECT_ROOT / "scripts" / "stack.sh"), command], check=True,
-                       stdout=self.task_log, stderr=self.task_log)
+        stack_command(command, self.task_log)
 
     def fault_hooks(self, kind: str) -> tuple[str, RunHooks]:
         rng = self.rng

@@ -188,7 +188,7 @@ class ConnectBatch:
             try:
                 self._prepare(spark, attempt.number)
             except Exception as exc:
-                _close(spark, release_session=False)
+                close_session(spark, release_session=False)
                 if heartbeat.lost is None and not _lost_server(exc):
                     raise
                 raise SparkServerError(
@@ -206,7 +206,7 @@ class ConnectBatch:
             except BaseException as exc:
                 if heartbeat.lost is None:
                     self.interrupt()
-                _close(spark, release_session=False)  # the next attempt reuses the session to clean up
+                close_session(spark, release_session=False)  # the next attempt reuses the session to clean up
                 if heartbeat.lost is not None or _lost_server(exc):
                     raise SparkServerError(
                         f"the Spark Connect server went away during {description} ({heartbeat.lost or exc}): "
@@ -221,7 +221,7 @@ class ConnectBatch:
             finally:
                 with self._lock:
                     self._spark = self._tag = None
-        _close(spark, release_session=True)  # the batch is done: its server-side session goes too
+        close_session(spark, release_session=True)  # the batch is done: its server-side session goes too
         return result
 
     def running(self) -> bool:
@@ -247,7 +247,7 @@ class ConnectBatch:
             log.warning("could not interrupt %s (%s); the next attempt of the batch will", tag, exc)
 
 
-def _close(spark: SparkSession, release_session: bool) -> None:
+def close_session(spark: SparkSession, release_session: bool) -> None:
     """SparkSession.stop() without its client close: release the server-side session if asked, close the
     gRPC channel, and stop being the process's default and active session.
 
