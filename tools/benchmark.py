@@ -180,22 +180,35 @@ def run_kafka_ledger(setup: Setup, round_no: int, delivery_mode: str) -> dict[st
 
 def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
     """The Spark side of the batch kafka-ledger just committed, one stage more per query on the warm server:
-    the Kafka read alone, the read and the decode into COPY lines, and both with the lines' transfer to this
-    process (no COPY). The differences are the decode's and the transfer's cost; COPY alone is the floor's."""
+    the Kafka read alone, the read and the decode into the rows the task receives, and both with the rows'
+    transfer to this process and their rendering as COPY lines here (no COPY). The differences are the decode's,
+    the transfer's and the rendering's cost; COPY alone is the floor's."""
     from pyspark.sql import functions as F
 
     from kafka_ledger import read
     from kafka_ledger.decode import decode_records
-    from kafka_ledger.publish import copy_lines
+    from kafka_ledger.publish import DEAD_LETTER_LINE, PUBLISHED, output_csv, output_values, publish_frame
     from kafka_ledger.runtimes.connect import arrow_stream, client_session, close_session, configure
 
     pipeline = get_pipeline(contender["pipeline"])
     with ledger.transaction(setup.dsn) as cur:
         attempt = read.Attempt(ledger.get_batch(cur, contender["batch_id"]), 0)
 
-    def lines() -> Any:
-        return copy_lines(decode_records(read.read_records(spark, attempt, setup.servers), pipeline), pipeline,
-                          attempt.batch.batch_id)
+    def rows() -> Any:
+        return publish_frame(decode_records(read.read_records(spark, attempt, setup.servers), pipeline), pipeline,
+                             attempt.batch.batch_id)
+
+    rendering = 0.0
+
+    def transfer_and_render() -> int:
+        nonlocal rendering
+        count = 0
+        for table in arrow_stream(rows(), attempt):
+            count += table.num_rows
+            started = time.monotonic()
+            output_csv(table.filter(table[PUBLISHED]), pipeline, attempt.batch.batch_id)
+            rendering += time.monotonic() - started
+        return count
 
     def timed(count: Any) -> float:
         started = time.monotonic()
@@ -207,15 +220,17 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
     spark = client_session(str(uuid.uuid4()))
     try:
         configure(spark)
-        # Each query touches every value (its length summed), so none can skip the part it times.
+        # Each query touches every value (its length or hash summed), so none can skip the part it times.
         read_only = timed(lambda: read.read_records(spark, attempt, setup.servers)
                           .agg(F.count("*"), F.sum(F.length("value"))).collect()[0][0])
-        decoded = timed(lambda: lines().agg(F.count("*"), F.sum(F.length("line"))).collect()[0][0])
-        transferred = timed(lambda: sum(table.num_rows for table in arrow_stream(lines(), attempt)))
+        decoded = timed(lambda: rows().agg(F.count("*"), F.sum(F.hash(*output_values(pipeline), DEAD_LETTER_LINE)))
+                        .collect()[0][0])
+        rendered = timed(transfer_and_render)
     finally:
         close_session(spark, release_session=True)  # not spark.stop(): see close_session
     return {"spark_read": round(read_only, 3), "decode": round(decoded - read_only, 3),
-            "transfer": round(transferred - decoded, 3), "read_decode_transfer": round(transferred, 3)}
+            "transfer": round(rendered - rendering - decoded, 3), "render": round(rendering, 3),
+            "read_decode_transfer_render": round(rendered, 3)}
 
 
 def run_python_peer(setup: Setup, round_no: int) -> dict[str, Any]:

@@ -155,7 +155,7 @@ def publish_stream(
 ) -> CommitResult:
     """In ONE transaction: copy an attempt's rows into the sink and the dead letters, then commit.
 
-    The connect runtime's publish: `tables` are Arrow tables of COPY lines (publish.copy_lines), streamed into
+    The connect runtime's publish: `tables` are Arrow tables of decoded rows (publish.publish_frame), streamed into
     COPY as Spark produces them, with no staging copy. The rows are checked against the ranges, the batch is
     marked written and committed exactly as commit_batch does. Only the attempt that began last may publish:
     an older (zombie) attempt finds the batch moved on and writes nothing. `started` is when the read began;
@@ -169,7 +169,7 @@ def publish_stream(
     with _publishing(dsn, servers, pipeline, batch_id) as p:
         batch = _newest_attempt(p.batch, attempt)
         replaced = _remove_published(p, pipeline)
-        stream = CopyStream(tables)
+        stream = CopyStream(tables, pipeline, batch_id)
         try:
             written = p.sink.copy_lines(p.cur, stream)
         except psycopg2.Error:

@@ -1,8 +1,9 @@
-"""Direct publish: decoded rows as COPY lines from Spark, copied into their tables by the committing client.
+"""Direct publish: decoded rows from Spark as Arrow, copied into their tables by the committing client.
 
-Spark renders every record as one line of Postgres COPY CSV, for the output table or for the dead letters
-(`copy_lines`); the client streams those lines into COPY inside the commit's transaction (`CopyStream`)
-and summarises what it read for the coverage check. No staging table, no second copy of any row.
+Spark sends every record's Kafka coordinates and, for a publishable record, its decoded values as typed
+Arrow columns, or, for a dead letter, its COPY line (`publish_frame`); the client renders the output rows as
+Postgres COPY CSV with Arrow's CSV writer (`output_csv`), streams them into COPY inside the commit's transaction
+(`CopyStream`) and summarises what it read for the coverage check. No staging table, no second copy of any row.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
 
 from kafka_ledger import columns, sql
 from kafka_ledger.config import PipelineConfig
@@ -22,9 +24,11 @@ from kafka_ledger.planning import PartitionReadStats
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-# Columns of the frame `copy_lines` returns; `published` is false for a dead letter.
 COORDINATES = columns.names(columns.COORDINATES)
-LINE_COLUMNS = [*COORDINATES, "published", "line"]
+# Columns of the frame `publish_frame` returns beside the coordinates and the output's values. Not identifiers
+# (they have spaces), so no declared column can take their names.
+PUBLISHED = "is published"  # false for a dead letter
+DEAD_LETTER_LINE = "dead letter line"  # a dead letter's COPY line (sql.COPY_DEAD_LETTERS), NULL for other records
 
 # The kind of every column a line holds, which says how it is written as CSV.
 _LEDGER_KINDS = {c.name: c.kind for c in (*columns.OUTPUT_TRAILER, *columns.DEAD_LETTER)}
@@ -52,26 +56,64 @@ def _csv_line(fields: list[Column]) -> Column:
     return F.concat(F.concat_ws(",", *[F.coalesce(f, F.lit("")) for f in fields]), F.lit("\n"))
 
 
-def copy_lines(decoded: DataFrame, pipeline: PipelineConfig, batch_id: int) -> DataFrame:
-    """Decoded records (decode.decode_records) -> Kafka coordinates, `published` and the record's COPY line.
+def publish_frame(decoded: DataFrame, pipeline: PipelineConfig, batch_id: int) -> DataFrame:
+    """Decoded records (decode.decode_records) -> Kafka coordinates, PUBLISHED, the output's values (NULL for a dead
+    letter) and DEAD_LETTER_LINE.
 
-    A publishable record's line fits sql.copy_output(pipeline); a dead letter's fits sql.COPY_DEAD_LETTERS.
+    The output rows travel as typed values and the client renders them (`output_csv`): Spark's own rendering
+    of them as text cost more on the server than Arrow's writer costs the client (measured: docs/benchmark.md).
+    Dead letters are few and keep their raw bytes as hex: Spark renders their lines.
     """
     from pyspark.sql import functions as F
 
-    types = {**_LEDGER_KINDS, **{c.name: c.type for c in pipeline.columns}}
     values = {"batch_id": F.lit(batch_id).cast("long"), "pipeline": F.lit(pipeline.name)}
     published = F.col("error").isNull()
-
-    def line(columns: list[str], kinds: dict[str, str]) -> Column:
-        return _csv_line([_csv_field(values.get(name, F.col(name)), kinds[name]) for name in columns])
-
+    dead_letter_line = _csv_line([_csv_field(values.get(name, F.col(name)), _LEDGER_KINDS[name])
+                                  for name in sql.DEAD_LETTER_COLUMNS])
     return decoded.select(
         *COORDINATES,
-        published.alias("published"),
-        F.when(published, line(sql.output_columns(pipeline), types))
-        .otherwise(line(sql.DEAD_LETTER_COLUMNS, _LEDGER_KINDS)).alias("line"),
+        published.alias(PUBLISHED),
+        *[F.when(published, F.col(name)).alias(name) for name in output_values(pipeline)],
+        F.when(~published, dead_letter_line).alias(DEAD_LETTER_LINE),
     )
+
+
+def output_values(pipeline: PipelineConfig) -> list[str]:
+    """The output columns whose values come from Spark as they are: all but the coordinates (they travel once,
+    for every record) and the batch id (the client's)."""
+    return [name for name in sql.output_columns(pipeline) if name not in {*COORDINATES, columns.BATCH_ID.name}]
+
+
+_CSV_OPTIONS = pa_csv.WriteOptions(include_header=False)
+
+
+def output_csv(table: pa.Table, pipeline: PipelineConfig, batch_id: int) -> pa.Buffer:
+    """Publishable rows of a `publish_frame` table as COPY CSV lines, in the order of sql.copy_output(pipeline).
+
+    Arrow's CSV writer writes what Postgres's CSV COPY reads: NULL as an unquoted empty field, every string
+    quoted (an empty string is "", never NULL), quotes doubled, doubles in their shortest exact form, booleans as
+    true/false. Timestamps are written as UTC text with an explicit +00, whatever the sessions' time zones.
+    """
+    fields = []
+    for name in sql.output_columns(pipeline):
+        if name == columns.BATCH_ID.name:
+            fields.append(pa.array(np.full(table.num_rows, batch_id, dtype=np.int64)))
+            continue
+        column = table[name]
+        fields.append(_timestamp_text(column) if pa.types.is_timestamp(column.type) else column)
+    out = pa.BufferOutputStream()
+    pa_csv.write_csv(pa.table(fields, names=sql.output_columns(pipeline)), out, _CSV_OPTIONS)
+    return out.getvalue()
+
+
+def _timestamp_text(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A timestamp column as Postgres timestamptz text in UTC ("2026-11-21 10:00:00.123000+00")."""
+    if column.type.tz is None:  # decode never gives one: a wall time without its zone cannot be published
+        raise TypeError(f"a timestamp without time zone cannot be published as timestamptz ({column.type})")
+    # Arrow keeps every zoned timestamp as UTC epoch time: without its zone the same value is the UTC wall time,
+    # and Arrow's cast to text is about 20 times cheaper than its CSV writer's per-value time-zone look-up.
+    text = pc.cast(pc.cast(column, pa.timestamp(column.type.unit)), pa.string())
+    return pc.binary_join_element_wise(text, pa.scalar("+00"), "")
 
 
 def _compact_coordinates(table: pa.Table) -> pa.Table:
@@ -84,7 +126,7 @@ def _compact_coordinates(table: pa.Table) -> pa.Table:
         "kafka_topic": pc.dictionary_encode(table["kafka_topic"]).combine_chunks(),
         "kafka_partition": pa.array(table["kafka_partition"].to_numpy()),
         "kafka_offset": pa.array(table["kafka_offset"].to_numpy()),
-        "dead": pa.array(pc.invert(table["published"]).to_numpy(zero_copy_only=False).astype(np.int8)),
+        "dead": pa.array(pc.invert(table[PUBLISHED]).to_numpy(zero_copy_only=False).astype(np.int8)),
     })
 
 
@@ -97,15 +139,16 @@ def _text(lines: pa.ChunkedArray) -> Iterator[memoryview]:
 
 
 class CopyStream:
-    """A file for psycopg2's copy_expert reading the output lines of a stream of Arrow tables.
+    """A file for psycopg2's copy_expert reading the output lines of a stream of `publish_frame` Arrow tables.
 
-    While the output lines flow into COPY, it keeps the dead letters' lines and every record's
-    coordinates, for `dead_letter_lines()` and `read_stats()` once the stream is drained, and times the
-    stream: when its first rows came (`first_rows_at`, monotonic) and how long COPY then waited for more
+    While the output lines (`output_csv`) flow into COPY, it keeps the dead letters' lines and every
+    record's coordinates, for `dead_letter_lines()` and `read_stats()` once the stream is drained, and times
+    the stream: when its first rows came (`first_rows_at`, monotonic) and how long COPY then waited for more
     (`waiting_seconds`).
     """
 
-    def __init__(self, tables: Iterable[pa.Table]):
+    def __init__(self, tables: Iterable[pa.Table], pipeline: PipelineConfig, batch_id: int):
+        self._pipeline, self._batch_id = pipeline, batch_id
         self._tables = self._timed(iter(tables))
         self.first_rows_at: float | None = None
         self.waiting_seconds = 0.0
@@ -142,14 +185,13 @@ class CopyStream:
                 table = next(self._tables, None)
                 continue
             self.records += table.num_rows
-            published = table["published"]
+            published = table[PUBLISHED]
             self._coordinates.append(_compact_coordinates(table))
             dead = pc.invert(published)
             if pc.any(dead).as_py():
-                self._dead.append(pc.filter(table["line"], dead))
-                self._pending = _text(pc.filter(table["line"], published))
-            else:
-                self._pending = _text(table["line"])
+                self._dead.append(pc.filter(table[DEAD_LETTER_LINE], dead))
+                table = table.filter(published)
+            self._pending = iter([memoryview(output_csv(table, self._pipeline, self._batch_id))])
             return True
         return False
 

@@ -84,6 +84,9 @@ PIPELINES = {
         {"name": "micros", "type": "timestamp", "formats": ["iso8601", "epoch_micros"]},
         {"name": "either", "type": "timestamp"},
     ]},
+    # Edge values of every type, end to end in each Spark runtime (test_decode.py).
+    "edge_values_connect": {"spark_runtime": "connect"},
+    "edge_values_submit": {"spark_runtime": "submit"},
     # The short fault campaigns (test_fault_campaign.py), one per Spark runtime.
     "campaign_connect": {"max_records_per_partition": 300, "spark_runtime": "connect"},
     "campaign_submit": {"max_records_per_partition": 300, "spark_runtime": "submit"},

@@ -160,3 +160,34 @@ def test_a_column_can_narrow_its_years_to_catch_seconds_read_as_milliseconds(spa
         0: ("field 'at' is not a valid timestamp (a number outside 2000-2100 read as epoch_millis)", None),
         1: (None, "2026-11-21 10:00:00"),
     }
+
+
+@pytest.mark.parametrize("runtime", ["connect", "submit"])
+def test_every_type_edge_value_is_published_exactly(dsn, servers, pipeline_factory, producer, runtime):
+    """Values whose text form is easy to get wrong (quotes, line breaks, an empty string, extreme numbers, the
+    special doubles, microseconds) come out of Postgres as they went into Kafka."""
+    import math
+
+    pipeline = pipeline_factory(f"edge_values_{runtime}", partitions=2)
+    strings = ['say "hi"', "a,b\nc\r\nd", "\\.", "caf\u00e9 \U0001f600", "", "back\\slash", "tab\there", " padded "]
+    longs = [-2**63, 2**63 - 1, 0]
+    doubles = [0.1, 1 / 3, 1e300, 5e-324, -0.0, float("nan"), float("inf"), float("-inf"), -2.5e-10]
+    values = [{"event_id": text, "amount": longs[i % len(longs)], "price": doubles[i % len(doubles)],
+               "ok": [True, False, None][i % 3], "event_time": f"2026-11-21T10:00:{i:02d}.{i:06d}Z"}
+              for i, text in enumerate(strings + [f"n{i}" for i in range(len(doubles))])]
+    landed = producer.send(pipeline.topics[0], [json.dumps(value).encode() for value in values])
+
+    assert run_pipeline_dag(pipeline).state == "success"
+    assert_exactly_once(dsn, servers, pipeline, {})
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT kafka_partition, kafka_offset, event_id, amount, price, ok, event_time "
+                    f"FROM {pipeline.qualified_output_table}")
+        published = {(p, o): row for p, o, *row in cur.fetchall()}
+    conn.close()
+    for i, value in enumerate(values):
+        event_id, amount, price, ok, event_time = published[landed[i][1:]]
+        assert (event_id, amount, ok) == (value["event_id"], value["amount"], value["ok"]), value
+        assert event_time == datetime(2026, 11, 21, 10, 0, i, i, tzinfo=UTC), value
+        expected = value["price"]
+        assert (math.isnan(price) if math.isnan(expected)
+                else price == expected and math.copysign(1, price) == math.copysign(1, expected)), (value, price)

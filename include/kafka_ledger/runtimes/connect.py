@@ -1,8 +1,8 @@
 """The `connect` runtime: the task is a client of a warm Spark Connect server and commits the batch itself.
 
 A long-lived Spark Connect server keeps the JVM, the Spark session and the Kafka consumers warm. The task
-runs the batch's read on the server, and the rows stream back as COPY lines straight into the commit's one
-Postgres transaction (commit.publish_stream): no staging table, no second copy.
+runs the batch's read and decode on the server, and the rows stream back as Arrow, rendered as COPY lines straight
+into the commit's one Postgres transaction (commit.publish_stream): no staging table, no second copy.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 # Settings of every Spark Connect session a batch opens (the server's own settings are in scripts/stack.sh).
 SESSION_CONF = {
-    # publish.copy_lines writes timestamps with an explicit offset, computed in this zone.
+    # publish.publish_frame renders dead letters' timestamps with an explicit offset, computed in this zone.
     "spark.sql.session.timeZone": "UTC",
 }
 
@@ -317,13 +317,13 @@ def publish(
     # decode builds Spark columns and publish Arrow streams: PySpark, Arrow and NumPy are imported once a batch is
     # read, not by every user of the runtimes (the DAG file, the CLI).
     from kafka_ledger.decode import decode_records
-    from kafka_ledger.publish import copy_lines
+    from kafka_ledger.publish import publish_frame
 
     started = time.monotonic()
-    lines = copy_lines(decode_records(read.read_records(spark, attempt, servers), pipeline), pipeline,
-                       attempt.batch.batch_id)
+    rows = publish_frame(decode_records(read.read_records(spark, attempt, servers), pipeline), pipeline,
+                         attempt.batch.batch_id)
     return commit.publish_stream(dsn, servers, pipeline, attempt.batch.batch_id, attempt.number,
-                                 arrow_stream(lines, attempt, interrupted), started=started, clock=clock)
+                                 arrow_stream(rows, attempt, interrupted), started=started, clock=clock)
 
 
 def arrow_stream(frame: DataFrame, attempt: read.Attempt, interrupted: threading.Event | None = None) -> Iterator[Any]:
