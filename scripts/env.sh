@@ -50,6 +50,9 @@ KL_SPARK_CONNECT_MEMORY=${KL_SPARK_CONNECT_MEMORY:-1g}
 # Cores of a Spark cluster the Connect server's executors hold (it keeps them while it runs): the cluster's
 # other cores run spark-submit batches, which would otherwise wait for ever. Ignored with a local master.
 KL_SPARK_CONNECT_CORES=${KL_SPARK_CONNECT_CORES:-1}
+# 1: after starting the Spark Connect server, scripts/stack.sh runs `kafka-ledger warm-up` (a made-up batch through
+# the decode) so that the first real batch finds the server's code compiled; 0 skips it.
+KL_SPARK_CONNECT_WARM_UP=${KL_SPARK_CONNECT_WARM_UP:-1}
 
 # Passwords of the local stack (Postgres roles, Kafka's SCRAM user, the broker's key store, Spark's RPC secret): random, made
 # once per stack and kept in $KL_SECRETS (mode 600). Not common words: Airflow masks a password wherever it appears in a task log, so a password such as

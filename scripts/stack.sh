@@ -392,6 +392,18 @@ spark-internal" "environment=MALLOC_ARENA_MAX=\"2\""
   port_open "$KL_SPARK_CONNECT_PORT" && die "port $KL_SPARK_CONNECT_PORT is taken (another Spark Connect server?): stop it or set KL_SPARK_CONNECT_PORT"
   start_and_await spark-connect "the Spark Connect server" 120 port_open "$KL_SPARK_CONNECT_PORT"
   say "spark connect: started on sc://127.0.0.1:$KL_SPARK_CONNECT_PORT, master $KAFKA_LEDGER_SPARK_MASTER (pid $(service_pid spark-connect), heap $KL_SPARK_CONNECT_MEMORY, log $LOGS/spark-connect.log)"
+  warm_up_spark_connect
+}
+
+# A fresh server's first batch takes about twice as long as the next ones (its code not yet compiled): a
+# made-up batch through the decode first (docs/benchmark.md). Not fatal: the first real batch is only slower.
+warm_up_spark_connect() {
+  [ "$KL_SPARK_CONNECT_WARM_UP" = 1 ] || return 0
+  if "$KL_VENV/bin/kafka-ledger" warm-up >"$LOGS/spark-connect-warm-up.log" 2>&1; then
+    say "spark connect: $(tail -n 1 "$LOGS/spark-connect-warm-up.log")"
+  else
+    say "spark connect: the warm-up failed (see $LOGS/spark-connect-warm-up.log): the first batch will be slower"
+  fi
 }
 
 # --- Toxiproxy (the fault campaign's network faults) ----------------------------------------------------

@@ -408,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time the Spark side alone each round (connect runtime): the Kafka read, the "
                              "decode, the transfer to the task")
     parser.add_argument("--after-restart", action="store_true",
-                        help="restart the local stack's Spark Connect server before the first round")
+                        help="restart the local stack's Spark Connect server before the first round (the stack warms "
+                             "it up after a start unless KL_SPARK_CONNECT_WARM_UP=0)")
     parser.add_argument("--small", action="store_true", help=f"time a {SMALL_BATCH:,}-record batch (sets --records)")
     parser.add_argument("--runtime", choices=["connect", "submit"],
                         help="Spark runtime of kafka-ledger (default: the deployment's, $KAFKA_LEDGER_SPARK_RUNTIME)")
@@ -451,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                 report(line)
             return 0 if all(line.get("ok", True) for line in lines) else 1
         if args.after_restart:
-            stack_command("restart-spark-connect")
+            stack_command("restart-spark-connect")  # and warms it up, unless KL_SPARK_CONNECT_WARM_UP=0
         rounds = []
         for round_no in range(args.rounds):
             contender = (run_under_airflow(setup, round_no) if args.airflow

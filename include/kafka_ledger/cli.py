@@ -1,4 +1,4 @@
-"""The `kafka-ledger` command: status, batches, plan, replay, reset and verify of declared pipelines.
+"""The `kafka-ledger` command: status, batches, plan, replay, reset and verify of declared pipelines, and more.
 
 Exit codes: 0 success; 1 verify found problems; 2 bad command line; 3 refused (invalid request or ledger
 state: nothing was written); 4 failed (Kafka or Postgres unreachable, the Spark job or the commit failed);
@@ -28,6 +28,7 @@ from kafka_ledger.headroom import headroom_text
 from kafka_ledger.kafka_security import java_client_properties
 from kafka_ledger.resets import reset_positions
 from kafka_ledger.runtimes import runtime_for
+from kafka_ledger.runtimes.connect import WARM_UP_RECORDS, warm_up, without_secrets
 from kafka_ledger.verify import DEADLINE_FLOOR_SECONDS, DEADLINE_OFFSETS_PER_SECOND, VerifyReport, verify_pipeline
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REFUSED, EXIT_FAILED, EXIT_UNVERIFIED = 0, 1, 2, 3, 4, 5
@@ -344,6 +345,22 @@ def cmd_kafka(args: argparse.Namespace) -> int:
         return subprocess.run(command, check=False).returncode
 
 
+def cmd_warm_up(args: argparse.Namespace) -> int:
+    # PySpark loads only for this command, not for every use of the CLI.
+    from pyspark.errors import PySparkException
+
+    url = without_secrets(settings.spark_connect_url())
+    try:
+        seconds = warm_up(args.records)
+    except PySparkException as exc:
+        raise Failed(f"could not warm up the Spark Connect server at {url} ({str(exc).splitlines()[0]}): is it "
+                     "running (`scripts/stack.sh status` for the local stack)?") from exc
+    _emit(args, {"spark_connect": url, "records": args.records, "seconds": round(seconds, 3)},
+          f"warmed up the Spark Connect server at {url}: a made-up batch of {args.records:,} records decoded and "
+          f"received in {seconds:.1f} s")
+    return 0
+
+
 # --- parser ------------------------------------------------------------------------------------------------
 
 
@@ -430,6 +447,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"deadline for reading Kafka back (default: {DEADLINE_FLOOR_SECONDS:.0f} s plus 1 s per "
                         f"{DEADLINE_OFFSETS_PER_SECOND:,} offsets to read)")
     p.set_defaults(run=cmd_verify)
+
+    p = command("warm-up", "warm a freshly started Spark Connect server up: run a made-up batch's decode and transfer "
+                           "on it once, so that the first real batch finds its code compiled")
+    p.epilog = ("Reads no topic and writes nothing. The local stack runs it after starting the server "
+                "(KL_SPARK_CONNECT_WARM_UP=0 skips it); run it after starting your own server.")
+    p.add_argument("--records", type=int, default=WARM_UP_RECORDS, help="size of the made-up batch")
+    p.set_defaults(run=cmd_warm_up)
 
     p = sub.add_parser(
         "kafka", help="run one of Kafka's own tools against the deployment's Kafka (servers and security settings)",

@@ -230,3 +230,23 @@ def test_the_attempt_says_where_its_time_went(dsn, servers, pipeline_factory, pr
     assert result.as_dict()["stages"] == stages  # what the task returns (its XCom)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"batch {batch_id} attempt 1 took")]
     assert "first rows after" in line and "waiting for Spark" in line and "commit" in line, line
+
+
+def test_the_warm_up_runs_a_made_up_batch_and_says_so_or_why_not(dsn):
+    from integration_support import cli, query
+
+    def counts() -> list[tuple]:
+        return query(dsn, "SELECT (SELECT count(*) FROM kafka_ledger.batches), "
+                          "(SELECT count(*) FROM kafka_ledger.dead_letters)")
+
+    before = counts()
+    code, data, stderr = cli("warm-up", "--records", "20000")
+    assert code == 0, stderr
+    assert data["records"] == 20000 and data["seconds"] > 0 and "token" not in data["spark_connect"]
+    assert "ReleaseExecute" not in stderr  # the finished query is released before its session goes
+    assert counts() == before  # it writes nothing
+
+    unreachable = json.dumps({"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": 1})
+    code, _, stderr = cli("warm-up", env={"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": unreachable})
+    assert code == 4 and "could not warm up the Spark Connect server at sc://127.0.0.1:1/" in stderr, stderr
+

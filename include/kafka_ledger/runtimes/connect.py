@@ -132,7 +132,8 @@ def attempt_tag(pipeline: str, batch_id: int, attempt: int) -> str:
     return f"kafka-ledger:{pipeline}:batch-{batch_id}:attempt-{attempt}"
 
 
-def _without_secrets(url: str) -> str:
+def without_secrets(url: str) -> str:
+    """A Spark Connect URL without its token, fit for a log line."""
     return ";".join(part for part in url.split(";") if not part.startswith("token="))
 
 
@@ -192,7 +193,7 @@ class ConnectBatch:
                 if heartbeat.lost is None and not _lost_server(exc):
                     raise
                 raise SparkServerError(
-                    f"the Spark Connect server at {_without_secrets(self._url())} is not reachable "
+                    f"the Spark Connect server at {without_secrets(self._url())} is not reachable "
                     f"({heartbeat.lost or exc}): nothing was read or published. Is it running (scripts/stack.sh "
                     "status)? The task's retry, or the next run, resumes the batch"
                 ) from exc
@@ -326,8 +327,10 @@ def publish(
                                  arrow_stream(rows, attempt, interrupted), started=started, clock=clock)
 
 
-def arrow_stream(frame: DataFrame, attempt: read.Attempt, interrupted: threading.Event | None = None) -> Iterator[Any]:
-    """The frame's rows as Arrow tables, as the Spark Connect server sends them (not all at once)."""
+def arrow_stream(frame: DataFrame, attempt: read.Attempt | None = None,
+                 interrupted: threading.Event | None = None) -> Iterator[Any]:
+    """The frame's rows as Arrow tables, as the Spark Connect server sends them (not all at once); `interrupted`
+    (the attempt's) stops them."""
     client = frame.sparkSession.client
     # DataFrame.toArrow() would hold the whole batch in memory; the client's iterator yields each
     # Arrow batch as it arrives (PySpark 4.0 exposes it only on the client object).
@@ -335,13 +338,68 @@ def arrow_stream(frame: DataFrame, attempt: read.Attempt, interrupted: threading
         # An interruption that came before the query started on the server, or after its last rows came
         # in, is caught here: the stream fails and the transaction with it.
         if interrupted is not None and interrupted.is_set():
-            raise AttemptInterrupted(f"attempt {attempt.number} of batch {attempt.batch.batch_id} was interrupted")
+            what = f"attempt {attempt.number} of batch {attempt.batch.batch_id}" if attempt else "the query"
+            raise AttemptInterrupted(f"{what} was interrupted")
 
     for item in client.to_table_as_iterator(frame._plan.to_proto(client), {}):
         stop_if_interrupted()
         if not hasattr(item, "fields"):  # the first item is the schema
             yield item
     stop_if_interrupted()
+
+
+# The warm-up's made-up batch: enough records for the JIT to compile the decode's and the transfer's hot code.
+WARM_UP_RECORDS = 300_000
+_WARM_UP_PIPELINE = {
+    "name": "kafka_ledger_warm_up", "topics": ["kafka-ledger-warm-up"], "output_table": "kafka_ledger_warm_up",
+    "columns": [{"name": "event_id", "type": "string", "required": True}, {"name": "amount", "type": "long"},
+                {"name": "count", "type": "int"}, {"name": "price", "type": "double"},
+                {"name": "ok", "type": "boolean"}, {"name": "event_time", "type": "timestamp"}],
+}
+
+
+def warm_up(records: int = WARM_UP_RECORDS) -> float:
+    """Decode and transfer a made-up batch on the Spark Connect server, as a batch's read does; returns seconds.
+
+    A freshly started server interprets its code until the JIT has compiled it: the first batch after a start
+    took about twice as long as the next ones (docs/benchmark.md). Run once after the server starts, this makes
+    the first real batch find most of that code compiled. It reads no topic and writes nothing: Spark makes up
+    the records (JSON, every declared type, a dead letter in every 50) in the shape of its Kafka source's rows.
+    """
+    from pyspark.sql import functions as F
+
+    from kafka_ledger.config import PipelineConfig
+    from kafka_ledger.decode import decode_records
+    from kafka_ledger.publish import publish_frame
+
+    pipeline = PipelineConfig.model_validate(_WARM_UP_PIPELINE)
+    started = time.monotonic()
+    spark = client_session(str(uuid.uuid4()))
+    try:
+        configure(spark)
+        n = F.col("id")
+        value = F.when(n % 50 == 0, F.lit('{"event_id": ')).otherwise(F.concat(
+            F.lit('{"event_id": "e'), n.cast("string"), F.lit('", "amount": '), n.cast("string"),
+            F.lit(', "count": 7, "price": '), (n / 7).cast("string"), F.lit(', "ok": true, "event_time": "'),
+            F.lit("2026-11-21T10:00:00Z"), F.lit('"}')))
+        records_frame = spark.range(records, numPartitions=4).select(
+            F.lit(_WARM_UP_PIPELINE["topics"][0]).alias("topic"), (n % 4).cast("int").alias("partition"),
+            n.alias("offset"), F.timestamp_micros(F.lit(1_795_255_200_000_000) + n).alias("timestamp"),
+            F.lit(None).cast("binary").alias("key"), value.cast("binary").alias("value"))
+        received = sum(table.num_rows for table in arrow_stream(
+            publish_frame(decode_records(records_frame, pipeline), pipeline, 0)))
+        # The client releases the finished query on the server in threads of its own: let them finish before the
+        # session goes, or each logs a warning. (Safe here: nothing was interrupted, see close_session.)
+        from pyspark.sql.connect.client.reattach import ExecutePlanResponseReattachableIterator
+
+        ExecutePlanResponseReattachableIterator.shutdown()
+    except BaseException:
+        close_session(spark, release_session=False)  # an unreachable server would only be retried again
+        raise
+    close_session(spark, release_session=True)
+    if received != records:
+        raise SparkServerError(f"the warm-up batch came back with {received} of its {records} records")
+    return time.monotonic() - started
 
 
 class ConnectRuntime(Runtime):
