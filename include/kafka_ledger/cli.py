@@ -28,7 +28,7 @@ from kafka_ledger.headroom import headroom_text
 from kafka_ledger.kafka_security import java_client_properties
 from kafka_ledger.resets import reset_positions
 from kafka_ledger.runtimes import runtime_for
-from kafka_ledger.runtimes.connect import WARM_UP_RECORDS, warm_up, without_secrets
+from kafka_ledger.runtimes.connect import WARM_UP_RECORDS, SparkServerError, warm_up, without_secrets
 from kafka_ledger.verify import DEADLINE_FLOOR_SECONDS, DEADLINE_OFFSETS_PER_SECOND, VerifyReport, verify_pipeline
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REFUSED, EXIT_FAILED, EXIT_UNVERIFIED = 0, 1, 2, 3, 4, 5
@@ -352,7 +352,7 @@ def cmd_warm_up(args: argparse.Namespace) -> int:
     url = without_secrets(settings.spark_connect_url())
     try:
         seconds = warm_up(args.records)
-    except PySparkException as exc:
+    except (PySparkException, SparkServerError) as exc:
         raise Failed(f"could not warm up the Spark Connect server at {url} ({str(exc).splitlines()[0]}): is it "
                      "running (`scripts/stack.sh status` for the local stack)?") from exc
     _emit(args, {"spark_connect": url, "records": args.records, "seconds": round(seconds, 3)},

@@ -30,8 +30,8 @@ COORDINATES = columns.names(columns.COORDINATES)
 PUBLISHED = "is published"  # false for a dead letter
 DEAD_LETTER_LINE = "dead letter line"  # a dead letter's COPY line (sql.COPY_DEAD_LETTERS), NULL for other records
 
-# The kind of every column a line holds, which says how it is written as CSV.
-_LEDGER_KINDS = {c.name: c.kind for c in (*columns.OUTPUT_TRAILER, *columns.DEAD_LETTER)}
+# The kind of every column a dead letter's line holds, which says how Spark writes it as CSV.
+_LEDGER_KINDS = {c.name: c.kind for c in columns.DEAD_LETTER}
 
 
 def _csv_field(value: Column, kind: str) -> Column:

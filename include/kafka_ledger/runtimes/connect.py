@@ -365,6 +365,8 @@ def warm_up(records: int = WARM_UP_RECORDS) -> float:
     took about twice as long as the next ones (docs/benchmark.md). Run once after the server starts, this makes
     the first real batch find most of that code compiled. It reads no topic and writes nothing: Spark makes up
     the records (JSON, every declared type, a dead letter in every 50) in the shape of its Kafka source's rows.
+    For a process of its own (`kafka-ledger warm-up`): it waits for every Spark Connect release the process has
+    under way, which a worker running batches must not do (see close_session).
     """
     from pyspark.sql import functions as F
 
