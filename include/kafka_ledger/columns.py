@@ -1,8 +1,8 @@
 """The rows kafka-ledger writes, their columns declared once: output rows, dead letters and staged rows.
 
-The DDL (sql.py), the COPY lines Spark renders (publish.py), the rows spark-submit stages (decode.py), the
-staging table's expected layout (ledger.py) and the names a pipeline may not declare (config.py) all derive
-from these lists.
+The DDL (sql.py), the dead letters' COPY lines Spark renders and the output rows' Arrow types (publish.py), the
+rows spark-submit stages (decode.py), the staging table's expected layout (ledger.py) and the names a pipeline may
+not declare (config.py) all derive from these lists.
 """
 
 from __future__ import annotations

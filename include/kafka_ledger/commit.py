@@ -1,6 +1,6 @@
 """Committing a batch: ONE transaction publishes its rows and dead letters and advances its offsets; then the epilogue.
 
-Two ways in, one transaction shape (`_publishing`): a batch whose rows stream in as COPY lines
+Two ways in, one transaction shape (`_publishing`): a batch whose rows stream into COPY
 (`publish_stream`, the connect runtime), and a batch staged by spark-submit or with nothing to read, marked
 written by its Spark work (`commit_batch`). Both end in `_finish`: counts checked, coverage and positions recorded
 (compare-and-set), the batch committed. `after_commit` is what follows every commit, wherever it ran.
@@ -22,7 +22,6 @@ import psycopg2
 from kafka_ledger import consumer_group, failpoints, kafka_offsets, ledger, sql
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import (
-    OffsetRange,
     PartitionReadStats,
     TopicIdentityError,
     check_read_coverage,
@@ -171,7 +170,7 @@ def publish_stream(
         replaced = _remove_published(p, pipeline)
         stream = CopyStream(tables, pipeline, batch_id)
         try:
-            written = p.sink.copy_lines(p.cur, stream)
+            written = p.sink.copy_rows(p.cur, stream)
         except psycopg2.Error:
             if stream.error is not None:  # the read failed: say why, not that COPY was cancelled
                 raise stream.error from None
@@ -268,15 +267,8 @@ def _log_commit(pipeline: PipelineConfig, batch: ledger.Batch, result: CommitRes
 def _remove_published(p: _Publishing, pipeline: PipelineConfig) -> int:
     """Replace, not append: what the batch's offsets published before (rows and dead letters) goes first."""
     removed = p.sink.remove(p.cur, p.batch.ranges)
-    for r in p.batch.ranges:
-        p.cur.execute(sql.DELETE_DEAD_LETTER_RANGE, _range_params(pipeline, r))
-        removed += p.cur.rowcount
-    return removed
-
-
-def _range_params(pipeline: PipelineConfig, r: OffsetRange) -> dict[str, Any]:
-    return {"pipeline": pipeline.name, "topic": r.topic, "partition": r.partition,
-            "from_offset": r.from_offset, "until_offset": r.until_offset}
+    p.cur.execute(sql.DELETE_DEAD_LETTER_RANGES, {"pipeline": pipeline.name, **sql.ranges_params(p.batch.ranges)})
+    return removed + p.cur.rowcount
 
 
 def _advance(cur: ledger.Cursor, batch: ledger.Batch, params: dict[str, Any]) -> None:

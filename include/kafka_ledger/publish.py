@@ -1,9 +1,9 @@
 """Direct publish: decoded rows from Spark as Arrow, copied into their tables by the committing client.
 
 Spark sends every record's Kafka coordinates and, for a publishable record, its decoded values as typed
-Arrow columns, or, for a dead letter, its COPY line (`publish_frame`); the client renders the output rows as
-Postgres COPY CSV with Arrow's CSV writer (`output_csv`), streams them into COPY inside the commit's transaction
-(`CopyStream`) and summarises what it read for the coverage check. No staging table, no second copy of any row.
+Arrow columns, or, for a dead letter, its COPY line (`publish_frame`); the client encodes the output rows as
+Postgres binary COPY with pgpq (`output_rows`, `CopyStream`), streams them into COPY inside the commit's
+transaction and summarises what it read for the coverage check. No staging table, no second copy of any row.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pgpq
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pa_csv
 
 from kafka_ledger import columns, sql
 from kafka_ledger.config import PipelineConfig
@@ -60,8 +60,9 @@ def publish_frame(decoded: DataFrame, pipeline: PipelineConfig, batch_id: int) -
     """Decoded records (decode.decode_records) -> Kafka coordinates, PUBLISHED, the output's values (NULL for a dead
     letter) and DEAD_LETTER_LINE.
 
-    The output rows travel as typed values and the client renders them (`output_csv`): Spark's own rendering
-    of them as text cost more on the server than Arrow's writer costs the client (measured: docs/benchmark.md).
+    The output rows travel as typed values and the client encodes them for binary COPY (`output_rows`): Spark's
+    own rendering of them as text cost more on the server than the encoding costs the client, and Postgres reads
+    binary values with less work than text (measured: docs/benchmark.md).
     Dead letters are few and keep their raw bytes as hex: Spark renders their lines.
     """
     from pyspark.sql import functions as F
@@ -84,36 +85,37 @@ def output_values(pipeline: PipelineConfig) -> list[str]:
     return [name for name in sql.output_columns(pipeline) if name not in {*COORDINATES, columns.BATCH_ID.name}]
 
 
-_CSV_OPTIONS = pa_csv.WriteOptions(include_header=False)
+# The Arrow type each kind of output value is encoded from. Binary COPY takes every value in its column's own
+# wire form (columns.POSTGRES_TYPES): 4 bytes for an integer, 8 for a bigint, a timestamptz as microseconds
+# since 2000 in UTC; so each column is cast to its kind's type (a value that does not fit fails the cast).
+_ARROW_TYPES = {
+    "string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64(), "boolean": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+}
 
 
-def output_csv(table: pa.Table, pipeline: PipelineConfig, batch_id: int) -> pa.Buffer:
-    """Publishable rows of a `publish_frame` table as COPY CSV lines, in the order of sql.copy_output(pipeline).
+def output_schema(pipeline: PipelineConfig) -> pa.Schema:
+    """The Arrow schema of the output rows: sql.output_columns(pipeline), each in its kind's type."""
+    kinds = {**{c.name: c.type for c in pipeline.columns}, **{c.name: c.kind for c in columns.OUTPUT_TRAILER}}
+    return pa.schema([pa.field(name, _ARROW_TYPES[kinds[name]]) for name in sql.output_columns(pipeline)])
 
-    Arrow's CSV writer writes what Postgres's CSV COPY reads: NULL as an unquoted empty field, every string
-    quoted (an empty string is "", never NULL), quotes doubled, doubles in their shortest exact form, booleans as
-    true/false. Timestamps are written as UTC text with an explicit +00, whatever the sessions' time zones.
+
+def output_rows(table: pa.Table, pipeline: PipelineConfig, batch_id: int) -> pa.Table:
+    """The publishable rows of a `publish_frame` table as output rows: the columns of `output_schema`, in its
+    order and types, with the batch id.
+
+    Timestamps keep their instant whatever their zone; one without a zone cannot be published as timestamptz.
     """
     fields = []
-    for name in sql.output_columns(pipeline):
-        if name == columns.BATCH_ID.name:
+    for field in output_schema(pipeline):
+        if field.name == columns.BATCH_ID.name:
             fields.append(pa.array(np.full(table.num_rows, batch_id, dtype=np.int64)))
             continue
-        column = table[name]
-        fields.append(_timestamp_text(column) if pa.types.is_timestamp(column.type) else column)
-    out = pa.BufferOutputStream()
-    pa_csv.write_csv(pa.table(fields, names=sql.output_columns(pipeline)), out, _CSV_OPTIONS)
-    return out.getvalue()
-
-
-def _timestamp_text(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """A timestamp column as Postgres timestamptz text in UTC ("2026-11-21 10:00:00.123000+00")."""
-    if column.type.tz is None:  # decode never gives one: a wall time without its zone cannot be published
-        raise TypeError(f"a timestamp without time zone cannot be published as timestamptz ({column.type})")
-    # Arrow keeps every zoned timestamp as UTC epoch time: without its zone the same value is the UTC wall time,
-    # and Arrow's cast to text is about 20 times cheaper than its CSV writer's per-value time-zone look-up.
-    text = pc.cast(pc.cast(column, pa.timestamp(column.type.unit)), pa.string())
-    return pc.binary_join_element_wise(text, pa.scalar("+00"), "")
+        column = table[field.name]
+        if pa.types.is_timestamp(column.type) and column.type.tz is None:  # decode never gives one
+            raise TypeError(f"a timestamp without time zone cannot be published as timestamptz ({column.type})")
+        fields.append(column.cast(field.type))
+    return pa.table(fields, schema=output_schema(pipeline))
 
 
 def _compact_coordinates(table: pa.Table) -> pa.Table:
@@ -139,9 +141,10 @@ def _text(lines: pa.ChunkedArray) -> Iterator[memoryview]:
 
 
 class CopyStream:
-    """A file for psycopg2's copy_expert reading the output lines of a stream of `publish_frame` Arrow tables.
+    """A file for psycopg2's copy_expert reading the output rows of a stream of `publish_frame` Arrow tables as
+    binary COPY data (sql.copy_output): a header, the rows (`output_rows`) as they come, a trailer.
 
-    While the output lines (`output_csv`) flow into COPY, it keeps the dead letters' lines and every
+    While the rows flow into COPY, it keeps the dead letters' lines and every
     record's coordinates, for `dead_letter_lines()` and `read_stats()` once the stream is drained, and times
     the stream: when its first rows came (`first_rows_at`, monotonic) and how long COPY then waited for more
     (`waiting_seconds`).
@@ -149,10 +152,12 @@ class CopyStream:
 
     def __init__(self, tables: Iterable[pa.Table], pipeline: PipelineConfig, batch_id: int):
         self._pipeline, self._batch_id = pipeline, batch_id
+        self._encoder = pgpq.ArrowToPostgresBinaryEncoder(output_schema(pipeline))
+        self._finished = False
         self._tables = self._timed(iter(tables))
         self.first_rows_at: float | None = None
         self.waiting_seconds = 0.0
-        self._pending: Iterator[memoryview] = iter(())
+        self._pending: Iterator[memoryview] = iter([memoryview(self._encoder.write_header())])
         self._current = memoryview(b"")
         self._coordinates: list[pa.Table] = []
         self._dead: list[pa.ChunkedArray] = []
@@ -191,7 +196,8 @@ class CopyStream:
             if pc.any(dead).as_py():
                 self._dead.append(pc.filter(table[DEAD_LETTER_LINE], dead))
                 table = table.filter(published)
-            self._pending = iter([memoryview(output_csv(table, self._pipeline, self._batch_id))])
+            rows = output_rows(table, self._pipeline, self._batch_id)
+            self._pending = (memoryview(self._encoder.write_batch(batch)) for batch in rows.to_batches())
             return True
         return False
 
@@ -200,8 +206,12 @@ class CopyStream:
             self._current = next(self._pending, None)
             if self._current is None:
                 self._current = memoryview(b"")
-                if not self._next_table():
+                if self._next_table():
+                    continue
+                if self._finished:
                     return b""
+                self._finished = True
+                self._pending = iter([memoryview(self._encoder.finish())])
         if size < 0 or size >= len(self._current):
             out, self._current = self._current, memoryview(b"")
         else:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
 from psycopg2 import sql
 
 from kafka_ledger.columns import COORDINATES, DEAD_LETTER, OUTPUT_TRAILER, POSTGRES_TYPES, STAGING_HEAD, names
 from kafka_ledger.config import PipelineConfig
+
+if TYPE_CHECKING:
+    from kafka_ledger.planning import OffsetRange
 
 STAGING_SCHEMA = "kafka_ledger_staging"
 
@@ -267,10 +273,23 @@ SELECT_POSITION_MISMATCHES = """
 
 # Replace, not append: a replay (or a re-read after a backward reset) first removes what the offsets
 # published before, so each record ends up exactly once whatever ran earlier.
-DELETE_DEAD_LETTER_RANGE = """
-    DELETE FROM kafka_ledger.dead_letters
-    WHERE pipeline = %(pipeline)s AND kafka_topic = %(topic)s AND kafka_partition = %(partition)s
-      AND kafka_offset >= %(from_offset)s AND kafka_offset < %(until_offset)s
+# A batch's offset ranges as rows (topic, partition, from_offset, until_offset), from the four arrays of
+# ranges_params: one statement removes what all of a batch's ranges published, however many partitions it has.
+_RANGES = """unnest(%(topics)s::text[], %(partitions)s::integer[], %(from_offsets)s::bigint[],
+                       %(until_offsets)s::bigint[]) AS r(topic, partition, from_offset, until_offset)"""
+
+
+def ranges_params(ranges: Iterable[OffsetRange]) -> dict[str, list[Any]]:
+    """The parameters of _RANGES for these ranges."""
+    ranges = list(ranges)
+    return {"topics": [r.topic for r in ranges], "partitions": [r.partition for r in ranges],
+            "from_offsets": [r.from_offset for r in ranges], "until_offsets": [r.until_offset for r in ranges]}
+
+
+DELETE_DEAD_LETTER_RANGES = f"""
+    DELETE FROM kafka_ledger.dead_letters d USING {_RANGES}
+    WHERE d.pipeline = %(pipeline)s AND d.kafka_topic = r.topic AND d.kafka_partition = r.partition
+      AND d.kafka_offset >= r.from_offset AND d.kafka_offset < r.until_offset
 """
 
 MARK_COMMITTED = """
@@ -509,15 +528,16 @@ SELECT_DEAD_LETTER_OFFSETS = """
 """
 
 
-def delete_output_range(pipeline: PipelineConfig) -> sql.Composed:
-    """Remove the published rows of one partition's offsets [from, until), before they are written again."""
+def delete_output_ranges(pipeline: PipelineConfig) -> sql.Composed:
+    """Remove the published rows of the offsets [from, until) of some partitions (ranges_params), before they are
+    written again."""
     return sql.SQL(
         """
-        DELETE FROM {output}
-        WHERE kafka_topic = %(topic)s AND kafka_partition = %(partition)s
-          AND kafka_offset >= %(from_offset)s AND kafka_offset < %(until_offset)s
+        DELETE FROM {output} t USING {ranges}
+        WHERE t.kafka_topic = r.topic AND t.kafka_partition = r.partition
+          AND t.kafka_offset >= r.from_offset AND t.kafka_offset < r.until_offset
         """
-    ).format(output=output_table(pipeline))
+    ).format(output=output_table(pipeline), ranges=sql.SQL(_RANGES))
 
 
 def output_columns(pipeline: PipelineConfig) -> list[str]:
@@ -526,8 +546,9 @@ def output_columns(pipeline: PipelineConfig) -> list[str]:
 
 
 def copy_output(pipeline: PipelineConfig) -> sql.Composed:
-    """COPY of output rows, one CSV line each in the order of output_columns(), into the output table."""
-    return sql.SQL("COPY {output} ({columns}) FROM STDIN WITH (FORMAT csv)").format(
+    """COPY of output rows in binary format (publish.CopyStream), in the order of output_columns(), into the output
+    table."""
+    return sql.SQL("COPY {output} ({columns}) FROM STDIN WITH (FORMAT binary)").format(
         output=output_table(pipeline), columns=sql.SQL(", ").join(sql.Identifier(c) for c in output_columns(pipeline))
     )
 

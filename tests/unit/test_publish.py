@@ -1,19 +1,54 @@
-"""The direct publish's client side: output rows rendered as COPY CSV, dead letters kept apart, stats."""
+"""The direct publish's client side: output rows encoded as binary COPY, dead letters kept apart, stats."""
 
-from datetime import UTC, datetime
+import math
+import struct
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pytest
 
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import PartitionReadStats, check_read_coverage
-from kafka_ledger.publish import DEAD_LETTER_LINE, PUBLISHED, CopyStream, output_csv
+from kafka_ledger.publish import DEAD_LETTER_LINE, PUBLISHED, CopyStream, output_rows, output_schema
 
 PIPELINE = PipelineConfig.model_validate(
     {"name": "p", "topics": ["t"], "output_table": "out", "columns": [{"name": "name", "type": "string"}]})
 AT = datetime(2026, 11, 21, 10, 0, 0, 123456, tzinfo=UTC)
-STAMP = '"2026-11-21 10:00:00.123456+00"'  # as text, quoted like every string
 TIMESTAMP = pa.timestamp("us", tz="UTC")
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+# How Postgres's binary receive functions read each kind's value (the wire forms of columns.POSTGRES_TYPES).
+READ_VALUE = {
+    "string": lambda raw: raw.decode(), "long": lambda raw: struct.unpack(">q", raw)[0],
+    "int": lambda raw: struct.unpack(">i", raw)[0], "double": lambda raw: struct.unpack(">d", raw)[0],
+    "boolean": lambda raw: raw == b"\x01",
+    "timestamp": lambda raw: PG_EPOCH + timedelta(microseconds=struct.unpack(">q", raw)[0]),
+}
+KINDS = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64(), "boolean": pa.bool_(),
+         "timestamp": TIMESTAMP}
+
+
+def copy_rows(data: bytes, pipeline: PipelineConfig = PIPELINE) -> list[tuple]:
+    """The rows of binary COPY data as Postgres reads them into the pipeline's output columns: the signature and
+    header, then each row's field count and fields (length, -1 for NULL, then the bytes), then the trailer."""
+    assert data[:11] == b"PGCOPY\n\xff\r\n\x00"
+    flags, extension = struct.unpack_from(">iI", data, 11)
+    assert flags == 0
+    kinds = [next(k for k, t in KINDS.items() if t == field.type) for field in output_schema(pipeline)]
+    pos, rows = 19 + extension, []
+    while True:
+        (count,) = struct.unpack_from(">h", data, pos)
+        pos += 2
+        if count == -1:
+            assert pos == len(data), "bytes after the trailer"
+            return rows
+        assert count == len(kinds)
+        row = []
+        for kind in kinds:
+            (size,) = struct.unpack_from(">i", data, pos)
+            pos += 4
+            row.append(None if size == -1 else READ_VALUE[kind](data[pos:pos + size]))
+            pos += max(size, 0)
+        rows.append(tuple(row))
 
 
 def table(rows: list[tuple[str, int, int, str | None, str | None]]) -> pa.Table:
@@ -41,63 +76,78 @@ def drain(stream: CopyStream, size: int) -> bytes:
 
 
 @pytest.mark.parametrize("size", [1, 7, 1 << 20])
-def test_output_lines_stream_in_order_whatever_the_read_size(size):
+def test_output_rows_stream_in_order_whatever_the_read_size(size):
     tables = [
         table([("t", 0, 0, "a", None), ("t", 0, 1, None, "dead-1\n"), ("t", 1, 0, 'x"y', None)]),
         table([]),
         table([("t", 0, 2, None, None)]),
     ]
     stream = stream_of(iter(tables))
-    assert drain(stream, size) == (f'"a","t",0,0,{STAMP},7\n"x""y","t",1,0,{STAMP},7\n,"t",0,2,{STAMP},7\n').encode()
+    assert copy_rows(drain(stream, size)) == [
+        ("a", "t", 0, 0, AT, 7), ('x"y', "t", 1, 0, AT, 7), (None, "t", 0, 2, AT, 7)]
     assert stream.dead_letter_lines() == b"dead-1\n"
     assert stream.records == 4
 
 
-def test_every_type_is_written_as_postgres_csv_copy_reads_it():
+def test_every_type_is_encoded_as_postgres_binary_copy_reads_it():
+    kinds = ["string", "long", "int", "double", "boolean", "timestamp"]
     pipeline = PipelineConfig.model_validate({"name": "p", "topics": ["t"], "output_table": "out", "columns": [
-        {"name": "s", "type": "string"}, {"name": "l", "type": "long"}, {"name": "i", "type": "int"},
-        {"name": "d", "type": "double"}, {"name": "b", "type": "boolean"}, {"name": "ts", "type": "timestamp"}]})
+        {"name": kind, "type": kind} for kind in kinds]})
     values = {
-        # An empty string is quoted and a NULL is not: COPY tells them apart that way.
-        "s": pa.array(["", None, 'say "hi"', "a,b\nc", "\\.", "é", "plain"]),
-        "l": pa.array([-2**63, 2**63 - 1, None, 0, 1, 2, 3], pa.int64()),
-        "i": pa.array([-2**31, 2**31 - 1, None, 0, 1, 2, 3], pa.int32()),
-        # Doubles in their shortest exact form; Postgres reads nan, inf and -inf as well.
-        "d": pa.array([0.1, -0.0, None, float("nan"), float("inf"), 5e-324, 1e300]),
-        "b": pa.array([True, False, None, True, False, True, False]),
-        "ts": pa.array([datetime(1900, 1, 1, tzinfo=UTC), AT, None, datetime(2199, 12, 31, 23, 59, 59, 999999,
-                                                                               tzinfo=UTC), AT, AT, AT], TIMESTAMP),
+        "string": ["", None, 'say "hi"', "a,b\nc", "\\.", "é", "plain"],
+        "long": [-2**63, 2**63 - 1, None, 0, 1, 2, 3],
+        "int": [-2**31, 2**31 - 1, None, 0, 1, 2, 3],
+        "double": [0.1, -0.0, None, float("nan"), float("inf"), 5e-324, 1e300],
+        "boolean": [True, False, None, True, False, True, False],
+        "timestamp": [datetime(1900, 1, 1, tzinfo=UTC), AT, None,
+                      datetime(2199, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), datetime(1, 1, 1, tzinfo=UTC),
+                      datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), AT],
     }
-    frame = pa.table({**values, "kafka_topic": pa.array(["t"] * 7), "kafka_partition": pa.array([0] * 7, pa.int32()),
+    frame = pa.table({**{kind: pa.array(values[kind], KINDS[kind]) for kind in kinds},
+                      "kafka_topic": pa.array(["t"] * 7), "kafka_partition": pa.array([0] * 7, pa.int32()),
                       "kafka_offset": pa.array(range(7), pa.int64()), "kafka_timestamp": pa.array([AT] * 7, TIMESTAMP)})
-    lines = output_csv(frame, pipeline, 3).to_pybytes().decode().splitlines(keepends=True)
-    tail = f'"t",0,{{}},{STAMP},3\n'
-    assert "".join(lines) == "".join([
-        f'"",-9223372036854775808,-2147483648,0.1,true,"1900-01-01 00:00:00.000000+00",{tail.format(0)}',
-        f',9223372036854775807,2147483647,-0,false,{STAMP},{tail.format(1)}',
-        f'"say ""hi""",,,,,,{tail.format(2)}',
-        f'"a,b\nc",0,0,nan,true,"2199-12-31 23:59:59.999999+00",{tail.format(3)}',
-        f'"\\.",1,1,inf,false,{STAMP},{tail.format(4)}',
-        f'"é",2,2,5e-324,true,{STAMP},{tail.format(5)}',
-        f'"plain",3,3,1e+300,false,{STAMP},{tail.format(6)}',
-    ])
+    stream = CopyStream([frame.append_column(PUBLISHED, pa.array([True] * 7))], pipeline, 3)
+    rows = copy_rows(drain(stream, 1 << 20), pipeline)
+    for i, row in enumerate(rows):
+        *declared, topic, partition, offset, kafka_timestamp, batch_id = row
+        assert (topic, partition, offset, kafka_timestamp, batch_id) == ("t", 0, i, AT, 3)
+        for kind, value in zip(kinds, declared, strict=True):
+            expected = values[kind][i]
+            if kind == "double" and expected is not None:  # NaN is not equal to itself; -0.0 equals 0.0
+                same_bits = struct.pack(">d", value) == struct.pack(">d", expected)
+                assert math.isnan(value) if math.isnan(expected) else same_bits
+            else:
+                assert value == expected, (kind, i)
+    assert len(rows) == 7
 
 
-def test_timestamps_are_written_in_utc_whatever_their_zone_and_never_without_one():
+def test_columns_are_encoded_in_their_kinds_types_and_a_value_that_does_not_fit_is_refused():
+    frame = table([("t", 0, 0, "a", None)])
+    wide = frame.set_column(frame.schema.get_field_index("kafka_partition"), "kafka_partition",
+                            frame["kafka_partition"].cast(pa.int64()))
+    assert output_rows(wide, PIPELINE, 1).schema == output_schema(PIPELINE)
+    assert output_rows(wide, PIPELINE, 1) == output_rows(frame, PIPELINE, 1)
+    too_big = wide.set_column(wide.schema.get_field_index("kafka_partition"), "kafka_partition",
+                              pa.array([2**40], pa.int64()))
+    with pytest.raises(pa.ArrowInvalid):
+        output_rows(too_big, PIPELINE, 1)
+
+
+def test_timestamps_keep_their_instant_whatever_their_zone_and_never_go_without_one():
     frame = table([("t", 0, 0, "a", None)])
     paris = frame.set_column(frame.schema.get_field_index("kafka_timestamp"), "kafka_timestamp",
                              frame["kafka_timestamp"].cast(pa.timestamp("us", tz="Europe/Paris")))
-    assert output_csv(paris, PIPELINE, 1) == output_csv(frame, PIPELINE, 1)
+    assert output_rows(paris, PIPELINE, 1) == output_rows(frame, PIPELINE, 1)
     naive = frame.set_column(frame.schema.get_field_index("kafka_timestamp"), "kafka_timestamp",
                              frame["kafka_timestamp"].cast(pa.timestamp("us")))
     with pytest.raises(TypeError, match="without time zone"):
-        output_csv(naive, PIPELINE, 1)
+        output_rows(naive, PIPELINE, 1)
 
 
 def test_a_sliced_arrow_table_gives_only_its_own_rows():
     whole = table([("t", 0, i, f"n{i}", None) for i in range(5)])
     stream = stream_of([whole.slice(2, 2)])
-    assert drain(stream, 1 << 20) == f'"n2","t",0,2,{STAMP},7\n"n3","t",0,3,{STAMP},7\n'.encode()
+    assert copy_rows(drain(stream, 1 << 20)) == [("n2", "t", 0, 2, AT, 7), ("n3", "t", 0, 3, AT, 7)]
 
 
 def test_read_stats_feed_the_coverage_check():
@@ -115,9 +165,9 @@ def test_read_stats_feed_the_coverage_check():
     assert "t-0 [5, 7): 1 offsets read more than once" in problems
 
 
-def test_nothing_read_gives_no_bytes_and_no_stats():
+def test_nothing_read_gives_copy_data_without_rows_and_no_stats():
     stream = stream_of(iter(()))
-    assert stream.read(100) == b"" and stream.read_stats() == [] and stream.dead_letter_lines() == b""
+    assert copy_rows(drain(stream, 100)) == [] and stream.read_stats() == [] and stream.dead_letter_lines() == b""
 
 
 def test_a_failing_row_stream_is_remembered_for_a_clear_error():
@@ -126,9 +176,8 @@ def test_a_failing_row_stream_is_remembered_for_a_clear_error():
         raise ConnectionError("server went away")
 
     stream = stream_of(tables())
-    assert stream.read(100) == f'"a","t",0,0,{STAMP},7\n'.encode()
     with pytest.raises(ConnectionError):
-        stream.read(100)
+        drain(stream, 100)
     assert isinstance(stream.error, ConnectionError)
 
 
@@ -144,11 +193,11 @@ def test_the_stream_times_its_first_rows_and_the_waits_after_them():
 
     before = time.monotonic()
     stream = stream_of(tables())
-    assert drain(stream, 1 << 20).count(b"\n") == 2
+    assert len(copy_rows(drain(stream, 1 << 20))) == 2
     assert stream.first_rows_at is not None and stream.first_rows_at - before >= 0.05
     assert 0.1 <= stream.waiting_seconds < 0.5
 
 
 def test_a_stream_without_rows_has_no_first_rows():
     stream = stream_of([table([])])
-    assert drain(stream, 100) == b"" and stream.first_rows_at is None and stream.waiting_seconds == 0.0
+    assert copy_rows(drain(stream, 100)) == [] and stream.first_rows_at is None and stream.waiting_seconds == 0.0

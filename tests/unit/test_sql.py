@@ -163,10 +163,14 @@ def test_at_least_once_output_table_has_an_index_but_no_unique_key():
            "kafka_offset)" in text
 
 
-def test_replace_deletes_exactly_one_partition_range(pipeline):
-    text = normalise(render(sql.delete_output_range(pipeline)))
-    assert text == (
-        'DELETE FROM "analytics"."click_events" WHERE kafka_topic = %(topic)s AND kafka_partition = %(partition)s '
-        "AND kafka_offset >= %(from_offset)s AND kafka_offset < %(until_offset)s"
-    )
-    assert "kafka_offset < %(until_offset)s" in normalise(sql.DELETE_DEAD_LETTER_RANGE)
+def test_replace_deletes_exactly_the_batch_ranges_in_one_statement(pipeline):
+    from kafka_ledger.planning import OffsetRange
+
+    text = normalise(render(sql.delete_output_ranges(pipeline)))
+    assert text.startswith('DELETE FROM "analytics"."click_events" t USING unnest(%(topics)s::text[], ')
+    assert text.endswith("WHERE t.kafka_topic = r.topic AND t.kafka_partition = r.partition "
+                         "AND t.kafka_offset >= r.from_offset AND t.kafka_offset < r.until_offset")
+    assert "d.kafka_offset >= r.from_offset AND d.kafka_offset < r.until_offset" in normalise(
+        sql.DELETE_DEAD_LETTER_RANGES)
+    assert sql.ranges_params([OffsetRange("a", 0, 5, 9), OffsetRange("b", 3, 0, 1)]) == {
+        "topics": ["a", "b"], "partitions": [0, 3], "from_offsets": [5, 0], "until_offsets": [9, 1]}

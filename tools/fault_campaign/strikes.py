@@ -263,13 +263,15 @@ class FaultStrikes:
             if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, proc):
                 return f"{what} missed: the task ended before its attempt began"
             name = f"campaign-{kind}"
-            if effect == "restart":
-                self.network.add(proxy, f"{name}-downstream", *toxic)
             try:
                 if timing == "as rows stream" or effect == "restart":
                     self._wait(lambda: self.copying() or self.batch_state(batch_id)[0] != "planned", proc)
                 else:
                     time.sleep(delay)
+                if effect == "restart":
+                    # Only once rows stream: slowed before, the attempt's own look-ups (the retention check of
+                    # its begin) would time out, and the task would end before the broker restarted.
+                    self.network.add(proxy, f"{name}-downstream", *toxic)
                 landed = self.phase(batch_id, attempt)
                 if proc.poll() is not None:
                     return f"{what} missed: the task had ended ({landed})"

@@ -1,7 +1,7 @@
 """The `connect` runtime: the task is a client of a warm Spark Connect server and commits the batch itself.
 
 A long-lived Spark Connect server keeps the JVM, the Spark session and the Kafka consumers warm. The task
-runs the batch's read and decode on the server, and the rows stream back as Arrow, rendered as COPY lines straight
+runs the batch's read and decode on the server, and the rows stream back as Arrow, encoded for binary COPY straight
 into the commit's one Postgres transaction (commit.publish_stream): no staging table, no second copy.
 """
 

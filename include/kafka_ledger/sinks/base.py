@@ -32,8 +32,8 @@ class Sink(ABC):
         """Delete the rows published earlier for these offsets (a rewrite replaces, never appends); returns how many."""
 
     @abstractmethod
-    def copy_lines(self, cur: Cursor, lines: IO[bytes]) -> int:
-        """Publish rows arriving as COPY lines (the connect runtime's stream); returns how many."""
+    def copy_rows(self, cur: Cursor, data: IO[bytes]) -> int:
+        """Publish rows arriving as binary COPY data (the connect runtime's stream); returns how many."""
 
     @abstractmethod
     def publish_staged(self, cur: Cursor, batch_id: int, attempt: int) -> int:

@@ -25,16 +25,11 @@ class PostgresSink(Sink):
         ledger.ensure_pipeline_tables(cur, self.pipeline)
 
     def remove(self, cur: Cursor, ranges: Iterable[OffsetRange]) -> int:
-        removed = 0
-        for r in ranges:
-            cur.execute(sql.delete_output_range(self.pipeline), {"topic": r.topic, "partition": r.partition,
-                                                                 "from_offset": r.from_offset,
-                                                                 "until_offset": r.until_offset})
-            removed += cur.rowcount
-        return removed
+        cur.execute(sql.delete_output_ranges(self.pipeline), sql.ranges_params(ranges))
+        return cur.rowcount
 
-    def copy_lines(self, cur: Cursor, lines: IO[bytes]) -> int:
-        cur.copy_expert(sql.copy_output(self.pipeline), lines, size=COPY_CHUNK_BYTES)
+    def copy_rows(self, cur: Cursor, data: IO[bytes]) -> int:
+        cur.copy_expert(sql.copy_output(self.pipeline), data, size=COPY_CHUNK_BYTES)
         return cur.rowcount
 
     def publish_staged(self, cur: Cursor, batch_id: int, attempt: int) -> int:
