@@ -61,8 +61,9 @@ def copy_into(table: str, data: bytes, tls: bool = True) -> float:
     with conn, conn.cursor() as cur:
         cur.copy_expert(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT binary)").format(
             sql.Identifier(SCHEMA, table), COLUMNS), io.BytesIO(data), size=1 << 20)
+    seconds = time.monotonic() - started
     conn.close()
-    return time.monotonic() - started
+    return seconds
 
 
 def made_up_rows(records: int) -> tuple[bytes, list[bytes]]:
@@ -116,6 +117,12 @@ def parallel_then_attach(halves: list[bytes]) -> tuple[float, float]:
             cur.execute(sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM (%s) TO (%s)").format(
                 sql.Identifier(SCHEMA, "partitioned"), sql.Identifier(SCHEMA, f"half_{i}")), (low, high))
     attach = time.monotonic() - started
+    # A COPY that failed in its thread would only print: the rows must all be there for the figures to count.
+    with conn, conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT (SELECT count(*) FROM {}) = (SELECT count(*) FROM {})").format(
+            sql.Identifier(SCHEMA, "partitioned"), sql.Identifier(SCHEMA, "source")))
+        if not cur.fetchone()[0]:
+            raise SystemExit("the parallel COPYs did not publish every row")
     conn.close()
     return parallel, attach
 
