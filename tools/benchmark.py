@@ -182,19 +182,11 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
     the Kafka read alone, the read and the decode into the rows the task receives, and both with the rows'
     transfer to this process and their encoding for binary COPY here (no COPY). The differences are the decode's,
     the transfer's and the encoding's cost; COPY alone is the floor's."""
-    import pgpq
     from pyspark.sql import functions as F
 
     from kafka_ledger import read
     from kafka_ledger.decode import decode_records
-    from kafka_ledger.publish import (
-        DEAD_LETTER_LINE,
-        PUBLISHED,
-        output_rows,
-        output_schema,
-        output_values,
-        publish_frame,
-    )
+    from kafka_ledger.publish import DEAD_LETTER_LINE, PUBLISHED, OutputEncoder, output_values, publish_frame
     from kafka_ledger.runtimes.connect import arrow_stream, client_session, close_session, configure
 
     pipeline = get_pipeline(contender["pipeline"])
@@ -209,14 +201,14 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
 
     def transfer_and_encode() -> int:
         nonlocal encoding
-        encoder = pgpq.ArrowToPostgresBinaryEncoder(output_schema(pipeline))
-        encoder.write_header()
+        encoder = OutputEncoder(pipeline, attempt.batch.batch_id)
+        encoder.header()
         count = 0
         for table in arrow_stream(rows(), attempt):
             count += table.num_rows
             started = time.monotonic()
-            for batch in output_rows(table.filter(table[PUBLISHED]), pipeline, attempt.batch.batch_id).to_batches():
-                encoder.write_batch(batch)
+            for _ in encoder.rows(table.filter(table[PUBLISHED])):
+                pass
             encoding += time.monotonic() - started
         return count
 

@@ -2,7 +2,7 @@
 
 Spark sends every record's Kafka coordinates and, for a publishable record, its decoded values as typed
 Arrow columns, or, for a dead letter, its COPY line (`publish_frame`); the client encodes the output rows as
-Postgres binary COPY with pgpq (`output_rows`, `CopyStream`), streams them into COPY inside the commit's
+Postgres binary COPY with pgpq (`OutputEncoder`, `CopyStream`), streams them into COPY inside the commit's
 transaction and summarises what it read for the coverage check. No staging table, no second copy of any row.
 """
 
@@ -106,8 +106,9 @@ def output_rows(table: pa.Table, pipeline: PipelineConfig, batch_id: int) -> pa.
 
     Timestamps keep their instant whatever their zone; one without a zone cannot be published as timestamptz.
     """
+    schema = output_schema(pipeline)
     fields = []
-    for field in output_schema(pipeline):
+    for field in schema:
         if field.name == columns.BATCH_ID.name:
             fields.append(pa.array(np.full(table.num_rows, batch_id, dtype=np.int64)))
             continue
@@ -115,7 +116,27 @@ def output_rows(table: pa.Table, pipeline: PipelineConfig, batch_id: int) -> pa.
         if pa.types.is_timestamp(column.type) and column.type.tz is None:  # decode never gives one
             raise TypeError(f"a timestamp without time zone cannot be published as timestamptz ({column.type})")
         fields.append(column.cast(field.type))
-    return pa.table(fields, schema=output_schema(pipeline))
+    return pa.table(fields, schema=schema)
+
+
+class OutputEncoder:
+    """The output rows of a batch as binary COPY data (sql.copy_output): `header()` first, then `rows()` of each
+    table of publishable rows, then `trailer()` once."""
+
+    def __init__(self, pipeline: PipelineConfig, batch_id: int):
+        self._pipeline, self._batch_id = pipeline, batch_id
+        self._encoder = pgpq.ArrowToPostgresBinaryEncoder(output_schema(pipeline))
+
+    def header(self) -> bytes:
+        return self._encoder.write_header()
+
+    def rows(self, table: pa.Table) -> Iterator[bytes]:
+        """The rows of a `publish_frame` table holding publishable rows only (`output_rows`), batch by batch."""
+        for batch in output_rows(table, self._pipeline, self._batch_id).to_batches():
+            yield self._encoder.write_batch(batch)
+
+    def trailer(self) -> bytes:
+        return self._encoder.finish()
 
 
 def _compact_coordinates(table: pa.Table) -> pa.Table:
@@ -142,7 +163,7 @@ def _text(lines: pa.ChunkedArray) -> Iterator[memoryview]:
 
 class CopyStream:
     """A file for psycopg2's copy_expert reading the output rows of a stream of `publish_frame` Arrow tables as
-    binary COPY data (sql.copy_output): a header, the rows (`output_rows`) as they come, a trailer.
+    binary COPY data (`OutputEncoder`): a header, the rows as they come, a trailer.
 
     While the rows flow into COPY, it keeps the dead letters' lines and every
     record's coordinates, for `dead_letter_lines()` and `read_stats()` once the stream is drained, and times
@@ -151,13 +172,12 @@ class CopyStream:
     """
 
     def __init__(self, tables: Iterable[pa.Table], pipeline: PipelineConfig, batch_id: int):
-        self._pipeline, self._batch_id = pipeline, batch_id
-        self._encoder = pgpq.ArrowToPostgresBinaryEncoder(output_schema(pipeline))
+        self._encoder = OutputEncoder(pipeline, batch_id)
         self._finished = False
         self._tables = self._timed(iter(tables))
         self.first_rows_at: float | None = None
         self.waiting_seconds = 0.0
-        self._pending: Iterator[memoryview] = iter([memoryview(self._encoder.write_header())])
+        self._pending: Iterator[memoryview] = iter([memoryview(self._encoder.header())])
         self._current = memoryview(b"")
         self._coordinates: list[pa.Table] = []
         self._dead: list[pa.ChunkedArray] = []
@@ -196,8 +216,7 @@ class CopyStream:
             if pc.any(dead).as_py():
                 self._dead.append(pc.filter(table[DEAD_LETTER_LINE], dead))
                 table = table.filter(published)
-            rows = output_rows(table, self._pipeline, self._batch_id)
-            self._pending = (memoryview(self._encoder.write_batch(batch)) for batch in rows.to_batches())
+            self._pending = map(memoryview, self._encoder.rows(table))
             return True
         return False
 
@@ -211,7 +230,7 @@ class CopyStream:
                 if self._finished:
                     return b""
                 self._finished = True
-                self._pending = iter([memoryview(self._encoder.finish())])
+                self._pending = iter([memoryview(self._encoder.trailer())])
         if size < 0 or size >= len(self._current):
             out, self._current = self._current, memoryview(b"")
         else:
