@@ -396,11 +396,13 @@ spark-internal" "environment=MALLOC_ARENA_MAX=\"2\""
 }
 
 # A fresh server's first batch takes about twice as long as the next ones (its code not yet compiled): a
-# made-up batch through the decode first (docs/benchmark.md). Not fatal: the first real batch is only slower.
+# made-up batch through the decode, then the pipelines' newest records read (docs/operating.md). Not fatal: the
+# first real batch is only slower.
 warm_up_spark_connect() {
   [ "$KL_SPARK_CONNECT_WARM_UP" = 1 ] || return 0
   if "$KL_VENV/bin/kafka-ledger" warm-up >"$LOGS/spark-connect-warm-up.log" 2>&1; then
-    say "spark connect: $(tail -n 1 "$LOGS/spark-connect-warm-up.log")"
+    local line
+    while IFS= read -r line; do say "spark connect: $line"; done <"$LOGS/spark-connect-warm-up.log"
   else
     say "spark connect: the warm-up failed (see $LOGS/spark-connect-warm-up.log): the first batch will be slower"
   fi

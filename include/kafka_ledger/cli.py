@@ -28,7 +28,14 @@ from kafka_ledger.headroom import headroom_text
 from kafka_ledger.kafka_security import java_client_properties
 from kafka_ledger.resets import reset_positions
 from kafka_ledger.runtimes import runtime_for
-from kafka_ledger.runtimes.connect import WARM_UP_RECORDS, SparkServerError, warm_up, without_secrets
+from kafka_ledger.runtimes.connect import (
+    WARM_UP_PIPELINE_PARTITIONS,
+    WARM_UP_PIPELINE_RECORDS,
+    WARM_UP_RECORDS,
+    SparkServerError,
+    warm_up,
+    without_secrets,
+)
 from kafka_ledger.verify import DEADLINE_FLOOR_SECONDS, DEADLINE_OFFSETS_PER_SECOND, VerifyReport, verify_pipeline
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REFUSED, EXIT_FAILED, EXIT_UNVERIFIED = 0, 1, 2, 3, 4, 5
@@ -350,14 +357,18 @@ def cmd_warm_up(args: argparse.Namespace) -> int:
     from pyspark.errors import PySparkException
 
     url = without_secrets(settings.spark_connect_url())
+    pipelines = [] if args.no_pipelines else _pipelines(args.pipelines)
     try:
-        seconds = warm_up(args.records)
+        done = warm_up(args.records, pipelines, settings.bootstrap_servers() if pipelines else None)
     except (PySparkException, SparkServerError) as exc:
         raise Failed(f"could not warm up the Spark Connect server at {url} ({str(exc).splitlines()[0]}): is it "
                      "running (`scripts/stack.sh status` for the local stack)?") from exc
-    _emit(args, {"spark_connect": url, "records": args.records, "seconds": round(seconds, 3)},
-          f"warmed up the Spark Connect server at {url}: a made-up batch of {args.records:,} records decoded and "
-          f"received in {seconds:.1f} s")
+    read_lines = [f"  {name}: read and decoded its newest {n:,} records" for name, n in done.pipeline_records.items()]
+    skipped_lines = [f"  {name}: not read ({reason})" for name, reason in done.skipped.items()]
+    _emit(args, {"spark_connect": url, "records": done.made_up_records, "pipelines": done.pipeline_records,
+                 "skipped": done.skipped, "seconds": round(done.seconds, 3)},
+          "\n".join([f"warmed up the Spark Connect server at {url} in {done.seconds:.1f} s: a made-up batch of "
+                     f"{done.made_up_records:,} records decoded and received", *read_lines, *skipped_lines]))
     return 0
 
 
@@ -449,9 +460,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_verify)
 
     p = command("warm-up", "warm a freshly started Spark Connect server up: run a made-up batch's decode and transfer "
-                           "on it once, so that the first real batch finds its code compiled")
-    p.epilog = ("Reads no topic and writes nothing. The local stack runs it after starting the server "
-                "(KL_SPARK_CONNECT_WARM_UP=0 skips it); run it after starting your own server.")
+                           "on it once, then read each pipeline's newest records as its batches do, so that the "
+                           "first real batch finds its code compiled and its Kafka consumers made")
+    p.epilog = (f"Writes nothing: of each pipeline of the connect runtime (or those named) it reads about "
+                f"{WARM_UP_PIPELINE_RECORDS:,} of the newest records of up to {WARM_UP_PIPELINE_PARTITIONS} "
+                "partitions (assigned, read_committed, no offsets committed to Kafka). The local stack runs it after "
+                "starting the server (KL_SPARK_CONNECT_WARM_UP=0 skips it); run it after starting your own server.")
+    p.add_argument("pipelines", nargs="*", help="pipelines whose newest records to read (default: every pipeline "
+                                                 "of the connect runtime)")
+    p.add_argument("--no-pipelines", action="store_true", help="only the made-up batch: read no topic")
     p.add_argument("--records", type=int, default=WARM_UP_RECORDS, help="size of the made-up batch")
     p.set_defaults(run=cmd_warm_up)
 

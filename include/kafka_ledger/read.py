@@ -146,9 +146,14 @@ def read_tasks(ranges: list[OffsetRange]) -> int | None:
 
 
 def read_records(spark: SparkSession, attempt: Attempt, servers: str) -> DataFrame:
-    records = spark.read.format("kafka").options(
-        **kafka_read_options(attempt.readable, servers, attempt.batch.pipeline)).load()
-    tasks = read_tasks(attempt.readable)
+    """The attempt's records, as Spark's Kafka source reads them (a bounded read of exactly its ranges)."""
+    return read_ranges(spark, attempt.readable, servers, attempt.batch.pipeline)
+
+
+def read_ranges(spark: SparkSession, ranges: list[OffsetRange], servers: str, pipeline: str) -> DataFrame:
+    """A bounded read of exactly `ranges` as the pipeline's batches read them (its consumer group, its tuning)."""
+    records = spark.read.format("kafka").options(**kafka_read_options(ranges, servers, pipeline)).load()
+    tasks = read_tasks(ranges)
     return records.coalesce(tasks) if tasks else records
 
 

@@ -232,21 +232,34 @@ def test_the_attempt_says_where_its_time_went(dsn, servers, pipeline_factory, pr
     assert "first rows after" in line and "waiting for Spark" in line and "commit" in line, line
 
 
-def test_the_warm_up_runs_a_made_up_batch_and_says_so_or_why_not(dsn):
-    from integration_support import cli, query
+def test_the_warm_up_runs_a_made_up_batch_then_reads_the_pipelines_newest_records_and_writes_nothing(
+        dsn, servers, pipeline_factory, producer):
+    from confluent_kafka.admin import AdminClient
+    from integration_support import cli, pipeline_name, query
 
     def counts() -> list[tuple]:
         return query(dsn, "SELECT (SELECT count(*) FROM kafka_ledger.batches), "
                           "(SELECT count(*) FROM kafka_ledger.dead_letters)")
 
+    pipeline = pipeline_factory("connect_warm_up", partitions=2)
+    producer.send(pipeline.topics[0], [good_value(i) for i in range(30)], partition=0)
+    producer.send(pipeline.topics[0], [good_value(i) for i in range(30, 40)] + [b"not json"], partition=1)
+    absent = pipeline_name("connect_warm_up_no_topic")  # declared, its topic never made
+    pinned = pipeline_name("kill")  # of the submit runtime: not the server's to warm
     before = counts()
-    code, data, stderr = cli("warm-up", "--records", "20000")
+    code, data, stderr = cli("warm-up", "--records", "20000", pipeline.name, absent, pinned)
     assert code == 0, stderr
     assert data["records"] == 20000 and data["seconds"] > 0 and "token" not in data["spark_connect"]
-    assert "ReleaseExecute" not in stderr  # the finished query is released before its session goes
-    assert counts() == before  # it writes nothing
+    assert data["pipelines"] == {pipeline.name: 41}  # every record, the bad one too (as a dead letter, not kept)
+    assert list(data["skipped"]) == [absent] and "not found" in data["skipped"][absent]
+    assert "ReleaseExecute" not in stderr  # the finished queries are released before their session goes
+    assert counts() == before  # it writes nothing: no batch, no dead letter
+    groups = AdminClient({"bootstrap.servers": servers}).list_consumer_groups().result(30).valid
+    assert [g.group_id for g in groups if pipeline.name in g.group_id] == []  # nor any group or offset in Kafka
+
+    code, data, stderr = cli("warm-up", "--records", "20000", "--no-pipelines")
+    assert code == 0 and data["pipelines"] == {} and data["skipped"] == {}, stderr
 
     unreachable = json.dumps({"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": 1})
     code, _, stderr = cli("warm-up", env={"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": unreachable})
     assert code == 4 and "could not warm up the Spark Connect server at sc://127.0.0.1:1/" in stderr, stderr
-

@@ -99,3 +99,18 @@ def test_a_spark_failure_is_told_by_its_first_line_and_its_root_cause():
                                 "org.apache.kafka.common.errors.TimeoutException: Timed out waiting for a node")
     assert _headline(Exception("just this")) == "just this"
     assert _headline(Exception("")) == "Exception"
+
+
+def test_the_warm_up_reads_the_newest_offsets_of_the_fullest_partitions():
+    from kafka_ledger.planning import OffsetRange, PartitionOffsets, TopicPartition
+    from kafka_ledger.runtimes.connect import newest_ranges
+
+    offsets = {TopicPartition("t", 0): PartitionOffsets(0, 100), TopicPartition("t", 1): PartitionOffsets(95, 100),
+               TopicPartition("t", 2): PartitionOffsets(7, 7), TopicPartition("u", 0): PartitionOffsets(10, 1000)}
+    # 30 records over the partitions holding any (the empty one left out): 10 each, never before the log start.
+    assert newest_ranges(offsets, records=30) == [OffsetRange("t", 0, 90, 100), OffsetRange("t", 1, 95, 100),
+                                                  OffsetRange("u", 0, 990, 1000)]
+    # At most `partitions` partitions: those holding the most.
+    assert newest_ranges(offsets, records=30, partitions=2) == [OffsetRange("t", 0, 85, 100),
+                                                                OffsetRange("u", 0, 985, 1000)]
+    assert newest_ranges({TopicPartition("t", 0): PartitionOffsets(5, 5)}) == []

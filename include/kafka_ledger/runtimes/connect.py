@@ -11,14 +11,17 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kafka_ledger import commit, read
 from kafka_ledger.commit import CommitResult
 from kafka_ledger.config import PipelineConfig
+from kafka_ledger.kafka_offsets import partition_offsets
+from kafka_ledger.planning import OffsetRange, PartitionOffsets, PlanError, TopicPartition
 from kafka_ledger.runtimes.base import AirflowTasks, Runtime
-from kafka_ledger.settings import spark_connect_url
+from kafka_ledger.settings import runtime_name, spark_connect_url
 from kafka_ledger.stages import Stopwatch
 
 if TYPE_CHECKING:
@@ -350,6 +353,9 @@ def arrow_stream(frame: DataFrame, attempt: read.Attempt | None = None,
 
 # The warm-up's made-up batch: enough records for the JIT to compile the decode's and the transfer's hot code.
 WARM_UP_RECORDS = 300_000
+# Then, per pipeline, the newest records of at most this many of its partitions, this many records in all: the
+# Kafka reader's code compiled, the pipeline's own query code generated and its consumers in Spark's pool.
+WARM_UP_PIPELINE_RECORDS, WARM_UP_PIPELINE_PARTITIONS = 50_000, 32
 _WARM_UP_PIPELINE = {
     "name": "kafka_ledger_warm_up", "topics": ["kafka-ledger-warm-up"], "output_table": "kafka_ledger_warm_up",
     "columns": [{"name": "event_id", "type": "string", "required": True}, {"name": "amount", "type": "long"},
@@ -358,24 +364,58 @@ _WARM_UP_PIPELINE = {
 }
 
 
-def warm_up(records: int = WARM_UP_RECORDS) -> float:
-    """Decode and transfer a made-up batch on the Spark Connect server, as a batch's read does; returns seconds.
+def newest_ranges(offsets: Mapping[TopicPartition, PartitionOffsets], records: int = WARM_UP_PIPELINE_RECORDS,
+                  partitions: int = WARM_UP_PIPELINE_PARTITIONS) -> list[OffsetRange]:
+    """The newest offsets Kafka holds, about `records` in all, of at most `partitions` partitions (those holding
+    the most first): what the warm-up reads of a pipeline's topics."""
+    holding = sorted((tp for tp, o in offsets.items() if o.end > o.log_start),
+                     key=lambda tp: (-(offsets[tp].end - offsets[tp].log_start), tp))[:partitions]
+    if not holding:
+        return []
+    each = -(-records // len(holding))
+    return sorted(OffsetRange(tp.topic, tp.partition, max(offsets[tp].log_start, offsets[tp].end - each),
+                              offsets[tp].end) for tp in holding)
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """What a warm-up ran: the made-up batch, then each pipeline's newest records (read, never written)."""
+
+    made_up_records: int
+    pipeline_records: dict[str, int]
+    skipped: dict[str, str]
+    seconds: float
+
+
+def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] = (),
+            servers: str | None = None) -> WarmUp:
+    """Warm a freshly started Spark Connect server up: run a made-up batch's decode and transfer on it, then read
+    and decode the newest records of each pipeline of this runtime as its batches do (`servers`: Kafka's).
 
     A freshly started server interprets its code until the JIT has compiled it: the first batch after a start
     took about twice as long as the next ones (docs/benchmark.md). Run once after the server starts, this makes
-    the first real batch find most of that code compiled. It reads no topic and writes nothing: Spark makes up
-    the records (JSON, every declared type, a dead letter in every 50) in the shape of its Kafka source's rows.
+    the first real batch find that code compiled: the JSON parser and Arrow's writer (the made-up batch: Spark
+    makes up JSON records of every declared type, a dead letter in every 50, in the shape of its Kafka source's
+    rows), and the Kafka reader, the pipeline's generated query code and its pooled consumers (its newest
+    records, read as its batches read them: assigned partitions, read_committed, nothing committed to Kafka).
+    Writes nothing anywhere. A pipeline whose topics are missing or empty is skipped, saying why.
     For a process of its own (`kafka-ledger warm-up`): it waits for every Spark Connect release the process has
     under way, which a worker running batches must not do (see close_session).
     """
+    from pyspark.errors import PySparkException
     from pyspark.sql import functions as F
 
-    from kafka_ledger.config import PipelineConfig
     from kafka_ledger.decode import decode_records
     from kafka_ledger.publish import publish_frame
 
-    pipeline = PipelineConfig.model_validate(_WARM_UP_PIPELINE)
+    def received(frame: DataFrame, pipeline: PipelineConfig) -> int:
+        return sum(table.num_rows for table in arrow_stream(publish_frame(decode_records(frame, pipeline),
+                                                                          pipeline, 0)))
+
+    made_up = PipelineConfig.model_validate(_WARM_UP_PIPELINE)
     started = time.monotonic()
+    pipeline_records: dict[str, int] = {}
+    skipped: dict[str, str] = {}
     spark = client_session(str(uuid.uuid4()))
     try:
         configure(spark)
@@ -388,10 +428,24 @@ def warm_up(records: int = WARM_UP_RECORDS) -> float:
             F.lit(_WARM_UP_PIPELINE["topics"][0]).alias("topic"), (n % 4).cast("int").alias("partition"),
             n.alias("offset"), F.timestamp_micros(F.lit(1_795_255_200_000_000) + n).alias("timestamp"),
             F.lit(None).cast("binary").alias("key"), value.cast("binary").alias("value"))
-        received = sum(table.num_rows for table in arrow_stream(
-            publish_frame(decode_records(records_frame, pipeline), pipeline, 0)))
-        # The client releases the finished query on the server in threads of its own: let them finish before the
-        # session goes, or each logs a warning. (Safe here: nothing was interrupted, see close_session.)
+        made_up_records = received(records_frame, made_up)
+        for pipeline in (p for p in pipelines if runtime_name(p) == ConnectRuntime.name):  # the server's own
+            try:
+                ranges = newest_ranges(partition_offsets(servers or "", pipeline.topics))
+            except PlanError as exc:  # a topic not made yet, a broker away (KafkaUnavailable)
+                skipped[pipeline.name] = str(exc)
+                continue
+            if not ranges:
+                skipped[pipeline.name] = "its topics hold no records yet"
+                continue
+            try:
+                # Fewer rows than offsets is right: a transactional producer's commit markers take offsets too.
+                pipeline_records[pipeline.name] = received(
+                    read.read_ranges(spark, ranges, servers or "", pipeline.name), pipeline)
+            except PySparkException as exc:  # its batches will fail the same way, saying so in their task logs
+                skipped[pipeline.name] = f"reading its newest records failed: {_headline(exc)}"
+        # The client releases the finished queries on the server in threads of its own: let them finish before
+        # the session goes, or each logs a warning. (Safe here: nothing was interrupted, see close_session.)
         from pyspark.sql.connect.client.reattach import ExecutePlanResponseReattachableIterator
 
         ExecutePlanResponseReattachableIterator.shutdown()
@@ -399,9 +453,9 @@ def warm_up(records: int = WARM_UP_RECORDS) -> float:
         close_session(spark, release_session=False)  # an unreachable server would only be retried again
         raise
     close_session(spark, release_session=True)
-    if received != records:
-        raise SparkServerError(f"the warm-up batch came back with {received} of its {records} records")
-    return time.monotonic() - started
+    if made_up_records != records:
+        raise SparkServerError(f"the warm-up batch came back with {made_up_records} of its {records} records")
+    return WarmUp(made_up_records, pipeline_records, skipped, time.monotonic() - started)
 
 
 class ConnectRuntime(Runtime):
