@@ -463,8 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "on it once, then read each pipeline's newest records as its batches do, so that the "
                            "first real batch finds its code compiled and its Kafka consumers made")
     p.epilog = (f"Writes nothing: of each pipeline of the connect runtime (or those named) it reads about "
-                f"{WARM_UP_PIPELINE_RECORDS:,} of the newest records of up to {WARM_UP_PIPELINE_PARTITIONS} "
-                "partitions (assigned, read_committed, no offsets committed to Kafka). The local stack runs it after "
+                f"{WARM_UP_PIPELINE_RECORDS:,} of the newest records (at most its max_records_per_partition) of up "
+                f"to {WARM_UP_PIPELINE_PARTITIONS} partitions (assigned, read_committed, no offsets committed to "
+                "Kafka). The local stack runs it after "
                 "starting the server (KL_SPARK_CONNECT_WARM_UP=0 skips it); run it after starting your own server.")
     p.add_argument("pipelines", nargs="*", help="pipelines whose newest records to read (default: every pipeline "
                                                  "of the connect runtime)")

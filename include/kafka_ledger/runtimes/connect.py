@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kafka_ledger import commit, read
 from kafka_ledger.commit import CommitResult
 from kafka_ledger.config import PipelineConfig
-from kafka_ledger.kafka_offsets import partition_offsets
+from kafka_ledger.kafka_offsets import subscribed_offsets
 from kafka_ledger.planning import OffsetRange, PartitionOffsets, PlanError, TopicPartition
 from kafka_ledger.runtimes.base import AirflowTasks, Runtime
 from kafka_ledger.settings import runtime_name, spark_connect_url
@@ -353,7 +353,8 @@ def arrow_stream(frame: DataFrame, attempt: read.Attempt | None = None,
 
 # The warm-up's made-up batch: enough records for the JIT to compile the decode's and the transfer's hot code.
 WARM_UP_RECORDS = 300_000
-# Then, per pipeline, the newest records of at most this many of its partitions, this many records in all: the
+# Then, per pipeline, the newest records of at most this many of its partitions, this many records in all (at
+# most one partition's batch, which its batches read anyway: a topic of big records stays affordable): the
 # Kafka reader's code compiled, the pipeline's own query code generated and its consumers in Spark's pool.
 WARM_UP_PIPELINE_RECORDS, WARM_UP_PIPELINE_PARTITIONS = 50_000, 32
 _WARM_UP_PIPELINE = {
@@ -431,12 +432,13 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
         made_up_records = received(records_frame, made_up)
         for pipeline in (p for p in pipelines if runtime_name(p) == ConnectRuntime.name):  # the server's own
             try:
-                ranges = newest_ranges(partition_offsets(servers or "", pipeline.topics))
+                ranges = newest_ranges(subscribed_offsets(servers or "", pipeline),
+                                       min(WARM_UP_PIPELINE_RECORDS, pipeline.max_records_per_partition))
             except PlanError as exc:  # a topic not made yet, a broker away (KafkaUnavailable)
                 skipped[pipeline.name] = str(exc)
                 continue
             if not ranges:
-                skipped[pipeline.name] = "its topics hold no records yet"
+                skipped[pipeline.name] = f"its {pipeline.subscription} hold no records yet"
                 continue
             try:
                 # Fewer rows than offsets is right: a transactional producer's commit markers take offsets too.
