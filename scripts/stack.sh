@@ -377,12 +377,21 @@ start_spark_connect() {
   # the -XX limits and MALLOC_ARENA_MAX what it holds beside the heap (direct buffers, code, malloc arenas).
   # Everything binds loopback; -XX:-DontCompileHugeMethods lets the JIT compile the decoder's generated code.
   # On a cluster it holds its executors for good: spark.cores.max leaves the other cores to spark-submit batches.
+  # A read that ends before a poll's last record (a replay, a capped batch) leaves the rest of that poll, up to
+  # kafka.max.poll.records records, in Spark's pool of fetched data, where only a read starting at exactly that
+  # offset takes it; by default it stays 5 minutes, and 20 small replays of an 18-partition topic in that time
+  # filled a 1 GB heap until the server died. Kept 10 s at most: the next capped batch of a drain usually finds
+  # it, and a miss costs one fetch. (docs/deployment.md, Memory)
+  # Each pipeline's batches work in one session of their own (runtimes/connect.py: pipeline_session), which keeps
+  # their compiled query code: idle for a day and the server closes it, and the next batch replaces it.
   # The master is on the command line: a server asked for on another master is restarted there by apply_programs.
   write_program spark-connect 40 TERM 30 true "$KL_VENV/bin/spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer \
 --name kafka-ledger-spark-connect --master $KAFKA_LEDGER_SPARK_MASTER --driver-memory $KL_SPARK_CONNECT_MEMORY --jars $jars \
 --conf spark.connect.grpc.binding.address=127.0.0.1 --conf spark.connect.grpc.binding.port=$KL_SPARK_CONNECT_PORT \
 --conf spark.driver.bindAddress=127.0.0.1 --conf spark.driver.host=127.0.0.1 --conf spark.ui.enabled=false \
 --conf spark.sql.session.timeZone=UTC --conf spark.sql.shuffle.partitions=8 --conf spark.cores.max=$KL_SPARK_CONNECT_CORES \
+--conf spark.kafka.consumer.fetchedData.cache.timeout=10s --conf spark.kafka.consumer.fetchedData.cache.evictorThreadRunInterval=5s \
+--conf spark.connect.session.manager.defaultSessionTimeout=24h \
 --conf \"spark.driver.extraJavaOptions=-XX:-DontCompileHugeMethods -XX:MaxDirectMemorySize=256m -XX:ReservedCodeCacheSize=96m -XX:MaxMetaspaceSize=256m -XX:+UseParallelGC -Duser.timezone=UTC -Dlog4j2.configurationFile=file:$KL_HOME/stack/spark-connect/log4j2.properties\" \
 spark-internal" "environment=MALLOC_ARENA_MAX=\"2\""
   apply_programs
@@ -558,7 +567,7 @@ case "${1:-}" in
   browser) install_browser ;;
   start) ensure_supervisord; start_postgres; start_kafka; start_cluster_if_used; start_spark_connect ;;
   migrate) migrate ;;
-  up) install; ensure_supervisord; start_postgres; start_kafka; start_cluster_if_used; start_spark_connect; migrate ;;
+  up) install; ensure_supervisord; start_postgres; start_kafka; start_cluster_if_used; migrate; start_spark_connect ;;
   airflow) ensure_supervisord; start_airflow ;;
   restart-postgres) ensure_supervisord; stop_service postgres postgres; start_postgres ;;
   restart-kafka) ensure_supervisord; stop_service kafka kafka; start_kafka ;;

@@ -144,9 +144,17 @@ def _pipeline(setup: Setup, name: str, delivery_mode: str) -> PipelineConfig:
     return pipeline
 
 
-def round_pipeline(setup: Setup, round_no: int, delivery_mode: str) -> PipelineConfig:
-    """A pipeline of its own for each round (a fresh table, a fresh position), declared as the only one."""
-    return _pipeline(setup, f"bench_{uuid.uuid4().hex[:8]}_{round_no}", delivery_mode)
+def round_pipeline(setup: Setup, delivery_mode: str) -> PipelineConfig:
+    """The benchmark's one pipeline, started afresh for a round: the last round's table, ledger rows and positions
+    removed. One pipeline rather than one per round, as a deployment's batches are a pipeline's batches one after
+    the other: in the connect runtime they work in the pipeline's Spark Connect session, where the query's
+    generated code stays compiled (runtimes/connect.py: pipeline_session)."""
+    if setup.pipelines:
+        with ledger.transaction(setup.dsn) as cur:
+            for pipeline in setup.pipelines:
+                ledger.delete_pipeline(cur, pipeline)
+        setup.pipelines.clear()
+    return _pipeline(setup, setup.topic.replace("-", "_"), delivery_mode)
 
 
 def run_kafka_ledger(setup: Setup, pipeline: PipelineConfig) -> dict[str, Any]:
@@ -191,7 +199,7 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
     from kafka_ledger import read
     from kafka_ledger.decode import decode_records
     from kafka_ledger.publish import DEAD_LETTER_LINE, PUBLISHED, OutputEncoder, output_values, publish_frame
-    from kafka_ledger.runtimes.connect import arrow_stream, client_session, close_session, configure
+    from kafka_ledger.runtimes.connect import arrow_stream, client_session, close_session, configure, pipeline_session
 
     pipeline = get_pipeline(contender["pipeline"])
     with ledger.transaction(setup.dsn) as cur:
@@ -223,7 +231,8 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
             raise RuntimeError(f"a stage query counted {counted} records, not {setup.records}")
         return time.monotonic() - started
 
-    spark = client_session(str(uuid.uuid4()))
+    with ledger.transaction(setup.dsn) as cur:  # the pipeline's own, where its batch's code is compiled already
+        spark = client_session(pipeline_session(cur, pipeline.name))
     try:
         configure(spark)
         # Each query touches every value (its length or hash summed), so none can skip the part it times.
@@ -233,7 +242,7 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
                         .collect()[0][0])
         encoded = timed(transfer_and_encode)
     finally:
-        close_session(spark, release_session=True)  # not spark.stop(): see close_session
+        close_session(spark, release_session=False)  # not spark.stop(): see close_session
     return {"spark_read": round(read_only, 3), "decode": round(decoded - read_only, 3),
             "transfer": round(encoded - encoding - decoded, 3), "encode": round(encoding, 3),
             "read_decode_transfer_encode": round(encoded, 3)}
@@ -467,12 +476,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.after_restart:
             # Round 1's pipeline is declared before the restart, as a deployment's pipelines are: the stack's
             # warm-up (unless KL_SPARK_CONNECT_WARM_UP=0) reads its newest records.
-            declared = round_pipeline(setup, 0, args.delivery_mode)
+            declared = round_pipeline(setup, args.delivery_mode)
             stack_command("restart-spark-connect")
         rounds = []
         for round_no in range(args.rounds):
             contender = (run_under_airflow(setup, round_no) if args.airflow else run_kafka_ledger(
-                setup, declared if declared and round_no == 0 else round_pipeline(setup, round_no, args.delivery_mode)))
+                setup, declared if declared and round_no == 0 else round_pipeline(setup, args.delivery_mode)))
             result: dict[str, Any] = {"round": round_no + 1, "kafka_ledger": contender}
             if args.stages and runtime == "connect" and not args.airflow:
                 result["spark_stages"] = run_spark_stages(setup, contender)

@@ -359,7 +359,8 @@ def cmd_warm_up(args: argparse.Namespace) -> int:
     url = without_secrets(settings.spark_connect_url())
     pipelines = [] if args.no_pipelines else _pipelines(args.pipelines)
     try:
-        done = warm_up(args.records, pipelines, settings.bootstrap_servers() if pipelines else None)
+        done = warm_up(args.records, pipelines, settings.bootstrap_servers() if pipelines else None,
+                       settings.ledger_dsn() if pipelines else None)
     except (PySparkException, SparkServerError) as exc:
         raise Failed(f"could not warm up the Spark Connect server at {url} ({str(exc).splitlines()[0]}): is it "
                      "running (`scripts/stack.sh status` for the local stack)?") from exc

@@ -331,6 +331,24 @@ def anchor_topics(cur: Cursor, pipeline: str, topic_ids: dict[str, str]) -> None
     )
 
 
+def spark_session(cur: Cursor, pipeline: str) -> str | None:
+    """The Spark Connect session that replaced the pipeline's default one, if the server ever closed that."""
+    cur.execute(sql.SELECT_SPARK_SESSION, {"pipeline": pipeline})
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+def replace_spark_session(cur: Cursor, pipeline: str, closed: str, replacement: str) -> str:
+    """Make `replacement` the pipeline's Spark Connect session in place of `closed`; returns the session the
+    pipeline has now (another attempt's replacement, if one got there first)."""
+    cur.execute(sql.REPLACE_SPARK_SESSION, {"pipeline": pipeline, "closed": closed, "replacement": replacement})
+    row = cur.fetchone()
+    if row is None:  # the row names another session already: that replacement won
+        cur.execute(sql.SELECT_SPARK_SESSION, {"pipeline": pipeline})
+        row = cur.fetchone()
+    return row[0]
+
+
 def insert_start_positions(cur: Cursor, pipeline: str, starts: dict[TopicPartition, int]) -> None:
     psycopg2.extras.execute_batch(
         cur,

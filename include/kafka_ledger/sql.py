@@ -181,6 +181,17 @@ SELECT_LOG_START_RATES = """
     WHERE pipeline = %(pipeline)s AND previous_log_start IS NOT NULL AND since > previous_since
 """
 
+# --- Spark Connect sessions (the connect runtime) -----------------------------------------------------------------
+SELECT_SPARK_SESSION = "SELECT session_id::text FROM kafka_ledger.spark_sessions WHERE pipeline = %(pipeline)s"
+
+# Replaces the pipeline's session only if it is still the closed one: racing replacements settle on one session.
+REPLACE_SPARK_SESSION = """
+    INSERT INTO kafka_ledger.spark_sessions AS s (pipeline, session_id) VALUES (%(pipeline)s, %(replacement)s)
+    ON CONFLICT (pipeline) DO UPDATE SET session_id = EXCLUDED.session_id, since = now()
+    WHERE s.session_id = %(closed)s
+    RETURNING session_id::text
+"""
+
 SELECT_RESETS = """
     SELECT reset_id, requested_by, requested_at, reason, target, partitions, abandoned_batches
     FROM kafka_ledger.position_resets WHERE pipeline = %(pipeline)s ORDER BY reset_id DESC LIMIT %(limit)s
@@ -347,7 +358,7 @@ REOPEN_WRITTEN_BATCHES = """
 DELETE_PIPELINE_LEDGER_ROWS = [
     f"DELETE FROM kafka_ledger.{table} WHERE pipeline = %(pipeline)s"
     for table in ("dead_letters", "positions", "committed_ranges", "batches", "position_resets", "verified_points",
-                  "topic_anchors", "log_starts")
+                  "topic_anchors", "log_starts", "spark_sessions")
 ]
 
 SELECT_DEAD_LETTER_REASONS = """

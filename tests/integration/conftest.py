@@ -72,6 +72,7 @@ PIPELINES = {
     **{key: {"spark_runtime": "connect", "retries": 0, "max_records_per_partition": 100_000} for key in (
         "connect_kill", "connect_interrupt", "connect_server_connecting", "connect_server_streaming",
         "connect_race", "connect_unreachable", "connect_stages", "connect_warm_up", "connect_warm_up_no_topic",
+        "connect_session", "connect_leftovers",
         "blackholed_spark_connect", "blackholed_postgres", "blackholed_kafka", "blackholed_plan_kafka",
         "blackholed_plan_postgres",
         "connect_tx_after_staging", "connect_tx_commit_after_publish", "connect_tx_commit_before_end")},

@@ -20,11 +20,17 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from integration_support import assert_exactly_once, batches, good_value, stored
+from integration_support import assert_exactly_once, batches, good_value, query, stored
 
 from kafka_ledger import ledger
 from kafka_ledger.planner import plan_next_batch
-from kafka_ledger.runtimes.connect import ConnectBatch, SparkServerError
+from kafka_ledger.runtimes.connect import (
+    ConnectBatch,
+    SparkServerError,
+    client_session,
+    close_session,
+    default_session_id,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -263,3 +269,62 @@ def test_the_warm_up_runs_a_made_up_batch_then_reads_the_pipelines_newest_record
     unreachable = json.dumps({"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": 1})
     code, _, stderr = cli("warm-up", env={"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": unreachable})
     assert code == 4 and "could not warm up the Spark Connect server at sc://127.0.0.1:1/" in stderr, stderr
+
+
+def test_a_pipelines_batches_work_in_its_session_and_one_the_server_closed_is_replaced(
+        dsn, servers, pipeline_factory, producer, caplog):
+    pipeline = pipeline_factory("connect_session", partitions=2)
+    expected_dead: dict = {}
+
+    def next_batch(first: int) -> None:
+        batch_id, dead = produce_and_plan(dsn, servers, pipeline, producer, 200, bad=first == 0)
+        expected_dead.update(dead)
+        ConnectBatch(pipeline, batch_id).run(dsn, servers)
+
+    def replacement() -> list[tuple]:
+        return query(dsn, "SELECT session_id::text FROM kafka_ledger.spark_sessions WHERE pipeline = %s",
+                     pipeline.name)
+
+    next_batch(0)
+    assert replacement() == []  # its default session, named after the pipeline
+    # The server closes a session idle past its timeout, and refuses its id from then on.
+    spark = client_session(default_session_id(pipeline.name))
+    close_session(spark, release_session=True)
+    with caplog.at_level(logging.WARNING, logger="kafka_ledger.runtimes.connect"):
+        next_batch(1)
+    [(session_id,)] = replacement()
+    assert session_id != default_session_id(pipeline.name)
+    assert any("had closed session" in r.getMessage() and session_id in r.getMessage() for r in caplog.records)
+    next_batch(2)
+    assert replacement() == [(session_id,)]  # kept, batch after batch
+    assert_exactly_once(dsn, servers, pipeline, expected_dead)
+    assert [b.status for b in batches(dsn, pipeline)] == ["committed"] * 3
+
+
+def test_records_a_short_read_leaves_on_the_server_are_let_go_within_seconds(servers, pipeline_factory, producer):
+    # A read that ends before its poll's last record (a replay, a capped batch) leaves the rest in Spark's pool of
+    # fetched data, kept 5 minutes by default: small replays in a row filled the server's heap until it died.
+    from kafka_ledger import read
+    from kafka_ledger.planning import OffsetRange
+    from tools.stack import service_pids
+
+    def held() -> int:
+        histogram = subprocess.run(["jcmd", str(service_pids()["spark-connect"]), "GC.class_histogram"],
+                                   capture_output=True, text=True, check=True).stdout
+        return sum(int(line.split()[1]) for line in histogram.splitlines()
+                   if line.split()[-1:] == ["org.apache.kafka.clients.consumer.ConsumerRecord"])
+
+    pipeline = pipeline_factory("connect_leftovers", partitions=2)
+    for partition in (0, 1):
+        producer.send(pipeline.topics[0], [good_value(i) for i in range(5_000)], partition=partition)
+    spark = client_session(default_session_id(pipeline.name))
+    try:
+        ranges = [OffsetRange(pipeline.topics[0], partition, 0, 1) for partition in (0, 1)]
+        assert read.read_ranges(spark, ranges, servers, pipeline.name).count() == 2
+    finally:
+        close_session(spark, release_session=False)
+    assert held() >= 2 * 1_000  # the rest of each partition's poll, waiting for a read that starts at offset 1
+    deadline = time.monotonic() + 30
+    while held() >= 1_000:
+        assert time.monotonic() < deadline, "the server still holds the records a short read left behind"
+        time.sleep(2)

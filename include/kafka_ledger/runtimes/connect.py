@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kafka_ledger import commit, read
+from kafka_ledger import commit, ledger, read
 from kafka_ledger.commit import CommitResult
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.kafka_offsets import subscribed_offsets
@@ -45,7 +45,7 @@ CLIENT_RETRIES = {"max_retries": 5, "max_backoff": 10_000}
 # stops answering (a network that drops packets, a frozen JVM) would hold the task forever.
 HEARTBEAT_INTERVAL, HEARTBEAT_DEADLINE, HEARTBEAT_MISSES = 5.0, 10.0, 2
 
-# Names a batch's server-side session: every attempt of one batch works in the same session.
+# Names a pipeline's default server-side session (pipeline_session).
 _SESSION_NAMESPACE = uuid.UUID("6f1c7d0e-2f4b-4c1e-9a57-6b1f0d7a3c21")
 
 
@@ -68,12 +68,19 @@ class Heartbeat:
         self.lost: str | None = None
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat {description}", daemon=True)
 
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
+    def start(self) -> Heartbeat:
+        if not self._thread.is_alive() and not self._stopped.is_set():
+            self._thread.start()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __enter__(self) -> Heartbeat:
+        return self.start()
+
+    def stop(self) -> None:
         self._stopped.set()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
     def _ask(self) -> None:
         from pyspark.sql.connect.proto import base_pb2 as pb2
@@ -126,8 +133,30 @@ def configure(spark: SparkSession) -> None:
         spark.conf.set(key, value)
 
 
-def batch_session_id(pipeline: str, batch_id: int) -> str:
-    return str(uuid.uuid5(_SESSION_NAMESPACE, f"{pipeline}/{batch_id}"))
+def default_session_id(pipeline: str) -> str:
+    return str(uuid.uuid5(_SESSION_NAMESPACE, pipeline))
+
+
+def pipeline_session(cur: ledger.Cursor, pipeline: str) -> str:
+    """The server-side session every batch of the pipeline works in, batch after batch.
+
+    One session for all of them, not one per batch: Spark Connect gives each session a class loader of its own,
+    and Spark's cache of generated query code is kept per class loader, so a batch in a new session compiled its
+    query's code again (about 0.6 CPU-seconds, a tenth of a W1 batch: docs/benchmark.md). The default session is
+    named after the pipeline; the ledger names the one that replaced it if the server closed it
+    (`replace_session`).
+    """
+    return ledger.spark_session(cur, pipeline) or default_session_id(pipeline)
+
+
+def replace_session(dsn: str, pipeline: str, closed: str) -> str:
+    """A new session for the pipeline in place of one the server has closed (a session idle past the server's
+    spark.connect.session.manager.defaultSessionTimeout is closed, and its id refused for good)."""
+    with ledger.transaction(dsn) as cur:
+        session_id = ledger.replace_spark_session(cur, pipeline, closed, str(uuid.uuid4()))
+    log.warning("the Spark Connect server had closed session %s of pipeline %s (idle too long?): its batches work "
+                "in session %s from now on", closed, pipeline, session_id)
+    return session_id
 
 
 def attempt_tag(pipeline: str, batch_id: int, attempt: int) -> str:
@@ -141,7 +170,8 @@ def without_secrets(url: str) -> str:
 
 
 class ConnectBatch:
-    """One attempt at a batch on the Spark Connect server, from the task that runs it.
+    """One attempt at a batch on the Spark Connect server, from the task that runs it, in the pipeline's session
+    (`pipeline_session`).
 
     `interrupt()` may be called from another thread (Airflow's on_kill): it interrupts the attempt's
     query by its tag. An attempt that dies without that chance (SIGKILL) leaves its query to the next
@@ -157,13 +187,6 @@ class ConnectBatch:
         self._lock = threading.Lock()
         self._interrupted = threading.Event()
 
-    def _url(self) -> str:
-        return spark_connect_url(batch_session_id(self.pipeline.name, self.batch_id))
-
-    def _session(self) -> SparkSession:
-        """The batch's session on the server (no call to it yet: the first one is _prepare's)."""
-        return client_session(batch_session_id(self.pipeline.name, self.batch_id))
-
     def _prepare(self, spark: SparkSession, attempt: int) -> None:
         configure(spark)
         # Whatever an earlier attempt of this batch left running (its task was killed) stops now. By the
@@ -174,6 +197,33 @@ class ConnectBatch:
         if stale:
             log.warning("interrupted %d operation(s) an earlier attempt of batch %s left on the server",
                         len(stale), self.batch_id)
+
+    def _open(self, dsn: str, attempt: int, description: str) -> tuple[SparkSession, Heartbeat]:
+        """The pipeline's session on the server, prepared for the attempt, its heartbeat running. A session the
+        server has closed is replaced, once."""
+        with ledger.transaction(dsn) as cur:
+            session_id = pipeline_session(cur, self.pipeline.name)
+        replaced = False
+        while True:
+            spark = client_session(session_id)
+            heartbeat = Heartbeat(spark, description).start()
+            try:
+                self._prepare(spark, attempt)
+                return spark, heartbeat
+            except Exception as exc:
+                heartbeat.stop()
+                close_session(spark, release_session=False)
+                if _closed_session(exc) and not replaced:
+                    replaced = True
+                    session_id = replace_session(dsn, self.pipeline.name, session_id)
+                    continue
+                if heartbeat.lost is None and not _lost_server(exc):
+                    raise
+                raise SparkServerError(
+                    f"the Spark Connect server at {without_secrets(spark_connect_url(session_id))} is not reachable "
+                    f"({heartbeat.lost or exc}): nothing was read or published. Is it running (scripts/stack.sh "
+                    "status)? The task's retry, or the next run, resumes the batch"
+                ) from exc
 
     def run(self, dsn: str, servers: str) -> CommitResult:
         clock = Stopwatch()
@@ -186,21 +236,10 @@ class ConnectBatch:
             read.mark_nothing_to_read(dsn, attempt)
             return commit.commit_batch(dsn, servers, self.pipeline, self.batch_id)
         clock.lap("begin")
-        spark = self._session()
         description = f"attempt {attempt.number} of batch {self.batch_id}"
-        with Heartbeat(spark, description) as heartbeat:
-            try:
-                self._prepare(spark, attempt.number)
-            except Exception as exc:
-                close_session(spark, release_session=False)
-                if heartbeat.lost is None and not _lost_server(exc):
-                    raise
-                raise SparkServerError(
-                    f"the Spark Connect server at {without_secrets(self._url())} is not reachable "
-                    f"({heartbeat.lost or exc}): nothing was read or published. Is it running (scripts/stack.sh "
-                    "status)? The task's retry, or the next run, resumes the batch"
-                ) from exc
-            clock.lap("session")
+        spark, heartbeat = self._open(dsn, attempt.number, description)
+        clock.lap("session")
+        with heartbeat:
             tag = attempt_tag(self.pipeline.name, self.batch_id, attempt.number)
             spark.addTag(tag)
             with self._lock:
@@ -225,7 +264,7 @@ class ConnectBatch:
             finally:
                 with self._lock:
                     self._spark = self._tag = None
-        close_session(spark, release_session=True)  # the batch is done: its server-side session goes too
+        close_session(spark, release_session=False)  # the pipeline's next batch works in the same session
         return result
 
     def running(self) -> bool:
@@ -284,6 +323,13 @@ def _lost_server(exc: BaseException) -> bool:
         return True
     return isinstance(exc, SparkConnectGrpcException) and any(
         sign in str(exc) for sign in ("UNAVAILABLE", "SESSION_CHANGED", "Connection refused", "Socket closed"))
+
+
+def _closed_session(exc: BaseException) -> bool:
+    """Whether the server refused the session because it has closed it (the session's id is never reused)."""
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+
+    return isinstance(exc, SparkConnectGrpcException) and "SESSION_CLOSED" in str(exc)
 
 
 def _spark_failure(exc: BaseException) -> bool:
@@ -389,7 +435,7 @@ class WarmUp:
 
 
 def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] = (),
-            servers: str | None = None) -> WarmUp:
+            servers: str | None = None, dsn: str | None = None) -> WarmUp:
     """Warm a freshly started Spark Connect server up: run a made-up batch's decode and transfer on it, then read
     and decode the newest records of each pipeline of this runtime as its batches do (`servers`: Kafka's).
 
@@ -398,8 +444,9 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
     the first real batch find that code compiled: the JSON parser and Arrow's writer (the made-up batch: Spark
     makes up JSON records of every declared type, a dead letter in every 50, in the shape of its Kafka source's
     rows), and the Kafka reader, the pipeline's generated query code and its pooled consumers (its newest
-    records, read as its batches read them: assigned partitions, read_committed, nothing committed to Kafka).
-    Writes nothing anywhere. A pipeline whose topics are missing or empty is skipped, saying why.
+    records, read as its batches read them, in its session: assigned partitions, read_committed, nothing committed
+    to Kafka). `dsn`, the ledger's, names each pipeline's session (`pipeline_session`). Writes nothing anywhere.
+    A pipeline whose topics are missing or empty is skipped, saying why.
     For a process of its own (`kafka-ledger warm-up`): it waits for every Spark Connect release the process has
     under way, which a worker running batches must not do (see close_session).
     """
@@ -413,11 +460,18 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
         return sum(table.num_rows for table in arrow_stream(publish_frame(decode_records(frame, pipeline),
                                                                           pipeline, 0)))
 
+    def session_of(pipeline: PipelineConfig) -> SparkSession:
+        if dsn is None:
+            return client_session(default_session_id(pipeline.name))
+        with ledger.transaction(dsn) as cur:
+            return client_session(pipeline_session(cur, pipeline.name))
+
     made_up = PipelineConfig.model_validate(_WARM_UP_PIPELINE)
     started = time.monotonic()
     pipeline_records: dict[str, int] = {}
     skipped: dict[str, str] = {}
     spark = client_session(str(uuid.uuid4()))
+    sessions = [spark]
     try:
         configure(spark)
         n = F.col("id")
@@ -440,21 +494,29 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
             if not ranges:
                 skipped[pipeline.name] = f"its {pipeline.subscription} hold no records yet"
                 continue
+            # Its batches' session: Spark keeps the generated code of a query per session (pipeline_session).
+            sessions.append(session := session_of(pipeline))
             try:
+                configure(session)
                 # Fewer rows than offsets is right: a transactional producer's commit markers take offsets too.
                 pipeline_records[pipeline.name] = received(
-                    read.read_ranges(spark, ranges, servers or "", pipeline.name), pipeline)
+                    read.read_ranges(session, ranges, servers or "", pipeline.name), pipeline)
             except PySparkException as exc:  # its batches will fail the same way, saying so in their task logs
-                skipped[pipeline.name] = f"reading its newest records failed: {_headline(exc)}"
+                skipped[pipeline.name] = (
+                    "its Spark Connect session was closed: its next batch replaces it" if _closed_session(exc)
+                    else f"reading its newest records failed: {_headline(exc)}")
         # The client releases the finished queries on the server in threads of its own: let them finish before
         # the session goes, or each logs a warning. (Safe here: nothing was interrupted, see close_session.)
         from pyspark.sql.connect.client.reattach import ExecutePlanResponseReattachableIterator
 
         ExecutePlanResponseReattachableIterator.shutdown()
     except BaseException:
-        close_session(spark, release_session=False)  # an unreachable server would only be retried again
+        for session in sessions:
+            close_session(session, release_session=False)  # an unreachable server would only be retried again
         raise
     close_session(spark, release_session=True)
+    for session in sessions[1:]:
+        close_session(session, release_session=False)  # the pipelines' batches work in them next
     if made_up_records != records:
         raise SparkServerError(f"the warm-up batch came back with {made_up_records} of its {records} records")
     return WarmUp(made_up_records, pipeline_records, skipped, time.monotonic() - started)
