@@ -199,7 +199,7 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
     from kafka_ledger import read
     from kafka_ledger.decode import decode_records
     from kafka_ledger.publish import DEAD_LETTER_LINE, PUBLISHED, OutputEncoder, output_values, publish_frame
-    from kafka_ledger.runtimes.connect import arrow_stream, client_session, close_session, configure, pipeline_session
+    from kafka_ledger.runtimes.connect import arrow_stream, client_session, configure, let_go, pipeline_session
 
     pipeline = get_pipeline(contender["pipeline"])
     with ledger.transaction(setup.dsn) as cur:
@@ -242,7 +242,7 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
                         .collect()[0][0])
         encoded = timed(transfer_and_encode)
     finally:
-        close_session(spark, release_session=False)  # not spark.stop(): see close_session
+        let_go(spark)  # not spark.stop(): see close_session
     return {"spark_read": round(read_only, 3), "decode": round(decoded - read_only, 3),
             "transfer": round(encoded - encoding - decoded, 3), "encode": round(encoding, 3),
             "read_decode_transfer_encode": round(encoded, 3)}

@@ -115,6 +115,9 @@ def test_task_killed_while_its_query_runs_publishes_nothing_and_the_retry_publis
 
     code, out, err = finish(start_task(pipeline, batch_id))  # the task's retry
     assert code == 0, err
+    # Its result is its output's last line, and its log has no warning of releases cut short.
+    assert json.loads(out.strip().splitlines()[-1])["batch_id"] == batch_id
+    assert "ReleaseExecute" not in out + err
     (batch,) = batches(dsn, pipeline)
     assert (batch.status, batch.attempts, batch.staged_attempt) == ("committed", 2, 2)
     assert_exactly_once(dsn, servers, pipeline, expected_dead)

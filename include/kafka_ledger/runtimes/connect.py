@@ -264,7 +264,7 @@ class ConnectBatch:
             finally:
                 with self._lock:
                     self._spark = self._tag = None
-        close_session(spark, release_session=False)  # the pipeline's next batch works in the same session
+        let_go(spark)  # the pipeline's next batch works in the same session
         return result
 
     def running(self) -> bool:
@@ -292,14 +292,12 @@ class ConnectBatch:
 
 def close_session(spark: SparkSession, release_session: bool) -> None:
     """SparkSession.stop() without its client close: release the server-side session if asked, close the
-    gRPC channel, and stop being the process's default and active session.
+    gRPC channel (cutting off whatever it still streams), and stop being the process's default and active session.
 
     PySpark 4.0's client close waits, holding a lock, for the threads that release finished operations on
     the server, and such a thread can need that lock to release an abandoned (interrupted) operation: a
     deadlock. Closing the gRPC channel itself waits for nothing.
     """
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
-
     try:
         if release_session:
             spark.client.release_session()
@@ -307,11 +305,21 @@ def close_session(spark: SparkSession, release_session: bool) -> None:
         log.warning("could not release the Spark Connect session (%s); the server expires it when idle", exc)
     finally:
         spark.client._channel.close()
-        with ConnectSession._lock:
-            if spark is ConnectSession._default_session:
-                ConnectSession._default_session = None
-            if spark is getattr(ConnectSession._active_session, "session", None):
-                ConnectSession._active_session.session = None
+        let_go(spark)
+
+
+def let_go(spark: SparkSession) -> None:
+    """Stop using a session whose work ended well: it stops being the process's default and active session; its
+    server-side session stays (the pipeline's next batch works in it), and its gRPC channel closes once the client's
+    last release of a finished operation lets go of it. Closing the channel now would cut those releases short, each
+    with a warning in the task's log (after the task's result, where the fault campaign reads it)."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    with ConnectSession._lock:
+        if spark is ConnectSession._default_session:
+            ConnectSession._default_session = None
+        if spark is getattr(ConnectSession._active_session, "session", None):
+            ConnectSession._active_session.session = None
 
 
 def _lost_server(exc: BaseException) -> bool:
