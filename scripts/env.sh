@@ -53,6 +53,9 @@ KL_SPARK_CONNECT_CORES=${KL_SPARK_CONNECT_CORES:-1}
 # 1: after starting the Spark Connect server, scripts/stack.sh runs `kafka-ledger warm-up` (a made-up batch through
 # the decode) so that the first real batch finds the server's code compiled; 0 skips it.
 KL_SPARK_CONNECT_WARM_UP=${KL_SPARK_CONNECT_WARM_UP:-1}
+# The lake (Iceberg): its catalog `lake` is Iceberg's JDBC catalog in the stack's Postgres (database and role
+# `lake`), its data files under KL_LAKE_DIR; Spark's settings for it go into the stack's spark-defaults.conf.
+KL_LAKE_DIR=${KL_LAKE_DIR:-$KL_STATE/lake}
 
 # Passwords of the local stack (Postgres roles, Kafka's SCRAM user, the broker's key store, Spark's RPC secret): random, made
 # once per stack and kept in $KL_SECRETS (mode 600). Not common words: Airflow masks a password wherever it appears in a task log, so a password such as
@@ -63,7 +66,7 @@ mkdir -p "$(dirname "$KL_SECRETS")"
   umask 077
   flock 9  # two first runs at once: one writes, the other then reads the same values
   for name in KL_PG_SUPERUSER_PASSWORD KL_PG_LEDGER_PASSWORD KL_PG_AIRFLOW_PASSWORD KL_PG_AIRFLOW_TEST_PASSWORD \
-              KL_KAFKA_SASL_PASSWORD KL_KAFKA_KEYSTORE_PASSWORD KL_SPARK_AUTH_SECRET; do
+              KL_PG_LAKE_PASSWORD KL_KAFKA_SASL_PASSWORD KL_KAFKA_KEYSTORE_PASSWORD KL_SPARK_AUTH_SECRET; do
     grep -q "^$name=" "$KL_SECRETS" 2>/dev/null \
       || printf '%s=%s\n' "$name" "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" >>"$KL_SECRETS"
   done
@@ -111,7 +114,7 @@ export AIRFLOW_CONN_KAFKA_LEDGER_DB=${AIRFLOW_CONN_KAFKA_LEDGER_DB:-$KAFKA_LEDGE
 export AIRFLOW_CONN_KAFKA_LEDGER_KAFKA=${AIRFLOW_CONN_KAFKA_LEDGER_KAFKA:-"{\"conn_type\": \"generic\", \"extra\": {\"bootstrap.servers\": \"$KAFKA_LEDGER_BOOTSTRAP_SERVERS\"}}"}
 
 export KL_SECRETS KL_PG_AIRFLOW_TEST_PASSWORD KL_KAFKA_SASL_PASSWORD KL_KAFKA_SASL_PORT KL_TLS_DIR KL_KAFKA_SASL_USER
-export KL_HOME KL_STATE KL_VENV KL_KAFKA_LIBS KL_LOCAL_KAFKA KL_LOCAL_POSTGRES KL_LOCAL_SPARK_CONNECT KL_KAFKA_PORT
+export KL_HOME KL_STATE KL_VENV KL_KAFKA_LIBS KL_LOCAL_KAFKA KL_LOCAL_POSTGRES KL_LOCAL_SPARK_CONNECT KL_KAFKA_PORT KL_LAKE_DIR
 export KL_SPARK_SLOTS KL_SPARK_POOL_DESCRIPTION KL_KAFKA_CONTROLLER_PORT KL_PG_PORT KL_AIRFLOW_PORT KL_AIRFLOW_TEST_PORT KL_SPARK_CONNECT_PORT KL_SPARK_CONNECT_MEMORY KL_SPARK_CONNECT_CORES
 # Spark's settings for every Spark process of the stack (the cluster, spark-submit, the Connect server): a
 # spark-defaults.conf made from the secrets by scripts/stack.sh, so the RPC secret is on no command line.

@@ -198,7 +198,7 @@ install_jars() {
   fi
   key=$(hash_files "$KL_HOME/stack/maven/spark-jars/pom.xml" "$KL_HOME/requirements.lock")
   if ! stamp_ok spark-jars "$key"; then
-    say "resolving the Spark Kafka connector and the Postgres JDBC driver from Maven Central"
+    say "resolving the Spark Kafka connector, the Postgres JDBC driver and Iceberg's Spark runtime from Maven Central"
     tmp=$(mktemp -d); mvn_copy "$KL_HOME/stack/maven/spark-jars" "$tmp"
     pyspark_jars=$("$KL_VENV/bin/python" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')
     rm -rf "$KAFKA_LEDGER_SPARK_JARS_DIR"; mkdir -p "$KAFKA_LEDGER_SPARK_JARS_DIR"
@@ -274,13 +274,15 @@ create_databases() {
       | PGPASSWORD=postgres psql -v ON_ERROR_STOP=1 -q -h 127.0.0.1 -p "$KL_PG_PORT" -U postgres -d postgres
   fi
   # airflow_test: the metadata DB of the dedicated Airflow that tests/integration/test_airflow_rest.py starts.
-  say "creating roles and databases (kafka_ledger, airflow, airflow_test)"
+  # lake: Iceberg's JDBC catalog of the lake (its tables' metadata pointers; the data files are in KL_LAKE_DIR).
+  say "creating roles and databases (kafka_ledger, airflow, airflow_test, lake)"
   local name password
-  for name in kafka_ledger airflow airflow_test; do
+  for name in kafka_ledger airflow airflow_test lake; do
     case $name in
       kafka_ledger) password=$KL_PG_LEDGER_PASSWORD ;;
       airflow) password=$KL_PG_AIRFLOW_PASSWORD ;;
       airflow_test) password=$KL_PG_AIRFLOW_TEST_PASSWORD ;;
+      lake) password=$KL_PG_LAKE_PASSWORD ;;
     esac
     psql_super -d postgres <<SQL
 DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$name') THEN CREATE ROLE $name LOGIN; END IF; END \$\$;
@@ -379,12 +381,14 @@ start_spark_connect() {
   # On a cluster it holds its executors for good: spark.cores.max leaves the other cores to spark-submit batches.
   # A read that ends before a poll's last record (a replay, a capped batch) leaves the rest of that poll, up to
   # kafka.max.poll.records records, in Spark's pool of fetched data, where only a read starting at exactly that
-  # offset takes it; by default it stays 5 minutes, and 20 small replays of an 18-partition topic in that time
-  # filled a 1 GB heap until the server died. Kept 10 s at most: the next capped batch of a drain usually finds
-  # it, and a miss costs one fetch. (docs/deployment.md, Memory)
+  # offset takes it; by default it stays 5 minutes, and ten reads of one record from each of 18 partitions held
+  # 1.8 million records (about 500 MB) of a 1 GB heap. Kept 10 s at most: the next capped batch of a drain usually
+  # finds it, and a miss costs one fetch. (docs/deployment.md, Memory)
   # Each pipeline's batches work in one session of their own (runtimes/connect.py: pipeline_session), which keeps
   # their compiled query code: idle for a day and the server closes it, and the next batch replaces it.
-  # The master is on the command line: a server asked for on another master is restarted there by apply_programs.
+  # The master is on the command line: a server asked for on another master is restarted there by apply_programs,
+  # and so is one whose spark-defaults.conf changed (its fingerprint in the environment; the file holds secrets).
+  local conf_fingerprint; conf_fingerprint=$(hash_files "$SPARK_CONF_DIR/spark-defaults.conf" 2>/dev/null || echo none)
   write_program spark-connect 40 TERM 30 true "$KL_VENV/bin/spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer \
 --name kafka-ledger-spark-connect --master $KAFKA_LEDGER_SPARK_MASTER --driver-memory $KL_SPARK_CONNECT_MEMORY --jars $jars \
 --conf spark.connect.grpc.binding.address=127.0.0.1 --conf spark.connect.grpc.binding.port=$KL_SPARK_CONNECT_PORT \
@@ -393,7 +397,7 @@ start_spark_connect() {
 --conf spark.kafka.consumer.fetchedData.cache.timeout=10s --conf spark.kafka.consumer.fetchedData.cache.evictorThreadRunInterval=5s \
 --conf spark.connect.session.manager.defaultSessionTimeout=24h \
 --conf \"spark.driver.extraJavaOptions=-XX:-DontCompileHugeMethods -XX:MaxDirectMemorySize=256m -XX:ReservedCodeCacheSize=96m -XX:MaxMetaspaceSize=256m -XX:+UseParallelGC -Duser.timezone=UTC -Dlog4j2.configurationFile=file:$KL_HOME/stack/spark-connect/log4j2.properties\" \
-spark-internal" "environment=MALLOC_ARENA_MAX=\"2\""
+spark-internal" "environment=MALLOC_ARENA_MAX=\"2\",KL_SPARK_CONF_FINGERPRINT=\"$conf_fingerprint\""
   apply_programs
   if running spark-connect; then
     say "spark connect: already running (pid $(service_pid spark-connect), master $KAFKA_LEDGER_SPARK_MASTER)"; return
@@ -481,9 +485,21 @@ spark.ui.killEnabled               false
 CONF
     )
   else
-    printf '# external Spark master %s: its settings are the deployment'"'"'s (SPARK_CONF_DIR)\n' \
-      "$KAFKA_LEDGER_SPARK_MASTER" >"$SPARK_CONF_DIR/spark-defaults.conf.tmp"
+    (umask 077; printf '# external Spark master %s: its settings are the deployment'"'"'s (SPARK_CONF_DIR)\n' \
+      "$KAFKA_LEDGER_SPARK_MASTER" >"$SPARK_CONF_DIR/spark-defaults.conf.tmp")
   fi
+  # The lake's catalog, for every Spark process and for kafka-ledger's reader of it (kafka_ledger.lake): in this
+  # file, so its password is on no command line. Over TLS, like the ledger.
+  [ "$KL_LOCAL_POSTGRES" = 1 ] && cat >>"$SPARK_CONF_DIR/spark-defaults.conf.tmp" <<CONF
+spark.sql.catalog.lake                     org.apache.iceberg.spark.SparkCatalog
+spark.sql.catalog.lake.type                jdbc
+spark.sql.catalog.lake.uri                 jdbc:postgresql://127.0.0.1:$KL_PG_PORT/lake?sslmode=verify-full&sslrootcert=$KL_TLS_DIR/ca.pem
+spark.sql.catalog.lake.jdbc.user           lake
+spark.sql.catalog.lake.jdbc.password       $KL_PG_LAKE_PASSWORD
+spark.sql.catalog.lake.jdbc.schema-version V1
+spark.sql.catalog.lake.warehouse           file://$KL_LAKE_DIR
+CONF
+  mkdir -p "$KL_LAKE_DIR"
   mv "$SPARK_CONF_DIR/spark-defaults.conf.tmp" "$SPARK_CONF_DIR/spark-defaults.conf"
 }
 

@@ -1,0 +1,81 @@
+"""The lake's Iceberg catalogs as Spark declares them, and a reader of their tables that needs no Spark (pyiceberg)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, urlsplit
+
+from jproperties import Properties
+from sqlalchemy.engine import URL
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+# Spark's own settings file: every Spark process reads it (spark-submit, the Spark Connect server), and so does
+# kafka-ledger to reach the same catalogs without Spark. One home for a catalog's settings.
+SPARK_DEFAULTS = "spark-defaults.conf"
+# The libpq connection parameters a JDBC URL's query may carry over to the reader's psycopg2 connection.
+_LIBPQ_PARAMETERS = {"sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout", "application_name"}
+
+
+class LakeError(RuntimeError):
+    """A lake catalog is not declared, or declared in a way kafka-ledger cannot read without Spark."""
+
+
+def spark_conf_dir() -> Path:
+    """Spark's configuration folder, as spark-submit finds it: $SPARK_CONF_DIR, else $SPARK_HOME/conf."""
+    if os.environ.get("SPARK_CONF_DIR"):
+        return Path(os.environ["SPARK_CONF_DIR"])
+    if os.environ.get("SPARK_HOME"):
+        return Path(os.environ["SPARK_HOME"]) / "conf"
+    raise LakeError("the lake's catalogs are declared in Spark's spark-defaults.conf: set SPARK_CONF_DIR to its "
+                    "folder (scripts/env.sh does for the local stack)")
+
+
+def catalog_settings(name: str, conf_dir: Path | None = None) -> dict[str, str]:
+    """The Spark settings of catalog `name` (`spark.sql.catalog.<name>.<key>`) as {key: value}."""
+    path = (conf_dir or spark_conf_dir()) / SPARK_DEFAULTS
+    properties = Properties()
+    try:
+        with path.open("rb") as handle:
+            properties.load(handle, "utf-8")
+    except FileNotFoundError:
+        raise LakeError(f"no {path}: the lake's catalogs are declared there (spark.sql.catalog.<name>.*)") from None
+    prefix = f"spark.sql.catalog.{name}"
+    if prefix not in properties:
+        raise LakeError(f"catalog {name!r} is not declared in {path} (no {prefix})")
+    return {key[len(prefix) + 1:]: properties[key].data for key in properties if key.startswith(prefix + ".")}
+
+
+def reader_properties(name: str, settings: dict[str, str]) -> dict[str, str]:
+    """pyiceberg's properties for the catalog Spark knows by `settings`: a JDBC catalog on Postgres becomes
+    pyiceberg's SQL catalog over the same tables, a REST catalog stays one."""
+    kind = settings.get("type", "")
+    if kind == "rest":
+        return {"type": "rest", **{k: v for k, v in settings.items() if k != "type"}}
+    if kind != "jdbc":
+        raise LakeError(f"catalog {name!r} is of type {kind or '(none)'!r}: kafka-ledger reads jdbc and rest "
+                        "catalogs without Spark")
+    jdbc = settings.get("uri", "")
+    if not jdbc.startswith("jdbc:postgresql://"):
+        raise LakeError(f"catalog {name!r}: its JDBC catalog must be in PostgreSQL (uri jdbc:postgresql://...)")
+    parts = urlsplit(jdbc[len("jdbc:"):])
+    unknown = sorted(k for k, _ in parse_qsl(parts.query) if k not in _LIBPQ_PARAMETERS)
+    if unknown:
+        raise LakeError(f"catalog {name!r}: its JDBC URL has parameters the reader cannot pass on: "
+                        f"{', '.join(unknown)}")
+    url = URL.create("postgresql+psycopg2", username=settings.get("jdbc.user"), password=settings.get("jdbc.password"),
+                     host=parts.hostname, port=parts.port, database=parts.path.lstrip("/"),
+                     query=dict(parse_qsl(parts.query)))
+    # A reader never creates the catalog's tables: Spark's JDBC catalog makes them, with its own columns.
+    return {"type": "sql", "uri": url.render_as_string(hide_password=False), "init_catalog_tables": "false",
+            **({"warehouse": settings["warehouse"]} if "warehouse" in settings else {})}
+
+
+def reader(name: str, conf_dir: Path | None = None) -> Catalog:
+    """Catalog `name` as pyiceberg reads it: the same tables, snapshots and files Spark writes, without Spark."""
+    from pyiceberg.catalog import load_catalog
+
+    return load_catalog(name, **reader_properties(name, catalog_settings(name, conf_dir)))
