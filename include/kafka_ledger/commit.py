@@ -28,7 +28,8 @@ from kafka_ledger.planning import (
     cover_with_read,
     identity_changes,
 )
-from kafka_ledger.sinks import Sink, sink_for
+from kafka_ledger.sinks import IcebergSink, Sink, sink_for
+from kafka_ledger.sinks.iceberg import BatchSnapshot
 from kafka_ledger.sinks.postgres import COPY_CHUNK_BYTES
 from kafka_ledger.stages import Stopwatch, describe
 
@@ -200,6 +201,52 @@ def publish_stream(
     _log_commit(pipeline, batch, result, replaced)
     log.info("batch %s attempt %d took %.2f s: %s", batch_id, attempt, time.monotonic() - clock.started,
              describe(clock.stages))
+    return dataclasses.replace(result, stages=dict(clock.stages))
+
+
+def publish_snapshot(
+    dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int, attempt: int, snapshot: BatchSnapshot,
+    dead_letters: list[tuple[str, int, int, str]], *, started: float, clock: Stopwatch | None = None,
+) -> CommitResult:
+    """In ONE transaction: record the Iceberg snapshot that published an attempt's rows, publish its dead letters,
+    move the offsets.
+
+    An Iceberg sink's commit (sinks/iceberg.py): Spark has committed the batch's rows as `snapshot`. The offsets
+    move only if that snapshot is in the table's current history now, and if its rows of the batch (read back
+    without Spark) and the dead letters (topic, partition, offset, COPY line) together cover the ranges, each
+    record once. Only the attempt that began last may publish, as with any sink.
+    """
+    clock = clock or Stopwatch()
+    with _publishing(dsn, servers, pipeline, batch_id) as p:
+        batch = _newest_attempt(p.batch, attempt)
+        sink = p.sink
+        assert isinstance(sink, IcebergSink)
+        current = sink.batch_snapshot(batch_id)
+        if current is None or current.snapshot_id != snapshot.snapshot_id:
+            raise CommitError(f"batch {batch_id}: snapshot {snapshot.snapshot_id} is no longer the batch's snapshot in "
+                              f"{sink.target}'s current history (rolled back?): nothing was published")
+        replaced = _remove_published(p, pipeline)
+        dead = 0
+        if dead_letters:
+            p.cur.copy_expert(sql.COPY_DEAD_LETTERS, io.BytesIO("".join(d[3] for d in dead_letters).encode()),
+                              size=COPY_CHUNK_BYTES)
+            dead = p.cur.rowcount
+        stats = sink.read_stats(snapshot, (d[:3] for d in dead_letters))
+        problems = check_read_coverage(batch.ranges, stats)
+        if problems:
+            raise CommitError(f"batch {batch_id} snapshot {snapshot.snapshot_id} and its dead letters do not cover "
+                              "its ranges: " + "; ".join(problems))
+        read_seconds = time.monotonic() - started
+        ledger.mark_written(p.cur, batch_id, attempt, stats, read_seconds)
+        log_read(batch, attempt, stats, read_seconds)
+        ledger.record_snapshot(p.cur, batch_id, snapshot.snapshot_id)
+        failpoints.hit("commit_after_publish")
+        written = sum(s.records - s.dead_letters for s in stats)
+        result = _finish(p, pipeline, ledger.get_batch(p.cur, batch_id), written, dead, started)
+    clock.lap("commit")
+    _log_commit(pipeline, batch, result, replaced)
+    log.info("batch %s attempt %d took %.2f s (snapshot %s): %s", batch_id, attempt, time.monotonic() - clock.started,
+             snapshot.snapshot_id, describe(clock.stages))
     return dataclasses.replace(result, stages=dict(clock.stages))
 
 

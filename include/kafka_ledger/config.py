@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -116,6 +116,77 @@ class AssignedPartition(BaseModel):
 
 DeliveryMode = Literal["exactly_once", "at_least_once", "latest_only"]
 
+# An Iceberg partition transform of one output column: the column, or years/months/days/hours(column),
+# bucket(N, column), truncate(W, column).
+PARTITION_TRANSFORM = re.compile(
+    r"^(?:(?P<column>[a-z_][a-z0-9_]*)|(?:years|months|days|hours)\((?P<time_column>[a-z_][a-z0-9_]*)\)"
+    r"|(?:bucket|truncate)\((?P<width>[1-9][0-9]*), *(?P<sized_column>[a-z_][a-z0-9_]*)\))$")
+
+
+class PostgresSinkSpec(BaseModel):
+    """Rows go into the pipeline's `output_table` in the ledger's database, in the transaction that moves the
+    offsets (the default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["postgres"] = Field(description="`postgres`")
+
+
+class IcebergSinkSpec(BaseModel):
+    """Rows go into an Iceberg table through Spark, one snapshot per batch (docs/deployment.md, The lake)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["iceberg"] = Field(description="`iceberg`")
+    catalog: str = Field(default="lake", description="the Spark catalog holding the table, declared in Spark's "
+                                                     "`spark-defaults.conf` (`spark.sql.catalog.<name>.*`); the local "
+                                                     "stack declares `lake`")
+    namespace: str = Field(description="the table's namespace (created if missing)")
+    table: str = Field(description="the table, created if missing with the columns a postgres sink's table has "
+                                   "(the declared ones, the `kafka_*` coordinates and `batch_id`); one pipeline per "
+                                   "table")
+    partition_by: list[str] = Field(
+        default_factory=list,
+        description="the table's partition spec: Iceberg transforms of its columns, e.g. `days(event_time)`, "
+                    "`kafka_partition`, `bucket(16, user_id)`; none: unpartitioned, and each batch writes one file "
+                    "per Kafka partition range (no shuffle) ([The lake](deployment.md#the-lake-iceberg))")
+    target_file_size_mb: int | None = Field(
+        default=None, ge=1,
+        description="the table's `write.target-file-size-bytes` in MiB (Iceberg's default: 512)")
+    properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="more table properties, set when the table is created, e.g. "
+                    "`write.parquet.compression-codec: zstd`")
+
+    @field_validator("catalog", "namespace", "table")
+    @classmethod
+    def _is_identifier(cls, value: str) -> str:
+        if not IDENTIFIER.match(value):
+            raise ValueError(f"{value!r} must match {IDENTIFIER.pattern} (lower-case letters, digits, _)")
+        return value
+
+    @field_validator("partition_by")
+    @classmethod
+    def _transforms(cls, transforms: list[str]) -> list[str]:
+        for transform in transforms:
+            if not PARTITION_TRANSFORM.match(transform):
+                raise ValueError(f"partition_by {transform!r} is not a column or an Iceberg transform of one "
+                                 "(years/months/days/hours(c), bucket(N, c), truncate(W, c))")
+        return transforms
+
+    @property
+    def partition_columns(self) -> list[str]:
+        """The columns the partition spec transforms."""
+        return [next(c for c in PARTITION_TRANSFORM.match(t).group("column", "time_column", "sized_column") if c)
+                for t in self.partition_by]
+
+    @property
+    def qualified_table(self) -> str:
+        return f"{self.catalog}.{self.namespace}.{self.table}"
+
+
+SinkSpec = Annotated[PostgresSinkSpec | IcebergSinkSpec, Field(discriminator="type")]
+
 
 class PipelineConfig(BaseModel):
     """One pipeline: Kafka topics in, one Postgres table out."""
@@ -156,11 +227,17 @@ class PipelineConfig(BaseModel):
         default="ignore",
         description="fields of the JSON value that are not declared columns: `ignore` them, or `dead_letter` the "
                     "record (reason `unexpected field(s): ...`)")
-    output_table: str = Field(
-        description="the published table, created if missing in `output_schema`; it gets the declared columns plus "
-                    "`kafka_topic`, `kafka_partition`, `kafka_offset`, `kafka_timestamp`, `batch_id`. One pipeline "
-                    "per table: an entry whose table an entry earlier in the file writes is invalid")
-    output_schema: str = Field(default="public", description="the Postgres schema of `output_table`")
+    sink: SinkSpec = Field(
+        default_factory=lambda: PostgresSinkSpec(type="postgres"),
+        description="where rows are published: `postgres` (into `output_table`, in the transaction that moves the "
+                    "offsets) or an Iceberg table (`type: iceberg` and its fields, [below](#sinks))")
+    output_table: str | None = Field(
+        default=None,
+        description="sink `postgres` (required there): the published table, created if missing in `output_schema`; "
+                    "it gets the declared columns plus `kafka_topic`, `kafka_partition`, `kafka_offset`, "
+                    "`kafka_timestamp`, `batch_id`. One pipeline per table: an entry whose table an entry earlier in "
+                    "the file writes is invalid")
+    output_schema: str = Field(default="public", description="sink `postgres`: the Postgres schema of `output_table`")
     columns: list[ColumnSpec] = Field(
         min_length=1,
         description="the fields of the JSON value, one column each ([Columns](#columns)); names may not reuse "
@@ -207,10 +284,16 @@ class PipelineConfig(BaseModel):
             raise ValueError(f"pipeline name {value!r} is longer than 48 characters")
         return value
 
+    @field_validator("sink", mode="before")
+    @classmethod
+    def _sink_by_name(cls, value: object) -> object:
+        # `sink: postgres` is short for `sink: {type: postgres}`.
+        return {"type": value} if isinstance(value, str) else value
+
     @field_validator("name", "output_table", "output_schema")
     @classmethod
-    def _is_identifier(cls, value: str) -> str:
-        if not IDENTIFIER.match(value):
+    def _is_identifier(cls, value: str | None) -> str | None:
+        if value is not None and not IDENTIFIER.match(value):
             raise ValueError(f"{value!r} must match {IDENTIFIER.pattern} (lower-case letters, digits, _)")
         return value
 
@@ -263,6 +346,19 @@ class PipelineConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _sink_has_its_table(self) -> PipelineConfig:
+        if isinstance(self.sink, PostgresSinkSpec) and self.output_table is None:
+            raise ValueError("output_table is required: the table the postgres sink publishes into")
+        if isinstance(self.sink, IcebergSinkSpec):
+            if self.output_table is not None:
+                raise ValueError("output_table is for the postgres sink: an iceberg sink names its table in sink.table")
+            declared = {c.name for c in self.columns} | set(RESERVED_COLUMNS)
+            unknown = [c for c in self.sink.partition_columns if c not in declared]
+            if unknown:
+                raise ValueError(f"sink.partition_by names column(s) the table does not have: {', '.join(unknown)}")
+        return self
+
+    @model_validator(mode="after")
     def _columns_are_unique(self) -> PipelineConfig:
         names = [column.name for column in self.columns]
         duplicated = sorted({name for name in names if names.count(name) > 1})
@@ -293,6 +389,9 @@ class PipelineConfig(BaseModel):
 
     @property
     def qualified_output_table(self) -> str:
+        """Where the rows are published: `schema.table` in Postgres, `catalog.namespace.table` for Iceberg."""
+        if isinstance(self.sink, IcebergSinkSpec):
+            return self.sink.qualified_table
         return f"{self.output_schema}.{self.output_table}"
 
 

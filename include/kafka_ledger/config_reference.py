@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from kafka_ledger.config import ColumnSpec, PipelineConfig
+from kafka_ledger.config import ColumnSpec, IcebergSinkSpec, PipelineConfig
 from kafka_ledger.settings import PROJECT_ROOT, Settings, env_name
 
 BLOCK = re.compile(
@@ -50,6 +50,8 @@ def default_text(field: FieldInfo) -> str:
         return str(value)
     if isinstance(value, str):
         return f"`{value}`"
+    if isinstance(value, BaseModel):  # one of a union of kinds (a sink): named by its type
+        return f"`{getattr(value, 'type', type(value).__name__)}`"
     return f"`{json.dumps(value)}`"
 
 
@@ -131,6 +133,7 @@ GENERATED: dict[str, dict[str, Callable[[], str]]] = {
         # A pipeline's name is its entry's key in the file, not a field written in the entry.
         "pipeline fields": lambda: fields_table(PipelineConfig, leave_out=("name",)),
         "column fields": lambda: fields_table(ColumnSpec),
+        "iceberg sink fields": lambda: fields_table(IcebergSinkSpec),
         "deployment settings": lambda: settings_table([name for name in Settings.model_fields
                                                        if name not in TIMEOUTS]),
         "ledger timeouts": lambda: timeouts_table(TIMEOUTS),

@@ -5,7 +5,8 @@ KAFKA_LEDGER_FAILPOINTS_ONCE_DIR set, each fires only once: a marker file in tha
 so a retry of the same task runs through.
 
 Fail points: after_plan (the batch is recorded, the plan task has not returned), before_read and
-after_staging (Spark job), commit_after_publish and commit_before_end (inside the commit transaction).
+after_staging (Spark job), after_snapshot (an Iceberg sink's snapshot committed, the ledger's transaction not begun:
+the critical window), commit_after_publish and commit_before_end (inside the commit transaction).
 Actions: kill (SIGKILL this process), raise (FailPointError), pause (wait up to
 KAFKA_LEDGER_FAILPOINTS_PAUSE_SECONDS, 15 by default, or until the file `<name>.resume` appears in the
 once folder, so a test can restart a service meanwhile).

@@ -54,6 +54,7 @@ class Batch:
     reason: str | None = None
     window_start: datetime | None = None
     window_end: datetime | None = None
+    snapshot_id: int | None = None  # the Iceberg snapshot that published it (an Iceberg sink)
     ranges: list[OffsetRange] = field(default_factory=list)
 
     @property
@@ -393,6 +394,11 @@ def mark_written(
     )
 
 
+def record_snapshot(cur: Cursor, batch_id: int, snapshot_id: int) -> None:
+    """The Iceberg snapshot that published the batch (an Iceberg sink)."""
+    cur.execute(sql.RECORD_BATCH_SNAPSHOT, {"batch_id": batch_id, "snapshot_id": snapshot_id})
+
+
 def mark_failed(cur: Cursor, batch_id: int, error: str) -> None:
     """Record that the batch's read failed; it stays open and the next run resumes it unchanged."""
     cur.execute(sql.MARK_FAILED, {"batch_id": batch_id, "error": error[:4000]})
@@ -428,8 +434,8 @@ def _table_columns(cur: Cursor, schema: str, table: str) -> list[str]:
     return [row[0] for row in cur.fetchall()]
 
 
-def ensure_pipeline_tables(cur: Cursor, pipeline: PipelineConfig) -> None:
-    """Create the output and staging tables if missing; refuse an output table lacking declared columns."""
+def ensure_output_table(cur: Cursor, pipeline: PipelineConfig) -> None:
+    """Create the Postgres output table if missing; refuse one lacking declared columns."""
     cur.execute(sql.create_output_table(pipeline))
     existing = set(_table_columns(cur, pipeline.output_schema, pipeline.output_table))
     missing = [c.name for c in pipeline.columns if c.name not in existing]
@@ -438,6 +444,10 @@ def ensure_pipeline_tables(cur: Cursor, pipeline: PipelineConfig) -> None:
             f"pipeline {pipeline.name!r}: output table {pipeline.qualified_output_table} lacks declared "
             f"column(s) {', '.join(missing)}; add them with ALTER TABLE before running the pipeline"
         )
+
+
+def ensure_staging_table(cur: Cursor, pipeline: PipelineConfig) -> None:
+    """Create the pipeline's staging table if missing, rebuilt if the declared columns changed."""
     wanted = sql.staging_columns(pipeline)
     staged = _table_columns(cur, sql.STAGING_SCHEMA, pipeline.name)
     if staged and sorted(staged) != sorted(wanted):

@@ -14,6 +14,7 @@ from kafka_ledger import kafka_offsets, ledger, sql
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import PartitionOffsets, TopicPartition, partition_lag
 from kafka_ledger.settings import kafka_config
+from kafka_ledger.sinks import sink_for
 
 RecordId = tuple[str, int, int]  # (topic, partition, offset)
 
@@ -138,8 +139,8 @@ class PostgresRecords:
 
 
 def record_ids(cur: ledger.Cursor, pipeline: PipelineConfig) -> PostgresRecords:
-    cur.execute(sql.select_output_record_ids(pipeline))
-    output = [tuple(row) for row in cur.fetchall()]
+    """The coordinates of the pipeline's output rows (in whichever sink, read without Spark) and dead letters."""
+    output = sink_for(pipeline).output_record_ids(cur)
     cur.execute(sql.SELECT_DEAD_LETTER_IDS, {"pipeline": pipeline.name})
     return PostgresRecords(output, [tuple(row) for row in cur.fetchall()])
 

@@ -39,7 +39,8 @@ SET_TRANSACTION_STATEMENT_TIMEOUT = "SELECT set_config('statement_timeout', %(st
 BATCH_COLUMNS = """
     batch_id, pipeline, status, attempts, staged_attempt, dag_id, run_id, planned_at, started_at,
     written_at, committed_at, failed_at, records_read, records_written, records_dead_lettered,
-    read_seconds, commit_seconds, last_error, kind, replay_of, requested_by, reason, window_start, window_end
+    read_seconds, commit_seconds, last_error, kind, replay_of, requested_by, reason, window_start, window_end,
+    snapshot_id
 """
 
 UNFINISHED = "status NOT IN ('committed', 'abandoned')"
@@ -303,6 +304,9 @@ DELETE_DEAD_LETTER_RANGES = f"""
       AND d.kafka_offset >= r.from_offset AND d.kafka_offset < r.until_offset
 """
 
+# The Iceberg snapshot that published the batch (an Iceberg sink), recorded by the commit that moves the offsets.
+RECORD_BATCH_SNAPSHOT = "UPDATE kafka_ledger.batches SET snapshot_id = %(snapshot_id)s WHERE batch_id = %(batch_id)s"
+
 MARK_COMMITTED = """
     UPDATE kafka_ledger.batches
     SET status = 'committed', committed_at = now(), records_written = %(records_written)s,
@@ -485,6 +489,9 @@ def drop_staging_table(pipeline: PipelineConfig) -> sql.Composed:
 
 
 def drop_pipeline_tables(pipeline: PipelineConfig) -> sql.Composed:
+    """The pipeline's tables in the ledger's database: its staging table, and a Postgres sink's output table."""
+    if pipeline.output_table is None:
+        return drop_staging_table(pipeline)
     return sql.SQL("DROP TABLE IF EXISTS {}, {}").format(output_table(pipeline), staging_table(pipeline))
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-# The stages of a streamed attempt (the connect runtime), in order. `waiting_for_spark` and `copying` split
-# `stream`: the stream ran while Spark read, decoded and sent rows and Postgres copied them, so those overlap;
-# waiting_for_spark is the time COPY had nothing to take, copying the rest (Postgres taking rows, the
-# client's handling of them).
+# The stages of an attempt in the connect runtime, in order (for an Iceberg sink, `snapshot` instead of the stream's).
+# `waiting_for_spark` and `copying` split `stream`: the stream ran while Spark read, decoded and sent rows and
+# Postgres copied them, so those overlap; waiting_for_spark is the time COPY had nothing to take, copying the rest
+# (Postgres taking rows, the client's handling of them).
 STAGES = {
     "begin": "the attempt recorded in the ledger, the ranges checked against retention",
     "session": "the Spark Connect session opened and an earlier attempt's query stopped",
@@ -15,6 +15,7 @@ STAGES = {
     "stream": "from the first rows to the last one copied into Postgres",
     "waiting_for_spark": "part of `stream`: COPY waiting for Spark's next rows",
     "copying": "part of `stream`: Postgres taking rows, and the task's handling of them",
+    "snapshot": "an Iceberg sink: Spark reading, decoding and writing the batch's rows as one snapshot",
     "commit": "dead letters, coverage and topic-id checks, positions advanced, the transaction committed",
 }
 

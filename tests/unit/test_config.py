@@ -216,10 +216,31 @@ def test_bad_start_position_is_rejected():
     assert "pipelines.p.start_position" in message
 
 
-def test_missing_required_fields_are_all_reported():
-    message = config_error("pipelines:\n  p:\n    description: nothing else\n")
-    for field in ("output_table", "columns"):
-        assert f"pipelines.p.{field}: Field required" in message
+def test_missing_required_fields_are_reported():
+    assert "pipelines.p.columns: Field required" in config_error("pipelines:\n  p:\n    description: nothing else\n")
+    message = config_error("pipelines:\n  p:\n    topics: [t]\n    columns: [{name: x, type: int}]\n")
+    assert "output_table is required: the table the postgres sink publishes into" in message
+
+
+def test_an_iceberg_sink_names_its_table_and_a_partition_spec_of_its_columns():
+    text = ("pipelines:\n  p:\n    topics: [t]\n    columns: [{name: at, type: timestamp}, {name: u, type: string}]\n"
+            "    sink: {type: iceberg, namespace: ads, table: clicks, partition_by: ['days(at)', 'bucket(16, u)', "
+            "kafka_partition], target_file_size_mb: 64}\n")
+    pipeline = parse_pipelines(text)["p"]
+    assert pipeline.qualified_output_table == "lake.ads.clicks" and pipeline.output_table is None
+    assert pipeline.sink.partition_columns == ["at", "u", "kafka_partition"]
+    assert parse_pipelines(pipeline_yaml(sink="postgres"))["p"].sink.type == "postgres"  # the short form
+    for sink, problem in [
+        ("{type: iceberg, namespace: ads, table: clicks, partition_by: ['days(nope)']}",
+         "sink.partition_by names column(s) the table does not have: nope"),
+        ("{type: iceberg, namespace: ads, table: clicks, partition_by: ['days(at']}", "is not a column or an Iceberg"),
+        ("{type: iceberg, namespace: Ads, table: clicks}", "'Ads' must match"),
+        ("{type: iceberg, table: clicks}", "sink.iceberg.namespace: Field required"),
+        ("{type: lake}", "does not match any of the expected tags"),
+    ]:
+        assert problem in config_error(text.replace(text[text.index("{type: iceberg"):].rstrip("\n"), sink)), sink
+    both = text.replace("    sink:", "    output_table: x\n    sink:")
+    assert "output_table is for the postgres sink: an iceberg sink names its table in sink.table" in config_error(both)
 
 
 def test_two_pipelines_writing_the_same_output_table_are_rejected():

@@ -36,7 +36,7 @@ def test_defaults_are_shown_as_written_in_the_pipelines_file():
     table = config_reference.fields_table(PipelineConfig, leave_out=("name",))
     assert "| `max_records_per_partition` | 100000 |" in table
     assert "| `delivery_mode` | `exactly_once` |" in table
-    assert "| `output_table` | required |" in table
+    assert "| `output_table` | none |" in table and "| `sink` | `postgres` |" in table
     assert "| `spark_conf` | `{}` |" in table
     assert not any(line.startswith("| `name` |") for line in table.splitlines())  # the entry's key
 

@@ -35,6 +35,8 @@ class Runtime(ABC):
     # The Airflow task that runs the Spark work, and the one that commits (None: the Spark task commits).
     spark_task_id: ClassVar[str]
     commit_task_id: ClassVar[str | None]
+    # The kinds of sink (config.SinkSpec's `type`) it can publish into.
+    sinks: ClassVar[frozenset[str]] = frozenset({"postgres"})
 
     @abstractmethod
     def run_batch(self, pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> CommitResult:

@@ -15,13 +15,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kafka_ledger import commit, ledger, read
+from kafka_ledger import commit, failpoints, ledger, read
 from kafka_ledger.commit import CommitResult
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.kafka_offsets import subscribed_offsets
-from kafka_ledger.planning import OffsetRange, PartitionOffsets, PlanError, TopicPartition
+from kafka_ledger.planning import OffsetRange, PartitionOffsets, PlanError, TopicPartition, check_read_coverage
 from kafka_ledger.runtimes.base import AirflowTasks, Runtime
 from kafka_ledger.settings import runtime_name, spark_connect_url
+from kafka_ledger.sinks import IcebergSink, sink_for
 from kafka_ledger.stages import Stopwatch
 
 if TYPE_CHECKING:
@@ -380,8 +381,52 @@ def publish(
     started = time.monotonic()
     rows = publish_frame(decode_records(read.read_records(spark, attempt, servers), pipeline), pipeline,
                          attempt.batch.batch_id)
+    sink = sink_for(pipeline)
+    if isinstance(sink, IcebergSink):  # Spark writes the rows; the task gets the dead letters and commits
+        return _publish_snapshot(sink, rows, attempt, dsn, servers, interrupted, started, clock or Stopwatch())
     return commit.publish_stream(dsn, servers, pipeline, attempt.batch.batch_id, attempt.number,
                                  arrow_stream(rows, attempt, interrupted), started=started, clock=clock)
+
+
+def _publish_snapshot(sink: IcebergSink, rows: DataFrame, attempt: read.Attempt, dsn: str, servers: str,
+                      interrupted: threading.Event | None, started: float, clock: Stopwatch) -> CommitResult:
+    """An Iceberg sink's publish: Spark writes the batch's rows as one snapshot, unless the batch's snapshot is
+    in the table already (an earlier attempt died between that snapshot and the ledger's commit: it is adopted,
+    not written again); then the ledger's transaction records it, with the dead letters, and moves the offsets."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    from kafka_ledger.publish import COORDINATES, DEAD_LETTER_LINE, PUBLISHED
+
+    batch, number = attempt.batch, attempt.number
+    table = sink.table()
+    snapshot = sink.batch_snapshot(batch.batch_id, table)
+    if snapshot is not None:
+        # Adopted only if its rows and the dead letters, read again, cover the ranges as a write would.
+        dead = [tuple(r) for r in rows.where(~F.col(PUBLISHED)).select(*COORDINATES, DEAD_LETTER_LINE).collect()]
+        problems = check_read_coverage(batch.ranges, sink.read_stats(snapshot, (d[:3] for d in dead)))
+        log.warning("batch %s already has snapshot %s in %s, from attempt %s: %s", batch.batch_id,
+                    snapshot.snapshot_id, sink.target, snapshot.attempt,
+                    f"writing the batch again, since it does not cover the ranges ({'; '.join(problems)})"
+                    if problems else "adopting it, not writing the rows again")
+        snapshot = None if problems else snapshot
+    if snapshot is None:
+        dead_letter = F.struct(*COORDINATES, F.col(DEAD_LETTER_LINE).alias("line"))
+        # The dead letters come back with the write, observed on its way: the records are read once.
+        observed = Observation(f"dead letters of batch {batch.batch_id} attempt {number}")
+        sink.write(rows.observe(observed, F.collect_list(F.when(~F.col(PUBLISHED), dead_letter)).alias("dead"))
+                   .where(F.col(PUBLISHED)), batch.batch_id, number, batch.ranges, sink.current_snapshot_id(table))
+        dead = [tuple(d) for d in observed.get["dead"]]
+        snapshot = sink.batch_snapshot(batch.batch_id)
+        if snapshot is None or snapshot.attempt != number:
+            raise commit.CommitError(f"batch {batch.batch_id} attempt {number}: its snapshot is not in {sink.target}'s "
+                                     f"current history after its write (found {snapshot}): nothing was published")
+    clock.lap("snapshot")
+    failpoints.hit("after_snapshot")
+    if interrupted is not None and interrupted.is_set():
+        raise AttemptInterrupted(f"attempt {number} of batch {batch.batch_id} was interrupted")
+    return commit.publish_snapshot(dsn, servers, sink.pipeline, batch.batch_id, number, snapshot, dead,
+                                   started=started, clock=clock)
 
 
 def arrow_stream(frame: DataFrame, attempt: read.Attempt | None = None,
@@ -536,6 +581,7 @@ class ConnectRuntime(Runtime):
     name = "connect"
     spark_task_id = "read_and_commit"
     commit_task_id = None
+    sinks = frozenset({"postgres", "iceberg"})
 
     def run_batch(self, pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> CommitResult:
         return ConnectBatch(pipeline, batch_id).run(dsn, servers)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from kafka_ledger.config import PipelineConfig
+from kafka_ledger.config import IcebergSinkSpec, PipelineConfig
 from kafka_ledger.sinks.base import Sink
+from kafka_ledger.sinks.iceberg import IcebergSink
 from kafka_ledger.sinks.postgres import PostgresSink
 
-__all__ = ["PostgresSink", "Sink", "sink_for"]
+__all__ = ["IcebergSink", "PostgresSink", "Sink", "sink_for"]
 
 
 def sink_for(pipeline: PipelineConfig) -> Sink:
-    """The pipeline's sink: its Postgres output table (the only kind so far)."""
-    return PostgresSink(pipeline)
+    """The pipeline's sink, as its declaration says: its Postgres output table, or its Iceberg table."""
+    return IcebergSink(pipeline) if isinstance(pipeline.sink, IcebergSinkSpec) else PostgresSink(pipeline)

@@ -28,6 +28,10 @@ class Sink(ABC):
         """Create what the sink needs if missing; refuse, naming it, a target that cannot take the declared columns."""
 
     @abstractmethod
+    def output_record_ids(self, cur: Cursor) -> list[tuple[str, int, int]]:
+        """The (topic, partition, offset) of every row the output holds now, read back without Spark."""
+
+    @abstractmethod
     def remove(self, cur: Cursor, ranges: Iterable[OffsetRange]) -> int:
         """Delete the rows published earlier for these offsets (a rewrite replaces, never appends); returns how many."""
 

@@ -22,7 +22,12 @@ class PostgresSink(Sink):
         return self.pipeline.qualified_output_table
 
     def prepare(self, cur: Cursor) -> None:
-        ledger.ensure_pipeline_tables(cur, self.pipeline)
+        ledger.ensure_output_table(cur, self.pipeline)
+        ledger.ensure_staging_table(cur, self.pipeline)
+
+    def output_record_ids(self, cur: Cursor) -> list[tuple[str, int, int]]:
+        cur.execute(sql.select_output_record_ids(self.pipeline))
+        return [tuple(row) for row in cur.fetchall()]
 
     def remove(self, cur: Cursor, ranges: Iterable[OffsetRange]) -> int:
         cur.execute(sql.delete_output_ranges(self.pipeline), sql.ranges_params(ranges))
