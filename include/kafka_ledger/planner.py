@@ -219,7 +219,7 @@ def _refuse_unbuilt(pipeline: PipelineConfig, request: BatchRequest,
     built): refused before anything is recorded."""
     runtime = runtime_for(pipeline)
     if pipeline.sink.type not in runtime.sinks:
-        raise PlanError(f"pipeline {pipeline.name!r}: the {runtime.name} runtime cannot publish into a "
+        raise PlanError(f"pipeline {pipeline.name!r}: the {runtime.name} runtime cannot publish into the "
                         f"{pipeline.sink.type} sink (it publishes into: {', '.join(sorted(runtime.sinks))}); "
                         "nothing was planned")
     if not isinstance(pipeline.sink, IcebergSinkSpec):

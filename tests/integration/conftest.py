@@ -18,7 +18,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 # The shared helpers assert too: pytest rewrites their asserts as it does the tests' (told before the import).
 pytest.register_assert_rewrite("integration_support")
 
-from integration_support import COLUMNS, RUN, RecordedProducer, pipeline_name, topic_name  # noqa: E402
+from integration_support import (  # noqa: E402
+    COLUMNS,
+    LAKE_NAMESPACE,
+    RUN,
+    RecordedProducer,
+    pipeline_name,
+    topic_name,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -76,6 +83,17 @@ PIPELINES = {
         "blackholed_spark_connect", "blackholed_postgres", "blackholed_kafka", "blackholed_plan_kafka",
         "blackholed_plan_postgres",
         "connect_tx_after_staging", "connect_tx_commit_after_publish", "connect_tx_commit_before_end")},
+    # The Iceberg sink (test_iceberg_sink.py): a table of the lake each.
+    **{key: {"spark_runtime": "connect", "retries": 0, "output_table": None,
+             "sink": {"type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name(key)}}
+       for key in ("iceberg", "iceberg_adopt", "iceberg_race", "iceberg_conflict", "iceberg_refused")},
+    "iceberg_days": {"spark_runtime": "connect", "output_table": None, "sink": {
+        "type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name("iceberg_days"),
+        "partition_by": ["days(kafka_timestamp)", "kafka_partition"], "target_file_size_mb": 8}},
+    "iceberg_submit": {"spark_runtime": "submit", "output_table": None, "sink": {
+        "type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name("iceberg_submit")}},
+    "iceberg_no_catalog": {"spark_runtime": "connect", "output_table": None, "sink": {
+        "type": "iceberg", "catalog": "elsewhere", "namespace": LAKE_NAMESPACE, "table": pipeline_name("no_catalog")}},
     # Decoding and timestamp forms on the real Spark (test_decode.py).
     "timestamps": {"columns": [
         {"name": "event_id", "type": "string", "required": True},
@@ -208,8 +226,23 @@ def remove_test_artifacts(servers: str, dsn: str, test_pipelines_file: Path):
         for pipeline in read_pipelines(test_pipelines_file).valid.values():
             delete_pipeline(cur, pipeline)
     conn.close()
+    _drop_lake_tables(read_pipelines(test_pipelines_file).valid.values())
     admin = AdminClient({"bootstrap.servers": servers})
     existing = set(admin.list_topics(timeout=10).topics)
     topics = [name for name in existing if name.startswith(f"it-{RUN}-")]
     for future in admin.delete_topics(topics).values() if topics else ():
         future.result(timeout=30)
+
+
+def _drop_lake_tables(pipelines) -> None:
+    """This run's Iceberg tables, with their files."""
+    from kafka_ledger.config import IcebergSinkSpec
+    from kafka_ledger.sinks import IcebergSink
+
+    for pipeline in pipelines:
+        if isinstance(pipeline.sink, IcebergSinkSpec) and pipeline.sink.catalog == "lake":
+            sink = IcebergSink(pipeline)
+            try:
+                sink.catalog().purge_table(sink.identifier)
+            except Exception:  # noqa: BLE001 - never made (a refused plan), or made and gone already
+                pass

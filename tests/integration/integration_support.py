@@ -8,6 +8,7 @@ import ipaddress
 import json
 import os
 import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -31,6 +32,27 @@ from kafka_ledger.settings import runtime_name as spark_runtime
 # The columns of every test pipeline, and bad records with the reason the dead-letter table must give for each:
 # the fault campaign's too, so defined once, in tools/records.py.
 from tools.records import BAD_VALUES, COLUMNS  # noqa: F401 - the tests import them from here
+
+HARNESS = Path(__file__).resolve().parents[2] / "tools" / "fault_campaign"
+# The namespace of the test pipelines' Iceberg tables in the stack's lake.
+LAKE_NAMESPACE = "it_lake"
+
+
+def start_task(pipeline, batch_id: int, failpoints: str | None = None, once_dir: Path | None = None,
+               **env: str) -> subprocess.Popen:
+    """The connect runtime's Spark task (read, publish, commit) in its own process, as Airflow runs it."""
+    task_env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_LEDGER_FAILPOINTS")}
+    if failpoints:
+        task_env.update(KAFKA_LEDGER_FAILPOINTS=failpoints, KAFKA_LEDGER_FAILPOINTS_ONCE_DIR=str(once_dir))
+    task_env.update(env)
+    return subprocess.Popen([sys.executable, str(HARNESS), "task", "read_and_commit", "--pipeline", pipeline.name,
+                             "--batch-id", str(batch_id)], env=task_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(task: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
+    out, err = task.communicate(timeout=timeout)
+    return task.returncode, out, err
 
 
 def good_value(i: int) -> bytes:

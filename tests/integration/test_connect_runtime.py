@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -20,7 +18,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from integration_support import assert_exactly_once, batches, good_value, query, stored
+from integration_support import assert_exactly_once, batches, finish, good_value, query, start_task, stored
 
 from kafka_ledger import ledger
 from kafka_ledger.planner import plan_next_batch
@@ -34,25 +32,7 @@ from kafka_ledger.runtimes.connect import (
 
 pytestmark = pytest.mark.integration
 
-HARNESS = Path(__file__).resolve().parents[2] / "tools" / "fault_campaign"
 STACK = Path(__file__).resolve().parents[2] / "scripts" / "stack.sh"
-
-
-def start_task(pipeline, batch_id: int, failpoints: str | None = None, once_dir: Path | None = None,
-               **env: str) -> subprocess.Popen:
-    """The connect runtime's Spark task (read, publish, commit) in its own process."""
-    task_env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_LEDGER_FAILPOINTS")}
-    if failpoints:
-        task_env.update(KAFKA_LEDGER_FAILPOINTS=failpoints, KAFKA_LEDGER_FAILPOINTS_ONCE_DIR=str(once_dir))
-    task_env.update(env)
-    return subprocess.Popen([sys.executable, str(HARNESS), "task", "read_and_commit", "--pipeline", pipeline.name,
-                             "--batch-id", str(batch_id)], env=task_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def finish(task: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
-    out, err = task.communicate(timeout=timeout)
-    return task.returncode, out, err
 
 
 def attempts(dsn: str, batch_id: int) -> int:

@@ -86,7 +86,7 @@ class IcebergSink(Sink):
 
     # --- the table, without Spark ------------------------------------------------------------------------------
 
-    def _catalog(self) -> Any:
+    def catalog(self) -> Any:
         from kafka_ledger import lake  # reads Spark's settings file: only where a lake is used
 
         try:
@@ -99,7 +99,7 @@ class IcebergSink(Sink):
         from pyiceberg.exceptions import NoSuchTableError
 
         try:
-            return self._catalog().load_table(self.identifier)
+            return self.catalog().load_table(self.identifier)
         except NoSuchTableError:
             raise IcebergSinkError(f"pipeline {self.pipeline.name!r}: table {self.target} does not exist (its plan "
                                    "creates it)") from None
@@ -111,7 +111,7 @@ class IcebergSink(Sink):
 
         ledger.ensure_staging_table(cur, self.pipeline)
 
-        catalog = self._catalog()
+        catalog = self.catalog()
         try:
             catalog.create_namespace(self.spec.namespace)
         except NamespaceAlreadyExistsError:

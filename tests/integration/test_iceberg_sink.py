@@ -1,0 +1,168 @@
+"""The Iceberg sink in the connect runtime: one snapshot per batch, exactly once, the table read back without Spark
+(pyiceberg); the critical window between the snapshot and the ledger's commit; racing attempts; refusals."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+
+import pytest
+from integration_support import (
+    assert_exactly_once,
+    batches,
+    finish,
+    good_value,
+    positions,
+    start_task,
+    stored,
+)
+
+from kafka_ledger.batch_requests import BatchRequest, RequestError
+from kafka_ledger.planner import plan_next_batch
+from kafka_ledger.planning import PlanError
+from kafka_ledger.runtimes.connect import ConnectBatch
+from kafka_ledger.sinks import IcebergSink
+from kafka_ledger.sinks.iceberg import ATTEMPT_KEY, BATCH_KEY, PIPELINE_KEY, RANGES_KEY, IcebergSinkError
+
+pytestmark = pytest.mark.integration
+
+
+def produce(producer, pipeline, values: list[bytes]) -> list[tuple[str, int, int]]:
+    return producer.send(pipeline.topics[0], values)
+
+
+def snapshots(sink: IcebergSink) -> list[tuple[int, dict[str, str]]]:
+    """The table's snapshots in its current history, oldest first, with their summaries."""
+    table = sink.table()
+    current = {s.snapshot_id for s in table.history()} if table.current_snapshot() else set()
+    return [(s.snapshot_id, dict(s.summary.additional_properties)) for s in table.snapshots()
+            if s.snapshot_id in current]
+
+
+def rows_by_offset(sink: IcebergSink) -> dict[tuple[str, int, int], dict]:
+    rows = sink.table().scan().to_arrow().to_pylist()
+    return {(r["kafka_topic"], r["kafka_partition"], r["kafka_offset"]): r for r in rows}
+
+
+def test_each_batch_commits_one_stamped_snapshot_and_the_table_holds_each_record_once(
+        dsn, servers, pipeline_factory, producer):
+    pipeline = pipeline_factory("iceberg", partitions=3)
+    sink = IcebergSink(pipeline)
+    first = produce(producer, pipeline, [good_value(i) for i in range(300)] + [b"not json", b'{"amount": 1}'])
+    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    produce(producer, pipeline, [good_value(i) for i in range(300, 400)])
+    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+
+    expected_dead = {first[300]: "malformed JSON (not a JSON object)",
+                     first[301]: "required field 'event_id' is missing or null"}
+    assert_exactly_once(dsn, servers, pipeline, expected_dead)  # the table read back by pyiceberg, not Spark
+    assert max(Counter(sink.output_record_ids(None)).values()) == 1
+    committed = batches(dsn, pipeline)
+    history = snapshots(sink)
+    # One snapshot per batch, each stamped with its batch, attempt, pipeline and ranges; the ledger names it.
+    assert [(b.status, b.snapshot_id) for b in committed] == [("committed", s) for s, _ in history]
+    for batch, (_, summary) in zip(committed, history, strict=True):
+        assert (summary[BATCH_KEY], summary[ATTEMPT_KEY], summary[PIPELINE_KEY]) == (
+            str(batch.batch_id), "1", pipeline.name)
+        assert json.loads(summary[RANGES_KEY]) == [[r.topic, r.partition, r.from_offset, r.until_offset]
+                                                   for r in batch.ranges]
+    # The values as produced, in Iceberg's types.
+    rows = rows_by_offset(sink)
+    row = rows[first[7]]
+    assert (row["event_id"], row["amount"], row["price"], row["ok"], row["batch_id"]) == (
+        "e7", 7, 7 / 4, False, committed[0].batch_id)
+    assert row["event_time"].isoformat() == "2026-11-21T10:00:00+00:00"
+    assert {r["batch_id"] for r in rows.values()} == {b.batch_id for b in committed}
+
+
+def test_a_crash_between_the_snapshot_and_the_ledgers_commit_is_adopted_not_written_again(
+        dsn, servers, pipeline_factory, producer, tmp_path):
+    pipeline = pipeline_factory("iceberg_adopt", partitions=2)
+    sink = IcebergSink(pipeline)
+    sent = produce(producer, pipeline, [good_value(i) for i in range(500)] + [b"not json"])
+    batch_id = plan_next_batch(dsn, servers, pipeline).batch_id
+
+    code, _, _ = finish(start_task(pipeline, batch_id, "after_snapshot=kill", tmp_path))
+    assert code == -signal.SIGKILL and (tmp_path / "after_snapshot").exists()
+    [(snapshot_id, summary)] = snapshots(sink)  # the rows landed in the table...
+    assert summary[BATCH_KEY] == str(batch_id) and summary[ATTEMPT_KEY] == "1"
+    assert set(positions(dsn, pipeline).values()) == {0} and stored(dsn, pipeline)[1] == {}  # ...the ledger moved not
+    assert [(b.status, b.snapshot_id) for b in batches(dsn, pipeline)] == [("planned", None)]
+
+    code, _, err = finish(start_task(pipeline, batch_id))  # the retry
+    assert code == 0, err[-3000:]
+    assert "adopting it, not writing the rows again" in err
+    assert [s for s, _ in snapshots(sink)] == [snapshot_id]  # no second snapshot, no second copy
+    assert [(b.status, b.attempts, b.snapshot_id) for b in batches(dsn, pipeline)] == [("committed", 2, snapshot_id)]
+    assert_exactly_once(dsn, servers, pipeline, {sent[-1]: "malformed JSON (not a JSON object)"})
+
+
+def test_racing_attempts_on_the_same_batch_leave_its_rows_in_the_table_once(
+        dsn, servers, pipeline_factory, producer):
+    pipeline = pipeline_factory("iceberg_race", partitions=3)
+    sink = IcebergSink(pipeline)
+    produce(producer, pipeline, [good_value(i) for i in range(20_000)])
+    batch_id = plan_next_batch(dsn, servers, pipeline).batch_id
+
+    first = start_task(pipeline, batch_id)
+    second = start_task(pipeline, batch_id)  # a zombie and its replacement, both alive at once
+    results = [finish(first), finish(second)]
+    assert any(code == 0 for code, _, _ in results), [err[-2000:] for _, _, err in results]
+    for code, _, err in results:
+        if code != 0:  # fenced off by the ledger, or by the table's validation of the batch's rows
+            assert ("may not publish" in err or "superseded" in err or "ValidationException" in err
+                    or "interrupted" in err.lower()), err[-2000:]
+    [batch] = batches(dsn, pipeline)
+    assert batch.status == "committed" and batch.snapshot_id in [s for s, _ in snapshots(sink)]
+    assert_exactly_once(dsn, servers, pipeline, {})
+    assert max(Counter(sink.output_record_ids(None)).values()) == 1
+
+
+def test_a_partition_spec_and_file_size_are_the_tables(dsn, servers, pipeline_factory, producer):
+    pipeline = pipeline_factory("iceberg_days", partitions=2)
+    produce(producer, pipeline, [good_value(i) for i in range(1000)])
+    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    assert_exactly_once(dsn, servers, pipeline, {})
+    table = IcebergSink(pipeline).table()
+    assert [(f.name, str(f.transform)) for f in table.spec().fields] == [
+        ("kafka_timestamp_day", "day"), ("kafka_partition", "identity")]
+    assert table.properties["write.target-file-size-bytes"] == str(8 << 20)
+
+
+def test_what_the_sink_cannot_take_is_refused_before_anything_is_recorded(dsn, servers, pipeline_factory, producer):
+    def nothing_recorded(pipeline) -> None:
+        assert batches(dsn, pipeline) == []
+
+    # A table whose columns conflict with the declaration.
+    conflict = pipeline_factory("iceberg_conflict", partitions=1)
+    produce(producer, conflict, [good_value(1)])
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import NestedField, StringType
+
+    sink = IcebergSink(conflict)
+    sink.catalog().create_namespace_if_not_exists(sink.spec.namespace)
+    sink.catalog().create_table(sink.identifier, schema=Schema(NestedField(1, "amount", StringType())))
+    with pytest.raises(IcebergSinkError, match=r"does not fit the declared columns: column event_id is missing;.*"
+                                               r"column amount is string, not long \(long\)"):
+        plan_next_batch(dsn, servers, conflict)
+    nothing_recorded(conflict)
+
+    # A catalog Spark's settings do not declare.
+    no_catalog = pipeline_factory("iceberg_no_catalog", partitions=1)
+    with pytest.raises(IcebergSinkError, match="catalog 'elsewhere' is not declared in .*spark-defaults.conf"):
+        plan_next_batch(dsn, servers, no_catalog)
+    nothing_recorded(no_catalog)
+
+    # A runtime that cannot publish into it, and what is not built yet.
+    submitted = pipeline_factory("iceberg_submit", partitions=1)
+    with pytest.raises(PlanError, match="the submit runtime cannot publish into the iceberg sink"):
+        plan_next_batch(dsn, servers, submitted)
+    nothing_recorded(submitted)
+    refused = pipeline_factory("iceberg_refused", partitions=1)
+    produce(producer, refused, [good_value(1)])
+    ConnectBatch(refused, plan_next_batch(dsn, servers, refused).batch_id).run(dsn, servers)
+    with pytest.raises(RequestError, match="replays, time windows and backfills of an iceberg sink are not built"):
+        plan_next_batch(dsn, servers, refused, BatchRequest(mode="replay_batch", batch_id=batches(dsn, refused)[0]
+                                                               .batch_id))
+    assert len(batches(dsn, refused)) == 1
