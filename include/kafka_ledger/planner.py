@@ -9,7 +9,7 @@ from typing import Any
 
 from kafka_ledger import failpoints, headroom, kafka_offsets, ledger
 from kafka_ledger.batch_requests import BatchRequest, RequestError
-from kafka_ledger.config import IcebergSinkSpec, PipelineConfig
+from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import (
     LostDataError,
     OffsetRange,
@@ -97,7 +97,7 @@ def plan_batch(
     Invalid requests raise RequestError and write nothing.
     """
     request = request or BatchRequest()
-    _refuse_unbuilt(pipeline, request, backfill_window)
+    _refuse_sink(pipeline)
     with ledger.session(dsn) as conn:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
             sink_for(pipeline).prepare(cur)
@@ -213,20 +213,13 @@ def _refuse(problems: list[str]) -> None:
         raise RequestError("; ".join(problems))
 
 
-def _refuse_unbuilt(pipeline: PipelineConfig, request: BatchRequest,
-                    backfill_window: tuple[datetime, datetime] | None) -> None:
-    """A sink the pipeline's runtime cannot publish into, and what the Iceberg sink does not do yet (issue 23, being
-    built): refused before anything is recorded."""
+def _refuse_sink(pipeline: PipelineConfig) -> None:
+    """A sink the pipeline's runtime cannot publish into, refused before anything is recorded."""
     runtime = runtime_for(pipeline)
     if pipeline.sink.type not in runtime.sinks:
         raise PlanError(f"pipeline {pipeline.name!r}: the {runtime.name} runtime cannot publish into the "
                         f"{pipeline.sink.type} sink (it publishes into: {', '.join(sorted(runtime.sinks))}); "
                         "nothing was planned")
-    if not isinstance(pipeline.sink, IcebergSinkSpec):
-        return
-    if request.mode != "catch_up" or backfill_window is not None:
-        raise RequestError(f"pipeline {pipeline.name!r}: replays, time windows and backfills of an iceberg sink are "
-                           "not built yet; nothing was planned")
 
 
 def _plan(

@@ -18,7 +18,7 @@ from integration_support import (
     stored,
 )
 
-from kafka_ledger.batch_requests import BatchRequest, RequestError
+from kafka_ledger.batch_requests import BatchRequest
 from kafka_ledger.planner import plan_next_batch
 from kafka_ledger.planning import PlanError
 from kafka_ledger.runtimes.connect import ConnectBatch
@@ -154,15 +154,36 @@ def test_what_the_sink_cannot_take_is_refused_before_anything_is_recorded(dsn, s
         plan_next_batch(dsn, servers, no_catalog)
     nothing_recorded(no_catalog)
 
-    # A runtime that cannot publish into it, and what is not built yet.
+    # A runtime that cannot publish into it.
     submitted = pipeline_factory("iceberg_submit", partitions=1)
     with pytest.raises(PlanError, match="the submit runtime cannot publish into the iceberg sink"):
         plan_next_batch(dsn, servers, submitted)
     nothing_recorded(submitted)
-    refused = pipeline_factory("iceberg_refused", partitions=1)
-    produce(producer, refused, [good_value(1)])
-    ConnectBatch(refused, plan_next_batch(dsn, servers, refused).batch_id).run(dsn, servers)
-    with pytest.raises(RequestError, match="replays, time windows and backfills of an iceberg sink are not built"):
-        plan_next_batch(dsn, servers, refused, BatchRequest(mode="replay_batch", batch_id=batches(dsn, refused)[0]
-                                                               .batch_id))
-    assert len(batches(dsn, refused)) == 1
+
+
+def test_a_replay_replaces_exactly_its_ranges_rows_in_one_snapshot(dsn, servers, pipeline_factory, producer):
+    pipeline = pipeline_factory("iceberg_replay", partitions=2)
+    sink = IcebergSink(pipeline)
+    sent = produce(producer, pipeline, [good_value(i) for i in range(400)] + [b"not json"])
+    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    produce(producer, pipeline, [good_value(i) for i in range(400, 500)])
+    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    first, second = batches(dsn, pipeline)
+    before = rows_by_offset(sink)
+
+    replay = plan_next_batch(dsn, servers, pipeline, BatchRequest(mode="replay_batch", batch_id=first.batch_id,
+                                                                  reason="test"))
+    ConnectBatch(pipeline, replay.batch_id).run(dsn, servers)
+    replayed = batches(dsn, pipeline)[-1]
+    assert (replayed.kind, replayed.status, replayed.replay_of) == ("replay", "committed", first.batch_id)
+    # One more snapshot, stamped with the replay; the first batch's rows now the replay's, the second's untouched.
+    history = snapshots(sink)
+    assert len(history) == 3 and history[-1][0] == replayed.snapshot_id
+    assert history[-1][1][BATCH_KEY] == str(replayed.batch_id)
+    after = rows_by_offset(sink)
+    assert set(after) == set(before)
+    assert {k for k, r in after.items() if r["batch_id"] == replayed.batch_id} == {
+        k for k, r in before.items() if r["batch_id"] == first.batch_id}
+    assert {k for k, r in after.items() if r["batch_id"] == second.batch_id} == {
+        k for k, r in before.items() if r["batch_id"] == second.batch_id}
+    assert_exactly_once(dsn, servers, pipeline, {sent[-1]: "malformed JSON (not a JSON object)"})

@@ -199,12 +199,15 @@ class ConnectBatch:
             log.warning("interrupted %d operation(s) an earlier attempt of batch %s left on the server",
                         len(stale), self.batch_id)
 
-    def _open(self, dsn: str, attempt: int, description: str) -> tuple[SparkSession, Heartbeat]:
-        """The pipeline's session on the server, prepared for the attempt, its heartbeat running. A session the
-        server has closed is replaced, once."""
-        with ledger.transaction(dsn) as cur:
-            session_id = pipeline_session(cur, self.pipeline.name)
-        replaced = False
+    def _open(self, dsn: str, batch: ledger.Batch, attempt: int, description: str) -> tuple[SparkSession, Heartbeat]:
+        """The batch's session on the server, prepared for the attempt, its heartbeat running: the pipeline's, or
+        the batch's own (`own_session`). A pipeline's session the server has closed is replaced, once."""
+        if self._own_session(batch):
+            session_id = str(uuid.uuid5(_SESSION_NAMESPACE, f"{self.pipeline.name}/{batch.batch_id}"))
+        else:
+            with ledger.transaction(dsn) as cur:
+                session_id = pipeline_session(cur, self.pipeline.name)
+        replaced = self._own_session(batch)  # a batch's own session is never replaced: it is new
         while True:
             spark = client_session(session_id)
             heartbeat = Heartbeat(spark, description).start()
@@ -226,6 +229,11 @@ class ConnectBatch:
                     "status)? The task's retry, or the next run, resumes the batch"
                 ) from exc
 
+    def _own_session(self, batch: ledger.Batch) -> bool:
+        # An Iceberg rewrite stamps its MERGE's snapshot through its session's settings: not in a session that
+        # other batches of the pipeline may share at the same time.
+        return isinstance(sink_for(self.pipeline), IcebergSink) and not batch.moves_positions
+
     def run(self, dsn: str, servers: str) -> CommitResult:
         clock = Stopwatch()
         attempt = read.begin(dsn, servers, self.pipeline, self.batch_id)
@@ -238,7 +246,7 @@ class ConnectBatch:
             return commit.commit_batch(dsn, servers, self.pipeline, self.batch_id)
         clock.lap("begin")
         description = f"attempt {attempt.number} of batch {self.batch_id}"
-        spark, heartbeat = self._open(dsn, attempt.number, description)
+        spark, heartbeat = self._open(dsn, attempt.batch, attempt.number, description)
         clock.lap("session")
         with heartbeat:
             tag = attempt_tag(self.pipeline.name, self.batch_id, attempt.number)
@@ -265,7 +273,8 @@ class ConnectBatch:
             finally:
                 with self._lock:
                     self._spark = self._tag = None
-        let_go(spark)  # the pipeline's next batch works in the same session
+        # The pipeline's next batch works in the same session; a batch's own one the server expires when idle.
+        let_go(spark)
         return result
 
     def running(self) -> bool:
@@ -410,13 +419,18 @@ def _publish_snapshot(sink: IcebergSink, rows: DataFrame, attempt: read.Attempt,
                     f"writing the batch again, since it does not cover the ranges ({'; '.join(problems)})"
                     if problems else "adopting it, not writing the rows again")
         snapshot = None if problems else snapshot
-    if snapshot is None:
+    if snapshot is None and not batch.moves_positions:
+        # A rewrite's MERGE: its dead letters read on their own (rewrites are an operator's, and rarer).
+        dead = [tuple(r) for r in rows.where(~F.col(PUBLISHED)).select(*COORDINATES, DEAD_LETTER_LINE).collect()]
+        sink.merge(rows.where(F.col(PUBLISHED)), batch.batch_id, number, batch.ranges)
+    elif snapshot is None:
         dead_letter = F.struct(*COORDINATES, F.col(DEAD_LETTER_LINE).alias("line"))
         # The dead letters come back with the write, observed on its way: the records are read once.
         observed = Observation(f"dead letters of batch {batch.batch_id} attempt {number}")
         sink.write(rows.observe(observed, F.collect_list(F.when(~F.col(PUBLISHED), dead_letter)).alias("dead"))
                    .where(F.col(PUBLISHED)), batch.batch_id, number, batch.ranges, sink.current_snapshot_id(table))
         dead = [tuple(d) for d in observed.get["dead"]]
+    if snapshot is None:
         snapshot = sink.batch_snapshot(batch.batch_id)
         if snapshot is None or snapshot.attempt != number:
             raise commit.CommitError(f"batch {batch.batch_id} attempt {number}: its snapshot is not in {sink.target}'s "

@@ -4,7 +4,8 @@ ledger's commit finds and checks that snapshot without Spark (pyiceberg) before 
 Every snapshot a batch commits carries the batch in its summary (`kafka-ledger.batch-id`, `.attempt`, `.pipeline`,
 `.ranges`). A catch-up batch's write is an overwrite of exactly its own rows (`batch_id = B`), validated from the
 table's snapshot when its attempt began: a racing or zombie attempt of the same batch conflicts instead of adding a
-second copy, and a batch written again replaces its earlier rows in one snapshot.
+second copy, and a batch written again replaces its earlier rows in one snapshot. A rewrite of recorded ranges is
+one MERGE on the records' coordinates, idempotent: its rows replace the ranges' rows in one snapshot.
 """
 
 from __future__ import annotations
@@ -253,6 +254,37 @@ class IcebergSink(Sink):
         if validate_from is not None:
             writer = writer.option("validate-from-snapshot-id", str(validate_from))
         writer.overwrite(F.col(batch) == F.lit(batch_id).cast("long"))
+
+    def merge(self, rows: DataFrame, batch_id: int, attempt: int, ranges: list[OffsetRange]) -> None:
+        """A rewrite's snapshot (a replay, a time window, a backfill, offset ranges): ONE MERGE that replaces exactly
+        the ranges' rows with `rows` (the output columns but the batch id): a record read again updates its row, a
+        new one is inserted, a row of the ranges whose record is not among `rows` (a dead letter now) is deleted. A
+        reader never sees the ranges twice or not at all. Stamped through the session's settings (a MERGE takes no
+        write options): the session must be the batch's own (runtimes/connect.py)."""
+        from pyspark.sql import functions as F
+
+        spark = rows.sparkSession
+        batch = columns.BATCH_ID.name
+        view = f"kafka_ledger_rewrite_{batch_id}_{attempt}"
+        rows.select(*[F.col(c) for c in sql.output_columns(self.pipeline) if c != batch],
+                    F.lit(batch_id).cast("long").alias(batch)).createOrReplaceTempView(view)
+        topic, partition, offset = columns.names(columns.COORDINATES)
+        same_record = " AND ".join(f"t.{c} = s.{c}" for c in (topic, partition, offset))
+        # Topic names are [A-Za-z0-9._-] (config.TOPIC_NAME), partitions and offsets integers: nothing to escape.
+        in_ranges = " OR ".join(f"(t.{topic} = '{r.topic}' AND t.{partition} = {r.partition} AND t.{offset} >= "
+                                f"{r.from_offset} AND t.{offset} < {r.until_offset})" for r in ranges)
+        stamp = {f"spark.sql.iceberg.snapshot-property.{key}": value
+                 for key, value in self.stamp(batch_id, attempt, ranges).items()}
+        try:
+            for key, value in stamp.items():
+                spark.conf.set(key, value)
+            spark.sql(f"MERGE INTO {self.target} t USING {view} s ON {same_record} "
+                      "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT * "
+                      f"WHEN NOT MATCHED BY SOURCE AND ({in_ranges}) THEN DELETE")
+        finally:
+            for key in stamp:
+                spark.conf.unset(key)
+            spark.catalog.dropTempView(view)
 
     def stamp(self, batch_id: int, attempt: int, ranges: Iterable[OffsetRange]) -> dict[str, str]:
         """The summary properties of the batch's snapshot."""
