@@ -516,12 +516,14 @@ def _distinct_partitions(table: sql.Composable, where: sql.Composable) -> sql.Co
     ).format(table=table, where=where)
 
 
-def select_stored_partitions(pipeline: PipelineConfig) -> sql.Composed:
-    """Every (topic, partition) with a row in the output table or a dead letter of the pipeline."""
-    return sql.SQL("{} UNION {} ORDER BY 1, 2").format(
-        _distinct_partitions(output_table(pipeline), sql.SQL("true")),
-        _distinct_partitions(sql.Identifier("kafka_ledger", "dead_letters"), sql.SQL("pipeline = %(pipeline)s")),
-    )
+def select_output_partitions(pipeline: PipelineConfig) -> sql.Composed:
+    """Every (topic, partition) with a row in the Postgres output table."""
+    return _distinct_partitions(output_table(pipeline), sql.SQL("true"))
+
+
+# Every (topic, partition) with a dead letter of the pipeline.
+SELECT_DEAD_LETTER_PARTITIONS = _distinct_partitions(
+    sql.Identifier("kafka_ledger", "dead_letters"), sql.SQL("pipeline = %(pipeline)s"))
 
 
 def select_output_offsets(pipeline: PipelineConfig) -> sql.Composed:

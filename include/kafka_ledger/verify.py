@@ -52,6 +52,8 @@ from kafka_ledger.planning import (
     coverage_problems,
     earlier_incarnations,
 )
+from kafka_ledger.sinks import sink_for
+from kafka_ledger.sinks.base import OutputView
 
 log = logging.getLogger(__name__)
 
@@ -281,24 +283,22 @@ def _kafka_spans(spans: list[Span], read: list[Span], offsets: PartitionOffsets 
     return result
 
 
-def _stored_offsets(conn: psycopg2.extensions.connection, pipeline: PipelineConfig, tp: TopicPartition,
-                    span: Span) -> Iterator[tuple[int, bool]]:
-    """The partition's rows and dead letters in `span` as (offset, is_dead_letter), in offset order.
-
-    Two server-side cursors, each an ordered index scan, merged here: Postgres 15 plans an ORDER BY over a
-    UNION ALL of the two as a full sort (spilling to disk for a big partition), not as a merge.
-    """
+def _stored_offsets(conn: psycopg2.extensions.connection, pipeline: PipelineConfig, output: OutputView,
+                    tp: TopicPartition, span: Span) -> Iterator[tuple[int, bool]]:
+    """The partition's rows (in the sink's output) and dead letters (in the ledger) in `span` as (offset,
+    is_dead_letter), in offset order, merged here as they stream (Postgres 15 would plan an ORDER BY over a
+    UNION ALL of the two as a full sort, spilling to disk for a big partition)."""
     params = {"pipeline": pipeline.name, "topic": tp.topic, "partition": tp.partition,
               "from_offset": span[0], "until_offset": span[1]}
 
-    def scan(statement: Any, dead: bool) -> Iterator[tuple[int, bool]]:
+    def dead_letters() -> Iterator[tuple[int, bool]]:
         with conn.cursor(name=f"verify_{uuid.uuid4().hex}") as cur:
             cur.itersize = FETCH_ROWS
-            cur.execute(statement, params)
+            cur.execute(sql.SELECT_DEAD_LETTER_OFFSETS, params)
             for (offset,) in cur:
-                yield offset, dead
+                yield offset, True
 
-    return heapq.merge(scan(sql.select_output_offsets(pipeline), False), scan(sql.SELECT_DEAD_LETTER_OFFSETS, True))
+    return heapq.merge(((offset, False) for offset in output.offsets(tp, *span)), dead_letters())
 
 
 def _kafka_offsets(consumer: Any, tp: TopicPartition, spans: list[Span], deadline: float) -> Iterator[int]:
@@ -419,20 +419,18 @@ def verify_pipeline(
                 after = 0 if full or before is None else before
                 cur.execute(sql.SELECT_RANGES_COMMITTED_AFTER, {"pipeline": pipeline.name, "after": after})
                 committed_after = cur.fetchall()
-                cur.execute(sql.SELECT_TABLE_COLUMNS,
-                            {"schema": pipeline.output_schema, "table": pipeline.output_table})
-                has_output = cur.fetchone() is not None
-                stored_partitions = set()
-                if has_output:
-                    cur.execute(sql.select_stored_partitions(pipeline), {"pipeline": pipeline.name})
-                    stored_partitions = {TopicPartition(t, p) for t, p in cur.fetchall()}
+                output = sink_for(pipeline).output_view(conn)
+                has_output = output.exists()
+                stored_partitions = output.partitions() if has_output else set()
+                cur.execute(sql.SELECT_DEAD_LETTER_PARTITIONS, {"pipeline": pipeline.name})
+                stored_partitions |= {TopicPartition(t, p) for t, p in cur.fetchall()}
             report.partitions = len(positions)
             report.verified_point = {"before": before, "after": before, "advanced": False}
             if not full:
                 report.checked_after_batch = after
                 report.checked_batches = len({row[0] for row in committed_after})
             _ledger_checks(report, positions, coverage)
-            _check_data(conn, report, pipeline, bootstrap_servers, full, timeout, positions, coverage,
+            _check_data(conn, report, pipeline, output, bootstrap_servers, full, timeout, positions, coverage,
                         read_topic_ids, committed_after, stored_partitions, has_output)
             _check_mirror(report, pipeline, bootstrap_servers, positions)
         conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_DEFAULT, readonly=False)
@@ -466,6 +464,7 @@ def _check_data(
     conn: psycopg2.extensions.connection,
     report: VerifyReport,
     pipeline: PipelineConfig,
+    output: OutputView,
     bootstrap_servers: str,
     full: bool,
     timeout: float | None,
@@ -517,7 +516,7 @@ def _check_data(
                 compare_partition(
                     tally, w.tp,
                     _kafka_offsets(consumer, w.tp, kafka_spans, deadline) if kafka_spans else (),
-                    _stored_offsets(conn, pipeline, w.tp, span) if has_output else (),
+                    _stored_offsets(conn, pipeline, output, w.tp, span) if has_output else (),
                     _Where(w.read, w.position),
                     offsets[w.tp].log_start if w.tp in offsets else None,
                     w.tp.topic in compacted,

@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import IO
+
+from psycopg2.extensions import connection
 
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.ledger import Cursor
-from kafka_ledger.planning import OffsetRange
+from kafka_ledger.planning import OffsetRange, TopicPartition
+
+
+class OutputView(ABC):
+    """The output as `kafka-ledger verify` reads it: one consistent view for the whole verify."""
+
+    @abstractmethod
+    def exists(self) -> bool:
+        """Whether the output exists yet (its table is made by the first plan)."""
+
+    @abstractmethod
+    def partitions(self) -> set[TopicPartition]:
+        """Every partition with a row in the output."""
+
+    @abstractmethod
+    def offsets(self, tp: TopicPartition, from_offset: int, until_offset: int) -> Iterator[int]:
+        """The offsets of the partition's rows in [from, until), ascending, as they stream."""
 
 
 class Sink(ABC):
@@ -26,6 +44,11 @@ class Sink(ABC):
     @abstractmethod
     def prepare(self, cur: Cursor) -> None:
         """Create what the sink needs if missing; refuse, naming it, a target that cannot take the declared columns."""
+
+    @abstractmethod
+    def output_view(self, conn: connection) -> OutputView:
+        """The output for verify, consistent with the ledger's snapshot that `conn` (a read-only, repeatable-read
+        transaction) reads."""
 
     @abstractmethod
     def output_record_ids(self, cur: Cursor) -> list[tuple[str, int, int]]:

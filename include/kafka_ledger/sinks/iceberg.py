@@ -11,16 +11,17 @@ one MERGE on the records' coordinates, idempotent: its rows replace the ranges' 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from kafka_ledger import columns, ledger, sql
 from kafka_ledger.config import IcebergSinkSpec, PipelineConfig
-from kafka_ledger.planning import OffsetRange, PartitionReadStats
-from kafka_ledger.sinks.base import Sink
+from kafka_ledger.planning import OffsetRange, PartitionReadStats, TopicPartition
+from kafka_ledger.sinks.base import OutputView, Sink
 
 if TYPE_CHECKING:
+    from psycopg2.extensions import connection
     from pyiceberg.table import Table
     from pyspark.sql import DataFrame
 
@@ -65,6 +66,50 @@ def output_kinds(pipeline: PipelineConfig) -> dict[str, str]:
     """Each output column (sql.output_columns) and the kind of its values."""
     kinds = {**{c.name: c.type for c in pipeline.columns}, **{c.name: c.kind for c in columns.OUTPUT_TRAILER}}
     return {name: kinds[name] for name in sql.output_columns(pipeline)}
+
+
+class _SnapshotView(OutputView):
+    """The table as of one snapshot (its current one when the verify began), read without Spark."""
+
+    def __init__(self, sink: IcebergSink):
+        from pyiceberg.exceptions import NoSuchTableError
+
+        self._sink = sink
+        try:
+            self._table: Table | None = sink.catalog().load_table(sink.identifier)
+        except NoSuchTableError:
+            self._table = None
+        current = self._table.current_snapshot() if self._table is not None else None
+        self._snapshot_id = current.snapshot_id if current else None
+
+    def exists(self) -> bool:
+        return self._table is not None
+
+    def _scan(self, names: list[str], row_filter: Any = None) -> Any:
+        from pyiceberg.expressions import AlwaysTrue
+
+        assert self._table is not None and self._snapshot_id is not None
+        return self._table.scan(row_filter=row_filter or AlwaysTrue(), selected_fields=tuple(names),
+                                snapshot_id=self._snapshot_id).to_arrow()
+
+    def partitions(self) -> set[TopicPartition]:
+        if self._snapshot_id is None:
+            return set()
+        topic, partition, _ = columns.names(columns.COORDINATES)
+        found = self._scan([topic, partition]).group_by([topic, partition]).aggregate([]).to_pylist()
+        return {TopicPartition(r[topic], r[partition]) for r in found}
+
+    def offsets(self, tp: TopicPartition, from_offset: int, until_offset: int) -> Iterator[int]:
+        if self._snapshot_id is None:
+            return iter(())
+        import numpy as np
+        from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+
+        topic, partition, offset = columns.names(columns.COORDINATES)
+        # One scan per partition and span: the files' offset bounds skip every file outside it.
+        rows = self._scan([offset], And(EqualTo(topic, tp.topic), EqualTo(partition, tp.partition),
+                                        GreaterThanOrEqual(offset, from_offset), LessThan(offset, until_offset)))
+        return iter(np.sort(rows[offset].to_numpy()).tolist())
 
 
 class IcebergSink(Sink):
@@ -228,6 +273,9 @@ class IcebergSink(Sink):
         return [PartitionReadStats(r[topic], r[partition], r[f"{offset}_count"], r[f"{offset}_count_distinct"],
                                    r[f"{offset}_min"], r[f"{offset}_max"], r["dead_sum"])
                 for r in grouped.to_pylist()]
+
+    def output_view(self, conn: connection) -> OutputView:
+        return _SnapshotView(self)
 
     def output_record_ids(self, cur: ledger.Cursor) -> list[tuple[str, int, int]]:
         table = self.table()

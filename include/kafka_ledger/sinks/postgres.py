@@ -2,16 +2,52 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import uuid
+from collections.abc import Iterable, Iterator
 from typing import IO
 
+from psycopg2.extensions import connection
+
 from kafka_ledger import ledger, sql
+from kafka_ledger.config import PipelineConfig
 from kafka_ledger.ledger import Cursor
-from kafka_ledger.planning import OffsetRange
-from kafka_ledger.sinks.base import Sink
+from kafka_ledger.planning import OffsetRange, TopicPartition
+from kafka_ledger.sinks.base import OutputView, Sink
 
 # Bytes handed to COPY per read of the row stream.
 COPY_CHUNK_BYTES = 1 << 20
+
+
+# Rows fetched per round trip of a server-side cursor.
+FETCH_ROWS = 50_000
+
+
+class _TableView(OutputView):
+    """The output table in the verify's own transaction: the same snapshot as the ledger it reads."""
+
+    def __init__(self, conn: connection, pipeline: PipelineConfig):
+        self._conn, self._pipeline = conn, pipeline
+
+    def exists(self) -> bool:
+        with self._conn.cursor() as cur:
+            cur.execute(sql.SELECT_TABLE_COLUMNS, {"schema": self._pipeline.output_schema,
+                                                   "table": self._pipeline.output_table})
+            return cur.fetchone() is not None
+
+    def partitions(self) -> set[TopicPartition]:
+        with self._conn.cursor() as cur:
+            cur.execute(sql.select_output_partitions(self._pipeline))
+            return {TopicPartition(t, p) for t, p in cur.fetchall()}
+
+    def offsets(self, tp: TopicPartition, from_offset: int, until_offset: int) -> Iterator[int]:
+        # A server-side cursor, an ordered scan of the primary key: streamed, never held whole.
+        with self._conn.cursor(name=f"verify_{uuid.uuid4().hex}") as cur:
+            cur.itersize = FETCH_ROWS
+            cur.execute(sql.select_output_offsets(self._pipeline), {
+                "topic": tp.topic, "partition": tp.partition, "from_offset": from_offset,
+                "until_offset": until_offset})
+            for (offset,) in cur:
+                yield offset
 
 
 class PostgresSink(Sink):
@@ -24,6 +60,9 @@ class PostgresSink(Sink):
     def prepare(self, cur: Cursor) -> None:
         ledger.ensure_output_table(cur, self.pipeline)
         ledger.ensure_staging_table(cur, self.pipeline)
+
+    def output_view(self, conn: connection) -> OutputView:
+        return _TableView(conn, self.pipeline)
 
     def output_record_ids(self, cur: Cursor) -> list[tuple[str, int, int]]:
         cur.execute(sql.select_output_record_ids(self.pipeline))
