@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from kafka_ledger import commit, headroom, ledger, planner
 from kafka_ledger.batch_requests import RequestError, parse_request, trigger_form_fields
 from kafka_ledger.commit import CommitResult
-from kafka_ledger.config import PipelineConfig, get_pipeline
+from kafka_ledger.config import IcebergSinkSpec, PipelineConfig, get_pipeline
 from kafka_ledger.runtimes import RUNTIMES, runtime_for
 from kafka_ledger.runtimes.connect import ConnectBatch
 from kafka_ledger.runtimes.submit import (
@@ -85,11 +85,15 @@ class SubmitBatchOperator(SparkSubmitOperator):
 def output_asset(pipeline: PipelineConfig) -> Asset:
     """The Airflow Asset of a pipeline's output table: updated by every commit, so downstream DAGs can schedule on it.
 
-    `schedule=[output_asset(get_pipeline("impressions"))]`, or `Asset.ref(name="kafka_ledger.public.impressions")`.
+    `schedule=[output_asset(get_pipeline("impressions"))]`, or `Asset.ref(name="kafka_ledger.public.impressions")`
+    (an Iceberg sink's: `kafka_ledger.<catalog>.<namespace>.<table>`, URI `iceberg://<catalog>/<namespace>/<table>`).
     """
     table = pipeline.qualified_output_table
-    return Asset(name=f"kafka_ledger.{table}", uri=f"kafka-ledger://{pipeline.output_schema}/{pipeline.output_table}",
-                 group="kafka-ledger")
+    if isinstance(pipeline.sink, IcebergSinkSpec):
+        uri = f"iceberg://{pipeline.sink.catalog}/{pipeline.sink.namespace}/{pipeline.sink.table}"
+    else:
+        uri = f"kafka-ledger://{pipeline.output_schema}/{pipeline.output_table}"
+    return Asset(name=f"kafka_ledger.{table}", uri=uri, group="kafka-ledger")
 
 
 def committed(context: Any, pipeline: PipelineConfig, result: CommitResult) -> dict[str, Any]:
@@ -103,6 +107,7 @@ def committed(context: Any, pipeline: PipelineConfig, result: CommitResult) -> d
         "records_written": result.records_written, "records_dead_lettered": result.records_dead_lettered,
         "ranges": [{"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until_offset}
                    for r in batch.ranges],
+        **({"snapshot_id": batch.snapshot_id} if batch.snapshot_id is not None else {}),
     }
     return commit.after_commit(ledger_dsn(), bootstrap_servers(), pipeline, result)
 

@@ -23,7 +23,7 @@ import psycopg2
 from kafka_ledger import commit, kafka_offsets, ledger, overview, planner, planning, settings
 from kafka_ledger.batch_requests import BatchRequest, RequestError, as_utc, parse_request
 from kafka_ledger.commit import CommitError
-from kafka_ledger.config import ConfigError, PipelineConfig, get_pipeline, read_pipelines
+from kafka_ledger.config import ConfigError, IcebergSinkSpec, PipelineConfig, get_pipeline, read_pipelines
 from kafka_ledger.headroom import headroom_text
 from kafka_ledger.kafka_security import java_client_properties
 from kafka_ledger.resets import reset_positions
@@ -179,17 +179,20 @@ def cmd_batches(args: argparse.Namespace) -> int:
             + [f"  {key}: {d[key]}" for key in ("replay_of", "requested_by", "reason", "window_start", "window_end",
                                                 "dag_id", "run_id", "planned_at", "written_at", "committed_at",
                                                 "records_read", "records_written", "records_dead_lettered",
-                                                "read_seconds", "commit_seconds", "last_error") if d[key] is not None]
+                                                "read_seconds", "commit_seconds", "snapshot_id", "last_error")
+                                     if d[key] is not None]
             + ["  ranges:", _ranges_text(d["ranges"])]
         )
         _emit(args, d, text)
     else:
+        snapshots = isinstance(pipeline.sink, IcebergSinkSpec)  # an Iceberg sink's batches name their snapshot
         _emit(args, data, _table(
             ["BATCH", "KIND", "STATUS", "ATTEMPTS", "OFFSETS", "READ", "WRITTEN", "DEAD", "PLANNED", "REWRITES",
-             "RUN / REQUESTED BY"],
+             "RUN / REQUESTED BY", *(["SNAPSHOT"] if snapshots else [])],
             [[d["batch_id"], d["kind"], d["status"], d["attempts"], d["offsets"], d["records_read"],
               d["records_written"], d["records_dead_lettered"], f"{d['planned_at']:%Y-%m-%d %H:%M:%S}",
-              d["rewrites"], d["run_id"] or d["requested_by"]] for d in data],
+              d["rewrites"], d["run_id"] or d["requested_by"], *([d["snapshot_id"]] if snapshots else [])]
+             for d in data],
         ))
     return EXIT_OK
 

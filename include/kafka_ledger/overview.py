@@ -87,7 +87,7 @@ def batch_summary(b: ledger.Batch) -> dict[str, Any]:
         "planned_at": b.planned_at, "written_at": b.written_at, "committed_at": b.committed_at,
         "records_read": b.records_read, "records_written": b.records_written,
         "records_dead_lettered": b.records_dead_lettered, "read_seconds": b.read_seconds,
-        "commit_seconds": b.commit_seconds, "last_error": b.last_error,
+        "commit_seconds": b.commit_seconds, "last_error": b.last_error, "snapshot_id": b.snapshot_id,
         "offsets": sum(r.span for r in b.ranges),
         "ranges": [r.as_dict() for r in b.ranges],
     }

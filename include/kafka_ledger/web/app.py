@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
 from kafka_ledger import ledger, overview, settings
-from kafka_ledger.config import ConfigError, PipelineConfig, read_pipelines
+from kafka_ledger.config import ConfigError, IcebergSinkSpec, PipelineConfig, read_pipelines
 from kafka_ledger.headroom import headroom_text
 from kafka_ledger.verify import VerifyReport, verify_pipeline
 from kafka_ledger.web.charts import Point, bar_chart
@@ -160,6 +160,7 @@ def _pipeline_page(request: Request, pipeline: PipelineConfig, verify: VerifyRep
     return templates.TemplateResponse(request, "pipeline.html", {
         "root": _to_app_root(request), "pipeline": pipeline, "status": _status(pipeline), **view,
         "charts": _charts(view["history"]), "verify": verify,
+        "snapshots": isinstance(pipeline.sink, IcebergSinkSpec),  # an Iceberg sink's batches name their snapshot
     })
 
 
