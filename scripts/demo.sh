@@ -4,16 +4,20 @@
 # the ledger's invariants and, against Kafka, every offset committed since its last verify (all of them on a
 # first run), and exits non-zero on any problem or if it could not check.
 #
-#   bash scripts/demo.sh [--secure] [--cluster] [demo options, see python -m tools.demo --help]
+#   bash scripts/demo.sh [--secure] [--cluster] [--sink iceberg] [demo options, see python -m tools.demo --help]
 #     --secure    Kafka over the broker's SASL_SSL listener (SCRAM-SHA-512, the stack's CA); the ledger over
 #                 TLS with sslmode=verify-full (the local stack's default, checked here)
 #     --cluster   Spark on the local standalone cluster (master and worker on loopback): the Spark Connect
 #                 server runs its executors there
+#     --sink iceberg  the pipeline impressions_lake: the same topic into the lake's Iceberg table, one snapshot per
+#                 batch, counted back without Spark (pyiceberg)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 secure=0
+pipeline=impressions
 demo_args=()
+previous=
 for arg in "$@"; do
   case $arg in
     --secure) secure=1 ;;
@@ -21,6 +25,9 @@ for arg in "$@"; do
     --cluster) export KAFKA_LEDGER_SPARK_MASTER="spark://127.0.0.1:${KL_SPARK_MASTER_PORT:-17077}" ;;
     *) demo_args+=("$arg") ;;
   esac
+  # --sink iceberg: the demo's pipeline into the lake (tools/demo.py), verified below
+  if [ "$previous" = --sink ] && [ "$arg" = iceberg ] || [ "$arg" = --sink=iceberg ]; then pipeline=impressions_lake; fi
+  previous=$arg
 done
 
 bash scripts/stack.sh up
@@ -30,4 +37,4 @@ if [ "$secure" = 1 ]; then shape="Kafka $KAFKA_LEDGER_BOOTSTRAP_SERVERS over SAS
 else shape="Kafka $KAFKA_LEDGER_BOOTSTRAP_SERVERS"; fi
 echo "[demo] $shape; Spark master $KAFKA_LEDGER_SPARK_MASTER (runtime $KAFKA_LEDGER_SPARK_RUNTIME)"
 python -m tools.demo "${demo_args[@]}"  # tools/demo.py; the working directory is the project root
-kafka-ledger verify impressions
+kafka-ledger verify "$pipeline"

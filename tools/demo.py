@@ -1,7 +1,7 @@
 """The demo: produce ad impressions (some malformed), run the pipeline's DAG, produce more, run it again.
 
 `bash scripts/demo.sh` sets up the stack, then runs `python -m tools.demo` from the project root, which ends
-with one JSON line counted from Kafka and Postgres:
+with one JSON line counted from Kafka and the output (Postgres, or with `--sink iceberg` the lake's table):
 {"produced": N, "output_rows": M, "dead_letters": D, "duplicates": 0, "lag": 0, ...}
 """
 
@@ -27,7 +27,8 @@ from kafka_ledger.verify import verify_pipeline
 
 log = logging.getLogger("tools.demo")
 
-DEMO_PIPELINE = "impressions"
+# The demo's pipeline for each sink (config/pipelines.yaml): the same topic into a Postgres table, or into the lake.
+DEMO_PIPELINES = {"postgres": "impressions", "iceberg": "impressions_lake"}
 DEMO_PARTITIONS = 18  # the reference deployment in the Spark + Kafka integration talk
 COUNTRIES = ["ES", "FR", "DE", "GB", "US", "BR", "MX", "IN", "JP", "IT"]
 DEVICES = ["android", "ios", "desktop", "tablet"]
@@ -123,10 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=40_000, help="impressions produced before the first run")
     parser.add_argument("--second", type=int, default=25_000, help="impressions produced before the second run")
     parser.add_argument("--seed", type=int, default=None, help="random seed of the generator")
+    parser.add_argument("--sink", choices=sorted(DEMO_PIPELINES), default="postgres",
+                        help="where the rows go: the Postgres table of pipeline impressions (default), or the Iceberg "
+                             "table of pipeline impressions_lake, counted back without Spark (pyiceberg)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    pipeline = get_pipeline(DEMO_PIPELINE)
+    pipeline = get_pipeline(DEMO_PIPELINES[args.sink])
     servers, dsn = bootstrap_servers(), ledger_dsn()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     topic = pipeline.topics[0]
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def accounting(dsn: str, servers: str, pipeline: PipelineConfig) -> dict[str, object]:
-    """Kafka against Postgres for the pipeline, counted from both (never from the ledger's own counters).
+    """Kafka against the pipeline's output, counted from both (never from the ledger's own counters).
 
     `produced` is every record read back from the pipeline's topics; verify --full compares every committed range
     with the output and the dead letters. Exact: verify found nothing, nothing is left to read, and every record
