@@ -123,7 +123,7 @@ def test_dags_folder_builds_a_dag_per_declared_pipeline(monkeypatch):
     monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", str(REPO / "config" / "pipelines.yaml"))
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
-    assert set(bag.dag_ids) == {"kafka_ledger__impressions"}
+    assert set(bag.dag_ids) == {"kafka_ledger__impressions", "kafka_ledger__impressions_lake"}
 
 
 def test_an_invalid_pipeline_is_an_import_error_and_the_others_keep_their_dags(monkeypatch, tmp_path):
@@ -135,7 +135,7 @@ def test_an_invalid_pipeline_is_an_import_error_and_the_others_keep_their_dags(m
                            "    columns: [{name: id, type: varchar}]\n")
     monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", str(path))
     bag = DagBag(dag_folder=str(REPO / "dags"))
-    assert set(bag.dag_ids) == {"kafka_ledger__impressions"}
+    assert set(bag.dag_ids) == {"kafka_ledger__impressions", "kafka_ledger__impressions_lake"}
     assert list(bag.import_errors) == [str(REPO / "dags" / "kafka_ledger_invalid_pipelines.py")]
     (error,) = bag.import_errors.values()
     assert "pipeline 'orders' is invalid" in error
