@@ -240,7 +240,16 @@ start_postgres() {
     rm -f "$PG_DIR/pwfile"
     rm -f "$STAMPS/databases" "$STAMPS/airflow-db" "$STAMPS/airflow-test-db"
   fi
-  if running postgres; then say "postgres: already running on 127.0.0.1:$KL_PG_PORT"; return; fi
+  if running postgres; then
+    # Access rules changed since it started (a newer checkout): the running server takes them on a reload.
+    if ! cmp -s "$KL_HOME/stack/postgres/pg_hba.conf" "$PG_DIR/pg_hba.conf"; then
+      cp "$KL_HOME/stack/postgres/pg_hba.conf" "$PG_DIR/pg_hba.conf"
+      [ "$(id -u)" = 0 ] && chown postgres: "$PG_DIR/pg_hba.conf"
+      psql_super -d postgres -c "SELECT pg_reload_conf()" >/dev/null
+      say "postgres: access rules (pg_hba.conf) reloaded"
+    fi
+    say "postgres: already running on 127.0.0.1:$KL_PG_PORT"; return
+  fi
   pg_ready && die "port $KL_PG_PORT is taken by another Postgres (not this stack's): stop it or set KL_PG_PORT"
   make_tls
   # TLS with the stack's certificate; its key and the access rules live beside the cluster, owned by its user
@@ -498,6 +507,7 @@ spark.sql.catalog.lake.jdbc.user           lake
 spark.sql.catalog.lake.jdbc.password       $KL_PG_LAKE_PASSWORD
 spark.sql.catalog.lake.jdbc.schema-version V1
 spark.sql.catalog.lake.warehouse           file://$KL_LAKE_DIR
+spark.sql.catalog.lake.cache-enabled       false
 CONF
   mkdir -p "$KL_LAKE_DIR"
   mv "$SPARK_CONF_DIR/spark-defaults.conf.tmp" "$SPARK_CONF_DIR/spark-defaults.conf"
