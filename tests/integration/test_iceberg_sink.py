@@ -19,7 +19,7 @@ from integration_support import (
 )
 
 from kafka_ledger.batch_requests import BatchRequest
-from kafka_ledger.planner import plan_next_batch
+from kafka_ledger.planner import plan_batch, plan_next_batch
 from kafka_ledger.planning import PlanError
 from kafka_ledger.runtimes.connect import ConnectBatch
 from kafka_ledger.sinks import IcebergSink
@@ -90,9 +90,9 @@ def test_a_crash_between_the_snapshot_and_the_ledgers_commit_is_adopted_not_writ
     assert set(positions(dsn, pipeline).values()) == {0} and stored(dsn, pipeline)[1] == {}  # ...the ledger moved not
     assert [(b.status, b.snapshot_id) for b in batches(dsn, pipeline)] == [("planned", None)]
 
-    code, _, err = finish(start_task(pipeline, batch_id))  # the retry
+    code, out, err = finish(start_task(pipeline, batch_id))  # the retry
     assert code == 0, err[-3000:]
-    assert "adopting it, not writing the rows again" in err
+    assert "adopting it, not writing the rows again" in out + err  # the task's log (Airflow's logging: stdout)
     assert [s for s, _ in snapshots(sink)] == [snapshot_id]  # no second snapshot, no second copy
     assert [(b.status, b.attempts, b.snapshot_id) for b in batches(dsn, pipeline)] == [("committed", 2, snapshot_id)]
     assert_exactly_once(dsn, servers, pipeline, {sent[-1]: "malformed JSON (not a JSON object)"})
@@ -171,8 +171,8 @@ def test_a_replay_replaces_exactly_its_ranges_rows_in_one_snapshot(dsn, servers,
     first, second = batches(dsn, pipeline)
     before = rows_by_offset(sink)
 
-    replay = plan_next_batch(dsn, servers, pipeline, BatchRequest(mode="replay_batch", batch_id=first.batch_id,
-                                                                  reason="test"))
+    replay = plan_batch(dsn, servers, pipeline, BatchRequest(mode="replay_batch", batch_id=first.batch_id,
+                                                             reason="test"), requested_by="test")
     ConnectBatch(pipeline, replay.batch_id).run(dsn, servers)
     replayed = batches(dsn, pipeline)[-1]
     assert (replayed.kind, replayed.status, replayed.replay_of) == ("replay", "committed", first.batch_id)
