@@ -86,7 +86,8 @@ PIPELINES = {
     # The Iceberg sink (test_iceberg_sink.py): a table of the lake each.
     **{key: {"spark_runtime": "connect", "retries": 0, "output_table": None,
              "sink": {"type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name(key)}}
-       for key in ("iceberg", "iceberg_adopt", "iceberg_race", "iceberg_conflict", "iceberg_replay")},
+       for key in ("iceberg", "iceberg_adopt", "iceberg_race", "iceberg_conflict", "iceberg_replay",
+                   "iceberg_verify")},
     "iceberg_days": {"spark_runtime": "connect", "output_table": None, "sink": {
         "type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name("iceberg_days"),
         "partition_by": ["days(kafka_timestamp)", "kafka_partition"], "target_file_size_mb": 8}},

@@ -187,3 +187,22 @@ def test_a_replay_replaces_exactly_its_ranges_rows_in_one_snapshot(dsn, servers,
     assert {k for k, r in after.items() if r["batch_id"] == second.batch_id} == {
         k for k, r in before.items() if r["batch_id"] == second.batch_id}
     assert_exactly_once(dsn, servers, pipeline, {sent[-1]: "malformed JSON (not a JSON object)"})
+
+
+def test_verify_reads_the_table_back_and_finds_a_row_removed_behind_the_ledgers_back(
+        dsn, servers, pipeline_factory, producer):
+    from pyiceberg.expressions import And, EqualTo
+
+    from kafka_ledger.verify import verify_pipeline
+
+    pipeline = pipeline_factory("iceberg_verify", partitions=2)
+    sent = produce(producer, pipeline, [good_value(i) for i in range(300)])
+    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    report = verify_pipeline(dsn, servers, pipeline)
+    assert report.ok and (report.output_rows, report.missing) == (300, 0)
+
+    topic, partition, offset = sent[17]
+    IcebergSink(pipeline).table().delete(And(EqualTo("kafka_topic", topic), EqualTo("kafka_partition", partition),
+                                             EqualTo("kafka_offset", offset)))
+    report = verify_pipeline(dsn, servers, pipeline, full=True)
+    assert not report.ok and (report.output_rows, report.missing) == (299, 1)
