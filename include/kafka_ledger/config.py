@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kafka_ledger.columns import RESERVED_COLUMNS
 from kafka_ledger.settings import SparkRuntime, deployment_settings
@@ -28,6 +28,15 @@ EPOCH_MICROS_PER_UNIT: dict[str, int] = {"epoch_seconds": 1_000_000, "epoch_mill
 # epoch number in the wrong unit lands outside them (milliseconds read as seconds give the year 58000) and
 # is dead-lettered instead of published.
 TIMESTAMP_YEARS = (1900, 2199)
+
+def _identifier(value: str) -> str:
+    if not IDENTIFIER.match(value):
+        raise ValueError(f"{value!r} must match {IDENTIFIER.pattern} (lower-case letters, digits, _)")
+    return value
+
+
+# A name that ends up in SQL identifiers, DAG ids or an Iceberg catalog's table names.
+Identifier = Annotated[str, AfterValidator(_identifier)]
 
 # Every pipeline's DAG id is this prefix and the pipeline's name.
 DAG_ID_PREFIX = "kafka_ledger__"
@@ -138,11 +147,11 @@ class IcebergSinkSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["iceberg"] = Field(description="`iceberg`")
-    catalog: str = Field(default="lake", description="the Spark catalog holding the table, declared in Spark's "
+    catalog: Identifier = Field(default="lake", description="the Spark catalog holding the table, declared in Spark's "
                                                      "`spark-defaults.conf` (`spark.sql.catalog.<name>.*`); the local "
                                                      "stack declares `lake`")
-    namespace: str = Field(description="the table's namespace (created if missing)")
-    table: str = Field(description="the table, created if missing with the columns a postgres sink's table has "
+    namespace: Identifier = Field(description="the table's namespace (created if missing)")
+    table: Identifier = Field(description="the table, created if missing with the columns a postgres sink's table has "
                                    "(the declared ones, the `kafka_*` coordinates and `batch_id`); one pipeline per "
                                    "table")
     partition_by: list[str] = Field(
@@ -157,13 +166,6 @@ class IcebergSinkSpec(BaseModel):
         default_factory=dict,
         description="more table properties, set when the table is created, e.g. "
                     "`write.parquet.compression-codec: zstd`")
-
-    @field_validator("catalog", "namespace", "table")
-    @classmethod
-    def _is_identifier(cls, value: str) -> str:
-        if not IDENTIFIER.match(value):
-            raise ValueError(f"{value!r} must match {IDENTIFIER.pattern} (lower-case letters, digits, _)")
-        return value
 
     @field_validator("partition_by")
     @classmethod
@@ -193,7 +195,7 @@ class PipelineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(description="the pipeline's name, its entry's key in the file: lower-case letters, digits "
+    name: Identifier = Field(description="the pipeline's name, its entry's key in the file: lower-case letters, digits "
                                   "and _, at most 48 characters; its DAG is `kafka_ledger__<name>`")
     description: str = Field(default="", description="the DAG's description in Airflow (without one: `Exactly-once "
                                                      "ingest of <subscription>`)")
@@ -231,13 +233,14 @@ class PipelineConfig(BaseModel):
         default_factory=lambda: PostgresSinkSpec(type="postgres"),
         description="where rows are published: `postgres` (into `output_table`, in the transaction that moves the "
                     "offsets) or an Iceberg table (`type: iceberg` and its fields, [below](#sinks))")
-    output_table: str | None = Field(
+    output_table: Identifier | None = Field(
         default=None,
         description="sink `postgres` (required there): the published table, created if missing in `output_schema`; "
                     "it gets the declared columns plus `kafka_topic`, `kafka_partition`, `kafka_offset`, "
                     "`kafka_timestamp`, `batch_id`. One pipeline per table: an entry whose table an entry earlier in "
                     "the file writes is invalid")
-    output_schema: str = Field(default="public", description="sink `postgres`: the Postgres schema of `output_table`")
+    output_schema: Identifier = Field(default="public",
+                                      description="sink `postgres`: the Postgres schema of `output_table`")
     columns: list[ColumnSpec] = Field(
         min_length=1,
         description="the fields of the JSON value, one column each ([Columns](#columns)); names may not reuse "
@@ -289,13 +292,6 @@ class PipelineConfig(BaseModel):
     def _sink_by_name(cls, value: object) -> object:
         # `sink: postgres` is short for `sink: {type: postgres}`.
         return {"type": value} if isinstance(value, str) else value
-
-    @field_validator("name", "output_table", "output_schema")
-    @classmethod
-    def _is_identifier(cls, value: str | None) -> str | None:
-        if value is not None and not IDENTIFIER.match(value):
-            raise ValueError(f"{value!r} must match {IDENTIFIER.pattern} (lower-case letters, digits, _)")
-        return value
 
     @field_validator("schedule")
     @classmethod

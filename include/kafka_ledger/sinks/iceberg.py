@@ -51,7 +51,6 @@ class BatchSnapshot:
     snapshot_id: int
     batch_id: int
     attempt: int
-    added_records: int
 
 
 def _iceberg_types() -> dict[str, Any]:
@@ -74,7 +73,6 @@ class _SnapshotView(OutputView):
     def __init__(self, sink: IcebergSink):
         from pyiceberg.exceptions import NoSuchTableError
 
-        self._sink = sink
         try:
             self._table: Table | None = sink.catalog().load_table(sink.identifier)
         except NoSuchTableError:
@@ -248,8 +246,7 @@ class IcebergSink(Sink):
         for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
             summary = snapshot.summary.additional_properties if snapshot.summary else {}
             if summary.get(BATCH_KEY) == str(batch_id):
-                return BatchSnapshot(snapshot.snapshot_id, batch_id, int(summary[ATTEMPT_KEY]),
-                                     int(summary.get("added-records", 0)))
+                return BatchSnapshot(snapshot.snapshot_id, batch_id, int(summary[ATTEMPT_KEY]))
         return None
 
     def read_stats(self, snapshot: BatchSnapshot, dead_letters: Iterable[tuple[str, int, int]]
