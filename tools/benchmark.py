@@ -55,6 +55,7 @@ from kafka_ledger.settings import (
     kafka_config,
     ledger_dsn,
 )
+from kafka_ledger.sinks import IcebergSink
 from kafka_ledger.stages import until_first_rows
 from tools import benchmark_peers, git_commit
 from tools.benchmark_peers import COLUMNS
@@ -129,12 +130,16 @@ class Setup:
     workdir: Path
     tables: list[str] = field(default_factory=list)
     pipelines: list[PipelineConfig] = field(default_factory=list)
+    sink: str = "postgres"  # where kafka-ledger publishes: postgres, or iceberg (the stack's lake)
+    lake_tables: list[str] = field(default_factory=list)  # the Iceberg peer's tables, lake.benchmark.<name>
 
 
-def _pipeline(setup: Setup, name: str, delivery_mode: str) -> PipelineConfig:
+def _pipeline(setup: Setup, name: str, delivery_mode: str, sink: str | None = None) -> PipelineConfig:
+    output = ({"sink": {"type": "iceberg", "namespace": SCHEMA, "table": name}} if (sink or setup.sink) == "iceberg"
+              else {"output_table": name, "output_schema": SCHEMA})
     config = setup.workdir / f"{name}.yaml"
     config.write_text(yaml.safe_dump({"pipelines": {name: {
-        "topics": [setup.topic], "output_table": name, "output_schema": SCHEMA, "columns": COLUMNS,
+        "topics": [setup.topic], **output, "columns": COLUMNS,
         "max_records_per_partition": setup.cap, "schedule": None, "delivery_mode": delivery_mode,
         "spark_runtime": setup.runtime,
     }}}))
@@ -144,17 +149,33 @@ def _pipeline(setup: Setup, name: str, delivery_mode: str) -> PipelineConfig:
     return pipeline
 
 
-def round_pipeline(setup: Setup, delivery_mode: str) -> PipelineConfig:
-    """The benchmark's one pipeline, started afresh for a round: the last round's table, ledger rows and positions
-    removed. One pipeline rather than one per round, as a deployment's batches are a pipeline's batches one after
-    the other: in the connect runtime they work in the pipeline's Spark Connect session, where the query's
-    generated code stays compiled (runtimes/connect.py: pipeline_session)."""
-    if setup.pipelines:
-        with ledger.transaction(setup.dsn) as cur:
-            for pipeline in setup.pipelines:
-                ledger.delete_pipeline(cur, pipeline)
-        setup.pipelines.clear()
-    return _pipeline(setup, setup.topic.replace("-", "_"), delivery_mode)
+def round_pipeline(setup: Setup, delivery_mode: str, sink: str | None = None) -> PipelineConfig:
+    """The benchmark's pipeline (of `sink`, by default the run's), started afresh for a round: the last round's
+    table, ledger rows and positions removed. One pipeline rather than one per round, as a deployment's batches are
+    a pipeline's batches one after the other: in the connect runtime they work in the pipeline's Spark Connect
+    session, where the query's generated code stays compiled (runtimes/connect.py: pipeline_session)."""
+    sink = sink or setup.sink
+    name = setup.topic.replace("-", "_") + ("_lake" if sink == "iceberg" else "")
+    for old in [p for p in setup.pipelines if p.name == name]:
+        _remove_pipeline(setup, old)
+    return _pipeline(setup, name, delivery_mode, sink)
+
+
+def _remove_pipeline(setup: Setup, pipeline: PipelineConfig) -> None:
+    """A pipeline's table (in Postgres, or the lake's), ledger rows and positions."""
+    with ledger.transaction(setup.dsn) as cur:
+        ledger.delete_pipeline(cur, pipeline)
+    if pipeline.sink.type == "iceberg":
+        sink = IcebergSink(pipeline)
+        sink.catalog().purge_table(sink.identifier)
+    setup.pipelines.remove(pipeline)
+
+
+def output_rows(setup: Setup, pipeline: PipelineConfig) -> int:
+    """Rows in the pipeline's output: its Postgres table, or its Iceberg table read back without Spark."""
+    if pipeline.sink.type == "iceberg":
+        return len(IcebergSink(pipeline).output_record_ids(None))
+    return benchmark_peers.count_rows(setup.dsn, SCHEMA, pipeline.output_table)
 
 
 def run_kafka_ledger(setup: Setup, pipeline: PipelineConfig) -> dict[str, Any]:
@@ -175,7 +196,7 @@ def run_kafka_ledger(setup: Setup, pipeline: PipelineConfig) -> dict[str, Any]:
         peaks["spark_submit"] = max(children_before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) >> 10
     with ledger.transaction(setup.dsn) as cur:
         batch = ledger.get_batch(cur, planned.batch_id)
-    rows = benchmark_peers.count_rows(setup.dsn, SCHEMA, pipeline.output_table)
+    rows = output_rows(setup, pipeline)
     return {
         "table": pipeline.output_table, "pipeline": pipeline.name, "batch_id": planned.batch_id,
         "seconds": round(seconds, 3), "plan_seconds": round(plan_seconds, 3),
@@ -266,15 +287,22 @@ def run_python_peer(setup: Setup, round_no: int) -> dict[str, Any]:
 
 
 def run_spark_peer(setup: Setup, round_no: int) -> dict[str, Any]:
+    """Spark Structured Streaming into a Postgres table over JDBC, or with an Iceberg sink into a table of the same
+    lake catalog."""
     table = f"spark_peer_{round_no}"
-    benchmark_peers.create_table(setup.dsn, SCHEMA, table)
-    setup.tables.append(table)
+    lake_table = f"lake.{SCHEMA}.{table}_{setup.topic.replace('-', '_')}"
+    lake = ["--iceberg-table", lake_table] if setup.sink == "iceberg" else []
+    if lake:
+        setup.lake_tables.append(lake[1])
+    else:
+        benchmark_peers.create_table(setup.dsn, SCHEMA, table)
+        setup.tables.append(table)
     target = jdbc_target(setup.dsn)
     conf = [part for key, value in BASE_SPARK_CONF.items() for part in ("--conf", f"{key}={value}")]
     command = ["spark-submit", "--master", deployment_settings().spark_master or "local[*]", *conf,
                "--jars", spark_jars(), benchmark_peers.__file__, "spark", "--servers", setup.servers,
                "--topic", setup.topic, "--schema", SCHEMA, "--table", table, "--jdbc-url", target.url,
-               "--checkpoint", str(setup.workdir / f"checkpoint-{round_no}")]
+               "--checkpoint", str(setup.workdir / f"checkpoint-{round_no}"), *lake]
     # Credentials reach the job through its environment, never its command line.
     env = {**os.environ, "BENCHMARK_DB_USER": target.user, "BENCHMARK_DB_PASSWORD": target.password}
     env.pop("SPARK_CONNECT_MODE_ENABLED", None)
@@ -283,7 +311,13 @@ def run_spark_peer(setup: Setup, round_no: int) -> dict[str, Any]:
     seconds = time.monotonic() - started
     if done.returncode != 0:
         raise RuntimeError(f"the Spark peer failed ({done.returncode}): {done.stderr[-3000:]}")
-    rows = benchmark_peers.count_rows(setup.dsn, SCHEMA, table)
+    if lake:
+        from kafka_ledger import lake as lakes
+
+        rows = len(lakes.reader("lake").load_table(tuple(lake[1].split(".")[1:])).scan(
+            selected_fields=("kafka_offset",)).to_arrow())
+    else:
+        rows = benchmark_peers.count_rows(setup.dsn, SCHEMA, table)
     return {"seconds": round(seconds, 3), "rows": rows, "exact": rows == setup.records}
 
 
@@ -378,7 +412,7 @@ def summarise(setup: Setup, rounds: list[dict[str, Any]], partitions: int) -> di
         "kafka_ledger_records_per_s": round(setup.records / statistics.median(kl)) if kl else None,
     }
     exact = all(r["kafka_ledger"]["exact"] for r in rounds)
-    for peer in ("python_peer", "spark_peer", "floor"):
+    for peer in ("python_peer", "spark_peer", "floor", "postgres_sink"):
         if all(peer in r for r in rounds) and rounds:
             summary[f"{peer}_seconds"] = _median([r[peer]["seconds"] for r in rounds])
             short = peer.split("_")[0]
@@ -405,11 +439,17 @@ def summarise(setup: Setup, rounds: list[dict[str, Any]], partitions: int) -> di
 
 
 def _clean_up(setup: Setup, admin: AdminClient) -> None:
+    for pipeline in list(setup.pipelines):
+        _remove_pipeline(setup, pipeline)
     with ledger.transaction(setup.dsn) as cur:
-        for pipeline in setup.pipelines:
-            ledger.delete_pipeline(cur, pipeline)
         for table in setup.tables:
             cur.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{table}")
+    if setup.lake_tables:
+        from kafka_ledger import lake
+
+        catalog = lake.reader("lake")
+        for table in setup.lake_tables:
+            catalog.purge_table(tuple(table.split(".")[1:]))
     admin.delete_topics([setup.topic])[setup.topic].result(30)
 
 
@@ -435,6 +475,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="ingest the topic (batches of --cap per partition), then time `kafka-ledger verify "
                              "--full`, and an incremental verify after one more batch of --verify-extra records")
     parser.add_argument("--verify-extra", type=int, default=SMALL_BATCH, help="records of the batch after --full")
+    parser.add_argument("--sink", choices=["postgres", "iceberg"], default="postgres",
+                        help="where kafka-ledger publishes; iceberg: a table of the stack's lake, and with --peers the "
+                             "Spark peer appends to the lake too, and kafka-ledger's Postgres sink runs each round "
+                             "beside it (no Python peer or floor: they write Postgres)")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows")
     parser.add_argument("--delivery-mode", choices=["exactly_once", "at_least_once"], default="exactly_once",
                         help="at_least_once: with spark-submit, the Spark job appends to the output table directly")
@@ -451,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     run_id = uuid.uuid4().hex[:8]
     topic = f"bench-{run_id}"
     runtime = args.runtime or deployment_spark_runtime()
-    setup = Setup(servers, dsn, topic, records, args.cap, runtime, Path(tempfile.mkdtemp(prefix="kl-benchmark-")))
+    setup = Setup(servers, dsn, topic, records, args.cap, runtime, Path(tempfile.mkdtemp(prefix="kl-benchmark-")),
+                  sink=args.sink)
     admin = AdminClient(kafka_config(servers))
     admin.create_topics([NewTopic(topic, num_partitions=args.partitions, replication_factor=1)])[topic].result(30)
     # Warm, as a worker is: the Airflow connection look-up imported once (the runtimes are imported above), and
@@ -483,9 +528,12 @@ def main(argv: list[str] | None = None) -> int:
             contender = (run_under_airflow(setup, round_no) if args.airflow else run_kafka_ledger(
                 setup, declared if declared and round_no == 0 else round_pipeline(setup, args.delivery_mode)))
             result: dict[str, Any] = {"round": round_no + 1, "kafka_ledger": contender}
-            if args.stages and runtime == "connect" and not args.airflow:
+            if args.stages and runtime == "connect" and not args.airflow and args.sink == "postgres":
                 result["spark_stages"] = run_spark_stages(setup, contender)
-            if args.peers:
+            if args.peers and args.sink == "iceberg":
+                result["postgres_sink"] = run_kafka_ledger(setup, round_pipeline(setup, args.delivery_mode, "postgres"))
+                result["spark_peer"] = run_spark_peer(setup, round_no)
+            elif args.peers:
                 result["python_peer"] = run_python_peer(setup, round_no)
                 result["spark_peer"] = run_spark_peer(setup, round_no)
                 if not args.airflow:

@@ -4,7 +4,8 @@
   partitions assigned from the first offset) + json + psycopg2 COPY in one transaction, streaming: a chunk of
   50,000 rows is copied while the next is read.
 - the Spark peer (`spark-submit tools/benchmark_peers.py spark ...`): Spark Structured Streaming with
-  Trigger.AvailableNow and foreachBatch appending to the table over JDBC.
+  Trigger.AvailableNow and foreachBatch appending to the table over JDBC (`--iceberg-table`: to an Iceberg table of
+  the same lake catalog kafka-ledger's Iceberg sink writes).
 
 tools/benchmark.py runs each in a process of its own, by this file's path, as a hand-written job would run;
 it imports nothing of the project but kafka_ledger. The database comes from the environment
@@ -178,6 +179,10 @@ def _spark_peer(args: argparse.Namespace) -> None:
     ).select("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "v.*")
 
     def append(batch, _batch_id: int) -> None:  # noqa: ANN001 - a Spark DataFrame
+        if args.iceberg_table:  # the lake's catalog (spark-defaults.conf), the table made by the first batch
+            writer = batch.writeTo(args.iceberg_table)
+            writer.append() if spark.catalog.tableExists(args.iceberg_table) else writer.create()
+            return
         (batch.write.format("jdbc").option("url", args.jdbc_url).option("dbtable", f"{args.schema}.{args.table}")
          .option("user", os.environ["BENCHMARK_DB_USER"]).option("password", os.environ["BENCHMARK_DB_PASSWORD"])
          .option("driver", "org.postgresql.Driver").option("batchsize", "10000").mode("append").save())
@@ -198,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_argument(name, required=True)
     spark.add_argument("--jdbc-url", required=True)
     spark.add_argument("--checkpoint", required=True)
+    spark.add_argument("--iceberg-table", help="append to this Iceberg table (catalog.namespace.table) instead of "
+                                               "the Postgres one")
     args = parser.parse_args(argv)
     started = time.monotonic()
     if args.peer == "python":

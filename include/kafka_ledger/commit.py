@@ -231,6 +231,7 @@ def publish_snapshot(
             p.cur.copy_expert(sql.COPY_DEAD_LETTERS, io.BytesIO("".join(d[3] for d in dead_letters).encode()),
                               size=COPY_CHUNK_BYTES)
             dead = p.cur.rowcount
+        failpoints.hit("after_staging")  # the transaction holds the dead letters, as a stream's holds its rows
         stats = sink.read_stats(snapshot, (d[:3] for d in dead_letters))
         problems = check_read_coverage(batch.ranges, stats)
         if problems:

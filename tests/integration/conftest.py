@@ -93,6 +93,9 @@ PIPELINES = {
         "partition_by": ["days(kafka_timestamp)", "kafka_partition"], "target_file_size_mb": 8}},
     "iceberg_submit": {"spark_runtime": "submit", "output_table": None, "sink": {
         "type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name("iceberg_submit")}},
+    "campaign_iceberg": {"spark_runtime": "connect", "output_table": None, "max_records_per_partition": 300,
+                         "sink": {"type": "iceberg", "namespace": LAKE_NAMESPACE,
+                                  "table": pipeline_name("campaign_iceberg")}},
     "iceberg_no_catalog": {"spark_runtime": "connect", "output_table": None, "sink": {
         "type": "iceberg", "catalog": "elsewhere", "namespace": LAKE_NAMESPACE, "table": pipeline_name("no_catalog")}},
     # Decoding and timestamp forms on the real Spark (test_decode.py).

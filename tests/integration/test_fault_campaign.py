@@ -86,3 +86,23 @@ def test_every_kind_of_network_fault_loses_and_doubles_nothing(dsn, servers, pip
     assert report["verify_ok"]
     missed = [it for it in report["iterations"] if "missed" in it["landed"]]
     assert not missed, f"faults that did not land: {missed}"
+
+
+def test_every_kind_of_fault_on_an_iceberg_sink_loses_and_doubles_nothing(dsn, servers, pipeline_factory, tmp_path):
+    """The connect runtime publishing into the lake: every connect fault (the task killed between its snapshot and
+    the ledger's commit among the commit's fail points) and Postgres, the lake's catalog too, restarted while the
+    snapshot is written; the table read back without Spark."""
+    pipeline = pipeline_factory("campaign_iceberg", partitions=4)
+    seed = int(os.environ.get("KAFKA_LEDGER_CAMPAIGN_SEED", "4"))
+    kinds = fault_kinds("connect-iceberg")
+    campaign = Campaign(pipeline, dsn, servers, seed=seed, faults=len(kinds), records_per_fault=1000,
+                        workdir=tmp_path)
+    assert campaign.shape == "connect-iceberg"
+    report = campaign.run_all()
+
+    assert report["faults_by_kind"] == dict.fromkeys(kinds, 1)
+    assert (report["lost"], report["duplicated"], report["unexpected"], report["wrong_content"]) == (0, 0, 0, 0)
+    assert report["output_rows"] + report["dead_letters"] == report["records_produced"]
+    assert report["verify_ok"]
+    missed = [it for it in report["iterations"] if "missed" in it["landed"]]
+    assert not missed, f"faults that did not land: {missed}"

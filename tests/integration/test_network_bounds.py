@@ -16,15 +16,8 @@ import sys
 import time
 
 import pytest
-from integration_support import assert_exactly_once, batches, good_value, stack, stored
-from test_connect_runtime import (
-    HARNESS,
-    finish,
-    nothing_published,
-    produce_and_plan,
-    start_task,
-    wait_for_rows_streaming,
-)
+from integration_support import HARNESS, assert_exactly_once, batches, finish, good_value, stack, start_task, stored
+from test_connect_runtime import nothing_published, produce_and_plan, wait_for_rows_streaming
 
 from kafka_ledger import db_replies
 from kafka_ledger.planner import plan_next_batch

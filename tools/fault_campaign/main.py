@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--secure", action="store_true",
                         help="every Kafka client over the broker's SASL_SSL listener and the ledger over verified TLS "
                              "(scripts/fault_campaign.sh --secure sets them, as scripts/demo.sh --secure does)")
+    parser.add_argument("--sink", choices=["postgres", "iceberg"], default="postgres",
+                        help="where the pipeline publishes: its Postgres table, or an Iceberg table of the stack's "
+                             "lake (runtime connect), adding the lake's faults")
     parser.add_argument("--write-docs", type=Path, metavar="DIR",
                         help="write reliability.json (and the per-iteration log) into DIR, e.g. docs")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows afterwards")
@@ -65,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from kafka_ledger.config import get_pipeline
     from kafka_ledger.ledger import delete_pipeline
     from kafka_ledger.settings import bootstrap_servers, deployment_spark_runtime, kafka_config, ledger_dsn
+    from kafka_ledger.sinks import IcebergSink
 
     dsn, servers = ledger_dsn(), bootstrap_servers()
     if args.resume:
@@ -87,13 +91,15 @@ def main(argv: list[str] | None = None) -> int:
             command += " --cluster"
         if args.network:
             command += " --network"
+        if args.sink != "postgres":
+            command += f" --sink {args.sink}"
         if args.network_weight != 1:
             command += f" --network-weight {args.network_weight}"
         if args.write_docs:
             command += f" --write-docs {args.write_docs}"
         settings = {"command": command, "write_docs": str(args.write_docs) if args.write_docs else None,
                     "keep": args.keep, "pipeline": f"fault_campaign_{tag}", "partitions": args.partitions,
-                    "runtime": runtime, "network": args.network,
+                    "runtime": runtime, "network": args.network, "sink": args.sink,
                     "topic": f"fault-campaign-{tag.replace('_', '-')}"}
     workdir.mkdir(parents=True, exist_ok=True)
     # Airflow's logging (which relays the Spark jobs' output) writes to stdout: point stdout at a log file,
@@ -116,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         say(f"fault campaign resumed from {workdir}: {len(campaign.iterations)} of {campaign.faults} faults done")
     else:
         (workdir / "campaign.json").write_text(json.dumps(settings, indent=2))
+        output = ({"sink": {"type": "iceberg", "namespace": "fault_campaign", "table": name}}
+                  if settings.get("sink") == "iceberg" else {"output_schema": "fault_campaign", "output_table": name})
         config.write_text(yaml.safe_dump({"pipelines": {name: {
-            "topics": [topic], "output_schema": "fault_campaign", "output_table": name, "columns": COLUMNS,
+            "topics": [topic], **output, "columns": COLUMNS,
             "max_records_per_partition": max(100, args.records_per_fault // args.partitions), "schedule": None,
             "spark_conf": {"spark.sql.shuffle.partitions": "2"}, "spark_runtime": settings["runtime"],
         }}}))
@@ -143,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
             delete_pipeline(cur, pipeline)
         conn.close()
+        if campaign.iceberg:
+            sink = IcebergSink(pipeline)
+            sink.catalog().purge_table(sink.identifier)
         admin.delete_topics([topic])[topic].result(timeout=30)
     report["git_commit"] = git_commit()
     summary = {k: v for k, v in report.items() if k != "iterations"}

@@ -75,8 +75,10 @@ class Campaign(FaultStrikes):
         # The connect runtime's Spark task commits the batch itself: the commit's faults strike that task.
         self.spark_task_commits = runtime.commit_task_id is None
         # The stack's cluster serves both runtimes once KAFKA_LEDGER_SPARK_MASTER names it (scripts/stack.sh).
+        # An Iceberg sink: its table read back without Spark (pyiceberg) by the checks, and the lake's faults.
+        self.iceberg = pipeline.sink.type == "iceberg"
         self.shape = campaign_shape(self.runtime, os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"),
-                                    network, secured())
+                                    network, secured(), self.iceberg)
         # Network faults: every task reaches the services through Toxiproxy; the campaign's own checks do not.
         self.network = Toxiproxy() if network else None
         if network and not self.network.available():
@@ -376,12 +378,46 @@ class Campaign(FaultStrikes):
         return runs
 
     # --- checks -------------------------------------------------------------------------------------------
-    def check(self, when: str) -> None:
-        """output ∪ dead letters == produced below the positions; no duplicate; ledger tiles; no position back."""
+    def _output_rows(self, names: list[str]) -> list[tuple]:
+        """The output's rows, these columns of them: from the Postgres table, or from the Iceberg table read back
+        without Spark."""
+        from psycopg2 import sql
+
+        from kafka_ledger.sinks import IcebergSink
+        from kafka_ledger.sql import output_table
+
+        if not self.iceberg:
+            return self._query(sql.SQL("SELECT {} FROM {}").format(
+                sql.SQL(", ").join(sql.Identifier(n) for n in names), output_table(self.pipeline)))
+        table = IcebergSink(self.pipeline).table()
+        if table.current_snapshot() is None:
+            return []
+        rows = table.scan(selected_fields=tuple(names)).to_arrow()
+        return list(zip(*(rows.column(n).to_pylist() for n in names), strict=True))
+
+    def _partition_stats(self) -> dict[int, tuple[int, int, int | None, int | None]]:
+        """Per partition of the output ∪ the dead letters: records, distinct offsets, the lowest and the highest."""
         from psycopg2 import sql
 
         from kafka_ledger.sql import output_table
 
+        if not self.iceberg:  # in Postgres, aggregated there
+            union = sql.SQL(
+                "SELECT kafka_partition, count(*), count(DISTINCT kafka_offset), min(kafka_offset), max(kafka_offset) "
+                "FROM (SELECT kafka_partition, kafka_offset FROM {output} UNION ALL SELECT kafka_partition, "
+                "kafka_offset FROM kafka_ledger.dead_letters WHERE pipeline = %(p)s) AS got GROUP BY kafka_partition"
+            ).format(output=output_table(self.pipeline))
+            rows = self._query(union, {"p": self.pipeline.name})
+            return {p: (n, distinct, lo, hi) for p, n, distinct, lo, hi in rows}
+        offsets = defaultdict(list)
+        dead = self._query("SELECT kafka_partition, kafka_offset FROM kafka_ledger.dead_letters WHERE pipeline = %(p)s",
+                           {"p": self.pipeline.name})
+        for p, o in self._output_rows(["kafka_partition", "kafka_offset"]) + dead:
+            offsets[p].append(o)
+        return {p: (len(o), len(set(o)), min(o), max(o)) for p, o in offsets.items()}
+
+    def check(self, when: str) -> None:
+        """output ∪ dead letters == produced below the positions; no duplicate; ledger tiles; no position back."""
         rows = self._query("SELECT partition, position, start_offset FROM kafka_ledger.positions "
                            "WHERE pipeline = %(p)s", {"p": self.pipeline.name})
         positions = {p: pos for p, pos, _ in rows}
@@ -406,12 +442,7 @@ class Campaign(FaultStrikes):
             if expected_start != pos:
                 problems.append(f"partition {p}: committed ranges end at {expected_start}, position is {pos}")
         self.producer.wait_delivered(positions)
-        union = sql.SQL(
-            "SELECT kafka_partition, count(*), count(DISTINCT kafka_offset), min(kafka_offset), max(kafka_offset) "
-            "FROM (SELECT kafka_partition, kafka_offset FROM {output} UNION ALL SELECT kafka_partition, kafka_offset "
-            "FROM kafka_ledger.dead_letters WHERE pipeline = %(p)s) AS got GROUP BY kafka_partition"
-        ).format(output=output_table(self.pipeline))
-        got = {p: (n, distinct, lo, hi) for p, n, distinct, lo, hi in self._query(union, {"p": self.pipeline.name})}
+        got = self._partition_stats()
         for p, pos in positions.items():
             n, distinct, lo, hi = got.get(p, (0, 0, None, None))
             if n != distinct:
@@ -427,13 +458,9 @@ class Campaign(FaultStrikes):
     def final_check(self) -> dict[str, int]:
         """Every record produced, by sequence number: good ones in the output with their content, bad ones
         in the dead letters with their reason; then `kafka-ledger verify` against Kafka itself."""
-        from psycopg2 import sql
-
-        from kafka_ledger.sql import output_table
         from kafka_ledger.verify import verify_pipeline
 
-        output = self._query(sql.SQL("SELECT kafka_partition, kafka_offset, event_id, amount FROM {}").format(
-            output_table(self.pipeline)))
+        output = self._output_rows(["kafka_partition", "kafka_offset", "event_id", "amount"])
         dead = self._query("SELECT kafka_partition, kafka_offset, error FROM kafka_ledger.dead_letters "
                            "WHERE pipeline = %(p)s", {"p": self.pipeline.name})
         seen = Counter([(p, o) for p, o, _, _ in output] + [(p, o) for p, o, _ in dead])

@@ -40,6 +40,10 @@ FAULT_KINDS = {
         *COMMON_FAULTS,
     ),
 }
+# With an Iceberg sink: the catalog's Postgres (the stack's) restarted while Spark writes the batch's snapshot.
+ICEBERG_FAULTS = (
+    "restart_postgres_in_write",  # Postgres (the lake's catalog and the ledger) restarted while the snapshot is written
+)
 # On a Spark cluster (KAFKA_LEDGER_SPARK_MASTER=spark://...): the machine running the executors is lost.
 CLUSTER_FAULTS = (
     "kill_spark_worker",          # SIGKILL of the worker and its executors mid-read, then a new worker started
@@ -59,12 +63,13 @@ NETWORK_FAULTS = (
 SERVICES = {"kafka": "Kafka", "postgres": "Postgres", "spark_connect": "the Spark Connect server"}
 
 
-def campaign_shape(runtime: str, on_cluster: bool, network: bool = False, secure: bool = False) -> str:
+def campaign_shape(runtime: str, on_cluster: bool, network: bool = False, secure: bool = False,
+                   iceberg: bool = False) -> str:
     """What a campaign ran on: the Spark runtime, whether on the local standalone cluster, whether Kafka over
     SASL_SSL with the ledger over verified TLS (the production shape), whether through the network proxies
-    (network faults among its kinds)."""
+    (network faults among its kinds), whether into an Iceberg table (the lake's faults among its kinds)."""
     return (runtime + ("-cluster" if on_cluster else "") + ("-secure" if secure else "")
-            + ("-network" if network else ""))
+            + ("-network" if network else "") + ("-iceberg" if iceberg else ""))
 
 
 def secured() -> bool:
@@ -78,16 +83,18 @@ def secured() -> bool:
 def fault_kinds(shape: str) -> tuple[str, ...]:
     runtime, *traits = shape.split("-")
     return (FAULT_KINDS[runtime] + (CLUSTER_FAULTS if "cluster" in traits else ())
-            + (NETWORK_FAULTS if "network" in traits else ()))
+            + (NETWORK_FAULTS if "network" in traits else ()) + (ICEBERG_FAULTS if "iceberg" in traits else ()))
 
 
 # The longest a task may wait on a blackholed service before the campaign calls its wait unbounded: Spark's
 # Kafka poll bound (60 s) with its offset look-ups, the ledger's (the campaign's 30 s statement bound + 15 s).
 BLACKHOLE_LIMIT = 240
 
-# Where the committing task dies: in `connect` its one transaction also holds the freshly copied rows.
+# Where the committing task dies: in `connect` its one transaction also holds the freshly copied rows (an Iceberg
+# sink's task may die between its snapshot and that transaction too: after_snapshot, the critical window).
 COMMIT_FAIL_POINTS = {"connect": ("after_staging", "commit_after_publish", "commit_before_end"),
                       "submit": ("commit_after_publish", "commit_before_end")}
+ICEBERG_FAIL_POINTS = ("after_snapshot",)
 # When a timed fault strikes, after the attempt began: spark-submit spends its first seconds starting a JVM.
 STRIKE_DELAYS = {"connect": (0.2, 4.0), "submit": (1.0, 15.0)}
 
@@ -118,8 +125,9 @@ class RunHooks:
 class FaultStrikes:
     """The faults of a Campaign (runner.py), which mixes this in: the hooks that inject each fault into a run.
 
-    Uses the campaign's rng, runtime, pipeline, servers, task_log and network (its Toxiproxy), its ledger look-up
-    (_query, batch_state) and its task processes (_start_task, _finish_task).
+    Uses the campaign's rng, runtime, pipeline, servers, task_log, network (its Toxiproxy) and iceberg (whether its
+    sink is an Iceberg table), its ledger look-up (_query, batch_state) and its task processes (_start_task,
+    _finish_task).
     """
 
     # --- where a batch is ---------------------------------------------------------------------------------
@@ -132,17 +140,32 @@ class FaultStrikes:
             staging_table(self.pipeline))
         return self._query(statement, {"b": batch_id, "a": attempt})[0][0]
 
-    def copying(self) -> bool:
-        """Whether a task is copying rows into the output table (connect: the query runs, rows stream)."""
+    def streaming(self, batch_id: int) -> bool:
+        """Whether the connect runtime's task streams the batch's rows: into COPY (the Postgres sink), or as the
+        data files of its snapshot, which Spark writes before it commits (an Iceberg sink)."""
+        if self.iceberg:
+            (started,) = self._query("SELECT extract(epoch FROM started_at) FROM kafka_ledger.batches WHERE "
+                                     "batch_id = %(b)s", {"b": batch_id})[0]
+            return started is not None and any(f.stat().st_mtime > float(started) for f in self._lake_data_files())
         return bool(self._query("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'COPY%%' AND query LIKE "
                                 "%(t)s", {"t": f"%{self.pipeline.output_table}%"})[0][0])
+
+    def _lake_data_files(self) -> list[Path]:
+        from kafka_ledger.sinks import IcebergSink
+
+        location = IcebergSink(self.pipeline).table().location()
+        folder = Path(location.removeprefix("file://")) / "data"
+        return [p for p in folder.rglob("*.parquet")] if folder.exists() else []
 
     def phase(self, batch_id: int, attempt: int) -> str:
         status, attempts = self.batch_state(batch_id)
         if self.runtime == "connect":
             if status == "committed" or attempts != attempt:
                 return "after the batch was committed (the task was finishing)"
-            return "mid-streaming (rows flowing into COPY)" if self.copying() else "before streaming (connect or read)"
+            if self.streaming(batch_id):
+                return ("mid-write (the snapshot's files being written)" if self.iceberg
+                        else "mid-streaming (rows flowing into COPY)")
+            return "before streaming (connect or read)"
         if status in ("written", "committed") or attempts != attempt:
             return "after staging (the job was finishing)"
         return "mid-staging" if self.staged_rows(batch_id, attempt) else "before staging (session start or read)"
@@ -208,6 +231,20 @@ class FaultStrikes:
             return f"{landed_as} {landed}"
         return strike
 
+    def _strike_writing(self, missed: str, commands: tuple[str, ...], landed_as: str) -> Callable[..., str]:
+        """A fault by scripts/stack.sh `commands` once the connect runtime's task streams its rows (an Iceberg
+        sink's: as Spark writes the snapshot's files, before it commits them)."""
+        def strike(proc: subprocess.Popen, batch_id: int, attempts_before: int) -> str:
+            attempt = attempts_before + 1
+            if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, proc):
+                return f"{missed} missed: the task ended before its attempt began"
+            self._wait(lambda: self.streaming(batch_id) or self.batch_state(batch_id)[0] != "planned", proc)
+            landed = self.phase(batch_id, attempt) if proc.poll() is None else "after the task ended"
+            for command in commands:
+                self._stack(command)
+            return f"{landed_as} {landed}"
+        return strike
+
     def _strike_connect(self, target: str, timing: str, delay: float) -> Callable[..., str]:
         """A fault of the connect runtime, once the task's attempt began: after `delay`, or as rows stream."""
         def strike(proc: subprocess.Popen, batch_id: int, attempts_before: int) -> str:
@@ -215,7 +252,7 @@ class FaultStrikes:
             if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, proc):
                 return f"{target} missed: the task ended before its attempt began"
             if timing == "as rows stream":
-                self._wait(lambda: self.copying() or self.batch_state(batch_id)[0] != "planned", proc)
+                self._wait(lambda: self.streaming(batch_id) or self.batch_state(batch_id)[0] != "planned", proc)
             else:
                 time.sleep(delay)
             landed = self.phase(batch_id, attempt)
@@ -265,7 +302,7 @@ class FaultStrikes:
             name = f"campaign-{kind}"
             try:
                 if timing == "as rows stream" or effect == "restart":
-                    self._wait(lambda: self.copying() or self.batch_state(batch_id)[0] != "planned", proc)
+                    self._wait(lambda: self.streaming(batch_id) or self.batch_state(batch_id)[0] != "planned", proc)
                 else:
                     time.sleep(delay)
                 if effect == "restart":
@@ -332,17 +369,21 @@ class FaultStrikes:
             delay = round(rng.uniform(low, high), 2)
             variant = f"{timing}" + (f" ({delay}s after the attempt began)" if timing == "timed" else "")
             return variant, RunHooks(spark_strike=self._strike_network(kind, timing, delay))
+        commit_points = COMMIT_FAIL_POINTS[self.runtime] + (ICEBERG_FAIL_POINTS if self.iceberg else ())
         if kind == "kill_commit":
-            point = rng.choice(COMMIT_FAIL_POINTS[self.runtime])
+            point = rng.choice(commit_points)
             return point, RunHooks(commit_failpoints=f"{point}=kill")
         if kind == "restart_postgres_in_commit":
-            point = rng.choice(COMMIT_FAIL_POINTS[self.runtime])
+            point = rng.choice(commit_points)
             return point, RunHooks(commit_failpoints=f"{point}=pause",
                                    commit_during=self._restart_postgres_during(point))
         if kind == "restart_kafka_in_read":
             delay = round(rng.uniform(max(low, 0.5) if self.runtime == "connect" else 2.0, high), 2)
             return f"timed ({delay}s after the attempt began)", RunHooks(
                 spark_strike=self._strike_stack(delay, "broker restart", ("restart-kafka",), "Kafka broker restarted"))
+        if kind == "restart_postgres_in_write":
+            return "as the snapshot is written", RunHooks(spark_strike=self._strike_writing(
+                "Postgres restart", ("restart-postgres",), "Postgres (the lake's catalog, the ledger) restarted"))
         if kind == "kill_spark_worker":
             delay = round(rng.uniform(low, high), 2)
             return f"timed ({delay}s after the attempt began)", RunHooks(spark_strike=self._strike_stack(
