@@ -203,13 +203,15 @@ class ConnectBatch:
 
     def _open(self, dsn: str, batch: ledger.Batch, attempt: int, description: str) -> tuple[SparkSession, Heartbeat]:
         """The batch's session on the server, prepared for the attempt, its heartbeat running: the pipeline's, or
-        the batch's own (`own_session`). A pipeline's session the server has closed is replaced, once."""
-        if self._own_session(batch):
+        the batch's own (`_own_session`). A session the server has closed is replaced, once (the pipeline's in the
+        ledger, for its next batches too)."""
+        own = self._own_session(batch)
+        if own:
             session_id = str(uuid.uuid5(_SESSION_NAMESPACE, f"{self.pipeline.name}/{batch.batch_id}"))
         else:
             with ledger.transaction(dsn) as cur:
                 session_id = pipeline_session(cur, self.pipeline.name)
-        replaced = self._own_session(batch)  # a batch's own session is never replaced: it is new
+        replaced = False
         while True:
             spark = client_session(session_id)
             heartbeat = Heartbeat(spark, description).start()
@@ -221,7 +223,7 @@ class ConnectBatch:
                 close_session(spark, release_session=False)
                 if _closed_session(exc) and not replaced:
                     replaced = True
-                    session_id = replace_session(dsn, self.pipeline.name, session_id)
+                    session_id = str(uuid.uuid4()) if own else replace_session(dsn, self.pipeline.name, session_id)
                     continue
                 if heartbeat.lost is None and not _lost_server(exc):
                     raise
