@@ -140,9 +140,10 @@ def _ranges_text(ranges: list[dict[str, Any]]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    pipelines = _pipelines(args.pipelines)
     dsn, servers = _services()
     report, lines = [], []
-    for pipeline in _pipelines(args.pipelines):
+    for pipeline in pipelines:
         entry = overview.pipeline_status(dsn, servers, pipeline)
         report.append(entry)
         lines.append(f"pipeline {pipeline.name} ({pipeline.delivery_mode}, {pipeline.subscription}): "
@@ -225,8 +226,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     pipeline = get_pipeline(args.pipeline)
+    request = _request(args, None)  # refused before anything is looked up
     dsn, servers = _services()
-    planned = planner.plan_batch(dsn, servers, pipeline, _request(args, None), requested_by=getpass.getuser(),
+    planned = planner.plan_batch(dsn, servers, pipeline, request, requested_by=getpass.getuser(),
                                  dry_run=args.dry_run)
     out: dict[str, Any] = {"plan": planned.as_dict()}
     if args.dry_run or planned.batch_id is None:

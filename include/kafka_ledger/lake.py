@@ -69,8 +69,10 @@ def reader_properties(name: str, settings: dict[str, str]) -> dict[str, str]:
     url = URL.create("postgresql+psycopg2", username=settings.get("jdbc.user"), password=settings.get("jdbc.password"),
                      host=parts.hostname, port=parts.port, database=parts.path.lstrip("/"),
                      query=dict(parse_qsl(parts.query)))
-    # A reader never creates the catalog's tables: Spark's JDBC catalog makes them, with its own columns.
-    return {"type": "sql", "uri": url.render_as_string(hide_password=False), "init_catalog_tables": "false",
+    # On a new catalog database its first user makes the catalog's tables (iceberg_tables and
+    # iceberg_namespace_properties): an Iceberg sink's plan, before Spark ever used the catalog. pyiceberg makes
+    # them as Spark's JDBC catalog does (schema V1: checked with both), and neither touches tables that exist.
+    return {"type": "sql", "uri": url.render_as_string(hide_password=False), "init_catalog_tables": "true",
             **({"warehouse": settings["warehouse"]} if "warehouse" in settings else {})}
 
 

@@ -29,6 +29,7 @@ from kafka_ledger.runtimes.connect import (
     close_session,
     default_session_id,
 )
+from tools.fault_campaign.runner import task_result
 
 pytestmark = pytest.mark.integration
 
@@ -95,8 +96,8 @@ def test_task_killed_while_its_query_runs_publishes_nothing_and_the_retry_publis
 
     code, out, err = finish(start_task(pipeline, batch_id))  # the task's retry
     assert code == 0, err
-    # Its result is its output's last line, and its log has no warning of releases cut short.
-    assert json.loads(out.strip().splitlines()[-1])["batch_id"] == batch_id
+    # Its result, and its log has no warning of releases cut short.
+    assert task_result(out)["batch_id"] == batch_id
     assert "ReleaseExecute" not in out + err
     (batch,) = batches(dsn, pipeline)
     assert (batch.status, batch.attempts, batch.staged_attempt) == ("committed", 2, 2)
@@ -163,7 +164,7 @@ def test_racing_attempts_on_the_same_batch_publish_it_once(dsn, servers, pipelin
         if code != 0:  # the loser was interrupted or fenced off, and said why
             assert "interrupted" in err.lower() or "may not publish" in err or "superseded" in err, err[-2000:]
         else:
-            json.loads(out.strip().splitlines()[-1])
+            assert task_result(out)["batch_id"] == batch_id
 
 
 def test_no_server_fails_with_a_clear_message_and_writes_nothing(dsn, servers, pipeline_factory, producer):

@@ -33,7 +33,7 @@ def test_a_jdbc_catalog_on_postgres_is_read_as_pyicebergs_sql_catalog_over_the_s
     (tmp_path / "spark-defaults.conf").write_text(SPARK_DEFAULTS)
     properties = reader_properties("lake", catalog_settings("lake", tmp_path))
     assert properties == {
-        "type": "sql", "init_catalog_tables": "false", "warehouse": "file:///s/lake",
+        "type": "sql", "init_catalog_tables": "true", "warehouse": "file:///s/lake",
         "uri": "postgresql+psycopg2://lake:p%40ss%3Aw%2Frd@127.0.0.1:15432/lake?sslmode=verify-full&sslrootcert=%2Fs%2Fca.pem"}
 
 

@@ -13,8 +13,10 @@ from kafka_ledger.planning import OffsetRange
 JOB_PATH = Path(__file__).resolve().parents[2] / "spark_jobs" / "ingest_batch.py"
 
 
-@pytest.fixture(scope="module")
-def ingest_batch():
+@pytest.fixture
+def ingest_batch(monkeypatch: pytest.MonkeyPatch):
+    # A deployment's Kafka without security settings: the options below are the read's own.
+    monkeypatch.setenv("KAFKA_LEDGER_BOOTSTRAP_SERVERS", "k:9092")
     return ingest
 
 

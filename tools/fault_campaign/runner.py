@@ -145,7 +145,7 @@ class Campaign(FaultStrikes):
             return None
         if proc.returncode != 0:
             return None
-        return json.loads(out.strip().splitlines()[-1])
+        return task_result(out)
 
     def plan_try(self, run_id: str, failpoints: str | None = None) -> dict[str, Any] | None:
         proc, _ = self._start_task(["plan", "--dag-id", self.dag_id, "--run-id", run_id], failpoints)
@@ -617,6 +617,21 @@ class Campaign(FaultStrikes):
 
 
 # --- the task processes -------------------------------------------------------------------------------------
+# A task prints its result on a line of its own that starts with this: its log (Airflow's, PySpark's releases of
+# finished operations in threads of their own) may write to the same stdout, also after the result.
+RESULT_PREFIX = "kafka-ledger task result: "
+
+
+def task_result(out: str) -> dict[str, Any] | None:
+    """The result a task printed (task_main), from its whole stdout; None if it printed none."""
+    lines = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
+    return json.loads(lines[-1][len(RESULT_PREFIX):]) if lines else None
+
+
+def _print_result(result: dict[str, Any]) -> None:
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
 def task_main(argv: list[str]) -> int:
     """One task of a pipeline run, in its own process: `task plan|commit|read_and_commit ...`.
 
@@ -638,13 +653,13 @@ def task_main(argv: list[str]) -> int:
     if args.task == "plan":
         planned = planner.plan_batch(ledger_dsn(), bootstrap_servers(), pipeline, dag_id=args.dag_id,
                                      run_id=args.run_id)
-        print(json.dumps({"batch_id": planned.batch_id, "resumed": planned.resumed, "offsets": planned.offsets}))
+        _print_result({"batch_id": planned.batch_id, "resumed": planned.resumed, "offsets": planned.offsets})
     elif args.task == "read_and_commit":
         from kafka_ledger.runtimes.connect import ConnectBatch
 
         result = ConnectBatch(pipeline, args.batch_id).run(ledger_dsn(), bootstrap_servers())
-        print(json.dumps({"batch_id": result.batch_id, "already_committed": result.already_committed}))
+        _print_result({"batch_id": result.batch_id, "already_committed": result.already_committed})
     else:
         result = commit.commit_batch(ledger_dsn(), bootstrap_servers(), pipeline, args.batch_id)
-        print(json.dumps({"batch_id": result.batch_id, "already_committed": result.already_committed}))
+        _print_result({"batch_id": result.batch_id, "already_committed": result.already_committed})
     return 0
