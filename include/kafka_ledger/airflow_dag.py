@@ -46,7 +46,8 @@ from kafka_ledger.settings import (
     secret_values,
 )
 
-__all__ = ["BASE_SPARK_CONF", "SPARK_APPLICATION", "SPARK_POOL", "SPARK_TASK", "build_pipeline_dag",
+__all__ = ["BASE_SPARK_CONF", "SPARK_APPLICATION", "SPARK_POOL", "SPARK_TASK", "build_lake_maintenance_dag",
+           "build_pipeline_dag",
            "output_asset", "run_pipeline_dag"]
 
 log = logging.getLogger(__name__)
@@ -329,6 +330,39 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         )
 
         committing >> backlog_remains(plan) >> drain
+    return dag
+
+
+def maintain_lake_task(pipeline_name: str) -> dict[str, Any]:
+    """Compact the pipeline's Iceberg table and expire its old snapshots (lake_maintenance.maintain)."""
+    from kafka_ledger import lake_maintenance  # PySpark's client: only in this task
+
+    return lake_maintenance.maintain(ledger_dsn(), get_pipeline(pipeline_name)).as_dict()
+
+
+def build_lake_maintenance_dag(pipeline: PipelineConfig) -> DAG:
+    """The DAG that maintains an Iceberg sink's table on the schedule of its `maintenance`. No I/O while building."""
+    assert isinstance(pipeline.sink, IcebergSinkSpec) and pipeline.lake_maintenance_dag_id is not None
+    spec = pipeline.sink.maintenance
+    with DAG(
+        dag_id=pipeline.lake_maintenance_dag_id,
+        description=f"Compaction and snapshot expiry of {pipeline.sink.qualified_table}",
+        schedule=spec.schedule,
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        tags=["kafka-ledger", pipeline.name, "lake"],
+        doc_md=(
+            f"### Lake maintenance of `{pipeline.sink.qualified_table}` (pipeline `{pipeline.name}`)\n\n"
+            "Rewrites small data files into bigger ones (compaction) and expires snapshots older than "
+            f"{spec.expire_after_hours} h (keeping the newest {spec.retain_last}), never the snapshot of a batch the "
+            "ledger has not finished nor any newer one. No row changes. See docs/deployment.md, The lake."
+        ),
+        default_args={"owner": pipeline.owner, "retries": pipeline.retries,
+                      "retry_delay": timedelta(seconds=pipeline.retry_delay_seconds)},
+    ) as dag:
+        task(maintain_lake_task, task_id="maintain_lake", pool=SPARK_POOL,
+             execution_timeout=timedelta(minutes=pipeline.spark_timeout_minutes))(pipeline.name)
     return dag
 
 

@@ -327,6 +327,23 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_UNVERIFIED
 
 
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from kafka_ledger import lake_maintenance  # PySpark's client: only for this command
+
+    pipeline = get_pipeline(args.pipeline)
+    if not isinstance(pipeline.sink, IcebergSinkSpec):
+        raise RequestError(f"pipeline {pipeline.name!r} publishes into {pipeline.sink.type}, not Iceberg: it has "
+                           "no lake table to maintain")
+    result = lake_maintenance.maintain(settings.ledger_dsn(), pipeline)
+    kept = (f"; kept every snapshot since that of unfinished batch(es) {', '.join(map(str, result.kept_for_batches))}"
+            if result.kept_for_batches else "")
+    _emit(args, result.as_dict(),
+          f"maintained {result.table} in {result.seconds:.1f} s: {result.data_files_before} -> "
+          f"{result.data_files_after} data files, {result.snapshots_before} -> {result.snapshots_after} snapshots "
+          f"(expired those before {result.expired_before}{kept})")
+    return EXIT_OK
+
+
 # Kafka's own command-line tools (kafka-tools jar): the class, and the option that takes a client properties file.
 KAFKA_TOOLS: dict[str, tuple[str, str]] = {
     "consumer-groups": ("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", "--command-config"),
@@ -464,6 +481,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"deadline for reading Kafka back (default: {DEADLINE_FLOOR_SECONDS:.0f} s plus 1 s per "
                         f"{DEADLINE_OFFSETS_PER_SECOND:,} offsets to read)")
     p.set_defaults(run=cmd_verify)
+
+    p = command("maintain", "compact an Iceberg sink's table and expire its old snapshots, as its maintenance DAG "
+                            "does (never a snapshot a batch the ledger has not finished may still adopt)")
+    p.add_argument("pipeline")
+    p.set_defaults(run=cmd_maintain)
 
     p = command("warm-up", "warm a freshly started Spark Connect server up: run a made-up batch's decode and transfer "
                            "on it once, then read each pipeline's newest records as its batches do, so that the "

@@ -141,6 +141,37 @@ class PostgresSinkSpec(BaseModel):
     type: Literal["postgres"] = Field(description="`postgres`")
 
 
+def _cron_or_preset(schedule: str | None) -> str | None:
+    from croniter import croniter
+
+    if schedule is not None and not croniter.is_valid(schedule):
+        raise ValueError(f"schedule {schedule!r} is not a cron expression or preset such as @hourly (or null)")
+    return schedule
+
+
+class LakeMaintenanceSpec(BaseModel):
+    """The upkeep of an Iceberg sink's table: small files compacted, old snapshots expired (lake_maintenance.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schedule: str | None = Field(
+        default="@daily",
+        description="when the table's maintenance DAG (`kafka_ledger__<pipeline>__maintenance`) runs: a cron "
+                    "expression or preset (UTC); `null`: only when triggered, or by `kafka-ledger maintain`")
+    compact: bool = Field(
+        default=True,
+        description="rewrite small data files into files of the table's target size (Iceberg's "
+                    "`rewrite_data_files`, bin-packing); a file group is rewritten once it has `min_input_files`")
+    min_input_files: int = Field(default=5, ge=2, description="the fewest files a compaction rewrites together")
+    expire_after_hours: int = Field(
+        default=168, ge=0,
+        description="snapshots older than this expire and the files only they referenced are deleted; never the "
+                    "snapshot of a batch the ledger has not finished, nor any newer one")
+    retain_last: int = Field(default=10, ge=1, description="the newest snapshots kept whatever their age")
+
+    _schedule_is_cron = field_validator("schedule")(_cron_or_preset)
+
+
 class IcebergSinkSpec(BaseModel):
     """Rows go into an Iceberg table through Spark, one snapshot per batch (docs/deployment.md, The lake)."""
 
@@ -166,6 +197,9 @@ class IcebergSinkSpec(BaseModel):
         default_factory=dict,
         description="more table properties, set when the table is created, e.g. "
                     "`write.parquet.compression-codec: zstd`")
+    maintenance: LakeMaintenanceSpec = Field(
+        default_factory=LakeMaintenanceSpec,
+        description="compaction and snapshot expiry on a schedule ([fields below](#lake-maintenance))")
 
     @field_validator("partition_by")
     @classmethod
@@ -296,11 +330,7 @@ class PipelineConfig(BaseModel):
     @field_validator("schedule")
     @classmethod
     def _schedule_is_cron(cls, schedule: str | None) -> str | None:
-        from croniter import croniter
-
-        if schedule is not None and not croniter.is_valid(schedule):
-            raise ValueError(f"schedule {schedule!r} is not a cron expression or preset such as @hourly (or null)")
-        return schedule
+        return _cron_or_preset(schedule)
 
     @field_validator("topics")
     @classmethod
@@ -365,6 +395,11 @@ class PipelineConfig(BaseModel):
     @property
     def dag_id(self) -> str:
         return f"{DAG_ID_PREFIX}{self.name}"
+
+    @property
+    def lake_maintenance_dag_id(self) -> str | None:
+        """The DAG that maintains the pipeline's Iceberg table (lake_maintenance.py); None for other sinks."""
+        return f"{self.dag_id}__maintenance" if isinstance(self.sink, IcebergSinkSpec) else None
 
     @property
     def subscription(self) -> str:

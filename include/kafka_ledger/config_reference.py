@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from kafka_ledger.config import ColumnSpec, IcebergSinkSpec, PipelineConfig
+from kafka_ledger.config import ColumnSpec, IcebergSinkSpec, LakeMaintenanceSpec, PipelineConfig
 from kafka_ledger.settings import PROJECT_ROOT, Settings, env_name
 
 BLOCK = re.compile(
@@ -50,8 +50,8 @@ def default_text(field: FieldInfo) -> str:
         return str(value)
     if isinstance(value, str):
         return f"`{value}`"
-    if isinstance(value, BaseModel):  # one of a union of kinds (a sink): named by its type
-        return f"`{getattr(value, 'type', type(value).__name__)}`"
+    if isinstance(value, BaseModel):  # one of a union of kinds (a sink) is named by its type, else its fields' defaults
+        return f"`{value.type}`" if hasattr(value, "type") else "each field's default"
     return f"`{json.dumps(value)}`"
 
 
@@ -134,6 +134,7 @@ GENERATED: dict[str, dict[str, Callable[[], str]]] = {
         "pipeline fields": lambda: fields_table(PipelineConfig, leave_out=("name",)),
         "column fields": lambda: fields_table(ColumnSpec),
         "iceberg sink fields": lambda: fields_table(IcebergSinkSpec),
+        "lake maintenance fields": lambda: fields_table(LakeMaintenanceSpec),
         "deployment settings": lambda: settings_table([name for name in Settings.model_fields
                                                        if name not in TIMEOUTS]),
         "ledger timeouts": lambda: timeouts_table(TIMEOUTS),

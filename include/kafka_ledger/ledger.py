@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -330,6 +330,12 @@ def anchor_topics(cur: Cursor, pipeline: str, topic_ids: dict[str, str]) -> None
         cur, sql.UPSERT_TOPIC_ANCHOR,
         [{"pipeline": pipeline, "topic": topic, "topic_id": topic_id} for topic, topic_id in topic_ids.items()],
     )
+
+
+def batch_statuses(cur: Cursor, pipeline: str, batch_ids: Iterable[int]) -> dict[int, str]:
+    """The status of each of the pipeline's batches among `batch_ids` (ids the ledger does not know are left out)."""
+    cur.execute(sql.SELECT_BATCH_STATUSES, {"pipeline": pipeline, "batch_ids": sorted(set(batch_ids))})
+    return dict(cur.fetchall())
 
 
 def spark_session(cur: Cursor, pipeline: str) -> str | None:

@@ -222,6 +222,19 @@ def _refuse_sink(pipeline: PipelineConfig) -> None:
                         "nothing was planned")
 
 
+def _refuse_rewrite_beside_catch_up(cur: ledger.Cursor, pipeline: PipelineConfig) -> None:
+    """A rewrite of a sink that cannot have one beside an unfinished catch-up batch (Sink.rewrites_wait_for_catch_up),
+    refused while there is one."""
+    if not sink_for(pipeline).rewrites_wait_for_catch_up:
+        return
+    unfinished = ledger.open_batch(cur, pipeline.name)
+    if unfinished is not None:
+        raise RequestError(
+            f"catch-up batch {unfinished.batch_id} of {pipeline.name} is {unfinished.status}: its "
+            f"{pipeline.sink.type} sink takes a rewrite only once that batch has committed. Resume it first (a run "
+            f"without config, or `kafka-ledger replay {pipeline.name} --batch {unfinished.batch_id}`)")
+
+
 def _plan(
     cur: ledger.Cursor,
     bootstrap_servers: str,
@@ -270,6 +283,7 @@ def _plan(
             log.info("window [%s, %s) holds no ingested offsets to rewrite: nothing to read", *window)
             return PlannedBatch(None, False, [], 0, kind=kind, pending=pending)
         _refuse(check_rewrite_ranges(behind, offsets, positions, in_flight))
+        _refuse_rewrite_beside_catch_up(cur, pipeline)
         batch = record(behind, kind, window=window)
         log.info("planned %s batch %s of %s for [%s, %s): %d offsets to re-read and replace:\n%s", kind,
                  batch.batch_id, pipeline.name, window[0], window[1], sum(r.span for r in behind),
@@ -279,6 +293,7 @@ def _plan(
     if request.mode == "offset_ranges":
         ranges = sorted(request.offset_ranges)
         _refuse(check_rewrite_ranges(ranges, offsets, positions, in_flight))
+        _refuse_rewrite_beside_catch_up(cur, pipeline)
         batch = record(ranges, "offset_ranges")
         log.info("planned offset_ranges batch %s of %s: %d offsets to re-read and replace:\n%s",
                  batch.batch_id, pipeline.name, sum(r.span for r in ranges), _format_ranges(ranges))
@@ -298,6 +313,7 @@ def _plan(
             return _resume(cur, target, offsets, positions, dag_id, run_id)
         ranges = [OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset) for r in target.ranges]
         _refuse(check_rewrite_ranges(ranges, offsets, positions, in_flight))
+        _refuse_rewrite_beside_catch_up(cur, pipeline)
         batch = record(ranges, "replay", replay_of=target.batch_id)
         log.info("planned replay batch %s of %s batch %s (%s): %d offsets to re-read and replace:\n%s",
                  batch.batch_id, target.kind, target.batch_id, pipeline.name, sum(r.span for r in ranges),

@@ -183,6 +183,11 @@ SELECT_LOG_START_RATES = """
 """
 
 # --- Spark Connect sessions (the connect runtime) -----------------------------------------------------------------
+# The statuses of the batches that stamped an Iceberg table's snapshots (lake_maintenance: what may expire).
+SELECT_BATCH_STATUSES = """
+    SELECT batch_id, status FROM kafka_ledger.batches WHERE pipeline = %(pipeline)s AND batch_id = ANY(%(batch_ids)s)
+"""
+
 SELECT_SPARK_SESSION = "SELECT session_id::text FROM kafka_ledger.spark_sessions WHERE pipeline = %(pipeline)s"
 
 # Replaces the pipeline's session only if it is still the closed one: racing replacements settle on one session.

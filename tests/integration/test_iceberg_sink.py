@@ -18,7 +18,8 @@ from integration_support import (
     stored,
 )
 
-from kafka_ledger.batch_requests import BatchRequest
+from kafka_ledger.batch_requests import BatchRequest, RequestError
+from kafka_ledger.lake_maintenance import maintain
 from kafka_ledger.planner import plan_batch, plan_next_batch
 from kafka_ledger.planning import PlanError
 from kafka_ledger.runtimes.connect import ConnectBatch
@@ -206,3 +207,59 @@ def test_verify_reads_the_table_back_and_finds_a_row_removed_behind_the_ledgers_
                                              EqualTo("kafka_offset", offset)))
     report = verify_pipeline(dsn, servers, pipeline, full=True)
     assert not report.ok and (report.output_rows, report.missing) == (299, 1)
+
+
+def test_a_rewrite_waits_until_the_unfinished_catch_up_batch_has_committed(dsn, servers, pipeline_factory, producer):
+    # A rewrite's MERGE would leave files whose batch ids straddle the unfinished batch's, which its overwrite of
+    # whole files could then never replace (IcebergSink.rewrites_wait_for_catch_up).
+    pipeline = pipeline_factory("iceberg_rewrite_waits", partitions=2)
+    produce(producer, pipeline, [good_value(i) for i in range(200)])
+    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    produce(producer, pipeline, [good_value(i) for i in range(200, 300)])
+    first, unfinished = batches(dsn, pipeline)[0], plan_next_batch(dsn, servers, pipeline)
+    replay = BatchRequest(mode="replay_batch", batch_id=first.batch_id, reason="test")
+    with pytest.raises(RequestError, match=f"catch-up batch {unfinished.batch_id} of .* is planned: its iceberg "
+                                           "sink takes a rewrite only once that batch has committed"):
+        plan_batch(dsn, servers, pipeline, replay, requested_by="test")
+    assert len(batches(dsn, pipeline)) == 2  # nothing recorded
+
+    ConnectBatch(pipeline, unfinished.batch_id).run(dsn, servers)
+    ConnectBatch(pipeline, plan_batch(dsn, servers, pipeline, replay, requested_by="test").batch_id).run(dsn, servers)
+    assert [b.status for b in batches(dsn, pipeline)] == ["committed"] * 3
+    assert_exactly_once(dsn, servers, pipeline, {})
+
+
+def test_maintenance_compacts_and_expires_but_keeps_the_snapshot_an_unfinished_batch_adopts(
+        dsn, servers, pipeline_factory, producer, tmp_path):
+    pipeline = pipeline_factory("iceberg_upkeep", partitions=3)  # expire_after_hours 0, retain_last 1
+    sink = IcebergSink(pipeline)
+    for n in range(3):
+        produce(producer, pipeline, [good_value(i) for i in range(n * 300, (n + 1) * 300)])
+        ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    sent = produce(producer, pipeline, [good_value(i) for i in range(900, 1200)] + [b"not json"])
+    batch_id = plan_next_batch(dsn, servers, pipeline).batch_id
+    code, _, _ = finish(start_task(pipeline, batch_id, "after_snapshot=kill", tmp_path))
+    assert code == -signal.SIGKILL  # its snapshot landed; the ledger has not recorded it
+    [landed] = [s for s, summary in snapshots(sink) if summary[BATCH_KEY] == str(batch_id)]
+    rows_before = rows_by_offset(sink)
+
+    result = maintain(dsn, pipeline)
+    assert result.kept_for_batches == [batch_id]
+    assert result.compaction["rewritten_data_files_count"] == result.data_files_before > 3  # a file per range
+    # One file now; the old ones stay on disk while the kept snapshot references them.
+    assert result.data_files_after == 1 and result.expiry["deleted_data_files_count"] == 0
+    history = snapshots(sink)
+    # Everything before the unfinished batch's snapshot expired; it and the compaction's after it stay.
+    assert [s for s, _ in history][0] == landed and len(history) == 2
+    assert rows_by_offset(sink) == rows_before  # no row changed, none lost, none doubled
+
+    code, out, err = finish(start_task(pipeline, batch_id))  # the retry adopts the kept snapshot
+    assert code == 0, err[-3000:]
+    assert "adopting it, not writing the rows again" in out + err
+    assert [(b.status, b.snapshot_id) for b in batches(dsn, pipeline)][-1] == ("committed", landed)
+    assert_exactly_once(dsn, servers, pipeline, {sent[-1]: "malformed JSON (not a JSON object)"})
+
+    again = maintain(dsn, pipeline)  # nothing unfinished now: down to the newest snapshot
+    assert again.kept_for_batches == [] and again.snapshots_after == 1
+    assert again.expiry["deleted_data_files_count"] == result.data_files_before  # the small files are gone now
+    assert rows_by_offset(sink) == rows_before

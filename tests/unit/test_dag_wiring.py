@@ -123,7 +123,20 @@ def test_dags_folder_builds_a_dag_per_declared_pipeline(monkeypatch):
     monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", str(REPO / "config" / "pipelines.yaml"))
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
-    assert set(bag.dag_ids) == {"kafka_ledger__impressions", "kafka_ledger__impressions_lake"}
+    assert set(bag.dag_ids) == {"kafka_ledger__impressions", "kafka_ledger__impressions_lake",
+                                "kafka_ledger__impressions_lake__maintenance"}
+
+
+def test_an_iceberg_sinks_table_is_maintained_by_a_dag_on_its_own_schedule(monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", str(REPO / "config" / "pipelines.yaml"))
+    dag = DagBag(dag_folder=str(REPO / "dags")).dags["kafka_ledger__impressions_lake__maintenance"]
+    (maintain,) = dag.tasks
+    assert maintain.task_id == "maintain_lake"
+    assert maintain.pool == "kafka_ledger_spark"  # with the batches' Spark work, within the pool's slots
+    assert dag.max_active_runs == 1 and not dag.catchup
+    assert dag.timetable.expression == "0 0 * * *"  # @daily, the default
 
 
 def test_an_invalid_pipeline_is_an_import_error_and_the_others_keep_their_dags(monkeypatch, tmp_path):
@@ -135,7 +148,8 @@ def test_an_invalid_pipeline_is_an_import_error_and_the_others_keep_their_dags(m
                            "    columns: [{name: id, type: varchar}]\n")
     monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", str(path))
     bag = DagBag(dag_folder=str(REPO / "dags"))
-    assert set(bag.dag_ids) == {"kafka_ledger__impressions", "kafka_ledger__impressions_lake"}
+    assert set(bag.dag_ids) == {"kafka_ledger__impressions", "kafka_ledger__impressions_lake",
+                                "kafka_ledger__impressions_lake__maintenance"}
     assert list(bag.import_errors) == [str(REPO / "dags" / "kafka_ledger_invalid_pipelines.py")]
     (error,) = bag.import_errors.values()
     assert "pipeline 'orders' is invalid" in error

@@ -33,6 +33,10 @@ class Sink(ABC):
     """Where a pipeline's rows are published. Every method runs in the ledger transaction that commits the
     batch (commit.py): what a sink writes becomes visible exactly when the offsets move, or never."""
 
+    # Whether a rewrite (replay, offset ranges, time window, backfill) must wait until the pipeline's unfinished
+    # catch-up batch has committed: see IcebergSink.
+    rewrites_wait_for_catch_up = False
+
     def __init__(self, pipeline: PipelineConfig):
         self.pipeline = pipeline
 

@@ -114,6 +114,13 @@ class IcebergSink(Sink):
     """The pipeline's Iceberg table: Spark writes a batch's rows as one snapshot before the ledger's commit, which
     records that snapshot in the same transaction that moves the offsets."""
 
+    # A catch-up batch's overwrite deletes whole files only: a file holding its batch id among others' ("some, but
+    # not all, rows match") refuses it. A rewrite's MERGE rewrites files into ones holding the rewrite's (higher)
+    # batch id beside older ones: committed below an unfinished catch-up batch's id, such a file's bounds would
+    # straddle it and that batch could never be written. Rewrites planned while no catch-up batch is unfinished
+    # only make files below every later catch-up batch's id (ids come from one sequence).
+    rewrites_wait_for_catch_up = True
+
     def __init__(self, pipeline: PipelineConfig):
         super().__init__(pipeline)
         if not isinstance(pipeline.sink, IcebergSinkSpec):
