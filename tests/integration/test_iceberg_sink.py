@@ -21,8 +21,8 @@ from integration_support import (
 from kafka_ledger.batch_requests import BatchRequest, RequestError
 from kafka_ledger.lake_maintenance import maintain
 from kafka_ledger.planner import plan_batch, plan_next_batch
-from kafka_ledger.planning import PlanError
 from kafka_ledger.runtimes.connect import ConnectBatch
+from kafka_ledger.runtimes.submit import SubmitRuntime, submit_batch
 from kafka_ledger.sinks import IcebergSink
 from kafka_ledger.sinks.iceberg import ATTEMPT_KEY, BATCH_KEY, PIPELINE_KEY, RANGES_KEY, IcebergSinkError
 
@@ -155,12 +155,6 @@ def test_what_the_sink_cannot_take_is_refused_before_anything_is_recorded(dsn, s
         plan_next_batch(dsn, servers, no_catalog)
     nothing_recorded(no_catalog)
 
-    # A runtime that cannot publish into it.
-    submitted = pipeline_factory("iceberg_submit", partitions=1)
-    with pytest.raises(PlanError, match="the submit runtime cannot publish into the iceberg sink"):
-        plan_next_batch(dsn, servers, submitted)
-    nothing_recorded(submitted)
-
 
 def test_a_replay_replaces_exactly_its_ranges_rows_in_one_snapshot(dsn, servers, pipeline_factory, producer):
     pipeline = pipeline_factory("iceberg_replay", partitions=2)
@@ -263,3 +257,38 @@ def test_maintenance_compacts_and_expires_but_keeps_the_snapshot_an_unfinished_b
     assert again.kept_for_batches == [] and again.snapshots_after == 1
     assert again.expiry["deleted_data_files_count"] == result.data_files_before  # the small files are gone now
     assert rows_by_offset(sink) == rows_before
+
+
+def test_the_submit_runtime_publishes_one_snapshot_per_batch_adopts_after_a_crash_and_replays(
+        dsn, servers, pipeline_factory, producer, tmp_path, monkeypatch):
+    pipeline = pipeline_factory("iceberg_submit", partitions=2)
+    sink = IcebergSink(pipeline)
+    sent = produce(producer, pipeline, [good_value(i) for i in range(300)] + [b"not json"])
+    dead = {sent[-1]: "malformed JSON (not a JSON object)"}
+    first = SubmitRuntime().run_batch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id, dsn, servers)
+    assert first.already_committed  # the Spark job committed it; the commit task found it so
+    assert_exactly_once(dsn, servers, pipeline, dead)
+
+    # The Spark job killed between its snapshot and the ledger's commit: the next attempt adopts the snapshot.
+    produce(producer, pipeline, [good_value(i) for i in range(300, 500)])
+    batch_id = plan_next_batch(dsn, servers, pipeline).batch_id
+    monkeypatch.setenv("KAFKA_LEDGER_FAILPOINTS", "after_snapshot=kill")
+    monkeypatch.setenv("KAFKA_LEDGER_FAILPOINTS_ONCE_DIR", str(tmp_path))
+    with pytest.raises(Exception, match="spark-submit"):
+        submit_batch(pipeline, batch_id, dsn, servers)
+    assert (tmp_path / "after_snapshot").exists()
+    [landed] = [s for s, summary in snapshots(sink) if summary[BATCH_KEY] == str(batch_id)]
+    assert batches(dsn, pipeline)[-1].status == "planned"
+    SubmitRuntime().run_batch(pipeline, batch_id, dsn, servers)  # the fail point fired once: the retry runs clean
+    assert [(b.status, b.snapshot_id) for b in batches(dsn, pipeline)][-1] == ("committed", landed)
+    assert len(snapshots(sink)) == 2
+    assert_exactly_once(dsn, servers, pipeline, dead)
+
+    # A replay: the job's MERGE, stamped through its own session.
+    replay = plan_batch(dsn, servers, pipeline, BatchRequest(mode="replay_batch", batch_id=batch_id, reason="test"),
+                        requested_by="test")
+    SubmitRuntime().run_batch(pipeline, replay.batch_id, dsn, servers)
+    history = snapshots(sink)
+    assert len(history) == 3 and history[-1][1][BATCH_KEY] == str(replay.batch_id)
+    assert batches(dsn, pipeline)[-1].snapshot_id == history[-1][0]
+    assert_exactly_once(dsn, servers, pipeline, dead)

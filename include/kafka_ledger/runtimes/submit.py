@@ -3,6 +3,8 @@
 spark_jobs/ingest_batch.py is the application (`run_job`): it reads the batch's ranges and appends every
 record, decoded or with its dead-letter reason, to the pipeline's staging table, then marks the batch written.
 The commit (commit.commit_batch) copies the staged rows into the output in one transaction with the offsets.
+An Iceberg sink's batch is published by the job itself, as the connect runtime's task publishes it
+(lake_publish): its snapshot is the only copy of its rows, and the commit task finds the batch committed.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kafka_ledger import commit, failpoints, ledger, read, sql
+from kafka_ledger import commit, failpoints, lake_publish, ledger, read, sql
 from kafka_ledger.commit import CommitResult, log_read, writes_output_directly
 from kafka_ledger.config import PipelineConfig, config_path, get_pipeline
 from kafka_ledger.planning import PartitionReadStats, check_read_coverage
@@ -26,6 +28,8 @@ from kafka_ledger.settings import (
     jdbc_target,
     kafka_settings,
 )
+from kafka_ledger.sinks import IcebergSink, sink_for
+from kafka_ledger.stages import Stopwatch
 
 if TYPE_CHECKING:
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -119,6 +123,7 @@ class SubmitRuntime(Runtime):
     """One spark-submit per batch (no server to keep running); the commit is a task of its own."""
 
     name = "submit"
+    sinks = frozenset({"postgres", "iceberg"})
     spark_task_id = "read_and_stage"
     commit_task_id = "commit_batch"
 
@@ -134,7 +139,8 @@ class SubmitRuntime(Runtime):
 
     def describe(self) -> str:
         return (f"`{self.spark_task_id}` reads exactly those ranges with spark-submit and stages the rows, "
-                f"`{self.commit_task_id}` publishes them and advances the offsets in one Postgres transaction")
+                f"`{self.commit_task_id}` publishes them and advances the offsets in one Postgres transaction "
+                "(an Iceberg sink's batch: the Spark job writes its snapshot and commits it with the offsets)")
 
 
 # --- the application spark-submit runs (spark_jobs/ingest_batch.py) -------------------------------------------
@@ -155,9 +161,28 @@ def run_job(pipeline_name: str, batch_id: int, config: str | None, dsn: str, ser
 
     spark = SparkSession.builder.appName(f"kafka-ledger {pipeline.name} batch {batch_id}").getOrCreate()
     try:
+        sink = sink_for(pipeline)
+        if isinstance(sink, IcebergSink):
+            return publish_snapshot(spark, sink, attempt, dsn, servers)
         return stage(spark, pipeline, attempt, dsn, servers)
     finally:
         spark.stop()
+
+
+def publish_snapshot(spark: SparkSession, sink: IcebergSink, attempt: read.Attempt, dsn: str, servers: str
+                     ) -> dict[str, object]:
+    """An Iceberg sink's batch: read the attempt's ranges, write them as the batch's one snapshot (or adopt the
+    snapshot an earlier attempt left) and commit it with the offsets, as the connect runtime does."""
+    from kafka_ledger.decode import decode_records
+    from kafka_ledger.publish import publish_frame
+
+    started = time.monotonic()
+    batch_id = attempt.batch.batch_id
+    rows = publish_frame(decode_records(read.read_records(spark, attempt, servers), sink.pipeline), sink.pipeline,
+                         batch_id)
+    result = lake_publish.publish_attempt(sink, rows, attempt, dsn, servers, started=started, clock=Stopwatch())
+    return {"batch_id": batch_id, "committed": True, "records_written": result.records_written,
+            "records_dead_lettered": result.records_dead_lettered}
 
 
 def _read_stats(staged: DataFrame) -> list[PartitionReadStats]:
