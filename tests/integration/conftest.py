@@ -87,7 +87,8 @@ PIPELINES = {
     **{key: {"spark_runtime": "connect", "retries": 0, "output_table": None,
              "sink": {"type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name(key)}}
        for key in ("iceberg", "iceberg_adopt", "iceberg_race", "iceberg_conflict", "iceberg_replay",
-                   "iceberg_verify", "iceberg_rewrite_waits")},
+                   "iceberg_verify", "iceberg_rewrite_waits", "iceberg_unwritable",
+                   "iceberg_page")},
     "iceberg_upkeep": {"spark_runtime": "connect", "retries": 0, "output_table": None, "sink": {
         "type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name("iceberg_upkeep"),
         "maintenance": {"schedule": None, "min_input_files": 2, "expire_after_hours": 0, "retain_last": 1}}},
@@ -96,9 +97,9 @@ PIPELINES = {
         "partition_by": ["days(kafka_timestamp)", "kafka_partition"], "target_file_size_mb": 8}},
     "iceberg_submit": {"spark_runtime": "submit", "output_table": None, "sink": {
         "type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name("iceberg_submit")}},
-    "campaign_iceberg": {"spark_runtime": "connect", "output_table": None, "max_records_per_partition": 300,
-                         "sink": {"type": "iceberg", "namespace": LAKE_NAMESPACE,
-                                  "table": pipeline_name("campaign_iceberg")}},
+    **{key: {"spark_runtime": runtime, "output_table": None, "max_records_per_partition": 300,
+             "sink": {"type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name(key)}}
+       for key, runtime in (("campaign_iceberg", "connect"), ("campaign_iceberg_submit", "submit"))},
     "iceberg_no_catalog": {"spark_runtime": "connect", "output_table": None, "sink": {
         "type": "iceberg", "catalog": "elsewhere", "namespace": LAKE_NAMESPACE, "table": pipeline_name("no_catalog")}},
     # Decoding and timestamp forms on the real Spark (test_decode.py).

@@ -88,16 +88,19 @@ def test_every_kind_of_network_fault_loses_and_doubles_nothing(dsn, servers, pip
     assert not missed, f"faults that did not land: {missed}"
 
 
-def test_every_kind_of_fault_on_an_iceberg_sink_loses_and_doubles_nothing(dsn, servers, pipeline_factory, tmp_path):
-    """The connect runtime publishing into the lake: every connect fault (the task killed between its snapshot and
-    the ledger's commit among the commit's fail points) and Postgres, the lake's catalog too, restarted while the
-    snapshot is written; the table read back without Spark."""
-    pipeline = pipeline_factory("campaign_iceberg", partitions=4)
+@pytest.mark.parametrize("runtime", ["connect", "submit"])
+def test_every_kind_of_fault_on_an_iceberg_sink_loses_and_doubles_nothing(dsn, servers, pipeline_factory, tmp_path,
+                                                                          runtime):
+    """Each runtime publishing into the lake: its every fault (the Spark work, which commits an Iceberg sink's batch,
+    killed between its snapshot and the ledger's commit among the commit's fail points) and Postgres, the lake's
+    catalog too, restarted while the snapshot is written; the table read back without Spark."""
+    pipeline = pipeline_factory("campaign_iceberg" if runtime == "connect" else "campaign_iceberg_submit",
+                                partitions=4)
     seed = int(os.environ.get("KAFKA_LEDGER_CAMPAIGN_SEED", "4"))
-    kinds = fault_kinds("connect-iceberg")
+    kinds = fault_kinds(f"{runtime}-iceberg")
     campaign = Campaign(pipeline, dsn, servers, seed=seed, faults=len(kinds), records_per_fault=1000,
                         workdir=tmp_path)
-    assert campaign.shape == "connect-iceberg"
+    assert campaign.shape == f"{runtime}-iceberg"
     report = campaign.run_all()
 
     assert report["faults_by_kind"] == dict.fromkeys(kinds, 1)

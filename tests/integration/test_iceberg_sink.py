@@ -21,7 +21,7 @@ from integration_support import (
 from kafka_ledger.batch_requests import BatchRequest, RequestError
 from kafka_ledger.lake_maintenance import maintain
 from kafka_ledger.planner import plan_batch, plan_next_batch
-from kafka_ledger.runtimes.connect import ConnectBatch
+from kafka_ledger.runtimes.connect import ConnectBatch, SparkReadError
 from kafka_ledger.runtimes.submit import SubmitRuntime, submit_batch
 from kafka_ledger.sinks import IcebergSink
 from kafka_ledger.sinks.iceberg import ATTEMPT_KEY, BATCH_KEY, PIPELINE_KEY, RANGES_KEY, IcebergSinkError
@@ -292,3 +292,54 @@ def test_the_submit_runtime_publishes_one_snapshot_per_batch_adopts_after_a_cras
     assert len(history) == 3 and history[-1][1][BATCH_KEY] == str(replay.batch_id)
     assert batches(dsn, pipeline)[-1].snapshot_id == history[-1][0]
     assert_exactly_once(dsn, servers, pipeline, dead)
+
+
+def test_a_warehouse_that_cannot_take_the_files_fails_the_batch_and_publishes_nothing(
+        dsn, servers, pipeline_factory, producer):
+    import shutil
+    from pathlib import Path
+
+    pipeline = pipeline_factory("iceberg_unwritable", partitions=2)
+    sink = IcebergSink(pipeline)
+    produce(producer, pipeline, [good_value(i) for i in range(100)])
+    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    before, moved = snapshots(sink), positions(dsn, pipeline)
+
+    # The table's data folder becomes a file: no data file can be written there (as on a full disk, a write fails).
+    data = Path(sink.table().location().removeprefix("file://")) / "data"
+    shutil.move(data, data.with_name("data.kept"))
+    data.write_text("not a folder")
+    produce(producer, pipeline, [good_value(i) for i in range(100, 200)])
+    batch_id = plan_next_batch(dsn, servers, pipeline).batch_id
+    try:
+        with pytest.raises(SparkReadError, match=f"Spark failed attempt 1 of batch {batch_id} .*nothing was published"):
+            ConnectBatch(pipeline, batch_id).run(dsn, servers)
+        assert snapshots(sink) == before and positions(dsn, pipeline) == moved  # nothing landed, nothing moved
+        assert batches(dsn, pipeline)[-1].status == "planned"
+    finally:
+        data.unlink()
+        shutil.move(data.with_name("data.kept"), data)
+    ConnectBatch(pipeline, batch_id).run(dsn, servers)  # the retry, with the warehouse back
+    assert [b.status for b in batches(dsn, pipeline)] == ["committed", "committed"]
+    assert_exactly_once(dsn, servers, pipeline, {})
+
+
+def test_the_ledger_page_and_its_api_name_each_batchs_snapshot(dsn, servers, pipeline_factory, producer, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from kafka_ledger.web import app as web_app
+
+    pipeline = pipeline_factory("iceberg_page", partitions=2)
+    produce(producer, pipeline, [good_value(i) for i in range(50)])
+    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    (batch,) = batches(dsn, pipeline)
+    monkeypatch.setattr(web_app, "_pipelines", lambda: ({pipeline.name: pipeline}, {}))
+    client = TestClient(web_app.create_app())
+
+    page = client.get(f"/pipelines/{pipeline.name}")
+    assert page.status_code == 200 and ">Snapshot</th>" in page.text
+    assert f'<td class="num">{batch.snapshot_id}</td>' in page.text
+    shown = client.get(f"/pipelines/{pipeline.name}/batches/{batch.batch_id}")
+    assert shown.status_code == 200 and str(batch.snapshot_id) in shown.text
+    api = client.get(f"/api/pipelines/{pipeline.name}/batches/{batch.batch_id}").json()
+    assert api["snapshot_id"] == batch.snapshot_id

@@ -46,3 +46,19 @@ def test_a_rest_catalog_stays_one_and_other_kinds_are_refused_by_name():
         reader_properties("m", {"type": "jdbc", "uri": "jdbc:mysql://h/db"})
     with pytest.raises(LakeError, match="parameters the reader cannot pass on: ssl"):
         reader_properties("j", {"type": "jdbc", "uri": "jdbc:postgresql://h/db?ssl=true"})
+
+
+def test_a_catalog_that_cannot_be_reached_is_a_clear_refusal_without_its_password(tmp_path, monkeypatch):
+    from kafka_ledger.config import PipelineConfig
+    from kafka_ledger.sinks.iceberg import IcebergSink, IcebergSinkError
+
+    # Nothing listens on port 1 of loopback: the catalog's database refuses the connection at once.
+    (tmp_path / "spark-defaults.conf").write_text(SPARK_DEFAULTS.replace("127.0.0.1:15432", "127.0.0.1:1"))
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    pipeline = PipelineConfig.model_validate({
+        "name": "p", "topics": ["t"], "columns": [{"name": "a", "type": "string"}],
+        "sink": {"type": "iceberg", "namespace": "n", "table": "t"}})
+    with pytest.raises(IcebergSinkError, match=r"catalog 'lake' cannot be reached \(connection to server at "
+                                               r"\"127.0.0.1\", port 1 failed.*\): nothing was read or published") as e:
+        IcebergSink(pipeline).catalog()  # as a plan reaches it, before anything is recorded
+    assert "p@ss" not in str(e.value)

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(scripts/fault_campaign.sh --secure sets them, as scripts/demo.sh --secure does)")
     parser.add_argument("--sink", choices=["postgres", "iceberg"], default="postgres",
                         help="where the pipeline publishes: its Postgres table, or an Iceberg table of the stack's "
-                             "lake (runtime connect), adding the lake's faults")
+                             "lake, adding the lake's faults")
     parser.add_argument("--write-docs", type=Path, metavar="DIR",
                         help="write reliability.json (and the per-iteration log) into DIR, e.g. docs")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows afterwards")

@@ -75,8 +75,10 @@ class Campaign(FaultStrikes):
         # The connect runtime's Spark task commits the batch itself: the commit's faults strike that task.
         self.spark_task_commits = runtime.commit_task_id is None
         # The stack's cluster serves both runtimes once KAFKA_LEDGER_SPARK_MASTER names it (scripts/stack.sh).
-        # An Iceberg sink: its table read back without Spark (pyiceberg) by the checks, and the lake's faults.
+        # An Iceberg sink: its table read back without Spark (pyiceberg) by the checks, and the lake's faults. In
+        # either runtime its Spark work commits the batch (lake_publish): the commit's faults strike it there.
         self.iceberg = pipeline.sink.type == "iceberg"
+        self.commits_in_spark = self.spark_task_commits or self.iceberg
         self.shape = campaign_shape(self.runtime, os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"),
                                     network, secured(), self.iceberg)
         # Network faults: every task reaches the services through Toxiproxy; the campaign's own checks do not.
@@ -164,7 +166,7 @@ class Campaign(FaultStrikes):
             self.spark_tasks += 1
         if self.spark_task_commits:
             return self.read_and_commit_try(batch_id, strike, failpoints, during)
-        return self.spark_submit_try(batch_id, strike)
+        return self.spark_submit_try(batch_id, strike, failpoints, during)
 
     def read_and_commit_try(self, batch_id: int, strike: Callable[..., str] | None = None,
                             failpoints: str | None = None,
@@ -183,12 +185,20 @@ class Campaign(FaultStrikes):
         return ok, landed
 
     def spark_submit_try(self, batch_id: int, strike: Callable[..., str] | None = None,
+                         failpoints: str | None = None, during: Callable[[Any, Path], str] | None = None,
                          timeout: float = 600) -> tuple[bool, str]:
+        """The submit runtime's Spark task: spark-submit of the batch's job, driven from a thread. `failpoints`
+        (an Iceberg sink's commit faults: its job commits) reach the job's environment alone."""
         from kafka_ledger.runtimes.submit import SPARK_APPLICATION, spark_job_environment, spark_submit_hook
         from kafka_ledger.settings import kafka_settings
 
         os.environ.update(spark_job_environment(self.dsn, self.servers, kafka_settings()))
         hook = spark_submit_hook(self.pipeline, batch_id)
+        once_dir = self.workdir / "failpoints" / uuid.uuid4().hex[:8]
+        if failpoints:
+            # spark-submit's environment, beside the inherited one (no secret among them).
+            hook._env_vars = {key: value for key, value in self._task_env(failpoints, once_dir).items()
+                         if key.startswith("KAFKA_LEDGER_FAILPOINTS")}
         attempts_before = self.batch_state(batch_id)[1]
         outcome: dict[str, str] = {}
 
@@ -202,6 +212,8 @@ class Campaign(FaultStrikes):
         thread = threading.Thread(target=submit, name=f"spark-{batch_id}", daemon=True)
         thread.start()
         landed = strike(hook, batch_id, attempts_before, thread) if strike else ""
+        if during:
+            landed = during(_ThreadTask(thread), once_dir)
         thread.join(timeout)
         if thread.is_alive():
             self._kill_process_tree(hook)
@@ -209,6 +221,10 @@ class Campaign(FaultStrikes):
             outcome["error"] = "timed out"
         if "error" in outcome:
             log.info("spark task of batch %s failed: %s", batch_id, outcome["error"][:200])
+        if failpoints and not during:
+            point = failpoints.split("=")[0]
+            if (once_dir / point).exists():
+                landed = f"Spark job died at {point}, inside its transaction"
         return "ok" in outcome, landed
 
     @staticmethod
@@ -256,8 +272,8 @@ class Campaign(FaultStrikes):
         for try_number in range(retries + 1):
             first = try_number == 0
             ok, landed = self.spark_try(batch_id, hooks.spark_strike if first else None,
-                                        hooks.commit_failpoints if first and connect else None,
-                                        hooks.commit_during if first and connect else None)
+                                        hooks.commit_failpoints if first and self.commits_in_spark else None,
+                                        hooks.commit_during if first and self.commits_in_spark else None)
             if landed:
                 landings.append(landed)
             if ok:
@@ -273,12 +289,14 @@ class Campaign(FaultStrikes):
         if connect:
             return "success", batch_id, landings
 
+        # The commit task: an Iceberg sink's Spark job committed the batch already, and it finds it so.
+        faulted = not self.commits_in_spark
         for try_number in range(retries + 1):
-            ok, landed = self.commit_try(batch_id, hooks.commit_failpoints if try_number == 0 else None,
-                                         hooks.commit_during if try_number == 0 else None)
+            ok, landed = self.commit_try(batch_id, hooks.commit_failpoints if try_number == 0 and faulted else None,
+                                         hooks.commit_during if try_number == 0 and faulted else None)
             if landed:
                 landings.append(landed)
-            if try_number == 0 and not ok and hooks.commit_failpoints and not landed:
+            if try_number == 0 and not ok and faulted and hooks.commit_failpoints and not landed:
                 landings.append(f"commit task died at {hooks.commit_failpoints}")
             if ok:
                 break
@@ -614,6 +632,16 @@ class Campaign(FaultStrikes):
             "interruptions": self.interruptions,
             "iterations": [asdict(it) for it in self.iterations],
         }
+
+
+class _ThreadTask:
+    """The thread driving a spark-submit, as a process to a fault that waits while the task runs (poll())."""
+
+    def __init__(self, thread: threading.Thread):
+        self.thread = thread
+
+    def poll(self) -> int | None:
+        return None if self.thread.is_alive() else 0
 
 
 # --- the task processes -------------------------------------------------------------------------------------

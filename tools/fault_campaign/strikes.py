@@ -159,7 +159,7 @@ class FaultStrikes:
 
     def phase(self, batch_id: int, attempt: int) -> str:
         status, attempts = self.batch_state(batch_id)
-        if self.runtime == "connect":
+        if self.runtime == "connect" or self.iceberg:  # the Spark work publishes and commits: nothing is staged
             if status == "committed" or attempts != attempt:
                 return "after the batch was committed (the task was finishing)"
             if self.streaming(batch_id):
@@ -189,9 +189,11 @@ class FaultStrikes:
             attempt = attempts_before + 1
             if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, thread):
                 return f"{target} kill missed: the job ended before its attempt began"
-            if timing == "first staged rows":
-                self._wait(lambda: self.staged_rows(batch_id, attempt) > 0
-                           or self.batch_state(batch_id)[0] != "planned", thread)
+            if timing == "first staged rows":  # an Iceberg sink's: the snapshot's first data files
+                def writing() -> bool:
+                    return self.streaming(batch_id) if self.iceberg else self.staged_rows(batch_id, attempt) > 0
+
+                self._wait(lambda: writing() or self.batch_state(batch_id)[0] != "planned", thread)
             else:
                 time.sleep(delay)
             landed = self.phase(batch_id, attempt)
@@ -232,14 +234,17 @@ class FaultStrikes:
         return strike
 
     def _strike_writing(self, missed: str, commands: tuple[str, ...], landed_as: str) -> Callable[..., str]:
-        """A fault by scripts/stack.sh `commands` once the connect runtime's task streams its rows (an Iceberg
-        sink's: as Spark writes the snapshot's files, before it commits them)."""
-        def strike(proc: subprocess.Popen, batch_id: int, attempts_before: int) -> str:
+        """A fault by scripts/stack.sh `commands` once the Spark work streams its rows (an Iceberg sink's: as Spark
+        writes the snapshot's files, before it commits them)."""
+        def strike(task: Any, batch_id: int, attempts_before: int, thread: threading.Thread | None = None) -> str:
+            # spark-submit's task is a thread driving the hook; the connect runtime's is a process.
+            alive = thread if thread is not None else task
+            running = alive.is_alive if thread is not None else (lambda: task.poll() is None)
             attempt = attempts_before + 1
-            if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, proc):
+            if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, alive):
                 return f"{missed} missed: the task ended before its attempt began"
-            self._wait(lambda: self.streaming(batch_id) or self.batch_state(batch_id)[0] != "planned", proc)
-            landed = self.phase(batch_id, attempt) if proc.poll() is None else "after the task ended"
+            self._wait(lambda: self.streaming(batch_id) or self.batch_state(batch_id)[0] != "planned", alive)
+            landed = self.phase(batch_id, attempt) if running() else "after the task ended"
             for command in commands:
                 self._stack(command)
             return f"{landed_as} {landed}"
@@ -333,8 +338,8 @@ class FaultStrikes:
                     self.network.remove(proxy, f"{name}-{stream}")
         return strike
 
-    def _restart_postgres_during(self, point: str) -> Callable[[subprocess.Popen, Path], str]:
-        def during(proc: subprocess.Popen, once_dir: Path) -> str:
+    def _restart_postgres_during(self, point: str) -> Callable[[Any, Path], str]:
+        def during(proc: Any, once_dir: Path) -> str:  # a process, or what stands for spark-submit's thread
             deadline = time.monotonic() + 120
             while not (once_dir / point).exists():
                 if proc.poll() is not None or time.monotonic() > deadline:
@@ -369,7 +374,9 @@ class FaultStrikes:
             delay = round(rng.uniform(low, high), 2)
             variant = f"{timing}" + (f" ({delay}s after the attempt began)" if timing == "timed" else "")
             return variant, RunHooks(spark_strike=self._strike_network(kind, timing, delay))
-        commit_points = COMMIT_FAIL_POINTS[self.runtime] + (ICEBERG_FAIL_POINTS if self.iceberg else ())
+        # An Iceberg sink's commit is lake_publish's, in either runtime: the connect runtime's fail points.
+        commit_points = (COMMIT_FAIL_POINTS["connect"] + ICEBERG_FAIL_POINTS if self.iceberg
+                         else COMMIT_FAIL_POINTS[self.runtime])
         if kind == "kill_commit":
             point = rng.choice(commit_points)
             return point, RunHooks(commit_failpoints=f"{point}=kill")

@@ -53,6 +53,11 @@ class BatchSnapshot:
     attempt: int
 
 
+def _first_line(exc: BaseException) -> str:
+    # SQLAlchemy wraps the driver's error, whose own first line says what failed (never the connection's password).
+    return (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def _iceberg_types() -> dict[str, Any]:
     # The Iceberg type each kind of value is stored as (columns.POSTGRES_TYPES is the Postgres sink's).
     from pyiceberg import types
@@ -144,6 +149,9 @@ class IcebergSink(Sink):
             return lake.reader(self.spec.catalog)
         except lake.LakeError as exc:
             raise IcebergSinkError(f"pipeline {self.pipeline.name!r}: {exc}") from exc
+        except Exception as exc:  # the catalog's database or service: whatever its client raises
+            raise IcebergSinkError(f"pipeline {self.pipeline.name!r}: catalog {self.spec.catalog!r} cannot be "
+                                   f"reached ({_first_line(exc)}): nothing was read or published") from exc
 
     def table(self) -> Table:
         """The table as it is now (its metadata read again)."""
