@@ -114,3 +114,19 @@ def test_the_warm_up_reads_the_newest_offsets_of_the_fullest_partitions():
     assert newest_ranges(offsets, records=30, partitions=2) == [OffsetRange("t", 0, 85, 100),
                                                                 OffsetRange("u", 0, 985, 1000)]
     assert newest_ranges({TopicPartition("t", 0): PartitionOffsets(5, 5)}) == []
+
+
+def test_every_runtime_publishes_into_every_sink_and_a_sink_a_runtime_lacks_is_refused_before_planning(monkeypatch):
+    from kafka_ledger import planner
+    from kafka_ledger.config import PipelineConfig
+    from kafka_ledger.planning import PlanError
+    from kafka_ledger.runtimes.submit import SubmitRuntime
+
+    assert all(runtime.sinks == {"postgres", "iceberg"} for runtime in RUNTIMES.values())
+    lake = PipelineConfig.model_validate({
+        "name": "lake", "topics": ["t"], "columns": [{"name": "a", "type": "string"}], "spark_runtime": "submit",
+        "sink": {"type": "iceberg", "namespace": "n", "table": "t"}})
+    planner._refuse_sink(lake)  # nothing to refuse
+    monkeypatch.setattr(SubmitRuntime, "sinks", frozenset({"postgres"}))  # a runtime without the lake
+    with pytest.raises(PlanError, match="the submit runtime cannot publish into the iceberg sink .*nothing was"):
+        planner._refuse_sink(lake)
