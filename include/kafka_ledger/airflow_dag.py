@@ -22,7 +22,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.timetables.interval import CronDataIntervalTimetable
 from pydantic import BaseModel
 
-from kafka_ledger import commit, headroom, ledger, planner
+from kafka_ledger import commit, headroom, lake_maintenance, ledger, planner
 from kafka_ledger.batch_requests import RequestError, parse_request, trigger_form_fields
 from kafka_ledger.commit import CommitResult
 from kafka_ledger.config import IcebergSinkSpec, PipelineConfig, get_pipeline
@@ -335,8 +335,6 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
 
 def maintain_lake_task(pipeline_name: str) -> dict[str, Any]:
     """Compact the pipeline's Iceberg table and expire its old snapshots (lake_maintenance.maintain)."""
-    from kafka_ledger import lake_maintenance  # PySpark's client: only in this task
-
     return lake_maintenance.maintain(ledger_dsn(), get_pipeline(pipeline_name)).as_dict()
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg2
 
-from kafka_ledger import commit, kafka_offsets, ledger, overview, planner, planning, settings
+from kafka_ledger import commit, kafka_offsets, lake_maintenance, ledger, overview, planner, planning, settings
 from kafka_ledger.batch_requests import BatchRequest, RequestError, as_utc, parse_request
 from kafka_ledger.commit import CommitError
 from kafka_ledger.config import ConfigError, IcebergSinkSpec, PipelineConfig, get_pipeline, read_pipelines
@@ -328,8 +328,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    from kafka_ledger import lake_maintenance  # PySpark's client: only for this command
-
     pipeline = get_pipeline(args.pipeline)
     if not isinstance(pipeline.sink, IcebergSinkSpec):
         raise RequestError(f"pipeline {pipeline.name!r} publishes into {pipeline.sink.type}, not Iceberg: it has "

@@ -21,6 +21,7 @@ from typing import Any
 
 from kafka_ledger import ledger
 from kafka_ledger.config import IcebergSinkSpec, PipelineConfig
+from kafka_ledger.runtimes.connect import client_session, close_session
 from kafka_ledger.sinks.iceberg import BATCH_KEY, IcebergSink
 
 log = logging.getLogger(__name__)
@@ -116,8 +117,6 @@ def maintain(dsn: str, pipeline: PipelineConfig, now: datetime | None = None) ->
     """Compact the pipeline's Iceberg table and expire its old snapshots, on the Spark Connect server, in a session
     of its own (released at the end); logs what it did. Changes no row: a reader sees the same rows before, during
     and after."""
-    from kafka_ledger.runtimes.connect import client_session, close_session
-
     if not isinstance(pipeline.sink, IcebergSinkSpec):
         raise ValueError(f"pipeline {pipeline.name!r} does not publish into Iceberg: it has no lake table to maintain")
     spec = pipeline.sink.maintenance
