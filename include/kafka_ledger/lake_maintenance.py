@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -81,7 +81,7 @@ class MaintenanceResult:
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()}
+        return asdict(self)
 
 
 def history(sink: IcebergSink) -> list[HistorySnapshot]:
@@ -135,6 +135,7 @@ def maintain(dsn: str, pipeline: PipelineConfig, now: datetime | None = None) ->
                                f"map('min-input-files', '{spec.min_input_files}'))").collect()
             result.compaction = {k: int(v) for k, v in row.asDict().items() if v is not None}
             log.info("compacted %s: %s", sink.target, result.compaction)
+        # The wanted bound before the history is read: a snapshot that lands after it is newer than it, and stays.
         wanted = int(((now or datetime.now(UTC)) - timedelta(hours=spec.expire_after_hours)).timestamp() * 1000)
         found = history(sink)
         with ledger.transaction(dsn) as cur:
