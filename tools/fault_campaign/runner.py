@@ -469,9 +469,34 @@ class Campaign(FaultStrikes):
             if distinct != pos or (pos and (lo != 0 or hi != pos - 1)):
                 problems.append(f"partition {p}: {distinct} distinct offsets in [{lo}, {hi}] published, "
                                 f"expected exactly [0, {pos})")
+        if self.iceberg:
+            problems += self._snapshot_problems()
         if problems:
             raise CampaignFailure(f"{when}: " + "; ".join(problems))
         self.positions = positions
+
+    def _snapshot_problems(self) -> list[str]:
+        """An Iceberg sink's: every committed batch that published rows recorded a snapshot, and every recorded
+        snapshot is in the table's current history, stamped with its batch."""
+        from pyiceberg.table.snapshots import ancestors_of
+
+        from kafka_ledger.sinks import IcebergSink
+        from kafka_ledger.sinks.iceberg import BATCH_KEY
+
+        table = IcebergSink(self.pipeline).table()
+        history = {s.snapshot_id: (s.summary.additional_properties if s.summary else {}).get(BATCH_KEY)
+                   for s in ancestors_of(table.current_snapshot(), table.metadata)}
+        problems = []
+        committed = self._query("SELECT batch_id, snapshot_id FROM kafka_ledger.batches WHERE pipeline = %(p)s AND "
+                                "status = 'committed' AND (snapshot_id IS NOT NULL OR records_written > 0)",
+                                {"p": self.pipeline.name})
+        for batch_id, snapshot_id in committed:
+            if snapshot_id not in history:
+                problems.append(f"committed batch {batch_id}: its snapshot {snapshot_id} is not in the table's history")
+            elif history[snapshot_id] != str(batch_id):
+                problems.append(f"committed batch {batch_id}: its snapshot {snapshot_id} was written by batch "
+                                f"{history[snapshot_id]}")
+        return problems
 
     def final_check(self) -> dict[str, int]:
         """Every record produced, by sequence number: good ones in the output with their content, bad ones

@@ -35,7 +35,10 @@ TABLE_PROPERTIES = {
     "format-version": "2",
     # The batch id's exact bounds in every file's metrics: a batch's overwrite finds its own files by them, and its
     # validation tells another batch's files from a racing attempt's.
-    "write.metadata.metrics.column.batch_id": "full",
+    f"write.metadata.metrics.column.{columns.BATCH_ID.name}": "full",
+    # The topic's exact bounds too (strings are cut to 16 characters by default): verify learns which partitions a
+    # file holds from its metrics alone when both bounds are one topic and one partition.
+    f"write.metadata.metrics.column.{columns.KAFKA_TOPIC.name}": "full",
 }
 
 
@@ -96,11 +99,39 @@ class _SnapshotView(OutputView):
                                 snapshot_id=self._snapshot_id).to_arrow()
 
     def partitions(self) -> set[TopicPartition]:
+        """From the data files' metrics where they name one partition (a file of one Kafka partition's range, as an
+        unpartitioned sink writes them); the other files' rows are read, a batch of rows at a time: the table is
+        never held in memory, and most of it is never read."""
         if self._snapshot_id is None:
             return set()
+        import pyarrow as pa
+        from pyiceberg.conversions import from_bytes
+        from pyiceberg.expressions import AlwaysTrue
+        from pyiceberg.io.pyarrow import ArrowScan
+
+        assert self._table is not None
         topic, partition, _ = columns.names(columns.COORDINATES)
-        found = self._scan([topic, partition]).group_by([topic, partition]).aggregate([]).to_pylist()
-        return {TopicPartition(r[topic], r[partition]) for r in found}
+        schema = self._table.schema()
+        fields = [schema.find_field(topic), schema.find_field(partition)]
+        found: set[TopicPartition] = set()
+        mixed = []
+        scan = self._table.scan(selected_fields=(topic, partition), snapshot_id=self._snapshot_id)
+        for task in scan.plan_files():
+            lower, upper = task.file.lower_bounds or {}, task.file.upper_bounds or {}
+            # A truncated string bound is never equal to its other bound (the upper one is rounded up): equal
+            # bounds are every row's value. Delete files only take rows away.
+            bounds = [(from_bytes(f.field_type, lower[f.field_id]), from_bytes(f.field_type, upper[f.field_id]))
+                      if f.field_id in lower and f.field_id in upper else (None, None) for f in fields]
+            if all(lo is not None and lo == hi for lo, hi in bounds):
+                found.add(TopicPartition(bounds[0][0], bounds[1][0]))
+            else:
+                mixed.append(task)
+        if mixed:
+            reader = ArrowScan(self._table.metadata, self._table.io, scan.projection(), AlwaysTrue())
+            for rows in reader.to_record_batches(mixed):
+                pairs = pa.Table.from_batches([rows]).group_by([topic, partition]).aggregate([]).to_pylist()
+                found.update(TopicPartition(r[topic], r[partition]) for r in pairs)
+        return found
 
     def offsets(self, tp: TopicPartition, from_offset: int, until_offset: int) -> Iterator[int]:
         if self._snapshot_id is None:
