@@ -88,18 +88,24 @@ def test_every_kind_of_network_fault_loses_and_doubles_nothing(dsn, servers, pip
     assert not missed, f"faults that did not land: {missed}"
 
 
+# Faults that strike before the sink has any part in the batch (its plan, Kafka under its read): the runtime's own
+# short campaign covers them; a sink's short campaign spends its minutes where the sink changes the batch.
+BEFORE_THE_SINK = ("restart_kafka_in_read", "crash_after_plan")
+
+
 @pytest.mark.parametrize("runtime", ["connect", "submit"])
 def test_every_kind_of_fault_on_an_iceberg_sink_loses_and_doubles_nothing(dsn, servers, pipeline_factory, tmp_path,
                                                                           runtime):
-    """Each runtime publishing into the lake: its every fault (the Spark work, which commits an Iceberg sink's batch,
-    killed between its snapshot and the ledger's commit among the commit's fail points) and Postgres, the lake's
-    catalog too, restarted while the snapshot is written; the table read back without Spark."""
+    """Each runtime publishing into the lake: its every fault where the sink has a part (the Spark work, which
+    commits an Iceberg sink's batch, killed between its snapshot and the ledger's commit among the commit's fail
+    points) and Postgres, the lake's catalog too, restarted while the snapshot is written; the table read back
+    without Spark. The full campaign (docs/reliability.md) has every kind."""
     pipeline = pipeline_factory("campaign_iceberg" if runtime == "connect" else "campaign_iceberg_submit",
                                 partitions=4)
     seed = int(os.environ.get("KAFKA_LEDGER_CAMPAIGN_SEED", "4"))
-    kinds = fault_kinds(f"{runtime}-iceberg")
+    kinds = tuple(kind for kind in fault_kinds(f"{runtime}-iceberg") if kind not in BEFORE_THE_SINK)
     campaign = Campaign(pipeline, dsn, servers, seed=seed, faults=len(kinds), records_per_fault=1000,
-                        workdir=tmp_path)
+                        workdir=tmp_path, kinds=kinds)
     assert campaign.shape == f"{runtime}-iceberg"
     report = campaign.run_all()
 
