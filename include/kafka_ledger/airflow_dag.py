@@ -16,7 +16,7 @@ from typing import Any
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Asset, BaseOperator, Param, task
+from airflow.sdk import DAG, Asset, AssetOrTimeSchedule, AssetWatcher, BaseOperator, Param, task
 from airflow.sdk import log as task_log
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.timetables.interval import CronDataIntervalTimetable
@@ -26,6 +26,7 @@ from kafka_ledger import commit, headroom, lake_maintenance, ledger, planner
 from kafka_ledger.batch_requests import RequestError, parse_request, trigger_form_fields
 from kafka_ledger.commit import CommitResult
 from kafka_ledger.config import IcebergSinkSpec, PipelineConfig, get_pipeline
+from kafka_ledger.doorbell import DoorbellTrigger
 from kafka_ledger.runtimes import RUNTIMES, runtime_for
 from kafka_ledger.runtimes.connect import ConnectBatch
 from kafka_ledger.runtimes.submit import (
@@ -47,8 +48,7 @@ from kafka_ledger.settings import (
 )
 
 __all__ = ["BASE_SPARK_CONF", "SPARK_APPLICATION", "SPARK_POOL", "SPARK_TASK", "build_lake_maintenance_dag",
-           "build_pipeline_dag",
-           "output_asset", "run_pipeline_dag"]
+           "build_pipeline_dag", "doorbell_asset", "output_asset", "run_pipeline_dag"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,18 @@ def output_asset(pipeline: PipelineConfig) -> Asset:
     return Asset(name=f"kafka_ledger.{table}", uri=uri, group="kafka-ledger")
 
 
+def doorbell_asset(pipeline: PipelineConfig) -> Asset | None:
+    """The asset a doorbell pipeline's DAG is scheduled on: its watcher, run by Airflow's triggerer, rings when new
+    data waits (doorbell.DoorbellTrigger). None for a pipeline without a doorbell."""
+    bell = pipeline.doorbell
+    if bell is None:
+        return None
+    trigger = DoorbellTrigger(pipeline.name, bell.min_backlog, bell.poll_seconds, bell.ring_again_seconds)
+    return Asset(name=f"kafka_ledger.doorbell.{pipeline.name}", uri=f"kafka-ledger://doorbell/{pipeline.name}",
+                 group="kafka-ledger", watchers=[AssetWatcher(name=f"kafka_ledger_doorbell_{pipeline.name}",
+                                                              trigger=trigger)])
+
+
 def committed(context: Any, pipeline: PipelineConfig, result: CommitResult) -> dict[str, Any]:
     """The epilogue of every committing task: the commit's after-effects (commit.after_commit), and the output
     table's asset event describing the batch: its id, kind, ranges and counts. Returns the task's result."""
@@ -137,7 +149,10 @@ def plan_task(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any]
             if request.mode != "catch_up":
                 raise RequestError("a backfill run always rewrites its own data interval: leave mode at catch_up")
             backfill_window = (context["data_interval_start"], context["data_interval_end"])
-        requested_by = getattr(dag_run, "triggering_user_name", None) or getattr(run_type, "value", run_type)
+        run_kind = getattr(run_type, "value", run_type)
+        # The only asset a pipeline's DAG is scheduled on is its doorbell's.
+        requested_by = (getattr(dag_run, "triggering_user_name", None)
+                        or ("doorbell" if run_kind == "asset_triggered" else run_kind))
         pipeline = get_pipeline(pipeline_name)
         planned = planner.plan_batch(ledger_dsn(), bootstrap_servers(), pipeline, request,
                                      dag_id=dag_id, run_id=run_id, requested_by=requested_by,
@@ -264,6 +279,14 @@ def _timetable(schedule: str | None) -> Any:
     return CronDataIntervalTimetable(cron, timezone="UTC")
 
 
+def _schedule(pipeline: PipelineConfig) -> Any:
+    """The schedule, the doorbell, or either of them (a doorbell's runs start beside the scheduled ones)."""
+    timetable, bell = _timetable(pipeline.schedule), doorbell_asset(pipeline)
+    if bell is None or timetable is None:
+        return bell or timetable
+    return AssetOrTimeSchedule(timetable=timetable, assets=bell)
+
+
 def _doc(pipeline: PipelineConfig) -> str:
     runtime = runtime_for(pipeline)
     spark = runtime.describe()
@@ -272,7 +295,10 @@ def _doc(pipeline: PipelineConfig) -> str:
         f"{pipeline.subscription} -> `{pipeline.qualified_output_table}` ({pipeline.delivery_mode}, Spark runtime "
         f"`{runtime.name}`), at most {pipeline.max_records_per_partition} records per partition per "
         "batch.\n\n"
-        "`plan_batch` records the exact offset ranges in the ledger before anything is read (or resumes the "
+        + (f"Runs also start when new data waits: the doorbell (Airflow's triggerer) rings once at least "
+           f"{pipeline.doorbell.min_backlog} offsets wait, looking every {pipeline.doorbell.poll_seconds:g} s.\n\n"
+           if pipeline.doorbell else "")
+        + "`plan_batch` records the exact offset ranges in the ledger before anything is read (or resumes the "
         f"unfinished batch), {spark}, and `drain_backlog` starts another run at once when the per-partition cap "
         "left data unread. Beside the Spark work, `check_retention_headroom` fails when a partition's oldest unread "
         f"offset has less than {pipeline.retention_warning_fraction:.0%} of its retention window left.\n\n"
@@ -289,7 +315,7 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
     with DAG(
         dag_id=pipeline.dag_id,
         description=pipeline.description or f"Exactly-once ingest of {pipeline.subscription}",
-        schedule=_timetable(pipeline.schedule),
+        schedule=_schedule(pipeline),
         start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
         catchup=False,
         max_active_runs=1,

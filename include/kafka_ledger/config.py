@@ -224,6 +224,38 @@ class IcebergSinkSpec(BaseModel):
 SinkSpec = Annotated[PostgresSinkSpec | IcebergSinkSpec, Field(discriminator="type")]
 
 
+class ScheduleSpec(BaseModel):
+    """Runs start on the pipeline's `schedule`, or when someone triggers them (the default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["schedule"] = Field(description="`schedule`")
+
+
+class DoorbellSpec(BaseModel):
+    """Runs also start when new data waits: Airflow's triggerer compares the read_committed end offsets of the
+    pipeline's partitions with the ledger's positions and rings (doorbell.py). Read-only: no consumer group, no
+    committed offset, nothing written."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["doorbell"] = Field(description="`doorbell`")
+    min_backlog: int = Field(
+        default=1, ge=1,
+        description="the offsets that must wait, over all the pipeline's partitions, before the doorbell rings")
+    poll_seconds: float = Field(
+        default=5.0, ge=0.5, le=3600,
+        description="how often the triggerer looks: one ledger query and one Kafka offsets request a poll (and the "
+                    "subscription's partitions again once a minute)")
+    ring_again_seconds: float = Field(
+        default=300.0, ge=10,
+        description="while data waits and no run has moved the positions since the doorbell rang, it rings again "
+                    "after this long (a lost event, a run that failed): at most one run per ring")
+
+
+TriggerSpec = Annotated[ScheduleSpec | DoorbellSpec, Field(discriminator="type")]
+
+
 class PipelineConfig(BaseModel):
     """One pipeline: Kafka topics in, one Postgres table out."""
 
@@ -293,6 +325,11 @@ class PipelineConfig(BaseModel):
                     "from the committed positions to the latest offsets (capped per partition) whatever its data "
                     "interval; only backfill runs use their data interval, which they rewrite ([Backfills]"
                     "(operating.md#backfills))")
+    trigger: TriggerSpec = Field(
+        default_factory=lambda: ScheduleSpec(type="schedule"),
+        description="what starts runs besides people: `schedule` (the `schedule` alone) or `doorbell` (also when "
+                    "new data waits in Kafka, with `min_backlog`, `poll_seconds` and `ring_again_seconds`: [fields "
+                    "below](#doorbell)); the `schedule` stays beside a doorbell unless set to `null`")
     owner: str = Field(default="data-engineering", description="the tasks' owner in Airflow")
     retries: int = Field(default=2, ge=0,
                          description="retries of each task; they back off exponentially (at most 30 min)")
@@ -321,10 +358,10 @@ class PipelineConfig(BaseModel):
             raise ValueError(f"pipeline name {value!r} is longer than 48 characters")
         return value
 
-    @field_validator("sink", mode="before")
+    @field_validator("sink", "trigger", mode="before")
     @classmethod
-    def _sink_by_name(cls, value: object) -> object:
-        # `sink: postgres` is short for `sink: {type: postgres}`.
+    def _kind_by_name(cls, value: object) -> object:
+        # `sink: postgres` is short for `sink: {type: postgres}`, `trigger: doorbell` for `trigger: {type: doorbell}`.
         return {"type": value} if isinstance(value, str) else value
 
     @field_validator("schedule")
@@ -395,6 +432,11 @@ class PipelineConfig(BaseModel):
     @property
     def dag_id(self) -> str:
         return f"{DAG_ID_PREFIX}{self.name}"
+
+    @property
+    def doorbell(self) -> DoorbellSpec | None:
+        """The pipeline's doorbell, if new data starts its runs."""
+        return self.trigger if isinstance(self.trigger, DoorbellSpec) else None
 
     @property
     def lake_maintenance_dag_id(self) -> str | None:

@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from kafka_ledger.config import ColumnSpec, IcebergSinkSpec, LakeMaintenanceSpec, PipelineConfig
+from kafka_ledger.config import ColumnSpec, DoorbellSpec, IcebergSinkSpec, LakeMaintenanceSpec, PipelineConfig
 from kafka_ledger.settings import PROJECT_ROOT, Settings, env_name
 
 BLOCK = re.compile(
@@ -135,6 +135,7 @@ GENERATED: dict[str, dict[str, Callable[[], str]]] = {
         "column fields": lambda: fields_table(ColumnSpec),
         "iceberg sink fields": lambda: fields_table(IcebergSinkSpec),
         "lake maintenance fields": lambda: fields_table(LakeMaintenanceSpec),
+        "doorbell fields": lambda: fields_table(DoorbellSpec),
         "deployment settings": lambda: settings_table([name for name in Settings.model_fields
                                                        if name not in TIMEOUTS]),
         "ledger timeouts": lambda: timeouts_table(TIMEOUTS),

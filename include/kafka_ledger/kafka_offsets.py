@@ -67,7 +67,9 @@ def admin_client(bootstrap_servers: str) -> ReportingAdminClient:
     return ReportingAdminClient(kafka_config(bootstrap_servers, **{"socket.timeout.ms": 10_000}))
 
 
-def _list_offsets(admin: ReportingAdminClient, tps: list[TopicPartition], spec: OffsetSpec, timeout: float) -> dict:
+def list_offsets(admin: ReportingAdminClient, tps: list[TopicPartition], spec: OffsetSpec,
+                 timeout: float) -> dict[TopicPartition, int]:
+    """Each partition's offset as `spec` asks (read_committed), in one request."""
     futures = admin.list_offsets(
         {KafkaTopicPartition(tp.topic, tp.partition): spec for tp in tps},
         isolation_level=IsolationLevel.READ_COMMITTED,
@@ -93,8 +95,8 @@ def partition_offsets(
     if not tps:
         return {}
     try:
-        starts = _list_offsets(admin, tps, OffsetSpec.earliest(), timeout)
-        ends = _list_offsets(admin, tps, OffsetSpec.latest(), timeout)
+        starts = list_offsets(admin, tps, OffsetSpec.earliest(), timeout)
+        ends = list_offsets(admin, tps, OffsetSpec.latest(), timeout)
     except KafkaException as exc:
         raise KafkaUnavailable(f"cannot list offsets of {', '.join(topics)}: {exc}") from exc
     return {tp: PartitionOffsets(log_start=starts[tp], end=ends[tp]) for tp in tps}
@@ -156,7 +158,7 @@ def offsets_for_time(
         return {}
     admin = admin_client(bootstrap_servers)
     try:
-        found = _list_offsets(admin, tps, OffsetSpec.for_timestamp(timestamp_ms), timeout)
+        found = list_offsets(admin, tps, OffsetSpec.for_timestamp(timestamp_ms), timeout)
     except KafkaException as exc:
         raise KafkaUnavailable(f"cannot look up offsets by time in Kafka at {bootstrap_servers}: {exc}") from exc
     return {tp: (offset if offset >= 0 else None) for tp, offset in found.items()}
