@@ -123,6 +123,9 @@ PIPELINES = {
     # Its positions are mirrored into a consumer group, read back with Kafka's own kafka-consumer-groups.
     "rest": {"schedule": "@hourly", "max_records_per_partition": 100,
              "mirror_consumer_group": f"kafka-ledger.it-{RUN}-rest"},
+    # Runs started by its doorbell alone, looking every second (test_airflow_rest.py).
+    "doorbell": {"spark_runtime": "connect", "schedule": None,
+                 "trigger": {"type": "doorbell", "poll_seconds": 1, "ring_again_seconds": 60}},
     # The mirror's failures and verify's report of a mirror that differs (test_consumer_group_mirror.py).
     "mirror": {"spark_runtime": "connect", "retries": 0, "mirror_consumer_group": f"kafka-ledger.it-{RUN}-mirror"},
     # Over the broker's SASL_SSL listener, in each Spark runtime (test_secured_kafka.py).

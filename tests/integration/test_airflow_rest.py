@@ -24,7 +24,7 @@ import httpx
 import psycopg2
 import pytest
 from airflow_server import AirflowClient, admin_password, airflow_test_settings, running_airflow, session_members
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from integration_support import (
     BAD_VALUES,
@@ -430,6 +430,67 @@ def test_three_pipelines_run_their_spark_work_at_once_each_exactly_once(
     overlapping = [(a, b) for i, a in enumerate(spark_spans) for b in spark_spans[i + 1:]
                    if a[0] < b[1] and b[0] < a[1]]
     assert overlapping, f"no two pipelines' Spark tasks ran at the same time: {spark_spans}"
+
+
+def committed_group_offsets(servers: str, topic: str) -> dict[str, list[int]]:
+    """Every consumer group with an offset committed for `topic`, and the partitions it committed."""
+    admin = AdminClient({"bootstrap.servers": servers})
+    groups = [g.group_id for g in admin.list_consumer_groups(request_timeout=10).result().valid]
+    found = {}
+    for group in groups:
+        offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
+        partitions = [tp.partition for tp in offsets.topic_partitions if tp.topic == topic and tp.offset >= 0]
+        if partitions:
+            found[group] = partitions
+    return found
+
+
+def test_a_doorbell_starts_a_run_within_seconds_of_new_data_and_none_without(
+    airflow: AirflowClient, dsn: str, servers: str, test_pipelines_file: Path
+):
+    """The doorbell under the real scheduler and triggerer: each time records arrive, one run starts and
+    publishes them exactly once; with nothing new, no run starts; Kafka never sees a group or an offset of it."""
+    (pipeline,) = [p for name, p in read_pipelines(test_pipelines_file).valid.items() if name.endswith("_doorbell")]
+    topic = pipeline.topics[0]
+    AdminClient({"bootstrap.servers": servers}).create_topics(
+        [NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result()
+    producer = RecordedProducer(servers)
+    airflow.wait_for_dag(pipeline.dag_id)
+    airflow.set_paused(pipeline.dag_id, False)
+    try:
+        expected_dead = {}
+        started_after = []
+        for round_ in range(2):
+            producer.send(topic, [good_value(1000 * round_ + i) for i in range(500)])
+            value, reason = BAD_VALUES[0]
+            expected_dead[producer.send(topic, [value])[0]] = reason
+            sent = time.monotonic()
+            # The first ring waits for the DAG's next parse after the unpause (its watcher is registered then).
+            airflow.wait_for_runs(pipeline.dag_id, "asset_triggered", count=round_ + 1, timeout=120)
+            started_after.append(time.monotonic() - sent)
+            airflow.wait_until_idle(pipeline.dag_id, timeout=300)
+        runs = airflow.runs(pipeline.dag_id)
+        assert_all_succeeded(airflow, pipeline.dag_id, runs)
+        assert {r["run_type"] for r in runs} == {"asset_triggered"}
+        # The doorbell starts the second run (on a live triggerer) within seconds of its data.
+        print(f"doorbell runs started {[round(s, 1) for s in started_after]} s after their records were sent")
+        assert started_after[1] < 30, started_after
+
+        # Nothing new: several polls later, still no other run.
+        time.sleep(8)
+        assert len(airflow.runs(pipeline.dag_id)) == len(runs) == 2, airflow.describe_runs(pipeline.dag_id, runs)
+    finally:
+        airflow.set_paused(pipeline.dag_id, True)
+
+    produced = audit.kafka_record_ids(servers, pipeline.topics)
+    stored = audit.postgres_record_ids(dsn, pipeline)
+    output, dead = Counter(stored.output), Counter(stored.dead_letters)
+    assert max(output.values()) == 1 and max(dead.values()) == 1, "a record is stored twice"
+    assert set(output) | set(dead) == produced and not set(output) & set(dead)
+    assert set(dead) == set(expected_dead)
+    with ledger.transaction(dsn) as cur:
+        assert {b.requested_by for b in ledger.list_batches(cur, pipeline.name)} == {"doorbell"}
+    assert committed_group_offsets(servers, topic) == {}
 
 
 # --- the Kafka Ledger page (plugins/kafka_ledger_plugin.py) ----------------------------------------------------
