@@ -24,7 +24,7 @@ from kafka_ledger import commit, kafka_offsets, lake_maintenance, ledger, overvi
 from kafka_ledger.batch_requests import BatchRequest, RequestError, as_utc, parse_request
 from kafka_ledger.commit import CommitError
 from kafka_ledger.config import ConfigError, IcebergSinkSpec, PipelineConfig, get_pipeline, read_pipelines
-from kafka_ledger.headroom import headroom_text
+from kafka_ledger.headroom import duration, headroom_text
 from kafka_ledger.kafka_security import java_client_properties
 from kafka_ledger.resets import reset_positions
 from kafka_ledger.runtimes import runtime_for
@@ -147,14 +147,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         entry = overview.pipeline_status(dsn, servers, pipeline)
         report.append(entry)
         lines.append(f"pipeline {pipeline.name} ({pipeline.delivery_mode}, {pipeline.subscription}): "
-                     f"total lag {entry['lag']}")
+                     f"total lag {entry['lag']}, {duration(entry['lag_seconds'])} behind")
         lines.append(_table(
-            ["TOPIC", "PARTITION", "POSITION", "LOG-START", "END-OFFSET", "LAG", "SKIPPED", "RETENTION HEADROOM",
-             "NOTE"],
+            ["TOPIC", "PARTITION", "POSITION", "LOG-START", "END-OFFSET", "LAG", "LAG-TIME", "NEWEST PUBLISHED",
+             "AGE", "SKIPPED", "RETENTION HEADROOM", "NOTE"],
             [[p["topic"], p["partition"], p["position"], p["log_start"], p["end_offset"], p["lag"],
+              duration(p["lag_seconds"]), overview.instant(p["newest_published_at"]), duration(p["age_seconds"]),
               p["skipped_offsets"], headroom_text(p["headroom"]), p["note"]] for p in entry["partitions"]],
         ))
-        for message in (entry["retention_warning"], entry["headroom_error"]):
+        for message in (entry["retention_warning"], entry["headroom_error"], entry["freshness_error"]):
             if message:
                 lines.append(message)
         for b in entry["unfinished_batches"]:

@@ -249,6 +249,8 @@ class PositionRow:
     start_offset: int
     last_batch_id: int | None
     updated_at: datetime
+    # The Kafka timestamp of the newest record committed in the partition (None: none yet, or before 0011).
+    newest_timestamp: datetime | None = None
 
     @property
     def topic_partition(self) -> TopicPartition:
@@ -390,12 +392,13 @@ def mark_written(
             f"batch {batch_id} attempt {attempt} may not be marked written: the batch is {batch.status} "
             f"with {batch.attempts} attempts (superseded by a newer attempt?)"
         )
-    by_partition = {(s.topic, s.partition): s.records for s in stats}
+    by_partition = {(s.topic, s.partition): s for s in stats}
     psycopg2.extras.execute_batch(
         cur,
         sql.UPDATE_RANGE_RECORDS_READ,
         [{"batch_id": batch_id, "topic": r.topic, "partition": r.partition,
-          "records_read": by_partition.get((r.topic, r.partition), 0)}
+          "records_read": read.records if (read := by_partition.get((r.topic, r.partition))) else 0,
+          "newest_timestamp": read.newest_timestamp if read else None}
          for r in get_batch(cur, batch_id).ranges],
     )
 

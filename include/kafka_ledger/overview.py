@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from kafka_ledger import headroom, kafka_offsets, ledger, planning, sql
@@ -13,16 +13,35 @@ from kafka_ledger.planning import Coverage, PartitionOffsets, TopicPartition
 SHOWN_BYTES = 300
 
 
+def freshness(lag: int | None, newest_published: datetime | None, newest_in_kafka: datetime | None,
+              now: datetime) -> dict[str, float | None]:
+    """How fresh a partition's output is: the age of its newest published record (now minus its Kafka timestamp),
+    and its lag in seconds: how much newer Kafka's newest record is than that one (0 when nothing waits; unknown
+    while nothing was published, or Kafka's newest is not known)."""
+    age = (now - newest_published).total_seconds() if newest_published else None
+    if lag == 0:
+        lag_seconds: float | None = 0.0
+    elif newest_published and newest_in_kafka:
+        lag_seconds = max(0.0, (newest_in_kafka - newest_published).total_seconds())
+    else:
+        lag_seconds = None
+    return {"age_seconds": None if age is None else round(age, 1),
+            "lag_seconds": None if lag_seconds is None else round(lag_seconds, 1)}
+
+
 def partition_report(
     pipeline: PipelineConfig,
     offsets: dict[TopicPartition, PartitionOffsets],
     rows: dict[TopicPartition, ledger.PositionRow],
     coverage: dict[TopicPartition, list[Coverage]],
     margins: dict[TopicPartition, headroom.Headroom] | None = None,
+    newest_in_kafka: dict[TopicPartition, datetime] | None = None,
+    now: datetime | None = None,
 ) -> list[dict[str, Any]]:
-    """Per partition: committed position, log start, end offset, lag, skipped and lost offsets, retention headroom."""
+    """Per partition: committed position, log start, end offset, lag (in offsets and in seconds), the newest
+    published record's Kafka timestamp and age, skipped and lost offsets, retention headroom."""
     partitions = []
-    margins = margins or {}
+    margins, newest_in_kafka, now = margins or {}, newest_in_kafka or {}, now or datetime.now(UTC)
     lags = planning.partition_lag({tp: row.position for tp, row in rows.items()}, offsets, pipeline.start_position)
     for tp in sorted(set(offsets) | set(rows)):
         row, kafka = rows.get(tp), offsets.get(tp)
@@ -33,7 +52,9 @@ def partition_report(
         partitions.append({
             "topic": tp.topic, "partition": tp.partition, "position": row.position if row else None,
             "log_start": kafka.log_start if kafka else None, "end_offset": kafka.end if kafka else None,
-            "lag": lag, "skipped_offsets": skipped, "in_kafka": kafka is not None, "lost_offsets": lost,
+            "lag": lag, "newest_published_at": row.newest_timestamp if row else None,
+            **freshness(lag, row.newest_timestamp if row else None, newest_in_kafka.get(tp), now),
+            "skipped_offsets": skipped, "in_kafka": kafka is not None, "lost_offsets": lost,
             "last_batch_id": row.last_batch_id if row else None,
             "headroom": margin.as_dict() if margin else None,
             "note": ("not in Kafka" if kafka is None else
@@ -66,12 +87,26 @@ def pipeline_status(dsn: str, servers: str, pipeline: PipelineConfig, tolerate_k
     found, headroom_error = (headroom.look_up(servers, pipeline, {tp: r.position for tp, r in rows.items()}, offsets,
                                               rates) if offsets else (None, None))
     margins = {TopicPartition(h.topic, h.partition): h for h in found or []}
-    partitions = partition_report(pipeline, offsets, rows, coverage, margins)
+    newest_in_kafka: dict[TopicPartition, datetime] = {}
+    freshness_error = None
+    waiting = sorted(tp for tp, o in offsets.items() if tp in rows and o.end > rows[tp].position)
+    if waiting:
+        try:
+            newest_in_kafka = kafka_offsets.newest_timestamps(servers, waiting)
+        except planning.PlanError as exc:  # a lag in seconds is worth a report, not a failure
+            freshness_error = f"lag in seconds unknown: {exc}"
+    partitions = partition_report(pipeline, offsets, rows, coverage, margins, newest_in_kafka)
+    known = [p["lag_seconds"] for p in partitions if p["lag_seconds"] is not None]
+    published = [p["newest_published_at"] for p in partitions if p["newest_published_at"] is not None]
     return {
         "pipeline": pipeline.name, "dag_id": pipeline.dag_id, "delivery_mode": pipeline.delivery_mode,
         "subscription": pipeline.subscription,
         "lag": None if kafka_error else sum(p["lag"] or 0 for p in partitions),
-        "kafka_error": kafka_error, "headroom_error": headroom_error, "partitions": partitions,
+        # The pipeline's freshness: its furthest-behind partition, and its newest published record.
+        "lag_seconds": max(known) if known and len(known) == len(partitions) else None,
+        "newest_published_at": max(published) if published else None,
+        "kafka_error": kafka_error, "headroom_error": headroom_error, "freshness_error": freshness_error,
+        "partitions": partitions,
         "retention_warning": headroom.warning(pipeline, list(margins.values())),
         "unfinished_batches": [{"batch_id": b.batch_id, "kind": b.kind, "status": b.status,
                                 "attempts": b.attempts, "last_error": b.last_error} for b in unfinished],
@@ -159,6 +194,11 @@ def recent_resets(cur: ledger.Cursor, pipeline: str, limit: int = 20) -> list[di
     cur.execute(sql.SELECT_RESETS, {"pipeline": pipeline, "limit": limit})
     names = ("reset_id", "requested_by", "requested_at", "reason", "target", "partitions", "abandoned_batches")
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def instant(value: datetime | None) -> str:
+    """A Kafka timestamp in a report's cell: to the second, in UTC."""
+    return f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%SZ}" if value else "-"
 
 
 def iso(value: Any) -> Any:

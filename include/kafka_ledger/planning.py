@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Literal
 
 
@@ -462,6 +463,8 @@ class PartitionReadStats:
     min_offset: int | None
     max_offset: int | None
     dead_letters: int = 0
+    # The Kafka timestamp of the newest record published (freshness): None when every record was a dead letter.
+    newest_timestamp: datetime | None = None
 
 
 def check_read_coverage(ranges: Iterable[OffsetRange], stats: Iterable[PartitionReadStats]) -> list[str]:

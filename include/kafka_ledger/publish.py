@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -153,6 +154,16 @@ def _compact_coordinates(table: pa.Table) -> pa.Table:
     })
 
 
+def _newest_timestamps(table: pa.Table) -> dict[tuple[str, int], datetime]:
+    """Per partition, the Kafka timestamp of the newest published record in a `publish_frame` table (a dead
+    letter's is null: the frame carries output values for published rows only)."""
+    newest = columns.KAFKA_TIMESTAMP.name
+    grouped = table.select(["kafka_topic", "kafka_partition", newest]).group_by(
+        ["kafka_topic", "kafka_partition"]).aggregate([(newest, "max")])
+    return {(r["kafka_topic"], r["kafka_partition"]): r[f"{newest}_max"] for r in grouped.to_pylist()
+            if r[f"{newest}_max"] is not None}
+
+
 def _text(lines: pa.ChunkedArray) -> Iterator[memoryview]:
     """The bytes of an Arrow string column's values, back to back, without copying them."""
     for chunk in lines.chunks:
@@ -165,10 +176,10 @@ class CopyStream:
     """A file for psycopg2's copy_expert reading the output rows of a stream of `publish_frame` Arrow tables as
     binary COPY data (`OutputEncoder`): a header, the rows as they come, a trailer.
 
-    While the rows flow into COPY, it keeps the dead letters' lines and every
-    record's coordinates, for `dead_letter_lines()` and `read_stats()` once the stream is drained, and times
-    the stream: when its first rows came (`first_rows_at`, monotonic) and how long COPY then waited for more
-    (`waiting_seconds`).
+    While the rows flow into COPY, it keeps the dead letters' lines, every record's coordinates and each
+    partition's newest published timestamp, for `dead_letter_lines()` and `read_stats()` once the stream is
+    drained, and times the stream: when its first rows came (`first_rows_at`, monotonic) and how long COPY then
+    waited for more (`waiting_seconds`).
     """
 
     def __init__(self, tables: Iterable[pa.Table], pipeline: PipelineConfig, batch_id: int):
@@ -180,6 +191,7 @@ class CopyStream:
         self._pending: Iterator[memoryview] = iter([memoryview(self._encoder.header())])
         self._current = memoryview(b"")
         self._coordinates: list[pa.Table] = []
+        self._newest: dict[tuple[str, int], datetime] = {}
         self._dead: list[pa.ChunkedArray] = []
         self.records = 0
         self.error: BaseException | None = None  # what broke the row stream, if anything
@@ -212,6 +224,8 @@ class CopyStream:
             self.records += table.num_rows
             published = table[PUBLISHED]
             self._coordinates.append(_compact_coordinates(table))
+            for key, newest in _newest_timestamps(table).items():
+                self._newest[key] = max(newest, self._newest.get(key, newest))
             dead = pc.invert(published)
             if pc.any(dead).as_py():
                 self._dead.append(pc.filter(table[DEAD_LETTER_LINE], dead))
@@ -255,6 +269,6 @@ class CopyStream:
         return [
             PartitionReadStats(row["kafka_topic"], row["kafka_partition"], row["kafka_offset_count"],
                                row["kafka_offset_count_distinct"], row["kafka_offset_min"], row["kafka_offset_max"],
-                               row["dead_sum"])
+                               row["dead_sum"], self._newest.get((row["kafka_topic"], row["kafka_partition"])))
             for row in grouped.to_pylist()
         ]

@@ -134,7 +134,8 @@ INSERT_START_POSITION = """
 """
 
 SELECT_POSITION_ROWS = """
-    SELECT topic, partition, position, start_offset, last_batch_id, updated_at FROM kafka_ledger.positions
+    SELECT topic, partition, position, start_offset, last_batch_id, updated_at, newest_timestamp
+    FROM kafka_ledger.positions
     WHERE pipeline = %(pipeline)s ORDER BY topic, partition
 """
 
@@ -243,7 +244,7 @@ MARK_WRITTEN = """
 """
 
 UPDATE_RANGE_RECORDS_READ = """
-    UPDATE kafka_ledger.batch_ranges SET records_read = %(records_read)s
+    UPDATE kafka_ledger.batch_ranges SET records_read = %(records_read)s, newest_timestamp = %(newest_timestamp)s
     WHERE batch_id = %(batch_id)s AND topic = %(topic)s AND partition = %(partition)s
 """
 
@@ -272,7 +273,8 @@ INSERT_COMMITTED_RANGES = """
 # Compare-and-set: a position advances only from exactly the offset the batch started at.
 ADVANCE_POSITIONS = """
     UPDATE kafka_ledger.positions p
-    SET position = r.until_offset, last_batch_id = r.batch_id, updated_at = now()
+    SET position = r.until_offset, last_batch_id = r.batch_id, updated_at = now(),
+        newest_timestamp = greatest(p.newest_timestamp, r.newest_timestamp)
     FROM kafka_ledger.batch_ranges r
     WHERE r.batch_id = %(batch_id)s AND p.pipeline = %(pipeline)s
       AND p.topic = r.topic AND p.partition = r.partition AND p.position = coalesce(r.skipped_from, r.from_offset)
@@ -340,7 +342,8 @@ COPY_DEAD_LETTERS = "COPY kafka_ledger.dead_letters ({}) FROM STDIN WITH (FORMAT
 STAGED_READ_STATS = sql.SQL(
     """
     SELECT kafka_topic, kafka_partition, count(*), count(DISTINCT kafka_offset),
-           min(kafka_offset), max(kafka_offset), count(*) FILTER (WHERE error IS NOT NULL)
+           min(kafka_offset), max(kafka_offset), count(*) FILTER (WHERE error IS NOT NULL),
+           max(kafka_timestamp) FILTER (WHERE error IS NULL)
     FROM {staging}
     WHERE batch_id = %(batch_id)s AND attempt = %(attempt)s
     GROUP BY kafka_topic, kafka_partition

@@ -123,6 +123,11 @@ PIPELINES = {
     # Its positions are mirrored into a consumer group, read back with Kafka's own kafka-consumer-groups.
     "rest": {"schedule": "@hourly", "max_records_per_partition": 100,
              "mirror_consumer_group": f"kafka-ledger.it-{RUN}-rest"},
+    # Freshness in each runtime and sink (test_freshness.py).
+    "fresh_connect": {"spark_runtime": "connect", "retries": 0},
+    "fresh_submit": {"spark_runtime": "submit", "retries": 0},
+    "fresh_iceberg": {"spark_runtime": "connect", "retries": 0, "output_table": None, "sink": {
+        "type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name("fresh_iceberg")}},
     # Runs started by its doorbell alone, looking every second (test_airflow_rest.py).
     "doorbell": {"spark_runtime": "connect", "schedule": None,
                  "trigger": {"type": "doorbell", "poll_seconds": 1, "ring_again_seconds": 60}},

@@ -525,6 +525,14 @@ def test_the_ledger_page_and_its_api_answer_only_behind_airflow_authentication(
     assert {(p["topic"], p["partition"]): (p["position"], p["end_offset"], p["lag"]) for p in entry["partitions"]} \
         == {(tp.topic, tp.partition): (o.end, o.end, 0) for tp, o in ends.items()}
     assert entry["lag"] == 0 and entry["dag_id"] == rest.dag_id and entry["kafka_error"] is None
+    # Freshness: each partition's newest published record, as the output table holds it; caught up, no lag in time.
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT kafka_partition, max(kafka_timestamp) FROM {} GROUP BY kafka_partition").format(
+            sql.Identifier(rest.pipeline.output_schema, rest.pipeline.output_table)))
+        newest = {partition: at for partition, at in cur.fetchall()}
+    conn.close()
+    assert {p["partition"]: datetime.fromisoformat(p["newest_published_at"]) for p in entry["partitions"]} == newest
+    assert {p["lag_seconds"] for p in entry["partitions"]} == {0.0} and entry["lag_seconds"] == 0.0
 
     detail = airflow.request("GET", f"{PAGE}/api/pipelines/{name}").json()
     newest_first = [batch_id for batch_id, _ in reversed(batch_rows(dsn, rest.pipeline))]

@@ -1,6 +1,6 @@
 """The Kafka Ledger page's pure parts: partition figures, shown payloads, charts, relative links, the guard."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -42,6 +42,29 @@ def test_partition_report_gives_lag_skipped_lost_and_partitions_not_read_yet():
         (3, 12, None, 0, 0, "not in Kafka"),
     ]
     assert report[0]["last_batch_id"] == 3
+
+
+def test_freshness_is_the_newest_published_records_age_and_how_far_behind_kafkas_newest_it_is():
+    published = NOW - timedelta(seconds=90)
+    # Caught up: no lag in seconds, however old the newest record is.
+    assert overview.freshness(0, published, None, NOW) == {"age_seconds": 90.0, "lag_seconds": 0.0}
+    # Behind: Kafka's newest record is 60 s newer than the newest published one.
+    assert overview.freshness(500, published, published + timedelta(seconds=60), NOW) == {
+        "age_seconds": 90.0, "lag_seconds": 60.0}
+    # Nothing published yet, or Kafka's newest unknown: not a guess.
+    assert overview.freshness(500, None, NOW, NOW) == {"age_seconds": None, "lag_seconds": None}
+    assert overview.freshness(500, published, None, NOW)["lag_seconds"] is None
+
+
+def test_the_partition_report_carries_each_partitions_freshness():
+    tp0, tp1 = TopicPartition("clicks", 0), TopicPartition("clicks", 1)
+    offsets = {tp0: PartitionOffsets(0, 100), tp1: PartitionOffsets(0, 40)}
+    newest = NOW - timedelta(minutes=5)
+    rows = {tp0: PositionRow("clicks", 0, 70, 0, 3, NOW, newest), tp1: PositionRow("clicks", 1, 40, 0, 3, NOW, newest)}
+    report = overview.partition_report(pipeline(), offsets, rows, {}, newest_in_kafka={tp0: NOW}, now=NOW)
+    assert [(p["newest_published_at"], p["age_seconds"], p["lag_seconds"]) for p in report] == [
+        (newest, 300.0, 300.0), (newest, 300.0, 0.0)]
+    assert overview.instant(newest) == "2026-11-22 23:55:00Z" and overview.instant(None) == "-"
 
 
 def test_shown_bytes_escapes_what_is_not_utf8_and_cuts_long_payloads():

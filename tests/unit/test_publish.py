@@ -58,7 +58,9 @@ def table(rows: list[tuple[str, int, int, str | None, str | None]]) -> pa.Table:
     return pa.table({
         "kafka_topic": pa.array(topics, pa.string()), "kafka_partition": pa.array(partitions, pa.int32()),
         "kafka_offset": pa.array(offsets, pa.int64()), PUBLISHED: pa.array([d is None for d in dead], pa.bool_()),
-        "name": pa.array(names, pa.string()), "kafka_timestamp": pa.array([AT] * len(rows), TIMESTAMP),
+        "name": pa.array(names, pa.string()),
+        # publish_frame carries output values for published rows only: a dead letter's timestamp is null.
+        "kafka_timestamp": pa.array([AT if d is None else None for d in dead], TIMESTAMP),
         DEAD_LETTER_LINE: pa.array(dead, pa.string()),
     })
 
@@ -159,10 +161,24 @@ def test_read_stats_feed_the_coverage_check():
     ])
     drain(stream, 1 << 20)
     stats = sorted(stream.read_stats(), key=lambda s: (s.topic, s.partition))
-    assert stats == [PartitionReadStats("t", 0, 3, 2, 5, 6, 1), PartitionReadStats("t", 1, 1, 1, 0, 0, 0)]
+    assert stats == [PartitionReadStats("t", 0, 3, 2, 5, 6, 1, AT), PartitionReadStats("t", 1, 1, 1, 0, 0, 0, AT)]
     # The offset read twice is caught before anything is committed.
     problems = check_read_coverage([OffsetRange("t", 0, 5, 7), OffsetRange("t", 1, 0, 1)], stats)
     assert "t-0 [5, 7): 1 offsets read more than once" in problems
+
+
+def test_read_stats_carry_each_partitions_newest_published_timestamp_never_a_dead_letters():
+    def at(seconds: int, frame: pa.Table) -> pa.Table:
+        index = frame.schema.get_field_index("kafka_timestamp")
+        later = pa.array([AT + timedelta(seconds=seconds) if v.is_valid else None for v in frame["kafka_timestamp"]],
+                         TIMESTAMP)
+        return frame.set_column(index, "kafka_timestamp", later)
+
+    stream = stream_of([at(30, table([("t", 0, 1, "x", None)])), at(10, table([("t", 0, 2, "y", None)])),
+                        table([("t", 1, 0, None, "d\n")])])
+    drain(stream, 1 << 20)
+    newest = {(s.topic, s.partition): s.newest_timestamp for s in stream.read_stats()}
+    assert newest == {("t", 0): AT + timedelta(seconds=30), ("t", 1): None}
 
 
 def test_nothing_read_gives_copy_data_without_rows_and_no_stats():

@@ -192,8 +192,9 @@ def _read_stats(staged: DataFrame) -> list[PartitionReadStats]:
     rows = staged.groupBy("kafka_topic", "kafka_partition").agg(
         F.count(F.lit(1)), F.countDistinct("kafka_offset"), F.min("kafka_offset"), F.max("kafka_offset"),
         F.sum(F.when(F.col("error").isNotNull(), 1).otherwise(0)),
+        F.max(F.when(F.col("error").isNull(), F.col("kafka_timestamp"))),
     ).collect()
-    return [PartitionReadStats(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]
+    return [PartitionReadStats(*r) for r in rows]
 
 
 def stage(

@@ -303,18 +303,23 @@ class IcebergSink(Sink):
         from pyiceberg.expressions import EqualTo
 
         names = columns.names(columns.COORDINATES)
+        topic, partition, offset = names
+        newest = columns.KAFKA_TIMESTAMP.name
         rows = self.table().scan(row_filter=EqualTo(columns.BATCH_ID.name, snapshot.batch_id),
-                                 selected_fields=tuple(names), snapshot_id=snapshot.snapshot_id).to_arrow()
+                                 selected_fields=(*names, newest), snapshot_id=snapshot.snapshot_id).to_arrow()
+        # The newest published record's timestamp per partition (freshness): the rows', never a dead letter's.
+        newest_by_partition = {(r[topic], r[partition]): r[f"{newest}_max"] for r in rows.group_by(
+            [topic, partition]).aggregate([(newest, "max")]).to_pylist()}
         rows = rows.select(names).append_column("dead", pa.array([0] * rows.num_rows, pa.int64()))
         dead = list(dead_letters)
         dead_table = pa.table({**{name: pa.array([d[i] for d in dead], rows.schema.field(name).type)
                                   for i, name in enumerate(names)},
                                "dead": pa.array([1] * len(dead), pa.int64())}, schema=rows.schema)
-        topic, partition, offset = names
         grouped = pa.concat_tables([rows, dead_table]).group_by([topic, partition]).aggregate([
             (offset, "count"), (offset, "count_distinct"), (offset, "min"), (offset, "max"), ("dead", "sum")])
         return [PartitionReadStats(r[topic], r[partition], r[f"{offset}_count"], r[f"{offset}_count_distinct"],
-                                   r[f"{offset}_min"], r[f"{offset}_max"], r["dead_sum"])
+                                   r[f"{offset}_min"], r[f"{offset}_max"], r["dead_sum"],
+                                   newest_by_partition.get((r[topic], r[partition])))
                 for r in grouped.to_pylist()]
 
     def output_view(self, conn: connection) -> OutputView:

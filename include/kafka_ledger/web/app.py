@@ -14,7 +14,7 @@ from fastapi.templating import Jinja2Templates
 
 from kafka_ledger import ledger, overview, settings
 from kafka_ledger.config import ConfigError, IcebergSinkSpec, PipelineConfig, read_pipelines
-from kafka_ledger.headroom import headroom_text
+from kafka_ledger.headroom import duration, headroom_text
 from kafka_ledger.verify import VerifyReport, verify_pipeline
 from kafka_ledger.web.charts import Point, bar_chart
 
@@ -25,6 +25,8 @@ CHARTED_BATCHES = 60
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 templates.env.filters["headroom_text"] = headroom_text
+templates.env.filters["duration"] = duration
+templates.env.filters["instant"] = overview.instant
 
 
 def _to_app_root(request: Request) -> str:
