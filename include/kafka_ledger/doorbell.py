@@ -92,12 +92,14 @@ class Probe:
             offsets = kafka_offsets.subscribed_offsets(self.servers, self.pipeline, KAFKA_TIMEOUT_SECONDS)
             self._log_starts = {tp: o.log_start for tp, o in offsets.items()}
             self._refreshed_at = now
-        else:
+        elif self._log_starts:
             if self._admin is None:
                 self._admin = kafka_offsets.admin_client(self.servers)
             ends = kafka_offsets.list_offsets(self._admin, sorted(self._log_starts), OffsetSpec.latest(),
                                               KAFKA_TIMEOUT_SECONDS)
             offsets = {tp: PartitionOffsets(log_start=start, end=ends[tp]) for tp, start in self._log_starts.items()}
+        else:  # a pattern that matches no topic yet
+            offsets = {}
         return Look(positions, partition_lag(positions, offsets, self.pipeline.start_position))
 
     def close(self) -> None:
@@ -124,22 +126,32 @@ class DoorbellTrigger(BaseEventTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         rule = RingRule(self.min_backlog, self.ring_again_seconds)
         probe: Probe | None = None
-        while True:
-            try:
-                if probe is None:
-                    probe = await asyncio.to_thread(_probe, self.pipeline)
-                look = await asyncio.to_thread(probe.look, time.monotonic())
-                if rule.rings(look.positions, look.backlog, time.monotonic()):
-                    event = look.event(self.pipeline)
-                    self.log.info("doorbell of %s rings: %d offsets wait in %d partitions", self.pipeline,
-                                  event["backlog"], event["partitions_waiting"])
-                    yield TriggerEvent(event)
-            except Exception as exc:  # a service away for a while: the next poll looks again, nothing is lost
-                self.log.warning("doorbell of %s could not look: %s", self.pipeline, exc)
-                if probe is not None:
-                    probe.close()
-                probe = None
-            await asyncio.sleep(self.poll_seconds)
+        trouble = ""  # the last poll's error: said once as a warning, not every poll while it lasts
+        try:
+            while True:
+                try:
+                    if probe is None:
+                        probe = await asyncio.to_thread(_probe, self.pipeline)
+                    look = await asyncio.to_thread(probe.look, time.monotonic())
+                    if trouble:
+                        self.log.info("doorbell of %s looks again", self.pipeline)
+                        trouble = ""
+                    if rule.rings(look.positions, look.backlog, time.monotonic()):
+                        event = look.event(self.pipeline)
+                        self.log.info("doorbell of %s rings: %d offsets wait in %d partitions", self.pipeline,
+                                      event["backlog"], event["partitions_waiting"])
+                        yield TriggerEvent(event)
+                except Exception as exc:  # a service away for a while: the next poll looks again, nothing is lost
+                    if str(exc) != trouble:
+                        self.log.warning("doorbell of %s could not look: %s", self.pipeline, exc)
+                    trouble = str(exc)
+                    if probe is not None:
+                        probe.close()
+                    probe = None
+                await asyncio.sleep(self.poll_seconds)
+        finally:  # cancelled (the DAG paused, its declaration changed, the triggerer stopping)
+            if probe is not None:
+                probe.close()
 
 
 def _probe(pipeline_name: str) -> Probe:
