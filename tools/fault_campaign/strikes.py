@@ -390,7 +390,8 @@ class FaultStrikes:
                 spark_strike=self._strike_stack(delay, "broker restart", ("restart-kafka",), "Kafka broker restarted"))
         if kind == "restart_postgres_in_write":
             return "as the snapshot is written", RunHooks(spark_strike=self._strike_writing(
-                "Postgres restart", ("restart-postgres",), "the Postgres of the lake's catalog and the ledger restarted"))
+                "Postgres restart", ("restart-postgres",),
+                "the Postgres of the lake's catalog and the ledger restarted"))
         if kind == "kill_spark_worker":
             delay = round(rng.uniform(low, high), 2)
             return f"timed ({delay}s after the attempt began)", RunHooks(spark_strike=self._strike_stack(
