@@ -157,16 +157,19 @@ def partition_headroom(
     positions: Mapping[TopicPartition, int],
     offsets: Mapping[TopicPartition, PartitionOffsets],
     log_start_rates: Mapping[TopicPartition, float],
+    oldest_unread_ms: Mapping[TopicPartition, int] | None = None,
 ) -> list[Headroom]:
     """The headroom of every partition with a position: the topics' retention settings and, where retention.ms
-    applies, the oldest unread record's timestamp (one small fetch per such partition) come from Kafka."""
+    applies, the oldest unread record's timestamp (one small fetch per such partition, unless `oldest_unread_ms`
+    has them already) come from Kafka."""
     tps = sorted(tp for tp in positions if tp in offsets)
     retention = {topic: Retention.from_config(config) for topic, config in
                  kafka_offsets.topic_configs(bootstrap_servers, sorted({tp.topic for tp in tps})).items()}
     aged = {tp: positions[tp] for tp in tps
             if retention[tp.topic].deletes and retention[tp.topic].ms is not None
             and offsets[tp].log_start <= positions[tp] < offsets[tp].end}
-    stamps = kafka_offsets.record_timestamps(bootstrap_servers, aged)
+    stamps = (kafka_offsets.record_timestamps(bootstrap_servers, aged) if oldest_unread_ms is None
+              else oldest_unread_ms)
     now_ms = int(time.time() * 1000)
     return [assess(tp, positions[tp], offsets[tp], retention[tp.topic], stamps.get(tp), log_start_rates.get(tp),
                    now_ms, pipeline.retention_warning_fraction) for tp in tps]
@@ -178,11 +181,13 @@ def look_up(
     positions: Mapping[TopicPartition, int],
     offsets: Mapping[TopicPartition, PartitionOffsets],
     log_start_rates: Mapping[TopicPartition, float],
+    oldest_unread_ms: Mapping[TopicPartition, int] | None = None,
 ) -> tuple[list[Headroom] | None, str | None]:
     """partition_headroom, never raising for Kafka's sake: (the headroom, None), or (None, why not). The headroom
     only warns: a plan or a report goes on without it."""
     try:
-        return partition_headroom(bootstrap_servers, pipeline, positions, offsets, log_start_rates), None
+        return (partition_headroom(bootstrap_servers, pipeline, positions, offsets, log_start_rates, oldest_unread_ms),
+                None)
     except (PlanError, KafkaException) as exc:
         return None, f"retention headroom of {pipeline.name} not computed: {exc}"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from datetime import UTC, datetime
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -124,23 +123,6 @@ def subscribed_offsets(
             raise PlanError(f"assigned partition(s) do not exist in Kafka: {', '.join(missing)}")
         return {tp: offsets[tp] for tp in sorted(wanted)}
     return partition_offsets(bootstrap_servers, pipeline.topics, timeout)
-
-
-def newest_timestamps(bootstrap_servers: str, tps: list[TopicPartition], timeout: float = 30.0
-                      ) -> dict[TopicPartition, datetime]:
-    """Each partition's newest record timestamp in Kafka (its largest, KIP-734), in one request; a partition
-    without records is left out."""
-    if not tps:
-        return {}
-    admin = admin_client(bootstrap_servers)
-    try:
-        futures = admin.list_offsets({KafkaTopicPartition(tp.topic, tp.partition): OffsetSpec.max_timestamp()
-                                      for tp in tps}, isolation_level=IsolationLevel.READ_COMMITTED,
-                                     request_timeout=timeout)
-        found = {TopicPartition(k.topic, k.partition): f.result().timestamp for k, f in futures.items()}
-    except KafkaException as exc:
-        raise admin.unreachable(bootstrap_servers, exc) from exc
-    return {tp: datetime.fromtimestamp(ms / 1000, UTC) for tp, ms in found.items() if ms >= 0}
 
 
 def topic_ids(bootstrap_servers: str, topics: list[str], timeout: float = 30.0) -> dict[str, str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from kafka_ledger import headroom, kafka_offsets, ledger, planning, sql
 from kafka_ledger.config import PipelineConfig
 from kafka_ledger.planning import Coverage, PartitionOffsets, TopicPartition
@@ -13,16 +15,16 @@ from kafka_ledger.planning import Coverage, PartitionOffsets, TopicPartition
 SHOWN_BYTES = 300
 
 
-def freshness(lag: int | None, newest_published: datetime | None, newest_in_kafka: datetime | None,
+def freshness(lag: int | None, newest_published: datetime | None, oldest_waiting: datetime | None,
               now: datetime) -> dict[str, float | None]:
     """How fresh a partition's output is: the age of its newest published record (now minus its Kafka timestamp),
-    and its lag in seconds: how much newer Kafka's newest record is than that one (0 when nothing waits; unknown
-    while nothing was published, or Kafka's newest is not known)."""
+    and its lag in seconds: how long the oldest record not yet published has waited (now minus its Kafka
+    timestamp; 0 when nothing waits, unknown when that record's timestamp could not be read)."""
     age = (now - newest_published).total_seconds() if newest_published else None
     if lag == 0:
         lag_seconds: float | None = 0.0
-    elif newest_published and newest_in_kafka:
-        lag_seconds = max(0.0, (newest_in_kafka - newest_published).total_seconds())
+    elif oldest_waiting:
+        lag_seconds = max(0.0, (now - oldest_waiting).total_seconds())
     else:
         lag_seconds = None
     return {"age_seconds": None if age is None else round(age, 1),
@@ -35,13 +37,14 @@ def partition_report(
     rows: dict[TopicPartition, ledger.PositionRow],
     coverage: dict[TopicPartition, list[Coverage]],
     margins: dict[TopicPartition, headroom.Headroom] | None = None,
-    newest_in_kafka: dict[TopicPartition, datetime] | None = None,
+    oldest_waiting: dict[TopicPartition, datetime] | None = None,
     now: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """Per partition: committed position, log start, end offset, lag (in offsets and in seconds), the newest
-    published record's Kafka timestamp and age, skipped and lost offsets, retention headroom."""
+    published record's Kafka timestamp and age, skipped and lost offsets, retention headroom. `oldest_waiting`: the
+    Kafka timestamp of the first record at or after each lagging partition's position."""
     partitions = []
-    margins, newest_in_kafka, now = margins or {}, newest_in_kafka or {}, now or datetime.now(UTC)
+    margins, oldest_waiting, now = margins or {}, oldest_waiting or {}, now or datetime.now(UTC)
     lags = planning.partition_lag({tp: row.position for tp, row in rows.items()}, offsets, pipeline.start_position)
     for tp in sorted(set(offsets) | set(rows)):
         row, kafka = rows.get(tp), offsets.get(tp)
@@ -53,7 +56,7 @@ def partition_report(
             "topic": tp.topic, "partition": tp.partition, "position": row.position if row else None,
             "log_start": kafka.log_start if kafka else None, "end_offset": kafka.end if kafka else None,
             "lag": lag, "newest_published_at": row.newest_timestamp if row else None,
-            **freshness(lag, row.newest_timestamp if row else None, newest_in_kafka.get(tp), now),
+            **freshness(lag, row.newest_timestamp if row else None, oldest_waiting.get(tp), now),
             "skipped_offsets": skipped, "in_kafka": kafka is not None, "lost_offsets": lost,
             "last_batch_id": row.last_batch_id if row else None,
             "headroom": margin.as_dict() if margin else None,
@@ -84,18 +87,20 @@ def pipeline_status(dsn: str, servers: str, pipeline: PipelineConfig, tolerate_k
         coverage = ledger.coverage(cur, pipeline.name)
         unfinished = ledger.in_flight_batches(cur, pipeline.name)
         rates = ledger.log_start_rates(cur, pipeline.name)
+    # The oldest waiting record of each lagging partition (one small fetch each): its lag in seconds, and its
+    # retention headroom.
+    waiting = {tp: rows[tp].position for tp, o in offsets.items()
+               if tp in rows and o.log_start <= rows[tp].position < o.end}
+    stamps, freshness_error = {}, None
+    try:
+        stamps = kafka_offsets.record_timestamps(servers, waiting)
+    except (planning.PlanError, KafkaException) as exc:  # a lag in seconds is worth a report, not a failure
+        freshness_error = f"lag in seconds unknown: {exc}"
     found, headroom_error = (headroom.look_up(servers, pipeline, {tp: r.position for tp, r in rows.items()}, offsets,
-                                              rates) if offsets else (None, None))
+                                              rates, stamps) if offsets else (None, None))
     margins = {TopicPartition(h.topic, h.partition): h for h in found or []}
-    newest_in_kafka: dict[TopicPartition, datetime] = {}
-    freshness_error = None
-    waiting = sorted(tp for tp, o in offsets.items() if tp in rows and o.end > rows[tp].position)
-    if waiting:
-        try:
-            newest_in_kafka = kafka_offsets.newest_timestamps(servers, waiting)
-        except planning.PlanError as exc:  # a lag in seconds is worth a report, not a failure
-            freshness_error = f"lag in seconds unknown: {exc}"
-    partitions = partition_report(pipeline, offsets, rows, coverage, margins, newest_in_kafka)
+    partitions = partition_report(pipeline, offsets, rows, coverage, margins,
+                                  {tp: datetime.fromtimestamp(ms / 1000, UTC) for tp, ms in stamps.items()})
     known = [p["lag_seconds"] for p in partitions if p["lag_seconds"] is not None]
     published = [p["newest_published_at"] for p in partitions if p["newest_published_at"] is not None]
     return {

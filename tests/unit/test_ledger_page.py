@@ -44,15 +44,15 @@ def test_partition_report_gives_lag_skipped_lost_and_partitions_not_read_yet():
     assert report[0]["last_batch_id"] == 3
 
 
-def test_freshness_is_the_newest_published_records_age_and_how_far_behind_kafkas_newest_it_is():
+def test_freshness_is_the_newest_published_records_age_and_how_long_the_oldest_waiting_one_has_waited():
     published = NOW - timedelta(seconds=90)
     # Caught up: no lag in seconds, however old the newest record is.
     assert overview.freshness(0, published, None, NOW) == {"age_seconds": 90.0, "lag_seconds": 0.0}
-    # Behind: Kafka's newest record is 60 s newer than the newest published one.
-    assert overview.freshness(500, published, published + timedelta(seconds=60), NOW) == {
+    # Behind: the oldest record not yet published came 60 s ago.
+    assert overview.freshness(500, published, NOW - timedelta(seconds=60), NOW) == {
         "age_seconds": 90.0, "lag_seconds": 60.0}
-    # Nothing published yet, or Kafka's newest unknown: not a guess.
-    assert overview.freshness(500, None, NOW, NOW) == {"age_seconds": None, "lag_seconds": None}
+    # Nothing published yet; the oldest waiting record's time unknown: not a guess.
+    assert overview.freshness(500, None, NOW, NOW) == {"age_seconds": None, "lag_seconds": 0.0}
     assert overview.freshness(500, published, None, NOW)["lag_seconds"] is None
 
 
@@ -61,9 +61,10 @@ def test_the_partition_report_carries_each_partitions_freshness():
     offsets = {tp0: PartitionOffsets(0, 100), tp1: PartitionOffsets(0, 40)}
     newest = NOW - timedelta(minutes=5)
     rows = {tp0: PositionRow("clicks", 0, 70, 0, 3, NOW, newest), tp1: PositionRow("clicks", 1, 40, 0, 3, NOW, newest)}
-    report = overview.partition_report(pipeline(), offsets, rows, {}, newest_in_kafka={tp0: NOW}, now=NOW)
+    report = overview.partition_report(pipeline(), offsets, rows, {}, oldest_waiting={tp0: NOW - timedelta(minutes=4)},
+                                       now=NOW)
     assert [(p["newest_published_at"], p["age_seconds"], p["lag_seconds"]) for p in report] == [
-        (newest, 300.0, 300.0), (newest, 300.0, 0.0)]
+        (newest, 300.0, 240.0), (newest, 300.0, 0.0)]
     assert overview.instant(newest) == "2026-11-22 23:55:00Z" and overview.instant(None) == "-"
 
 
