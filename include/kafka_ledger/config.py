@@ -249,8 +249,8 @@ class DoorbellSpec(BaseModel):
                     "subscription's partitions again once a minute)")
     ring_again_seconds: float = Field(
         default=300.0, ge=10,
-        description="while data waits and no run has moved the positions since the doorbell rang, it rings again "
-                    "after this long (a lost event, a run that failed): at most one run per ring")
+        description="while data waits and no batch has committed since the doorbell rang, it rings again after "
+                    "this long (a lost event, a run that failed): at most one run per ring")
 
 
 TriggerSpec = Annotated[ScheduleSpec | DoorbellSpec, Field(discriminator="type")]

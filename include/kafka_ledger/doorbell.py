@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,30 +36,32 @@ KAFKA_TIMEOUT_SECONDS = 10.0
 
 @dataclass
 class RingRule:
-    """When to ring: at least `min_backlog` offsets wait, and the doorbell has not rung for these positions yet
-    (a run that commits moves them), or it rang `ring_again_seconds` ago and they have not moved since (the ring
-    was lost, or its run failed). While a run is under way the positions stay put: no second ring queues a run
-    behind it."""
+    """When to ring: at least `min_backlog` offsets wait, and the doorbell has not rung since the pipeline's last
+    progress (`progress`: the newest batch that moved a position; a run that commits its batch changes it), or it
+    rang `ring_again_seconds` ago and there was no progress since (the ring was lost, or its run failed). While a
+    run is under way there is no progress (its plan recording new partitions' start positions is none): no second
+    ring queues a run behind it."""
 
     min_backlog: int
     ring_again_seconds: float
     rung_at: float | None = None
-    rung_for: Mapping[TopicPartition, int] = field(default_factory=dict)
+    rung_for: int | None = None
 
-    def rings(self, positions: Mapping[TopicPartition, int], backlog: int, now: float) -> bool:
+    def rings(self, progress: int | None, backlog: int, now: float) -> bool:
         if backlog < self.min_backlog:
             return False
-        if self.rung_at is not None and positions == self.rung_for and now - self.rung_at < self.ring_again_seconds:
+        if self.rung_at is not None and progress == self.rung_for and now - self.rung_at < self.ring_again_seconds:
             return False
-        self.rung_at, self.rung_for = now, dict(positions)
+        self.rung_at, self.rung_for = now, progress
         return True
 
 
 @dataclass(frozen=True)
 class Look:
-    """What one poll saw."""
+    """What one poll saw: each partition's lag, and the pipeline's progress (the newest batch that moved a
+    position, None before any)."""
 
-    positions: dict[TopicPartition, int]
+    progress: int | None
     lag: dict[TopicPartition, int]
 
     @property
@@ -87,7 +89,8 @@ class Probe:
         if self._conn is None:
             self._conn = ledger.connect(self.dsn)
         with self._conn, self._conn.cursor() as cur:
-            positions = ledger.positions(cur, self.pipeline.name)
+            rows = ledger.position_rows(cur, self.pipeline.name)
+        positions = {row.topic_partition: row.position for row in rows}
         if now - self._refreshed_at >= PARTITIONS_REFRESH_SECONDS:
             offsets = kafka_offsets.subscribed_offsets(self.servers, self.pipeline, KAFKA_TIMEOUT_SECONDS)
             self._log_starts = {tp: o.log_start for tp, o in offsets.items()}
@@ -100,7 +103,8 @@ class Probe:
             offsets = {tp: PartitionOffsets(log_start=start, end=ends[tp]) for tp, start in self._log_starts.items()}
         else:  # a pattern that matches no topic yet
             offsets = {}
-        return Look(positions, partition_lag(positions, offsets, self.pipeline.start_position))
+        progress = max((row.last_batch_id for row in rows if row.last_batch_id is not None), default=None)
+        return Look(progress, partition_lag(positions, offsets, self.pipeline.start_position))
 
     def close(self) -> None:
         if self._conn is not None:
@@ -136,7 +140,7 @@ class DoorbellTrigger(BaseEventTrigger):
                     if trouble:
                         self.log.info("doorbell of %s looks again", self.pipeline)
                         trouble = ""
-                    if rule.rings(look.positions, look.backlog, time.monotonic()):
+                    if rule.rings(look.progress, look.backlog, time.monotonic()):
                         event = look.event(self.pipeline)
                         self.log.info("doorbell of %s rings: %d offsets wait in %d partitions", self.pipeline,
                                       event["backlog"], event["partitions_waiting"])

@@ -452,8 +452,8 @@ def test_a_doorbell_starts_a_run_within_seconds_of_new_data_and_none_without(
     publishes them exactly once; with nothing new, no run starts; Kafka never sees a group or an offset of it."""
     (pipeline,) = [p for name, p in read_pipelines(test_pipelines_file).valid.items() if name.endswith("_doorbell")]
     topic = pipeline.topics[0]
-    AdminClient({"bootstrap.servers": servers}).create_topics(
-        [NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result()
+    admin = AdminClient({"bootstrap.servers": servers})  # kept: the future needs its client alive
+    admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result()
     producer = RecordedProducer(servers)
     airflow.wait_for_dag(pipeline.dag_id)
     airflow.set_paused(pipeline.dag_id, False)

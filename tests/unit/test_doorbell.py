@@ -33,28 +33,28 @@ pipelines:
 )
 
 
-def test_it_rings_once_enough_offsets_wait_and_not_again_for_the_same_positions():
+def test_it_rings_once_enough_offsets_wait_and_not_again_before_progress():
     rule = RingRule(min_backlog=100, ring_again_seconds=300)
-    assert not rule.rings({A: 0}, backlog=99, now=0)
-    assert rule.rings({A: 0}, backlog=100, now=1)
-    # A run is under way (or queued): the positions have not moved, more data arrives, no second ring.
-    assert not rule.rings({A: 0}, backlog=5000, now=20)
-    # The run committed: the positions moved and data still waits, so the next run is asked for.
-    assert rule.rings({A: 1000}, backlog=200, now=30)
-    # Caught up: nothing to ring for, whatever the positions.
-    assert not rule.rings({A: 1200}, backlog=0, now=40)
+    assert not rule.rings(None, backlog=99, now=0)
+    assert rule.rings(None, backlog=100, now=1)
+    # A run is under way (or queued): no batch has committed since, more data arrives, no second ring.
+    assert not rule.rings(None, backlog=5000, now=20)
+    # The run committed batch 7 and data still waits, so the next run is asked for.
+    assert rule.rings(7, backlog=200, now=30)
+    # Caught up: nothing to ring for, whatever the progress.
+    assert not rule.rings(8, backlog=0, now=40)
 
 
 def test_it_rings_again_when_its_ring_was_lost_or_its_run_failed():
     rule = RingRule(min_backlog=1, ring_again_seconds=300)
-    assert rule.rings({A: 0, B: 0}, backlog=10, now=0)
-    assert not rule.rings({A: 0, B: 0}, backlog=10, now=299)
-    assert rule.rings({A: 0, B: 0}, backlog=10, now=300)
-    assert not rule.rings({A: 0, B: 0}, backlog=10, now=301)
+    assert rule.rings(3, backlog=10, now=0)
+    assert not rule.rings(3, backlog=10, now=299)
+    assert rule.rings(3, backlog=10, now=300)
+    assert not rule.rings(3, backlog=10, now=301)
 
 
 def test_a_look_sums_the_lag_and_names_how_many_partitions_wait():
-    look = Look(positions={A: 5, B: 7}, lag={A: 0, B: 3})
+    look = Look(progress=5, lag={A: 0, B: 3})
     event = look.event("bell")
     assert look.backlog == 3
     assert (event["pipeline"], event["backlog"], event["partitions_waiting"]) == ("bell", 3, 1)
