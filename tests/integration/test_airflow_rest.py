@@ -29,6 +29,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from integration_support import (
     BAD_VALUES,
     RecordedProducer,
+    assert_exactly_once,
     good_value,
     html_table,
     listening_sockets,
@@ -482,12 +483,7 @@ def test_a_doorbell_starts_a_run_within_seconds_of_new_data_and_none_without(
     finally:
         airflow.set_paused(pipeline.dag_id, True)
 
-    produced = audit.kafka_record_ids(servers, pipeline.topics)
-    stored = audit.postgres_record_ids(dsn, pipeline)
-    output, dead = Counter(stored.output), Counter(stored.dead_letters)
-    assert max(output.values()) == 1 and max(dead.values()) == 1, "a record is stored twice"
-    assert set(output) | set(dead) == produced and not set(output) & set(dead)
-    assert set(dead) == set(expected_dead)
+    assert_exactly_once(dsn, servers, pipeline, expected_dead)
     with ledger.transaction(dsn) as cur:
         assert {b.requested_by for b in ledger.list_batches(cur, pipeline.name)} == {"doorbell"}
     assert committed_group_offsets(servers, topic) == {}
