@@ -151,28 +151,6 @@ def _iso(value: datetime) -> str:
     return value.isoformat().replace("+00:00", "Z")
 
 
-def assert_exactly_once(dsn: str, servers: str, case: RestCase) -> None:
-    """Kafka's records == output ∪ dead letters as sets, nothing twice, exact reasons, positions at the end."""
-    pipeline = case.pipeline
-    produced = audit.kafka_record_ids(servers, pipeline.topics)
-    stored = audit.postgres_record_ids(dsn, pipeline)
-    output, dead = Counter(stored.output), Counter(stored.dead_letters)
-    assert max(output.values(), default=1) == 1, "an output row is duplicated"
-    assert max(dead.values(), default=1) == 1, "a dead letter is duplicated"
-    assert not set(output) & set(dead), "a record is both in the output and in the dead letters"
-    assert set(output) | set(dead) == produced
-    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-        cur.execute(
-            "SELECT kafka_topic, kafka_partition, kafka_offset, error FROM kafka_ledger.dead_letters "
-            "WHERE pipeline = %s",
-            (pipeline.name,),
-        )
-        assert {(t, p, o): e for t, p, o, e in cur.fetchall()} == case.expected_dead
-        ends = {tp: o.end for tp, o in kafka_offsets.partition_offsets(servers, pipeline.topics).items()}
-        assert ledger.positions(cur, pipeline.name) == ends
-    conn.close()
-
-
 def batch_rows(dsn: str, pipeline: PipelineConfig) -> list[tuple[int, str]]:
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute(
@@ -229,7 +207,7 @@ def test_trigger_with_conf_catches_up_exactly_once(airflow: AirflowClient, rest:
     by_id = {r["dag_run_id"]: r for r in runs}
     assert by_id[manual["dag_run_id"]]["conf"] == {"mode": "catch_up", "reason": "rest e2e"}
     assert scheduled["dag_run_id"] in by_id
-    assert_exactly_once(dsn, servers, rest)
+    assert_exactly_once(dsn, servers, rest.pipeline, rest.expected_dead)
     # Partition 0's 160 records cannot fit one capped batch: the backlog was drained by a second one.
     done = batch_rows(dsn, rest.pipeline)
     assert len(done) >= 2 and {status for _, status in done} == {"committed"}, done
@@ -285,7 +263,7 @@ def test_backfill_replays_the_hours_exactly_once(airflow: AirflowClient, rest: R
                 replayed_by[(start, end)] = rows[0][0]
     conn.close()
     assert replayed_by, "the windows hold records, yet no backfill batch was recorded"
-    assert_exactly_once(dsn, servers, rest)
+    assert_exactly_once(dsn, servers, rest.pipeline, rest.expected_dead)
     # A replayed window's rows now come from its backfill batch; every other row is untouched.
     for record, (at, batch_id) in output_batches(dsn, rest.pipeline).items():
         window = next(((s, e) for s, e in replayed_by if s <= at < e), None)
@@ -340,7 +318,7 @@ def test_clearing_a_committed_run_replays_its_own_ranges(
         expected = replay_id if inside else published_before[(topic, partition, offset)][1]
         assert batch_id == expected, f"{(topic, partition, offset)}: published by {batch_id}, expected {expected}"
     ensure_caught_up(airflow, rest, dsn, servers)  # the record produced above, for the tests after this one
-    assert_exactly_once(dsn, servers, rest)
+    assert_exactly_once(dsn, servers, rest.pipeline, rest.expected_dead)
 
 
 def test_invalid_offset_ranges_conf_fails_the_run_without_a_batch(
