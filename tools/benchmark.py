@@ -10,6 +10,8 @@ the topic (kafka-consumer-perf-test) plus a bare COPY of the same rows. Each con
 table with the primary key (topic, partition, offset) and is checked for the exact row count. One JSON line
 per round, then a summary line (medians; ratios kafka-ledger / peer as medians of the per-round ratios; the
 1-minute load average at the start and the end; the commit). `--small` times a 1,000-record batch.
+`--entity-keys N` gives the records N distinct `user_id`s and also runs, each round, an entity table keyed by
+`user_id` (write: upsert) on the same topic, checked for exactly N rows: `ratio_entity_vs_append`.
 `--verify` times `kafka-ledger verify` instead: `--full` over the ingested topic, then incremental after one
 more small batch (wall time and peak resident memory of the verify process).
 
@@ -68,13 +70,14 @@ SCHEMA = "benchmark"
 SMALL_BATCH = 1_000
 
 
-def produce(servers: str, topic: str, records: int, partitions: int) -> float:
-    """Produce `records` JSON events round-robin over the partitions; returns records per second."""
+def produce(servers: str, topic: str, records: int, partitions: int, users: int = 5000) -> float:
+    """Produce `records` JSON events round-robin over the partitions, `users` distinct user ids; returns records per
+    second."""
     producer = Producer(kafka_config(servers, **{"enable.idempotence": True, "linger.ms": 50,
                                                  "batch.size": 1_000_000, "compression.type": "lz4"}))
     started = time.monotonic()
     for i in range(records):
-        value = json.dumps({"event_id": f"e{i}", "user_id": f"u{i % 5000}", "amount": i, "price": i / 7,
+        value = json.dumps({"event_id": f"e{i}", "user_id": f"u{i % users}", "amount": i, "price": i / 7,
                             "event_time": "2026-11-21T10:00:00Z"}).encode()
         while True:
             try:
@@ -132,11 +135,15 @@ class Setup:
     pipelines: list[PipelineConfig] = field(default_factory=list)
     sink: str = "postgres"  # where kafka-ledger publishes: postgres, or iceberg (the stack's lake)
     lake_tables: list[str] = field(default_factory=list)  # the Iceberg peer's tables, lake.benchmark.<name>
+    entity_keys: int | None = None  # distinct user ids, and an entity table keyed by them each round
 
 
-def _pipeline(setup: Setup, name: str, delivery_mode: str, sink: str | None = None) -> PipelineConfig:
+def _pipeline(setup: Setup, name: str, delivery_mode: str, sink: str | None = None,
+              write: str = "append") -> PipelineConfig:
     output = ({"sink": {"type": "iceberg", "namespace": SCHEMA, "table": name}} if (sink or setup.sink) == "iceberg"
               else {"output_table": name, "output_schema": SCHEMA})
+    if write == "upsert":
+        output.update(write="upsert", key=["user_id"])
     config = setup.workdir / f"{name}.yaml"
     config.write_text(yaml.safe_dump({"pipelines": {name: {
         "topics": [setup.topic], **output, "columns": COLUMNS,
@@ -149,16 +156,17 @@ def _pipeline(setup: Setup, name: str, delivery_mode: str, sink: str | None = No
     return pipeline
 
 
-def round_pipeline(setup: Setup, delivery_mode: str, sink: str | None = None) -> PipelineConfig:
+def round_pipeline(setup: Setup, delivery_mode: str, sink: str | None = None, write: str = "append") -> PipelineConfig:
     """The benchmark's pipeline (of `sink`, by default the run's), started afresh for a round: the last round's
     table, ledger rows and positions removed. One pipeline rather than one per round, as a deployment's batches are
     a pipeline's batches one after the other: in the connect runtime they work in the pipeline's Spark Connect
     session, where the query's generated code stays compiled (runtimes/connect.py: pipeline_session)."""
     sink = sink or setup.sink
-    name = setup.topic.replace("-", "_") + ("_lake" if sink == "iceberg" else "")
+    name = setup.topic.replace("-", "_") + ("_lake" if sink == "iceberg" else "") + (
+        "_entity" if write == "upsert" else "")
     for old in [p for p in setup.pipelines if p.name == name]:
         _remove_pipeline(setup, old)
-    return _pipeline(setup, name, delivery_mode, sink)
+    return _pipeline(setup, name, delivery_mode, sink, write)
 
 
 def _remove_pipeline(setup: Setup, pipeline: PipelineConfig) -> None:
@@ -205,7 +213,10 @@ def run_kafka_ledger(setup: Setup, pipeline: PipelineConfig) -> dict[str, Any]:
         "stages": {"plan": round(plan_seconds, 3), **result.stages,
                    **({"first_rows_after": gap} if (gap := until_first_rows(result.stages)) is not None else {})},
         "rows": rows, "dead_letters": result.records_dead_lettered,
-        "exact": rows + result.records_dead_lettered == setup.records and batch.status == "committed",
+        # An entity table holds one row per user id; its batch still accounts for every record it read.
+        "exact": batch.status == "committed" and (
+            rows == setup.entity_keys and result.records_written == setup.records if pipeline.is_entity_table
+            else rows + result.records_dead_lettered == setup.records),
         "peak_rss_mib": peaks,
     }
 
@@ -412,6 +423,12 @@ def summarise(setup: Setup, rounds: list[dict[str, Any]], partitions: int) -> di
         "kafka_ledger_records_per_s": round(setup.records / statistics.median(kl)) if kl else None,
     }
     exact = all(r["kafka_ledger"]["exact"] for r in rounds)
+    if rounds and all("entity" in r for r in rounds):
+        summary["entity_seconds"] = _median([r["entity"]["seconds"] for r in rounds])
+        summary["ratio_entity_vs_append"] = _median([r["entity"]["seconds"] / r["kafka_ledger"]["seconds"]
+                                                    for r in rounds])
+        summary["entity_keys"] = setup.entity_keys
+        exact = exact and all(r["entity"]["exact"] for r in rounds)
     for peer in ("python_peer", "spark_peer", "floor", "postgres_sink"):
         if all(peer in r for r in rounds) and rounds:
             summary[f"{peer}_seconds"] = _median([r[peer]["seconds"] for r in rounds])
@@ -479,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="where kafka-ledger publishes; iceberg: a table of the stack's lake, and with --peers the "
                              "Spark peer appends to the lake too, and kafka-ledger's Postgres sink runs each round "
                              "beside it (no Python peer or floor: they write Postgres)")
+    parser.add_argument("--entity-keys", type=int,
+                        help="N distinct user ids in the records, and each round an entity table keyed by user_id "
+                             "(write: upsert) beside the append pipeline")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows")
     parser.add_argument("--delivery-mode", choices=["exactly_once", "at_least_once"], default="exactly_once",
                         help="at_least_once: with spark-submit, the Spark job appends to the output table directly")
@@ -496,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     topic = f"bench-{run_id}"
     runtime = args.runtime or deployment_spark_runtime()
     setup = Setup(servers, dsn, topic, records, args.cap, runtime, Path(tempfile.mkdtemp(prefix="kl-benchmark-")),
-                  sink=args.sink)
+                  sink=args.sink, entity_keys=args.entity_keys)
     admin = AdminClient(kafka_config(servers))
     admin.create_topics([NewTopic(topic, num_partitions=args.partitions, replication_factor=1)])[topic].result(30)
     # Warm, as a worker is: the Airflow connection look-up imported once (the runtimes are imported above), and
@@ -510,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         close_session(client, release_session=True)
     load_before = os.getloadavg()[0]  # the 1-minute load average as the run starts, and as it ends
     try:
-        rate = produce(servers, topic, records, args.partitions)
+        rate = produce(servers, topic, records, args.partitions, args.entity_keys or 5000)
         report({"produced": records, "partitions": args.partitions, "produce_records_per_s": round(rate)})
         if args.verify:
             lines = run_verify(setup, args.partitions, args.verify_extra)
@@ -528,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
             contender = (run_under_airflow(setup, round_no) if args.airflow else run_kafka_ledger(
                 setup, declared if declared and round_no == 0 else round_pipeline(setup, args.delivery_mode)))
             result: dict[str, Any] = {"round": round_no + 1, "kafka_ledger": contender}
+            if args.entity_keys:
+                result["entity"] = run_kafka_ledger(setup, round_pipeline(setup, args.delivery_mode, write="upsert"))
             if args.stages and runtime == "connect" and not args.airflow and args.sink == "postgres":
                 result["spark_stages"] = run_spark_stages(setup, contender)
             if args.peers and args.sink == "iceberg":

@@ -146,7 +146,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for pipeline in pipelines:
         entry = overview.pipeline_status(dsn, servers, pipeline)
         report.append(entry)
-        lines.append(f"pipeline {pipeline.name} ({pipeline.delivery_mode}, {pipeline.subscription}): "
+        entity = f", one row per {', '.join(pipeline.key)}" if pipeline.is_entity_table else ""
+        lines.append(f"pipeline {pipeline.name} ({pipeline.delivery_mode}{entity}, {pipeline.subscription}): "
                      f"total lag {entry['lag']}, {duration(entry['lag_seconds'])} behind")
         lines.append(_table(
             ["TOPIC", "PARTITION", "POSITION", "LOG-START", "END-OFFSET", "LAG", "LAG-TIME", "NEWEST PUBLISHED",

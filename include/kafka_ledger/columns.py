@@ -1,4 +1,4 @@
-"""The rows kafka-ledger writes, their columns declared once: output rows, dead letters and staged rows.
+"""The rows kafka-ledger writes, their columns declared once: output rows, dead letters, staged and incoming rows.
 
 The DDL (sql.py), the dead letters' COPY lines Spark renders and the output rows' Arrow types (publish.py), the
 rows spark-submit stages (decode.py), the staging table's expected layout (ledger.py) and the names a pipeline may
@@ -49,6 +49,8 @@ BATCH_ID = Column("batch_id", "long", required=True)
 ATTEMPT = Column("attempt", "int", required=True)
 ERROR = Column("error", "string")
 PIPELINE = Column("pipeline", "string", required=True)
+# An entity table's incoming rows (write: upsert): whether the record is a tombstone, deleting its key.
+TOMBSTONE = Column("kafka_tombstone", "boolean", required=True)
 
 # A record's place in Kafka: the key of every output row (unless at_least_once) and of every dead letter.
 COORDINATES: tuple[Column, ...] = (KAFKA_TOPIC, KAFKA_PARTITION, KAFKA_OFFSET)
@@ -62,7 +64,8 @@ DEAD_LETTER: tuple[Column, ...] = (PIPELINE, *COORDINATES, KAFKA_TIMESTAMP, KAFK
 STAGING_HEAD: tuple[Column, ...] = (BATCH_ID, ATTEMPT, *COORDINATES, KAFKA_TIMESTAMP, KAFKA_KEY, KAFKA_VALUE, ERROR)
 
 # Names the ledger gives columns of its own rows: a pipeline's declared columns may not use them.
-RESERVED_COLUMNS = frozenset(c.name for c in (*OUTPUT_TRAILER, *DEAD_LETTER, *STAGING_HEAD) if c.name != "pipeline")
+RESERVED_COLUMNS = frozenset(c.name for c in (*OUTPUT_TRAILER, *DEAD_LETTER, *STAGING_HEAD, TOMBSTONE)
+                             if c.name != "pipeline")
 
 
 def names(columns: tuple[Column, ...] | list[Column]) -> list[str]:

@@ -124,6 +124,9 @@ class AssignedPartition(BaseModel):
 
 
 DeliveryMode = Literal["exactly_once", "at_least_once", "latest_only"]
+WriteMode = Literal["append", "upsert"]
+# The column types an entity key may have: values compared exactly, and read from a Kafka key's text.
+KEY_COLUMN_TYPES = ("string", "int", "long")
 
 # An Iceberg partition transform of one output column: the column, or years/months/days/hours(column),
 # bucket(N, column), truncate(W, column).
@@ -307,6 +310,16 @@ class PipelineConfig(BaseModel):
                     "the file writes is invalid")
     output_schema: Identifier = Field(default="public",
                                       description="sink `postgres`: the Postgres schema of `output_table`")
+    write: WriteMode = Field(
+        default="append",
+        description="`append`: one row per record, every record kept; `upsert`: an entity table, one row per `key`, "
+                    "the newest record by Kafka order, a null value (a tombstone) deleting its key ([Entity tables]"
+                    "(#entity-tables)); sink `postgres` only")
+    key: list[Identifier] = Field(
+        default_factory=list,
+        description="`write: upsert` (required there): the declared columns naming an entity, the table's primary "
+                    "key; `string`, `int` or `long` columns, required in every value (a tombstone's come from its "
+                    "Kafka key)")
     columns: list[ColumnSpec] = Field(
         min_length=1,
         description="the fields of the JSON value, one column each ([Columns](#columns)); names may not reuse "
@@ -428,6 +441,44 @@ class PipelineConfig(BaseModel):
         if duplicated:
             raise ValueError(f"columns declared more than once: {', '.join(duplicated)}")
         return self
+
+    @model_validator(mode="after")
+    def _entity_key(self) -> PipelineConfig:
+        if self.write == "append":
+            if self.key:
+                raise ValueError("key is for write: upsert (an entity table); an append pipeline keeps every record")
+            return self
+        if not self.key:
+            raise ValueError("write: upsert needs key: the declared column(s) naming an entity")
+        if len(set(self.key)) != len(self.key):
+            raise ValueError("key lists a column more than once")
+        declared = {c.name: c for c in self.columns}
+        for name in self.key:
+            if name not in declared:
+                raise ValueError(f"key column {name!r} is not a declared column")
+            if declared[name].type not in KEY_COLUMN_TYPES:
+                raise ValueError(f"key column {name!r} is a {declared[name].type}: a key column is one of "
+                                 f"{', '.join(KEY_COLUMN_TYPES)}")
+        if not isinstance(self.sink, PostgresSinkSpec):
+            raise ValueError("write: upsert needs sink postgres: the iceberg sink appends (docs/configuration.md"
+                             "#entity-tables)")
+        if self.delivery_mode == "at_least_once":
+            raise ValueError("write: upsert keeps one row per key: delivery_mode at_least_once (appending every "
+                             "delivery) does not apply; use exactly_once or latest_only")
+        # Every value must name its entity: a key column is required whatever its declaration says.
+        self.columns = [c.model_copy(update={"required": True}) if c.name in self.key else c for c in self.columns]
+        return self
+
+    @property
+    def is_entity_table(self) -> bool:
+        """Whether the output holds one row per key (write: upsert) rather than one per record."""
+        return self.write == "upsert"
+
+    @property
+    def key_columns(self) -> list[ColumnSpec]:
+        """The declared columns of the entity key, in key order (none for an append pipeline)."""
+        declared = {c.name: c for c in self.columns}
+        return [declared[name] for name in self.key]
 
     @property
     def dag_id(self) -> str:

@@ -13,6 +13,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from kafka_ledger.columns import TOMBSTONE
 from kafka_ledger.config import EPOCH_MICROS_PER_UNIT, ColumnSpec, PipelineConfig
 from kafka_ledger.sql import staging_columns
 
@@ -198,6 +199,38 @@ class _Decoder:
         )
 
 
+class _TombstoneKey:
+    """An entity table's tombstone (write: upsert): a record with a null value deletes the entity its Kafka key names.
+
+    The key is a JSON object holding the key columns (as Kafka Connect's JSON converter and Debezium write keys)
+    or, for a single key column, that column's value as text. `values` are the key columns' values (NULL unless
+    the record is a tombstone), `problem` why a tombstone names no entity (NULL when it does).
+    """
+
+    def __init__(self, pipeline: PipelineConfig, key: Column, value: Column):
+        text = key.cast("string")
+        key_columns = pipeline.key_columns
+        schema = T.StructType([T.StructField(c.name, SPARK_TYPES[c.type]) for c in key_columns])
+        is_object = F.ltrim(text).startswith("{")
+        parsed = F.from_json(F.when(is_object, text), schema)
+        single = key_columns[0] if len(key_columns) == 1 else None
+        tombstone = value.isNull()
+        self.values = {
+            c.name: F.when(tombstone, F.when(is_object, parsed[c.name]).otherwise(
+                (text if c.type == "string" else F.trim(text).try_cast(SPARK_TYPES[c.type])) if c is single
+                else F.lit(None).cast(SPARK_TYPES[c.type])))
+            for c in key_columns
+        }
+        names = ", ".join(pipeline.key)
+        forms = f"a JSON object with {names}" + (f" or the {single.name} itself" if single else "")
+        missing = F.lit(False)
+        for column_value in self.values.values():
+            missing = missing | column_value.isNull()
+        self.problem = F.when(tombstone, F.when(key.isNull(), F.lit("tombstone (null value) without a Kafka key"))
+                              .when(~F.is_valid_utf8(text), F.lit("tombstone's Kafka key is not valid UTF-8"))
+                              .when(missing, F.lit(f"tombstone's Kafka key does not name its entity ({forms})")))
+
+
 def _parsed_text_column(column: ColumnSpec) -> str:
     # Beside topic, partition, ..., parsed in decode_records' frame, never in its result: no declared column's name.
     return f"parsed timestamp text of {column.name}"
@@ -208,7 +241,8 @@ def _parsed_number_column(column: ColumnSpec) -> str:
 
 
 def decode_records(records: DataFrame, pipeline: PipelineConfig, *, lean: bool = True) -> DataFrame:
-    """Kafka source rows -> Kafka coordinates, raw key and value, `error` (NULL: publishable) and the columns.
+    """Kafka source rows -> Kafka coordinates, raw key and value, `error` (NULL: publishable) and the columns (and,
+    for an entity table, whether the record is a tombstone: `_TombstoneKey`).
 
     With `lean` (always, outside tests) the exact reason is worked out only for records that fail the cheap
     checks; without it, for every record (the reference the lean path is tested against).
@@ -230,6 +264,15 @@ def decode_records(records: DataFrame, pipeline: PipelineConfig, *, lean: bool =
         ])
     decoder = _Decoder(pipeline, F.col("value"), text, parsed)
     error = F.when(~decoder.looks_good(), decoder.reason()) if lean else decoder.reason()
+    values = {c.name: decoder.column_value(c) for c in pipeline.columns}
+    entity = []
+    if pipeline.is_entity_table:
+        tombstone = _TombstoneKey(pipeline, F.col("key"), F.col("value"))
+        is_tombstone = F.col("value").isNull()
+        error = F.when(is_tombstone, tombstone.problem).otherwise(error)
+        values = {name: F.when(is_tombstone, tombstone.values.get(name, F.lit(None))).otherwise(value)
+                  for name, value in values.items()}
+        entity = [is_tombstone.alias(TOMBSTONE.name)]
     return decoded.select(
         F.col("topic").alias("kafka_topic"),
         F.col("partition").alias("kafka_partition"),
@@ -238,7 +281,8 @@ def decode_records(records: DataFrame, pipeline: PipelineConfig, *, lean: bool =
         F.col("key").alias("kafka_key"),
         F.col("value").alias("kafka_value"),
         error.alias("error"),
-        *[decoder.column_value(c).alias(c.name) for c in pipeline.columns],
+        *[value.alias(name) for name, value in values.items()],
+        *entity,
     )
 
 

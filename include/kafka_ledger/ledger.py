@@ -453,6 +453,15 @@ def ensure_output_table(cur: Cursor, pipeline: PipelineConfig) -> None:
             f"pipeline {pipeline.name!r}: output table {pipeline.qualified_output_table} lacks declared "
             f"column(s) {', '.join(missing)}; add them with ALTER TABLE before running the pipeline"
         )
+    if pipeline.is_entity_table:
+        cur.execute(sql.SELECT_PRIMARY_KEY_COLUMNS, {"table": sql.output_table(pipeline).as_string(cur)})
+        primary_key = [name for (name,) in cur.fetchall()]
+        if set(primary_key) != set(pipeline.key):
+            raise ConfigError(
+                f"pipeline {pipeline.name!r} (write: upsert, key {', '.join(pipeline.key)}): output table "
+                f"{pipeline.qualified_output_table} has primary key ({', '.join(primary_key) or 'none'}); an entity "
+                "table's primary key is its key: publish into a new table, or change the table's key"
+            )
 
 
 def ensure_staging_table(cur: Cursor, pipeline: PipelineConfig) -> None:

@@ -105,7 +105,7 @@ def pipeline_status(dsn: str, servers: str, pipeline: PipelineConfig, tolerate_k
     published = [p["newest_published_at"] for p in partitions if p["newest_published_at"] is not None]
     return {
         "pipeline": pipeline.name, "dag_id": pipeline.dag_id, "delivery_mode": pipeline.delivery_mode,
-        "subscription": pipeline.subscription,
+        "write": pipeline.write, "key": pipeline.key, "subscription": pipeline.subscription,
         "lag": None if kafka_error else sum(p["lag"] or 0 for p in partitions),
         # The pipeline's freshness: its furthest-behind partition, and its newest published record.
         "lag_seconds": max(known) if known and len(known) == len(partitions) else None,

@@ -81,9 +81,9 @@ def publish_frame(decoded: DataFrame, pipeline: PipelineConfig, batch_id: int) -
 
 
 def output_values(pipeline: PipelineConfig) -> list[str]:
-    """The output columns whose values come from Spark as they are: all but the coordinates (they travel once,
+    """The published columns whose values come from Spark as they are: all but the coordinates (they travel once,
     for every record) and the batch id (the client's)."""
-    return [name for name in sql.output_columns(pipeline) if name not in {*COORDINATES, columns.BATCH_ID.name}]
+    return [name for name in sql.published_columns(pipeline) if name not in {*COORDINATES, columns.BATCH_ID.name}]
 
 
 # The Arrow type each kind of output value is encoded from. Binary COPY takes every value in its column's own
@@ -96,9 +96,10 @@ _ARROW_TYPES = {
 
 
 def output_schema(pipeline: PipelineConfig) -> pa.Schema:
-    """The Arrow schema of the output rows: sql.output_columns(pipeline), each in its kind's type."""
-    kinds = {**{c.name: c.type for c in pipeline.columns}, **{c.name: c.kind for c in columns.OUTPUT_TRAILER}}
-    return pa.schema([pa.field(name, _ARROW_TYPES[kinds[name]]) for name in sql.output_columns(pipeline)])
+    """The Arrow schema of the published rows: sql.published_columns(pipeline), each in its kind's type."""
+    kinds = {**{c.name: c.type for c in pipeline.columns},
+             **{c.name: c.kind for c in (*columns.OUTPUT_TRAILER, columns.TOMBSTONE)}}
+    return pa.schema([pa.field(name, _ARROW_TYPES[kinds[name]]) for name in sql.published_columns(pipeline)])
 
 
 def output_rows(table: pa.Table, pipeline: PipelineConfig, batch_id: int) -> pa.Table:

@@ -131,6 +131,12 @@ PIPELINES = {
     # Runs started by its doorbell alone, looking every second (test_airflow_rest.py).
     "doorbell": {"spark_runtime": "connect", "schedule": None,
                  "trigger": {"type": "doorbell", "poll_seconds": 1, "ring_again_seconds": 60}},
+    # Entity tables (test_entity_tables.py): one row per event_id, small batches so that versions of a key meet
+    # in one batch and across batches.
+    **{key: {"spark_runtime": runtime, "retries": 0, "write": "upsert", "key": ["event_id"],
+             "max_records_per_partition": 7}
+       for key, runtime in (("entity_connect", "connect"), ("entity_submit", "submit"),
+                            ("entity_compacted", "connect"), ("entity_merge", "connect"))},
     # The mirror's failures and verify's report of a mirror that differs (test_consumer_group_mirror.py).
     "mirror": {"spark_runtime": "connect", "retries": 0, "mirror_consumer_group": f"kafka-ledger.it-{RUN}-mirror"},
     # Over the broker's SASL_SSL listener, in each Spark runtime (test_secured_kafka.py).

@@ -363,3 +363,25 @@ def stage_rows(cur, pipeline, batch_id: int, attempt: int, ranges: list[OffsetRa
 def output_count(cur, pipeline) -> int:
     cur.execute(f"SELECT count(*) FROM it_output.{pipeline.name}")
     return cur.fetchone()[0]
+
+
+# Compaction at once: tiny segments, any dirty ratio, no lag (the broker looks every second, see server.properties).
+COMPACT_NOW = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.001",
+               "min.compaction.lag.ms": "0", "delete.retention.ms": "0"}
+
+
+def produce_versions(producer, topic: str, keys: list[str], first: int) -> list[tuple[str, int, int]]:
+    """One version of each key, in a segment of its own (the next append rolls it: segment.ms is 100)."""
+    landed = producer.send(topic, [good_value(first + i) for i in range(len(keys))], partition=0, keys=keys)
+    time.sleep(0.3)
+    return landed
+
+
+def wait_until_compacted(servers: str, topic: str, gone: list[tuple[str, int, int]], timeout: float = 90) -> set:
+    deadline = time.monotonic() + timeout
+    while True:
+        held = audit.kafka_record_ids(servers, [topic])
+        if not held & set(gone):
+            return held
+        assert time.monotonic() < deadline, f"the log cleaner did not remove {sorted(held & set(gone))}"
+        time.sleep(1)

@@ -8,17 +8,20 @@ import uuid
 import pytest
 from confluent_kafka import Producer
 from integration_support import (
+    COMPACT_NOW,
     assert_exactly_once,
     batches,
     cli,
     good_value,
     output_count,
     positions,
+    produce_versions,
     query,
     recreate_topic,
     spark_task,
     stage_rows,
     verify_ok,
+    wait_until_compacted,
 )
 
 from kafka_ledger import readback as audit
@@ -292,28 +295,6 @@ def test_retention_headroom_warns_before_retention_deletes_unread_offsets_and_th
     outcome = run_pipeline_dag(pipeline)  # on_data_loss: fail
     assert outcome.state == "failed" and outcome.tasks[PLAN_TASK] == "failed", outcome
     assert positions(dsn, pipeline) == {(topic, 0): 30}
-
-
-# Compaction at once: tiny segments, any dirty ratio, no lag (the broker looks every second, see server.properties).
-COMPACT_NOW = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.001",
-               "min.compaction.lag.ms": "0", "delete.retention.ms": "0"}
-
-
-def produce_versions(producer, topic: str, keys: list[str], first: int) -> list[tuple[str, int, int]]:
-    """One version of each key, in a segment of its own (the next append rolls it: segment.ms is 100)."""
-    landed = producer.send(topic, [good_value(first + i) for i in range(len(keys))], partition=0, keys=keys)
-    time.sleep(0.3)
-    return landed
-
-
-def wait_until_compacted(servers: str, topic: str, gone: list[tuple[str, int, int]], timeout: float = 90) -> set:
-    deadline = time.monotonic() + timeout
-    while True:
-        held = audit.kafka_record_ids(servers, [topic])
-        if not held & set(gone):
-            return held
-        assert time.monotonic() < deadline, f"the log cleaner did not remove {sorted(held & set(gone))}"
-        time.sleep(1)
 
 
 def test_a_compacted_topic_is_read_with_its_gaps_and_verifies_after_more_compaction(

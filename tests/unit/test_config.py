@@ -471,3 +471,35 @@ def test_mirror_consumer_group_is_off_by_default_and_a_kafka_group_name_when_giv
     assert parse_pipelines(pipeline_yaml(mirror_consumer_group="kafka-ledger.p"))["p"].mirror_consumer_group \
         == "kafka-ledger.p"
     assert "pipelines.p.mirror_consumer_group" in config_error(pipeline_yaml(mirror_consumer_group="'a b'"))
+
+
+# --- entity tables (write: upsert) --------------------------------------------------------------------------------
+
+ENTITY_COLUMNS = "[{name: user_id, type: long}, {name: name, type: string}, {name: score, type: double}]"
+
+
+def test_an_entity_table_declares_its_key_and_the_key_columns_become_required():
+    pipeline = parse_pipelines(pipeline_yaml(write="upsert", key="[user_id]", columns=ENTITY_COLUMNS))["p"]
+    assert pipeline.is_entity_table and pipeline.key == ["user_id"]
+    assert [(c.name, c.required) for c in pipeline.columns] == [("user_id", True), ("name", False), ("score", False)]
+    assert [c.name for c in pipeline.key_columns] == ["user_id"]
+    appended = parse_pipelines(pipeline_yaml(columns=ENTITY_COLUMNS))["p"]
+    assert (appended.write, appended.key, appended.is_entity_table) == ("append", [], False)
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"write": "upsert"}, "write: upsert needs key"),
+        ({"key": "[user_id]"}, "key is for write: upsert"),
+        ({"write": "upsert", "key": "[nobody]"}, "key column 'nobody' is not a declared column"),
+        ({"write": "upsert", "key": "[score]"}, "key column 'score' is a double"),
+        ({"write": "upsert", "key": "[user_id, user_id]"}, "more than once"),
+        ({"write": "upsert", "key": "[user_id]", "delivery_mode": "at_least_once"}, "at_least_once"),
+        ({"write": "upsert", "key": "[user_id]", "output_table": "null",
+          "sink": "{type: iceberg, namespace: lake, table: users}"}, "write: upsert needs sink postgres"),
+        ({"write": "merge"}, "pipelines.p.write"),
+    ],
+)
+def test_impossible_entity_tables_are_refused(overrides, expected):
+    assert expected in config_error(pipeline_yaml(columns=ENTITY_COLUMNS, **overrides))

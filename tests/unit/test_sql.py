@@ -174,3 +174,49 @@ def test_replace_deletes_exactly_the_batch_ranges_in_one_statement(pipeline):
         sql.DELETE_DEAD_LETTER_RANGES)
     assert sql.ranges_params([OffsetRange("a", 0, 5, 9), OffsetRange("b", 3, 0, 1)]) == {
         "topics": ["a", "b"], "partitions": [0, 3], "from_offsets": [5, 0], "until_offsets": [9, 1]}
+
+
+ENTITY_YAML = """
+pipelines:
+  users:
+    topics: [users]
+    output_table: users
+    write: upsert
+    key: [tenant, user_id]
+    columns:
+      - {name: tenant, type: string}
+      - {name: user_id, type: long}
+      - {name: name, type: string}
+"""
+
+
+@pytest.fixture
+def entity_pipeline():
+    return parse_pipelines(ENTITY_YAML)["users"]
+
+
+def test_an_entity_table_is_keyed_by_its_key_and_its_rows_arrive_with_the_tombstone_flag(entity_pipeline):
+    ddl = normalise(render(sql.create_output_table(entity_pipeline)))
+    assert 'PRIMARY KEY ("tenant", "user_id")' in ddl and "PRIMARY KEY (kafka_topic" not in ddl
+    assert sql.published_columns(entity_pipeline) == [*sql.output_columns(entity_pipeline), "kafka_tombstone"]
+    assert sql.staging_columns(entity_pipeline)[-1] == "kafka_tombstone"
+    assert render(sql.copy_output(entity_pipeline)).startswith(f'COPY "{sql.INCOMING_TABLE}" (')
+    assert f'INSERT INTO "{sql.INCOMING_TABLE}"' in render(sql.publish_output(entity_pipeline))
+    tombstones = normalise(render(sql.create_tombstone_table(entity_pipeline)))
+    assert f'"{sql.TOMBSTONES_SCHEMA}"."users"' in tombstones and 'PRIMARY KEY ("tenant", "user_id")' in tombstones
+
+
+def test_every_merge_statement_keeps_only_what_supersedes_by_the_one_rule(entity_pipeline):
+    statements = dict(sql.merge_entities(entity_pipeline))
+    assert list(statements) == ["newest", "revived", "upserted", "deleted", "buried"]
+    for name in ("revived", "upserted", "deleted", "buried"):
+        assert "kafka_ledger.supersedes(" in render(statements[name])
+    newest = normalise(render(statements["newest"]))
+    # The newest of a batch: the highest offset per partition, then the rule's order across partitions.
+    assert 'ORDER BY "tenant", "user_id", kafka_topic, kafka_partition, kafka_offset DESC' in newest
+    assert "coalesce(kafka_timestamp, '-infinity') DESC, kafka_topic DESC, kafka_partition DESC" in newest
+
+
+def test_an_append_pipeline_publishes_straight_into_its_table(pipeline):
+    assert sql.published_columns(pipeline) == sql.output_columns(pipeline)
+    assert render(sql.copy_output(pipeline)).startswith('COPY "analytics"."click_events" (')

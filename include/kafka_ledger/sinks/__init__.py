@@ -5,11 +5,14 @@ from __future__ import annotations
 from kafka_ledger.config import IcebergSinkSpec, PipelineConfig
 from kafka_ledger.sinks.base import Sink
 from kafka_ledger.sinks.iceberg import IcebergSink
-from kafka_ledger.sinks.postgres import PostgresSink
+from kafka_ledger.sinks.postgres import PostgresEntitySink, PostgresSink
 
-__all__ = ["IcebergSink", "PostgresSink", "Sink", "sink_for"]
+__all__ = ["IcebergSink", "PostgresEntitySink", "PostgresSink", "Sink", "sink_for"]
 
 
 def sink_for(pipeline: PipelineConfig) -> Sink:
-    """The pipeline's sink, as its declaration says: its Postgres output table, or its Iceberg table."""
-    return IcebergSink(pipeline) if isinstance(pipeline.sink, IcebergSinkSpec) else PostgresSink(pipeline)
+    """The pipeline's sink, as its declaration says: its Postgres output table (an entity table with write: upsert),
+    or its Iceberg table."""
+    if isinstance(pipeline.sink, IcebergSinkSpec):
+        return IcebergSink(pipeline)
+    return PostgresEntitySink(pipeline) if pipeline.is_entity_table else PostgresSink(pipeline)

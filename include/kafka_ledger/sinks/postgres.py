@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable, Iterator
 from typing import IO
@@ -13,6 +14,8 @@ from kafka_ledger.config import PipelineConfig
 from kafka_ledger.ledger import Cursor
 from kafka_ledger.planning import OffsetRange, TopicPartition
 from kafka_ledger.sinks.base import OutputView, Sink
+
+log = logging.getLogger(__name__)
 
 # Bytes handed to COPY per read of the row stream.
 COPY_CHUNK_BYTES = 1 << 20
@@ -79,3 +82,41 @@ class PostgresSink(Sink):
     def publish_staged(self, cur: Cursor, batch_id: int, attempt: int) -> int:
         cur.execute(sql.publish_output(self.pipeline), {"batch_id": batch_id, "attempt": attempt})
         return cur.rowcount
+
+
+class PostgresEntitySink(PostgresSink):
+    """An entity table (write: upsert): one row per key, the newest record by Kafka order; a tombstone deletes its key.
+
+    A batch's rows go into a temporary table first and are merged from there (sql.merge_entities), in the commit's
+    transaction. A rewrite (replay, window, backfill) removes nothing: the merge keeps whichever record is newer,
+    so an older range read again never moves an entity backwards.
+    """
+
+    def prepare(self, cur: Cursor) -> None:
+        super().prepare(cur)
+        cur.execute(sql.create_tombstone_table(self.pipeline))
+
+    def remove(self, cur: Cursor, ranges: Iterable[OffsetRange]) -> int:
+        return 0
+
+    def copy_rows(self, cur: Cursor, data: IO[bytes]) -> int:
+        cur.execute(sql.create_incoming_table(self.pipeline))
+        written = super().copy_rows(cur, data)
+        self._merge(cur, written)
+        return written
+
+    def publish_staged(self, cur: Cursor, batch_id: int, attempt: int) -> int:
+        cur.execute(sql.create_incoming_table(self.pipeline))
+        written = super().publish_staged(cur, batch_id, attempt)
+        self._merge(cur, written)
+        return written
+
+    def _merge(self, cur: Cursor, records: int) -> None:
+        counts = {}
+        for name, statement in sql.merge_entities(self.pipeline):
+            cur.execute(statement)
+            counts[name] = cur.rowcount
+        log.info("%s: %d records, %d keys: %d rows inserted or updated, %d deleted by tombstones (%d tombstones "
+                 "kept), %d tombstones lifted by newer records; older records than the table's left unchanged",
+                 self.target, records, counts["newest"], counts["upserted"], counts["deleted"], counts["buried"],
+                 counts["revived"])
