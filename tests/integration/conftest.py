@@ -119,6 +119,8 @@ PIPELINES = {
     "campaign_submit": {"max_records_per_partition": 300, "spark_runtime": "submit"},
     "campaign_connect_cluster": {"max_records_per_partition": 300, "spark_runtime": "connect"},
     "campaign_network": {"max_records_per_partition": 300, "spark_runtime": "connect"},
+    "campaign_entity": {"max_records_per_partition": 300, "spark_runtime": "connect", "write": "upsert",
+                        "key": ["event_id"]},
     # Driven through a running Airflow and its REST API (test_airflow_rest.py).
     # Its positions are mirrored into a consumer group, read back with Kafka's own kafka-consumer-groups.
     "rest": {"schedule": "@hourly", "max_records_per_partition": 100,

@@ -115,3 +115,22 @@ def test_every_kind_of_fault_on_an_iceberg_sink_loses_and_doubles_nothing(dsn, s
     assert report["verify_ok"]
     missed = [it for it in report["iterations"] if "missed" in it["landed"]]
     assert not missed, f"faults that did not land: {missed}"
+
+
+def test_every_kind_of_fault_on_an_entity_table_loses_and_doubles_nothing(dsn, servers, pipeline_factory, tmp_path):
+    """An entity table (write: upsert) in the connect runtime: after every fault where the publish has a part, the
+    table holds each entity's newest version (or its tombstone) of the records below the positions, exactly."""
+    pipeline = pipeline_factory("campaign_entity", partitions=4)
+    seed = int(os.environ.get("KAFKA_LEDGER_CAMPAIGN_SEED", "4"))
+    kinds = tuple(kind for kind in FAULT_KINDS["connect"] if kind not in BEFORE_THE_SINK)
+    campaign = Campaign(pipeline, dsn, servers, seed=seed, faults=len(kinds), records_per_fault=1000,
+                        workdir=tmp_path, kinds=kinds)
+    assert campaign.entity
+    report = campaign.run_all()
+
+    assert report["faults_by_kind"] == dict.fromkeys(kinds, 1)
+    assert (report["lost"], report["duplicated"], report["unexpected"], report["wrong_content"]) == (0, 0, 0, 0)
+    assert report["entities"] == report["output_rows"] > 0 and report["tombstones"] > 0
+    assert report["verify_ok"]
+    missed = [it for it in report["iterations"] if "missed" in it["landed"]]
+    assert not missed, f"faults that did not land: {missed}"

@@ -6,7 +6,15 @@ from collections import Counter
 
 import pytest
 
-from tools.fault_campaign.producer import BAD_EVERY, expected_reason, record_value
+from tools.fault_campaign.producer import (
+    BAD_EVERY,
+    ENTITIES,
+    entity_of,
+    expected_reason,
+    record_key,
+    record_value,
+    sequence_number,
+)
 from tools.fault_campaign.report import render_report, write_docs
 from tools.fault_campaign.strikes import FAULT_KINDS, fault_schedule
 
@@ -133,3 +141,16 @@ def test_a_network_weight_repeats_each_network_fault_in_every_round():
     assert {counts[kind] for kind in NETWORK_FAULTS} == {20}
     assert {counts[kind] for kind in kinds if kind not in NETWORK_FAULTS} == {4}
     assert fault_schedule(24, random.Random(7), kinds) == fault_schedule(24, random.Random(7), kinds, 1)
+
+
+def test_an_entity_campaign_writes_versions_and_tombstones_of_few_entities_keyed_by_entity_and_sequence():
+    values = {seq: record_value(seq, entity=True) for seq in range(1, 2000)}
+    tombstones = [seq for seq, value in values.items() if value is None]
+    assert tombstones and all(expected_reason(seq, entity=True) is None for seq in tombstones)
+    assert json.loads(values[7])["event_id"] == entity_of(7) == f"u{7 % ENTITIES}"
+    assert len({entity_of(seq) for seq in values}) == ENTITIES
+    assert json.loads(record_key(7, entity=True)) == {"event_id": entity_of(7), "seq": 7}
+    assert sequence_number(record_key(7, entity=True)) == sequence_number(record_key(7)) == 7
+    # The bad null value is a tombstone in an entity campaign; every other bad record stays a dead letter.
+    assert {expected_reason(seq, entity=True) for seq in range(0, 1000, BAD_EVERY)} == {
+        expected_reason(seq) for seq in range(0, 1000, BAD_EVERY)} - {"null value (tombstone)"} | {None}

@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sink", choices=["postgres", "iceberg"], default="postgres",
                         help="where the pipeline publishes: its Postgres table, or an Iceberg table of the stack's "
                              "lake, adding the lake's faults")
+    parser.add_argument("--write", choices=["append", "upsert"], default="append",
+                        help="the pipeline's write: append (a row per record) or upsert (an entity table keyed by "
+                             "event_id: each record a version of one of 97 entities, some tombstones)")
     parser.add_argument("--write-docs", type=Path, metavar="DIR",
                         help="write reliability.json (and the per-iteration log) into DIR, e.g. docs")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows afterwards")
@@ -93,13 +96,15 @@ def main(argv: list[str] | None = None) -> int:
             command += " --network"
         if args.sink != "postgres":
             command += f" --sink {args.sink}"
+        if args.write != "append":
+            command += f" --write {args.write}"
         if args.network_weight != 1:
             command += f" --network-weight {args.network_weight}"
         if args.write_docs:
             command += f" --write-docs {args.write_docs}"
         settings = {"command": command, "write_docs": str(args.write_docs) if args.write_docs else None,
                     "keep": args.keep, "pipeline": f"fault_campaign_{tag}", "partitions": args.partitions,
-                    "runtime": runtime, "network": args.network, "sink": args.sink,
+                    "runtime": runtime, "network": args.network, "sink": args.sink, "write": args.write,
                     "topic": f"fault-campaign-{tag.replace('_', '-')}"}
     workdir.mkdir(parents=True, exist_ok=True)
     # Airflow's logging (which relays the Spark jobs' output) writes to stdout: point stdout at a log file,
@@ -128,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             "topics": [topic], **output, "columns": COLUMNS,
             "max_records_per_partition": max(100, args.records_per_fault // args.partitions), "schedule": None,
             "spark_conf": {"spark.sql.shuffle.partitions": "2"}, "spark_runtime": settings["runtime"],
+            **({"write": "upsert", "key": ["event_id"]} if settings.get("write") == "upsert" else {}),
         }}}))
         # Every acknowledged record on disk at once, so a campaign resumed after the machine stopped still has
         # them all (the broker otherwise leaves flushing to the OS).

@@ -12,30 +12,61 @@ from tools.fault_campaign import CampaignFailure
 from tools.records import BAD_VALUES
 
 BAD_EVERY = 50  # every 50th sequence number is a bad record, cycling through BAD_VALUES
+# An entity-table campaign (write: upsert, key event_id): record `seq` is a version of entity u<seq % ENTITIES>,
+# every TOMBSTONE_EVERY-th one (at remainder 5) its tombstone.
+ENTITIES = 97
+TOMBSTONE_EVERY = 11
 
 
-def record_value(seq: int) -> bytes | None:
-    """The value of record `seq`: a good impression, or (every BAD_EVERY-th) one of the bad records."""
+def entity_of(seq: int) -> str:
+    return f"u{seq % ENTITIES}"
+
+
+def record_value(seq: int, entity: bool = False) -> bytes | None:
+    """The value of record `seq`: a good impression (an entity's version, or its tombstone: None), or (every
+    BAD_EVERY-th) one of the bad records."""
     if seq % BAD_EVERY == 0:
         return BAD_VALUES[(seq // BAD_EVERY) % len(BAD_VALUES)][0]
-    return json.dumps({"event_id": f"s{seq}", "amount": seq, "price": seq / 4, "ok": seq % 2 == 0,
-                       "event_time": "2026-11-21T10:00:00Z"}).encode()
+    if entity and seq % TOMBSTONE_EVERY == 5:
+        return None
+    return json.dumps({"event_id": entity_of(seq) if entity else f"s{seq}", "amount": seq, "price": seq / 4,
+                       "ok": seq % 2 == 0, "event_time": "2026-11-21T10:00:00Z"}).encode()
 
 
-def expected_reason(seq: int) -> str | None:
-    return BAD_VALUES[(seq // BAD_EVERY) % len(BAD_VALUES)][1] if seq % BAD_EVERY == 0 else None
+def record_key(seq: int, entity: bool = False) -> bytes:
+    """Record `seq`'s Kafka key: it carries the sequence number (a resumed campaign reads it back); an entity's
+    names the entity too, a JSON object as the tombstones' keys are read."""
+    if entity:
+        return json.dumps({"event_id": entity_of(seq), "seq": seq}).encode()
+    return f"k{seq}".encode()
+
+
+def sequence_number(key: bytes) -> int:
+    text = key.decode()
+    return json.loads(text)["seq"] if text.startswith("{") else int(text[1:])
+
+
+def expected_reason(seq: int, entity: bool = False) -> str | None:
+    """The dead-letter reason of record `seq`, None for a record that publishes (an entity's tombstone too)."""
+    if seq % BAD_EVERY != 0 or (entity and record_value(seq, entity) is None):
+        return None
+    return BAD_VALUES[(seq // BAD_EVERY) % len(BAD_VALUES)][1]
 
 
 class SequenceProducer:
     """Background producer of sequence-numbered records; remembers where each one landed."""
 
-    def __init__(self, servers: str, topic: str, rate: float, landed: dict[tuple[int, int], int] | None = None):
+    def __init__(self, servers: str, topic: str, rate: float, landed: dict[tuple[int, int], int] | None = None,
+                 entity_partitions: int | None = None):
         from confluent_kafka import Producer
 
         from kafka_ledger.settings import kafka_config
 
         self.topic = topic
         self.rate = rate
+        # An entity campaign: each entity's records in one partition (as a keyed producer's are), chosen here because
+        # the keys also carry the sequence number.
+        self.entity_partitions = entity_partitions
         # With the deployment's Kafka settings (security), as every client of the project; log_level 2: no
         # connection errors while a broker restarts.
         self.producer = Producer(kafka_config(servers, **{"enable.idempotence": True, "acks": "all", "linger.ms": 20,
@@ -82,8 +113,10 @@ class SequenceProducer:
                 seq = self.next_seq
                 while True:
                     try:
-                        self.producer.produce(self.topic, key=f"k{seq}".encode(), value=record_value(seq),
-                                              on_delivery=self._report(seq))
+                        entity = self.entity_partitions is not None
+                        where = {"partition": seq % ENTITIES % self.entity_partitions} if entity else {}
+                        self.producer.produce(self.topic, key=record_key(seq, entity), value=record_value(seq, entity),
+                                              on_delivery=self._report(seq), **where)
                         self.produced_here += 1
                         break
                     except BufferError:
@@ -137,5 +170,5 @@ def records_by_key(servers: str, topic: str, timeout: float = 300) -> dict[tuple
     """Every record of `topic` read back from Kafka: (partition, offset) -> the sequence number in its key."""
     from kafka_ledger.readback import read_back
 
-    return {(m.partition(), m.offset()): int(m.key().decode()[1:]) for m in read_back(servers, [topic], timeout)}
+    return {(m.partition(), m.offset()): sequence_number(m.key()) for m in read_back(servers, [topic], timeout)}
 

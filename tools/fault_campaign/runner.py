@@ -23,7 +23,13 @@ from typing import Any
 
 from tools.fault_campaign import CampaignFailure
 from tools.fault_campaign.network import Toxiproxy, proxied_environment
-from tools.fault_campaign.producer import SequenceProducer, expected_reason, records_by_key
+from tools.fault_campaign.producer import (
+    SequenceProducer,
+    entity_of,
+    expected_reason,
+    record_value,
+    records_by_key,
+)
 from tools.fault_campaign.strikes import (
     FaultStrikes,
     RunHooks,
@@ -79,6 +85,9 @@ class Campaign(FaultStrikes):
         # either runtime its Spark work commits the batch (lake_publish): the commit's faults strike it there.
         self.iceberg = pipeline.sink.type == "iceberg"
         self.commits_in_spark = self.spark_task_commits or self.iceberg
+        # An entity table (write: upsert): checked against a model of the records below the positions, the newest
+        # version (or tombstone) of each entity, instead of record by record.
+        self.entity = pipeline.is_entity_table
         self.shape = campaign_shape(self.runtime, os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"),
                                     network, secured(), self.iceberg)
         # Network faults: every task reaches the services through Toxiproxy; the campaign's own checks do not.
@@ -460,6 +469,12 @@ class Campaign(FaultStrikes):
             if expected_start != pos:
                 problems.append(f"partition {p}: committed ranges end at {expected_start}, position is {pos}")
         self.producer.wait_delivered(positions)
+        if self.entity:
+            problems += [f"entity {what}" for what in self._entity_differences(positions)[:5]]
+            if problems:
+                raise CampaignFailure(f"{when}: " + "; ".join(problems))
+            self.positions = positions
+            return
         got = self._partition_stats()
         for p, pos in positions.items():
             n, distinct, lo, hi = got.get(p, (0, 0, None, None))
@@ -498,10 +513,82 @@ class Campaign(FaultStrikes):
                                 f"{history[snapshot_id]}")
         return problems
 
+    def _entity_model(self, positions: dict[int, int]) -> dict[tuple[str, Any], Any]:
+        """What an entity campaign's table, tombstones and dead letters must hold once the positions are these: per
+        entity its newest record below them (an entity's records share a partition: the highest offset), as a row
+        (its content is its sequence number) or a tombstone; every bad record below them as a dead letter."""
+        newest: dict[str, tuple[int, int, int]] = {}
+        model: dict[tuple[str, Any], Any] = {}
+        for (p, o), seq in self.producer.landed.items():
+            if o >= positions.get(p, 0):
+                continue
+            reason = expected_reason(seq, entity=True)
+            if reason is not None:
+                model[("dead letter", (p, o))] = reason
+            elif entity_of(seq) not in newest or o > newest[entity_of(seq)][1]:
+                newest[entity_of(seq)] = (p, o, seq)
+        for entity, (p, o, seq) in newest.items():
+            if record_value(seq, entity=True) is None:
+                model[("tombstone", entity)] = (p, o)
+            else:
+                model[("row", entity)] = (p, o, seq)
+        return model
+
+    def _entity_state(self) -> dict[tuple[str, Any], Any]:
+        """The entity table, its tombstones and the dead letters, in _entity_model's shape."""
+        from psycopg2 import sql
+
+        from kafka_ledger.sql import tombstone_table
+
+        state: dict[tuple[str, Any], Any] = {}
+        for entity, p, o, amount in self._output_rows(["event_id", "kafka_partition", "kafka_offset", "amount"]):
+            state[("row", entity)] = (p, o, amount)
+        for entity, p, o in self._query(sql.SQL("SELECT event_id, kafka_partition, kafka_offset FROM {}").format(
+                tombstone_table(self.pipeline))):
+            state[("tombstone", entity)] = (p, o)
+        for p, o, error in self._query("SELECT kafka_partition, kafka_offset, error FROM kafka_ledger.dead_letters "
+                                       "WHERE pipeline = %(p)s", {"p": self.pipeline.name}):
+            state[("dead letter", (p, o))] = error
+        return state
+
+    def _entity_differences(self, positions: dict[int, int]) -> list[str]:
+        model, state = self._entity_model(positions), self._entity_state()
+        return [f"{kind} {name}: {state.get((kind, name), 'absent')}, expected {model.get((kind, name), 'absent')}"
+                for kind, name in sorted(model.keys() | state.keys(), key=str)
+                if model.get((kind, name)) != state.get((kind, name))]
+
+    def _entity_final_check(self) -> dict[str, int]:
+        """An entity campaign's final check: the table, tombstones and dead letters against the model of every record
+        produced; then `kafka-ledger verify` (of the ledger: an entity table's rows are not compared there)."""
+        from kafka_ledger.verify import verify_pipeline
+
+        positions = {p: pos for p, pos in self._query(
+            "SELECT partition, position FROM kafka_ledger.positions WHERE pipeline = %(p)s", {"p": self.pipeline.name})}
+        produced = self.producer.landed
+        if any(o >= positions.get(p, 0) for p, o in produced):
+            raise CampaignFailure(f"final check: records produced past the positions {positions}")
+        model, state = self._entity_model(positions), self._entity_state()
+        report = verify_pipeline(self.dsn, self.servers, self.pipeline, full=True)
+        figures = {"records_produced": len(produced), "entities": sum(k == "row" for k, _ in model),
+                   "output_rows": sum(k == "row" for k, _ in state),
+                   "tombstones": sum(k == "tombstone" for k, _ in state),
+                   "dead_letters": sum(k == "dead letter" for k, _ in state),
+                   "lost": len(model.keys() - state.keys()), "duplicated": 0,
+                   "unexpected": len(state.keys() - model.keys()),
+                   "wrong_content": sum(model[k] != state[k] for k in model.keys() & state.keys()),
+                   "verify_ok": report.ok}
+        if figures["lost"] or figures["unexpected"] or figures["wrong_content"] or not report.ok:
+            raise CampaignFailure(f"final check: {figures}; {self._entity_differences(positions)[:5]}, verify "
+                                  f"{report.problems[:3]}")
+        return figures
+
     def final_check(self) -> dict[str, int]:
         """Every record produced, by sequence number: good ones in the output with their content, bad ones
         in the dead letters with their reason; then `kafka-ledger verify` against Kafka itself."""
         from kafka_ledger.verify import verify_pipeline
+
+        if self.entity:
+            return self._entity_final_check()
 
         output = self._output_rows(["kafka_partition", "kafka_offset", "event_id", "amount"])
         dead = self._query("SELECT kafka_partition, kafka_offset, error FROM kafka_ledger.dead_letters "
@@ -592,7 +679,13 @@ class Campaign(FaultStrikes):
         self.session_started = time.monotonic()
         self.sessions += 1
         self.started_at = self.started_at or datetime.now(UTC).isoformat(timespec="seconds")
-        self.producer = SequenceProducer(self.servers, self.topic, self.rate, landed=self.resumed_landed)
+        partitions = None
+        if self.entity:
+            from kafka_ledger.kafka_offsets import partition_offsets
+
+            partitions = len(partition_offsets(self.servers, [self.topic]))
+        self.producer = SequenceProducer(self.servers, self.topic, self.rate, landed=self.resumed_landed,
+                                         entity_partitions=partitions)
         try:
             if self.iterations:
                 # Resumed: the interruption (processes killed mid-iteration, services restarted) is recovered
