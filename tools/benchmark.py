@@ -12,8 +12,9 @@ per round, then a summary line (medians; ratios kafka-ledger / peer as medians o
 1-minute load average at the start and the end; the commit). `--small` times a 1,000-record batch.
 `--entity-keys N` gives the records N distinct `user_id`s and also runs, each round, an entity table keyed by
 `user_id` (write: upsert) on the same topic, checked for exactly N rows: `ratio_entity_vs_append`.
-`--verify` times `kafka-ledger verify` instead: `--full` over the ingested topic, then incremental after one
-more small batch (wall time and peak resident memory of the verify process).
+`--freshness` runs the freshness benchmark instead (tools/freshness.py). `--verify` times `kafka-ledger verify`
+instead: `--full` over the ingested topic, then incremental after one more small batch (wall time and peak resident
+memory of the verify process).
 
 Timed: kafka-ledger from planning to the committed batch, in this process with its modules imported (as in
 a warm Airflow worker); the Python peer from its consumer's start to its committed COPY; the Spark peer from
@@ -499,6 +500,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entity-keys", type=int,
                         help="N distinct user ids in the records, and each round an entity table keyed by user_id "
                              "(write: upsert) beside the append pipeline")
+    parser.add_argument("--freshness", action="store_true",
+                        help="the freshness benchmark (tools/freshness.py): --rate records/s for --minutes while the "
+                             "pipeline runs by its doorbell under a dedicated Airflow, beside a Spark Structured "
+                             "Streaming peer on the same topic")
+    parser.add_argument("--rate", type=float, default=6000, help="--freshness: records per second (default 6000)")
+    parser.add_argument("--minutes", type=float, default=10, help="--freshness: minutes of load (default 10)")
+    parser.add_argument("--no-peer", action="store_true", help="--freshness: without the streaming peer")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows")
     parser.add_argument("--delivery-mode", choices=["exactly_once", "at_least_once"], default="exactly_once",
                         help="at_least_once: with spark-submit, the Spark job appends to the output table directly")
@@ -510,6 +518,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(line), file=stdout, flush=True)
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.freshness:
+        from tools.freshness import run_freshness
+
+        summary = run_freshness(bootstrap_servers(), ledger_dsn(), args.rate, args.minutes, args.partitions,
+                                peer=not args.no_peer)
+        report(summary)
+        return 0 if summary["exact"] else 1
     records = SMALL_BATCH if args.small else args.records
     servers, dsn = bootstrap_servers(), ledger_dsn()
     run_id = uuid.uuid4().hex[:8]

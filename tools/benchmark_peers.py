@@ -5,7 +5,9 @@
   50,000 rows is copied while the next is read.
 - the Spark peer (`spark-submit tools/benchmark_peers.py spark ...`): Spark Structured Streaming with
   Trigger.AvailableNow and foreachBatch appending to the table over JDBC (`--iceberg-table`: to an Iceberg table of
-  the same lake catalog kafka-ledger's Iceberg sink writes).
+  the same lake catalog kafka-ledger's Iceberg sink writes); with `--processing-time S` the streaming peer of the
+  freshness benchmark (tools/freshness.py): a trigger every S seconds until stopped, each micro-batch's rows tagged
+  with its id and its commit time recorded in `<table>_batches` once its JDBC write returned.
 
 tools/benchmark.py runs each in a process of its own, by this file's path, as a hand-written job would run;
 it imports nothing of the project but kafka_ledger. The database comes from the environment
@@ -42,7 +44,9 @@ FIELDS = [c["name"] for c in COLUMNS]
 TABLE_COLUMNS = ["kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", *FIELDS]
 
 
-def create_table(dsn: str, schema: str, table: str) -> None:
+def create_table(dsn: str, schema: str, table: str, freshness: bool = False) -> None:
+    """A fresh table with the primary key (topic, partition, offset); `freshness`: with each row's micro-batch id and
+    the table of the micro-batches' commit times (the streaming peer's)."""
     ddl = sql.SQL(
         """
         CREATE SCHEMA IF NOT EXISTS {schema};
@@ -50,10 +54,15 @@ def create_table(dsn: str, schema: str, table: str) -> None:
         CREATE TABLE {table} (
             kafka_topic text NOT NULL, kafka_partition integer NOT NULL, kafka_offset bigint NOT NULL,
             kafka_timestamp timestamptz, event_id text, user_id text, amount bigint, price double precision,
-            event_time timestamptz, PRIMARY KEY (kafka_topic, kafka_partition, kafka_offset)
-        )
+            event_time timestamptz, {extra} PRIMARY KEY (kafka_topic, kafka_partition, kafka_offset)
+        );
+        {batches}
         """
-    ).format(schema=sql.Identifier(schema), table=sql.Identifier(schema, table))
+    ).format(schema=sql.Identifier(schema), table=sql.Identifier(schema, table),
+             extra=sql.SQL("spark_batch_id bigint," if freshness else ""),
+             batches=sql.SQL("DROP TABLE IF EXISTS {0}; CREATE TABLE {0} (spark_batch_id bigint PRIMARY KEY, "
+                             "committed_at timestamptz NOT NULL)").format(sql.Identifier(schema, f"{table}_batches"))
+             if freshness else sql.SQL(""))
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute(ddl)
     conn.close()
@@ -178,7 +187,9 @@ def _spark_peer(args: argparse.Namespace) -> None:
         F.from_json(F.col("value").cast("string"), schema).alias("v"),
     ).select("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "v.*")
 
-    def append(batch, _batch_id: int) -> None:  # noqa: ANN001 - a Spark DataFrame
+    def append(batch, batch_id: int) -> None:  # noqa: ANN001 - a Spark DataFrame
+        if args.processing_time:
+            batch = batch.withColumn("spark_batch_id", F.lit(batch_id).cast("long"))
         if args.iceberg_table:  # the lake's catalog (spark-defaults.conf), the table made by the first batch
             writer = batch.writeTo(args.iceberg_table)
             writer.append() if spark.catalog.tableExists(args.iceberg_table) else writer.create()
@@ -186,8 +197,14 @@ def _spark_peer(args: argparse.Namespace) -> None:
         (batch.write.format("jdbc").option("url", args.jdbc_url).option("dbtable", f"{args.schema}.{args.table}")
          .option("user", os.environ["BENCHMARK_DB_USER"]).option("password", os.environ["BENCHMARK_DB_PASSWORD"])
          .option("driver", "org.postgresql.Driver").option("batchsize", "10000").mode("append").save())
+        if args.processing_time:  # the write returned: its rows are committed
+            with psycopg2.connect(os.environ["KAFKA_LEDGER_DB_URL"]) as conn, conn.cursor() as cur:
+                cur.execute(sql.SQL("INSERT INTO {} VALUES (%s, clock_timestamp()) ON CONFLICT DO NOTHING").format(
+                    sql.Identifier(args.schema, f"{args.table}_batches")), (batch_id,))
+            conn.close()
 
-    query = (rows.writeStream.foreachBatch(append).trigger(availableNow=True)
+    trigger = {"processingTime": f"{args.processing_time} seconds"} if args.processing_time else {"availableNow": True}
+    query = (rows.writeStream.foreachBatch(append).trigger(**trigger)
              .option("checkpointLocation", args.checkpoint).start())
     query.awaitTermination()
     spark.stop()
@@ -203,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_argument(name, required=True)
     spark.add_argument("--jdbc-url", required=True)
     spark.add_argument("--checkpoint", required=True)
+    spark.add_argument("--processing-time", type=int, metavar="S",
+                       help="a trigger every S seconds until stopped, instead of once over what the topic holds")
     spark.add_argument("--iceberg-table", help="append to this Iceberg table (catalog.namespace.table) instead of "
                                                "the Postgres one")
     args = parser.parse_args(argv)

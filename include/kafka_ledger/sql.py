@@ -328,9 +328,11 @@ DELETE_DEAD_LETTER_RANGES = f"""
 # The Iceberg snapshot that published the batch (an Iceberg sink), recorded by the commit that moves the offsets.
 RECORD_BATCH_SNAPSHOT = "UPDATE kafka_ledger.batches SET snapshot_id = %(snapshot_id)s WHERE batch_id = %(batch_id)s"
 
+# committed_at is the statement's clock, not the transaction's start (now()): a commit transaction streams the whole
+# batch first, and freshness is measured to the moment its rows became visible.
 MARK_COMMITTED = """
     UPDATE kafka_ledger.batches
-    SET status = 'committed', committed_at = now(), records_written = %(records_written)s,
+    SET status = 'committed', committed_at = clock_timestamp(), records_written = %(records_written)s,
         records_dead_lettered = %(records_dead_lettered)s, commit_seconds = %(commit_seconds)s,
         last_error = NULL
     WHERE batch_id = %(batch_id)s AND status = 'written'

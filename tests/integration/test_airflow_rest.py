@@ -23,7 +23,6 @@ from urllib.parse import quote
 import httpx
 import psycopg2
 import pytest
-from airflow_server import AirflowClient, admin_password, airflow_test_settings, running_airflow, session_members
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from integration_support import (
@@ -40,8 +39,12 @@ from psycopg2 import sql
 from kafka_ledger import kafka_offsets, ledger
 from kafka_ledger import readback as audit
 from kafka_ledger.config import PipelineConfig, read_pipelines
+from tools.airflow_server import AirflowClient, admin_password, airflow_test_settings, running_airflow, session_members
 
 pytestmark = pytest.mark.integration
+
+# DAGs only the tests' Airflow loads (downstream DAGs scheduled on a pipeline's output asset).
+TEST_DAGS = Path(__file__).resolve().parent / "dags"
 
 RecordId = tuple[str, int, int]
 HOURS = 3  # the records' Kafka timestamps cover the last HOURS full hours
@@ -64,7 +67,7 @@ class RestCase:
 @pytest.fixture(scope="module")
 def airflow(test_pipelines_file: Path, servers: str, dsn: str) -> Iterator[AirflowClient]:
     """A dedicated Airflow for this module; it inherits KAFKA_LEDGER_PIPELINES, set by `test_pipelines_file`."""
-    with running_airflow() as client:
+    with running_airflow(extra_dags=TEST_DAGS) as client:
         yield client
 
 

@@ -1,6 +1,6 @@
 """A downstream DAG of the integration tests, scheduled on the output asset of the session's "rest" pipeline.
 
-Loaded only by the tests' own Airflow (a DAG bundle of its own, see airflow_server.airflow_env). Its one task
+Loaded only by the tests' own Airflow (a DAG bundle of its own, see tools/airflow_server.airflow_env). Its one task
 returns the extra of the asset events that triggered it: what the pipeline's commit said about its batch.
 """
 

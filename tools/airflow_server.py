@@ -1,4 +1,5 @@
-"""A dedicated Airflow (scripts/airflow.sh) for integration tests and a small client of its REST API v2."""
+"""A dedicated Airflow (scripts/airflow.sh) for the integration tests and the freshness benchmark, and a small client
+of its REST API v2."""
 
 from __future__ import annotations
 
@@ -21,9 +22,8 @@ import httpx
 import psycopg2
 
 # Airflow's components on loopback, as the local stack runs them (`scripts/stack.sh airflow`).
-AIRFLOW_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "airflow.sh"
-# DAGs only the tests' Airflow loads (downstream DAGs scheduled on a pipeline's output asset).
-TEST_DAGS = Path(__file__).resolve().parent / "dags"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+AIRFLOW_SCRIPT = PROJECT_ROOT / "scripts" / "airflow.sh"
 
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 ACTIVE_RUN_STATES = frozenset({"queued", "running"})
@@ -59,7 +59,7 @@ class AirflowTestSettings:
 
 def airflow_test_settings() -> AirflowTestSettings:
     """Settings from the environment of scripts/env.sh (KL_AIRFLOW_TEST_PORT); KL_AIRFLOW_TEST_DB_URL overrides."""
-    state = Path(os.environ.get("KL_STATE") or Path(__file__).resolve().parents[2] / ".stack")
+    state = Path(os.environ.get("KL_STATE") or PROJECT_ROOT / ".stack")
     pg_port = os.environ.get("KL_PG_PORT", "15432")
     db_url = os.environ.get("KL_AIRFLOW_TEST_DB_URL") or (
         f"postgresql+psycopg2://airflow_test:{os.environ['KL_PG_AIRFLOW_TEST_PASSWORD']}@127.0.0.1:{pg_port}/airflow_test"
@@ -72,12 +72,13 @@ def airflow_test_settings() -> AirflowTestSettings:
     )
 
 
-def airflow_env(settings: AirflowTestSettings) -> dict[str, str]:
+def airflow_env(settings: AirflowTestSettings, extra_dags: Path | None = None) -> dict[str, str]:
     """The environment of every test Airflow process.
 
     It inherits this process's environment on purpose: KAFKA_LEDGER_PIPELINES (set by conftest to the
     session's pipelines file) makes the dag-processor generate the test pipelines' DAGs, and the
-    KAFKA_LEDGER_* / AIRFLOW_CONN_* variables of scripts/env.sh reach the tasks.
+    KAFKA_LEDGER_* / AIRFLOW_CONN_* variables of scripts/env.sh reach the tasks. `extra_dags`: a folder of DAGs
+    loaded as a bundle of its own beside the project's dags/ (the tests' downstream DAGs).
     """
     env = dict(os.environ)
     env.update({
@@ -98,11 +99,11 @@ def airflow_env(settings: AirflowTestSettings) -> dict[str, str]:
         # Start a run's next task right after the previous one ends.
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
         "PYTHONUNBUFFERED": "1",
-        # The project's dags/ and, in a bundle of their own, the tests' downstream DAGs (never the project's).
+        # The project's dags/ and, in a bundle of their own, the extra DAGs (never the project's).
         "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps([
             {"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle", "kwargs": {}},
-            {"name": "kafka-ledger-tests", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-             "kwargs": {"path": str(TEST_DAGS)}},
+            *([{"name": "kafka-ledger-extra", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                "kwargs": {"path": str(extra_dags)}}] if extra_dags else []),
         ]),
     })
     # scripts/airflow.sh starts the components by bare name: the venv's airflow must come first on PATH.
@@ -317,10 +318,10 @@ def admin_token(settings: AirflowTestSettings) -> str:
 
 
 @contextlib.contextmanager
-def running_airflow(startup_timeout: float = 300.0) -> Iterator[AirflowClient]:
+def running_airflow(startup_timeout: float = 300.0, extra_dags: Path | None = None) -> Iterator[AirflowClient]:
     """Start a dedicated Airflow (scripts/airflow.sh), yield a REST client, and stop every process it started."""
     settings = airflow_test_settings()
-    env = airflow_env(settings)
+    env = airflow_env(settings, extra_dags)
     with _exclusive(settings):
         _stop_stale_airflow(settings)
         if _port_answers(settings.port):

@@ -1,0 +1,259 @@
+"""The freshness benchmark: a steady load while the pipeline runs by its doorbell under Airflow, and the streaming peer.
+
+    python -m tools.benchmark --freshness --rate 6000 --minutes 10      # from the project root, after scripts/env.sh
+
+Records are produced at `rate` per second for `minutes` into a fresh topic. Meanwhile a dedicated Airflow (scheduler,
+triggerer, dag-processor, api-server: tools/airflow_server.py, the tests' own) runs the pipeline by its doorbell,
+and the peer a data engineer would pick for freshness, Spark Structured Streaming with a processing-time trigger
+appending by foreachBatch over JDBC (tools/benchmark_peers.py), reads the same topic into a table of its own. Once
+the load stops, both must catch up; then, per record, the delay from its Kafka timestamp (the producer's clock) to
+the commit that published it: kafka-ledger's batch `committed_at`, the peer's batch commit as its driver recorded it.
+Reported: p50, p95, p99 and max of that delay, over the whole run and over its first and last thirds (a lag that
+grows shows there), the records per second kept up with, and for kafka-ledger where each run's time went.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import yaml
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from kafka_ledger import ledger
+from kafka_ledger.airflow_dag import PLAN_TASK, SPARK_TASK
+from kafka_ledger.config import get_pipeline
+from kafka_ledger.runtimes.submit import BASE_SPARK_CONF, spark_jars
+from kafka_ledger.settings import deployment_settings, env_name, jdbc_target, kafka_config
+from tools import benchmark_peers, git_commit
+from tools.airflow_server import running_airflow
+from tools.benchmark_peers import COLUMNS
+
+log = logging.getLogger("tools.freshness")
+
+SCHEMA = "benchmark"
+# The doorbell looks every POLL_SECONDS; the peer's trigger fires every PEER_TRIGGER_SECONDS.
+POLL_SECONDS = 1.0
+PEER_TRIGGER_SECONDS = 5
+# How long both may take to catch up once the load stops.
+CATCH_UP_SECONDS = 600
+
+
+def _value(i: int) -> bytes:
+    return json.dumps({"event_id": f"e{i}", "user_id": f"u{i % 5000}", "amount": i, "price": i / 7,
+                       "event_time": "2026-11-21T10:00:00Z"}).encode()
+
+
+def produce_steadily(servers: str, topic: str, rate: float, seconds: float, partitions: int) -> dict[str, Any]:
+    """`rate` records per second for `seconds`, in ticks of a tenth of a second; Kafka stamps each with the
+    producer's clock (CreateTime). Returns what was produced and the rate achieved."""
+    producer = Producer(kafka_config(servers, **{"enable.idempotence": True, "linger.ms": 5}))
+    started = time.monotonic()
+    sent = 0
+    while (elapsed := time.monotonic() - started) < seconds:
+        due = int(min(elapsed + 0.1, seconds) * rate)
+        while sent < due:
+            try:
+                producer.produce(topic, value=_value(sent), partition=sent % partitions)
+                sent += 1
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+        time.sleep(max(0.0, started + (sent / rate) - time.monotonic()))
+    producer.flush(120)
+    took = time.monotonic() - started
+    return {"records": sent, "seconds": round(took, 1), "records_per_s": round(sent / took)}
+
+
+def _percentiles(delays: list[float]) -> dict[str, float | None]:
+    if not delays:
+        return {"p50": None, "p95": None, "p99": None, "max": None}
+    ordered = sorted(delays)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": round(ordered[-1], 2)}
+
+
+def _delays(dsn: str, query: str) -> list[tuple[datetime, float]]:
+    """(Kafka timestamp, seconds from it to the commit that published the record), for every record."""
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(query)
+        rows = cur.fetchall()
+    conn.close()
+    return [(at, float(delay)) for at, delay in rows]
+
+
+def delay_report(delays: list[tuple[datetime, float]], load_started: datetime) -> dict[str, Any]:
+    """The delays' percentiles over the whole run and its first and last thirds (by Kafka timestamp)."""
+    if not delays:
+        return {"records": 0}
+    ordered = sorted(delays)
+    third = max(1, len(ordered) // 3)
+    last_at = ordered[-1][0]
+    span = (last_at - load_started).total_seconds()
+    return {"records": len(ordered), **_percentiles([d for _, d in ordered]),
+            "first_third": _percentiles([d for _, d in ordered[:third]]),
+            "last_third": _percentiles([d for _, d in ordered[-third:]]),
+            # Records per second from the first record's timestamp to the last one's commit.
+            "records_per_s_kept_up": round(len(ordered) / max(span + ordered[-1][1], 1e-9))}
+
+
+def _kafka_ledger_delays(dsn: str, table: str) -> str:
+    return (f"SELECT o.kafka_timestamp, extract(epoch FROM b.committed_at - o.kafka_timestamp) "
+            f"FROM {SCHEMA}.{table} o JOIN kafka_ledger.batches b USING (batch_id)")
+
+
+def _peer_delays(table: str) -> str:
+    return (f"SELECT o.kafka_timestamp, extract(epoch FROM b.committed_at - o.kafka_timestamp) "
+            f"FROM {SCHEMA}.{table} o JOIN {SCHEMA}.{table}_batches b USING (spark_batch_id)")
+
+
+def _seconds(later: str | None, earlier: str | None) -> float | None:
+    if not later or not earlier:
+        return None
+    return (datetime.fromisoformat(later) - datetime.fromisoformat(earlier)).total_seconds()
+
+
+def run_stages(client: Any, dag_id: str, dsn: str, pipeline: str) -> dict[str, Any]:
+    """Where kafka-ledger's runs spent their time, medians over the runs that committed a batch: from the doorbell's
+    event to the run's start, from the run's start to its plan task's, the plan task, the gap to the Spark task,
+    the Spark task's read and commit (the ledger's), and the run's end after it."""
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT run_id, read_seconds, commit_seconds, records_read FROM kafka_ledger.batches "
+                    "WHERE pipeline = %s AND status = 'committed'", (pipeline,))
+        batches = {run_id: (read, commit, records) for run_id, read, commit, records in cur.fetchall()}
+    conn.close()
+    stages: dict[str, list[float]] = {}
+    runs = client.runs(dag_id)
+    for run in runs:
+        if run["dag_run_id"] not in batches or run.get("state") != "success":
+            continue
+        tasks = {t["task_id"]: t for t in client.task_instances(dag_id, run["dag_run_id"])}
+        plan, spark = tasks.get(PLAN_TASK) or {}, tasks.get(SPARK_TASK["connect"]) or {}
+        events = client.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}/upstreamAssetEvents",
+                                expect=(200, 404)).json().get("asset_events", [])
+        read, commit, _ = batches[run["dag_run_id"]]
+        measured = {
+            "event_to_run_start": _seconds(run.get("start_date"), min((e["timestamp"] for e in events), default=None)),
+            "run_start_to_plan_task": _seconds(plan.get("start_date"), run.get("start_date")),
+            "plan_task": _seconds(plan.get("end_date"), plan.get("start_date")),
+            "plan_to_spark_task": _seconds(spark.get("start_date"), plan.get("end_date")),
+            "spark_task": _seconds(spark.get("end_date"), spark.get("start_date")),
+            "read": read, "commit": commit,
+            "spark_task_to_run_end": _seconds(run.get("end_date"), spark.get("end_date")),
+            "run": _seconds(run.get("end_date"), run.get("start_date")),
+        }
+        for name, value in measured.items():
+            if value is not None:
+                stages.setdefault(name, []).append(float(value))
+    return {"runs": len(runs), "runs_with_a_batch": len(batches),
+            "median_seconds": {name: round(statistics.median(values), 2) for name, values in stages.items()}}
+
+
+def start_peer(servers: str, dsn: str, topic: str, table: str, workdir: Path) -> subprocess.Popen:
+    """The streaming peer in spark-submit, from the topic's start, every PEER_TRIGGER_SECONDS, until stopped."""
+    benchmark_peers.create_table(dsn, SCHEMA, table, freshness=True)
+    target = jdbc_target(dsn)
+    conf = [part for key, value in BASE_SPARK_CONF.items() for part in ("--conf", f"{key}={value}")]
+    command = ["spark-submit", "--master", deployment_settings().spark_master or "local[*]", *conf,
+               "--jars", spark_jars(), benchmark_peers.__file__, "spark", "--servers", servers, "--topic", topic,
+               "--schema", SCHEMA, "--table", table, "--jdbc-url", target.url,
+               "--checkpoint", str(workdir / "peer-checkpoint"), "--processing-time", str(PEER_TRIGGER_SECONDS)]
+    # Credentials reach the job through its environment, never its command line.
+    env = {**os.environ, "BENCHMARK_DB_USER": target.user, "BENCHMARK_DB_PASSWORD": target.password}
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    return subprocess.Popen(command, env=env, stdout=(workdir / "peer.out").open("w"),
+                            stderr=(workdir / "peer.err").open("w"), start_new_session=True)
+
+
+def _wait(what: str, done: Any, timeout: float) -> float:
+    started = time.monotonic()
+    while not done():
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(f"{what} did not happen within {timeout:.0f} s")
+        time.sleep(1)
+    return time.monotonic() - started
+
+
+def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partitions: int,
+                  peer: bool = True) -> dict[str, Any]:
+    """The whole benchmark (see the module); returns its summary."""
+    tag = uuid.uuid4().hex[:8]
+    topic, name = f"fresh-{tag}", f"fresh_{tag}"
+    workdir = Path(tempfile.mkdtemp(prefix="kl-freshness-"))
+    admin = AdminClient(kafka_config(servers))
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
+    config = workdir / "pipelines.yaml"
+    config.write_text(yaml.safe_dump({"pipelines": {name: {
+        "topics": [topic], "output_table": name, "output_schema": SCHEMA, "columns": COLUMNS,
+        "schedule": None, "trigger": {"type": "doorbell", "poll_seconds": POLL_SECONDS},
+        "max_records_per_partition": 1_000_000, "spark_runtime": "connect",
+    }}}))
+    os.environ[env_name("pipelines")] = str(config)
+    pipeline = get_pipeline(name)
+    peer_table = f"fresh_peer_{tag}"
+    load_before = os.getloadavg()[0]
+    summary: dict[str, Any] = {"rate": rate, "minutes": minutes, "partitions": partitions,
+                               "doorbell_poll_seconds": POLL_SECONDS, "peer_trigger_seconds": PEER_TRIGGER_SECONDS}
+    peer_process = None
+    try:
+        with running_airflow() as client:
+            client.wait_for_dag(pipeline.dag_id, timeout=180)
+            client.set_paused(pipeline.dag_id, False)
+            if peer:
+                peer_process = start_peer(servers, dsn, topic, peer_table, workdir)
+            load_started = datetime.now().astimezone()
+            produced = produce_steadily(servers, topic, rate, minutes * 60, partitions)
+            summary["produced"] = produced
+            total = produced["records"]
+
+            def caught_up() -> bool:
+                with ledger.transaction(dsn) as cur:
+                    positions = ledger.positions(cur, name)
+                return sum(positions.values()) >= total
+
+            summary["kafka_ledger_catch_up_after_load_s"] = round(_wait("kafka-ledger's catch-up", caught_up,
+                                                                        CATCH_UP_SECONDS), 1)
+            if peer_process is not None:
+                summary["peer_catch_up_after_load_s"] = round(_wait(
+                    "the peer's catch-up", lambda: benchmark_peers.count_rows(dsn, SCHEMA, peer_table) >= total,
+                    CATCH_UP_SECONDS), 1)
+            # Wait for the last run to end before reading the runs' stages.
+            client.wait_until_idle(pipeline.dag_id, timeout=300)
+            summary["kafka_ledger_runs"] = run_stages(client, pipeline.dag_id, dsn, name)
+            client.set_paused(pipeline.dag_id, True)
+        summary["kafka_ledger"] = delay_report(_delays(dsn, _kafka_ledger_delays(dsn, name)), load_started)
+        summary["exact"] = summary["kafka_ledger"]["records"] == total
+        if peer_process is not None:
+            summary["spark_streaming_peer"] = delay_report(_delays(dsn, _peer_delays(peer_table)), load_started)
+            summary["exact"] = summary["exact"] and summary["spark_streaming_peer"]["records"] == total
+    finally:
+        if peer_process is not None and peer_process.poll() is None:
+            os.killpg(peer_process.pid, 15)
+            peer_process.wait(60)
+        with ledger.transaction(dsn) as cur:
+            ledger.delete_pipeline(cur, pipeline)
+            cur.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{peer_table}, {SCHEMA}.{peer_table}_batches")
+        admin.delete_topics([topic])[topic].result(30)
+    summary["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    summary["cores"] = os.cpu_count()
+    summary["commit"] = git_commit()
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit("run it as: python -m tools.benchmark --freshness --rate 6000 --minutes 10")
