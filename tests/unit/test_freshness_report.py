@@ -1,0 +1,22 @@
+"""The freshness benchmark's arithmetic: percentiles of the delays, over the run and its thirds, and the rate kept."""
+
+from datetime import UTC, datetime, timedelta
+
+from tools.freshness import delay_report
+
+START = datetime(2026, 11, 25, 12, tzinfo=UTC)
+
+
+def test_percentiles_cover_the_run_and_its_thirds_and_the_rate_counts_to_the_last_commit():
+    # 300 records, one a second; the delay grows from 1 s to 3 s over the thirds.
+    delays = [(START + timedelta(seconds=i), 1.0 + i // 100) for i in range(300)]
+    report = delay_report(delays, START)
+    assert report["records"] == 300
+    assert (report["p50"], report["max"]) == (2.0, 3.0)
+    assert report["first_third"]["p99"] == 1.0 and report["last_third"]["p50"] == 3.0
+    # From the load's start to the last record's commit: 299 s + its 3 s delay.
+    assert report["records_per_s_kept_up"] == round(300 / 302)
+
+
+def test_no_records_reports_none():
+    assert delay_report([], START) == {"records": 0}
