@@ -498,7 +498,8 @@ CONF
       "$KAFKA_LEDGER_SPARK_MASTER" >"$SPARK_CONF_DIR/spark-defaults.conf.tmp")
   fi
   # The lake's catalog, for every Spark process and for kafka-ledger's reader of it (kafka_ledger.lake): in this
-  # file, so its password is on no command line. Over TLS, like the ledger.
+  # file, so its password is on no command line. Over TLS, like the ledger. A restarted Postgres ends the catalog's
+  # pooled connections (SQLSTATE 57P01-57P03): the pool reconnects and retries rather than failing the next batch.
   [ "$KL_LOCAL_POSTGRES" = 1 ] && cat >>"$SPARK_CONF_DIR/spark-defaults.conf.tmp" <<CONF
 spark.sql.catalog.lake                     org.apache.iceberg.spark.SparkCatalog
 spark.sql.catalog.lake.type                jdbc
@@ -508,6 +509,7 @@ spark.sql.catalog.lake.jdbc.password       $KL_PG_LAKE_PASSWORD
 spark.sql.catalog.lake.jdbc.schema-version V1
 spark.sql.catalog.lake.warehouse           file://$KL_LAKE_DIR
 spark.sql.catalog.lake.cache-enabled       false
+spark.sql.catalog.lake.retryable_status_codes 57P01,57P02,57P03
 CONF
   mkdir -p "$KL_LAKE_DIR"
   mv "$SPARK_CONF_DIR/spark-defaults.conf.tmp" "$SPARK_CONF_DIR/spark-defaults.conf"
