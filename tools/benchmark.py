@@ -78,8 +78,7 @@ def produce(servers: str, topic: str, records: int, partitions: int, users: int 
                                                  "batch.size": 1_000_000, "compression.type": "lz4"}))
     started = time.monotonic()
     for i in range(records):
-        value = json.dumps({"event_id": f"e{i}", "user_id": f"u{i % users}", "amount": i, "price": i / 7,
-                            "event_time": "2026-11-21T10:00:00Z"}).encode()
+        value = benchmark_peers.record_value(i, users)
         while True:
             try:
                 producer.produce(topic, value=value, partition=i % partitions)

@@ -44,6 +44,12 @@ FIELDS = [c["name"] for c in COLUMNS]
 TABLE_COLUMNS = ["kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", *FIELDS]
 
 
+def record_value(i: int, users: int = 5000) -> bytes:
+    """The benchmark's record `i` as its JSON value (FIELDS), one of `users` distinct user ids."""
+    return json.dumps({"event_id": f"e{i}", "user_id": f"u{i % users}", "amount": i, "price": i / 7,
+                       "event_time": "2026-11-21T10:00:00Z"}).encode()
+
+
 def create_table(dsn: str, schema: str, table: str, freshness: bool = False) -> None:
     """A fresh table with the primary key (topic, partition, offset); `freshness`: with each row's micro-batch id and
     the table of the micro-batches' commit times (the streaming peer's)."""

@@ -14,7 +14,6 @@ grows shows there), the records per second kept up with, and for kafka-ledger wh
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import statistics
@@ -51,11 +50,6 @@ PEER_TRIGGER_SECONDS = 5
 CATCH_UP_SECONDS = 600
 
 
-def _value(i: int) -> bytes:
-    return json.dumps({"event_id": f"e{i}", "user_id": f"u{i % 5000}", "amount": i, "price": i / 7,
-                       "event_time": "2026-11-21T10:00:00Z"}).encode()
-
-
 def produce_steadily(servers: str, topic: str, rate: float, seconds: float, partitions: int) -> dict[str, Any]:
     """`rate` records per second for `seconds`, in ticks of a tenth of a second; Kafka stamps each with the
     producer's clock (CreateTime). Returns what was produced and the rate achieved."""
@@ -66,7 +60,7 @@ def produce_steadily(servers: str, topic: str, rate: float, seconds: float, part
         due = int(min(elapsed + 0.1, seconds) * rate)
         while sent < due:
             try:
-                producer.produce(topic, value=_value(sent), partition=sent % partitions)
+                producer.produce(topic, value=benchmark_peers.record_value(sent), partition=sent % partitions)
                 sent += 1
             except BufferError:
                 producer.poll(0.05)
@@ -112,7 +106,7 @@ def delay_report(delays: list[tuple[datetime, float]], load_started: datetime) -
             "records_per_s_kept_up": round(len(ordered) / max(span + ordered[-1][1], 1e-9))}
 
 
-def _kafka_ledger_delays(dsn: str, table: str) -> str:
+def _kafka_ledger_delays(table: str) -> str:
     return (f"SELECT o.kafka_timestamp, extract(epoch FROM b.committed_at - o.kafka_timestamp) "
             f"FROM {SCHEMA}.{table} o JOIN kafka_ledger.batches b USING (batch_id)")
 
@@ -236,7 +230,7 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
             client.wait_until_idle(pipeline.dag_id, timeout=300)
             summary["kafka_ledger_runs"] = run_stages(client, pipeline.dag_id, dsn, name)
             client.set_paused(pipeline.dag_id, True)
-        summary["kafka_ledger"] = delay_report(_delays(dsn, _kafka_ledger_delays(dsn, name)), load_started)
+        summary["kafka_ledger"] = delay_report(_delays(dsn, _kafka_ledger_delays(name)), load_started)
         summary["exact"] = summary["kafka_ledger"]["records"] == total
         if peer_process is not None:
             summary["spark_streaming_peer"] = delay_report(_delays(dsn, _peer_delays(peer_table)), load_started)
