@@ -3,6 +3,7 @@
 The Spark part is the pipeline's runtime's (runtimes/): it asks this module's task factory for the tasks it
 needs (`connect`: one task that reads on the warm server and commits; `submit`: spark-submit's staging, then a
 commit task). Every task calls into include/kafka_ledger; nothing here decides what a batch reads or writes.
+A doorbell pipeline's DAG has no drain: its doorbell rings again after a commit while data waits.
 """
 
 from __future__ import annotations
@@ -299,8 +300,11 @@ def _doc(pipeline: PipelineConfig) -> str:
            f"{pipeline.doorbell.min_backlog} offsets wait, looking every {pipeline.doorbell.poll_seconds:g} s.\n\n"
            if pipeline.doorbell else "")
         + "`plan_batch` records the exact offset ranges in the ledger before anything is read (or resumes the "
-        f"unfinished batch), {spark}, and `drain_backlog` starts another run at once when the per-partition cap "
-        "left data unread. Beside the Spark work, `check_retention_headroom` fails when a partition's oldest unread "
+        f"unfinished batch), {spark}, and "
+        + ("the doorbell rings again after each commit while data waits (the per-partition cap left some, or more "
+           "came)." if pipeline.doorbell else
+           "`drain_backlog` starts another run at once when the per-partition cap left data unread.")
+        + " Beside the Spark work, `check_retention_headroom` fails when a partition's oldest unread "
         f"offset has less than {pipeline.retention_warning_fraction:.0%} of its retention window left.\n\n"
         "Trigger with config to re-read offset ranges, a time window or a recorded batch; a backfill run "
         "re-reads its data interval (one hour per hourly run). **Clearing** a run that committed its batch "
@@ -308,6 +312,28 @@ def _doc(pipeline: PipelineConfig) -> str:
         "backfill run rewrites its interval). "
         "The pipeline's ranges, lag and dead letters: the *Kafka Ledger* tab. See docs/operating.md."
     )
+
+
+def _drain_tasks(dag_id: str, plan: Any) -> Any:
+    """backlog_remains >> drain_backlog: when the per-partition cap left offsets unread, the next run starts at once."""
+
+    @task.short_circuit(task_id="backlog_remains", ignore_downstream_trigger_rules=True)
+    def backlog_remains(plan: dict[str, Any]) -> bool:
+        """True when the cap left offsets unread: another run starts right away to drain them."""
+        if plan["backlog_after"] > 0:
+            log.info("%d offsets remain beyond this batch's cap: starting another run", plan["backlog_after"])
+            return True
+        log.info("caught up: no offsets left beyond this batch")
+        return False
+
+    remains = backlog_remains(plan)
+    remains >> TriggerDagRunOperator(
+        task_id="drain_backlog",
+        trigger_dag_id=dag_id,
+        logical_date=None,
+        conf={"reason": "drain backlog left by the per-partition cap"},
+    )
+    return remains
 
 
 def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
@@ -339,23 +365,10 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
         # Retrying the check cannot add headroom: it fails once, loudly, and the next run checks again.
         task(check_retention_task, task_id=RETENTION_CHECK_TASK, retries=0)(plan)
 
-        @task.short_circuit(task_id="backlog_remains", ignore_downstream_trigger_rules=True)
-        def backlog_remains(plan: dict[str, Any]) -> bool:
-            """True when the cap left offsets unread: another run starts right away to drain them."""
-            if plan["backlog_after"] > 0:
-                log.info("%d offsets remain beyond this batch's cap: starting another run", plan["backlog_after"])
-                return True
-            log.info("caught up: no offsets left beyond this batch")
-            return False
-
-        drain = TriggerDagRunOperator(
-            task_id="drain_backlog",
-            trigger_dag_id=pipeline.dag_id,
-            logical_date=None,
-            conf={"reason": "drain backlog left by the per-partition cap"},
-        )
-
-        committing >> backlog_remains(plan) >> drain
+        if pipeline.doorbell is None:
+            committing >> _drain_tasks(pipeline.dag_id, plan)
+        # A doorbell pipeline needs no drain: its doorbell rings again once a commit moved the positions while
+        # offsets still wait (doorbell.RingRule), and its run ends, letting the next one start, a task sooner.
     return dag
 
 

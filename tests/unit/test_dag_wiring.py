@@ -194,6 +194,18 @@ def test_connect_runtime_reads_and_commits_in_one_task(monkeypatch):
     assert "Spark runtime `connect`" in dag.doc_md
 
 
+def test_a_doorbell_pipelines_run_ends_with_its_spark_work_no_drain(monkeypatch):
+    """Its doorbell rings again after a commit while data waits: a drain would only add a task to every run."""
+    monkeypatch.setenv("KAFKA_LEDGER_SPARK_RUNTIME", "connect")
+    dag = build_pipeline_dag(parse_pipelines(
+        "pipelines:\n  rung:\n    topics: [rung]\n    output_table: rung\n    trigger: doorbell\n"
+        "    columns: [{name: id, type: string}]\n")["rung"])
+    assert set(dag.task_ids) == {"plan_batch", "read_and_commit", "check_retention_headroom"}
+    assert dag.get_task("read_and_commit").downstream_task_ids == set()
+    assert "doorbell rings again after each commit" in dag.doc_md and "drain_backlog" not in dag.doc_md
+    assert dag.max_active_runs == 1
+
+
 def test_a_pipeline_can_keep_spark_submit_in_a_connect_deployment(monkeypatch):
     monkeypatch.setenv("KAFKA_LEDGER_SPARK_RUNTIME", "connect")
     pinned = PIPELINES["clicks"].model_copy(update={"spark_runtime": "submit"})
