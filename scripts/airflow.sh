@@ -3,7 +3,9 @@
 # loopback. Not `airflow standalone`: it also starts the scheduler's and the triggerer's log servers, which
 # listen on every interface whatever the configuration; here they are off and the api-server reads task
 # logs from the log folder the components share. Stops all of them on SIGINT or SIGTERM, and when any one
-# exits. `scripts/stack.sh airflow` runs it as a supervisord program; the tests' dedicated Airflow runs it too.
+# exits by itself; a component killed by a signal (the OOM killer, kill -9) is started again alone, as a service
+# manager restarts one service. `scripts/stack.sh airflow` runs it as a supervisord program; the tests' dedicated
+# Airflow runs it too (the doorbell's fault campaign kills its triggerer and scheduler).
 set -u
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
@@ -16,10 +18,24 @@ stop() {
 }
 trap 'stop 0' INT TERM
 
-airflow api-server & pids+=($!)
-airflow scheduler --skip-serve-logs & pids+=($!)
-airflow dag-processor & pids+=($!)
-airflow triggerer --skip-serve-logs & pids+=($!)
+# One component, in a subshell that starts it again when a signal killed it (exit status above 128) and ends
+# with its status when it exited by itself. SIGTERM to the subshell stops the component.
+component() {
+  local child status
+  trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 0' TERM INT
+  while true; do
+    airflow "$@" & child=$!
+    wait "$child"; status=$?
+    (( status > 128 )) || exit "$status"
+    echo "[airflow.sh] airflow $1 was killed (exit status $status): starting it again" >&2
+    sleep 1
+  done
+}
+
+component api-server & pids+=($!)
+component scheduler --skip-serve-logs & pids+=($!)
+component dag-processor & pids+=($!)
+component triggerer --skip-serve-logs & pids+=($!)
 wait -n
 echo "[airflow.sh] an Airflow component exited with $?: stopping the others" >&2
 stop 1

@@ -11,6 +11,8 @@
 #                 server runs its executors there
 #     --sink iceberg  the pipeline impressions_lake: the same topic into the lake's Iceberg table, one snapshot per
 #                 batch, counted back without Spark (pyiceberg)
+#     --doorbell N  then N impressions more, published by the run the pipeline's doorbell starts under the stack's
+#                 own Airflow (scripts/stack.sh airflow: scheduler and triggerer), with the seconds it took
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

@@ -6,6 +6,8 @@
 #   bash scripts/fault_campaign.sh --network --runtime connect --faults 40   # through Toxiproxy, with network faults
 #   bash scripts/fault_campaign.sh --runtime connect --sink iceberg --faults 40   # into an Iceberg table of the lake
 #   bash scripts/fault_campaign.sh --runtime connect --write upsert --faults 40   # into an entity table (97 entities)
+#   bash scripts/fault_campaign.sh --runtime connect --doorbell --faults 20   # runs by the doorbell under a dedicated
+#       # Airflow, its triggerer killed mid-poll and its scheduler killed with a doorbell run queued
 #   bash scripts/fault_campaign.sh --secure --cluster --network --network-weight 5 --runtime connect \
 #       --faults 304 --records-per-fault 3300 --write-docs docs
 #       # the production shape (Kafka over SASL_SSL, the ledger over verified TLS, Spark on the cluster), every

@@ -36,8 +36,9 @@ class AirflowStartError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class AirflowTestSettings:
-    """Where the test Airflow lives: its own home, metadata database and port, never the developer's."""
+class AirflowSettings:
+    """Where an Airflow lives: its home, metadata database and port (the tests' own, never the developer's; or the
+    stack's, `stack_airflow`)."""
 
     home: Path
     port: int
@@ -57,14 +58,14 @@ class AirflowTestSettings:
         return self.home / "airflow.pid"
 
 
-def airflow_test_settings() -> AirflowTestSettings:
+def airflow_test_settings() -> AirflowSettings:
     """Settings from the environment of scripts/env.sh (KL_AIRFLOW_TEST_PORT); KL_AIRFLOW_TEST_DB_URL overrides."""
     state = Path(os.environ.get("KL_STATE") or PROJECT_ROOT / ".stack")
     pg_port = os.environ.get("KL_PG_PORT", "15432")
     db_url = os.environ.get("KL_AIRFLOW_TEST_DB_URL") or (
         f"postgresql+psycopg2://airflow_test:{os.environ['KL_PG_AIRFLOW_TEST_PASSWORD']}@127.0.0.1:{pg_port}/airflow_test"
     )
-    return AirflowTestSettings(
+    return AirflowSettings(
         home=state / "airflow-test",
         port=int(os.environ["KL_AIRFLOW_TEST_PORT"]),
         db_url=db_url,
@@ -72,7 +73,7 @@ def airflow_test_settings() -> AirflowTestSettings:
     )
 
 
-def airflow_env(settings: AirflowTestSettings, extra_dags: Path | None = None) -> dict[str, str]:
+def airflow_env(settings: AirflowSettings, extra_dags: Path | None = None) -> dict[str, str]:
     """The environment of every test Airflow process.
 
     It inherits this process's environment on purpose: KAFKA_LEDGER_PIPELINES (set by conftest to the
@@ -98,6 +99,9 @@ def airflow_env(settings: AirflowTestSettings, extra_dags: Path | None = None) -
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
         # Start a run's next task right after the previous one ends.
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
+        # A killed scheduler's task instances are reset for its successor to run within 15 s of its heartbeat aging
+        # (5 min by default): the doorbell's fault campaign kills it.
+        "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15",
         "PYTHONUNBUFFERED": "1",
         # The project's dags/ and, in a bundle of their own, the extra DAGs (never the project's).
         "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps([
@@ -119,7 +123,7 @@ def _libpq_url(sqlalchemy_url: str) -> str:
     return sqlalchemy_url.replace("postgresql+psycopg2://", "postgresql://", 1)
 
 
-def _alembic_revision(settings: AirflowTestSettings) -> str | None:
+def _alembic_revision(settings: AirflowSettings) -> str | None:
     """The metadata DB's Alembic revision, or None before its first migration."""
     try:
         conn = psycopg2.connect(_libpq_url(settings.db_url), connect_timeout=5)
@@ -140,7 +144,7 @@ def _alembic_revision(settings: AirflowTestSettings) -> str | None:
         conn.close()
 
 
-def migrate_metadata_db(settings: AirflowTestSettings, env: dict[str, str]) -> None:
+def migrate_metadata_db(settings: AirflowSettings, env: dict[str, str]) -> None:
     """`airflow db migrate` and the Spark pool, skipped when the stamp matches the DB and Airflow version.
 
     The stamp holds the DB's Alembic revision too, so a dropped or re-created database is migrated again.
@@ -191,6 +195,50 @@ def session_members(sid: int) -> list[int]:
     return members
 
 
+def _parents(pids: list[int]) -> dict[int, int]:
+    parents = {}
+    for pid in pids:
+        try:
+            parents[pid] = int((Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split())[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return parents
+
+
+def component_processes(sid: int, component: str) -> list[int]:
+    """The processes of one Airflow component (`triggerer`, `scheduler`, ...) of the Airflow whose session is
+    `sid`: the `airflow <component>` process scripts/airflow.sh started, and every process under it (the
+    triggerer's trigger runner, the scheduler's executor workers and their task processes)."""
+    members = session_members(sid)
+    roots = []
+    for pid in members:
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [Path(a.decode(errors="replace")).name for a in args if a]
+        if "airflow" in words and words[words.index("airflow") + 1:][:1] == [component]:
+            roots.append(pid)
+    parents = _parents(members)
+    found = set(roots)
+    grew = True
+    while grew:
+        children = {pid for pid, parent in parents.items() if parent in found} - found
+        found |= children
+        grew = bool(children)
+    return sorted(found)
+
+
+def kill_component(sid: int, component: str) -> list[int]:
+    """Kill (SIGKILL) one component of the Airflow whose session is `sid` and every process under it, as a crashed
+    container takes them all; scripts/airflow.sh starts a killed component again. Returns the pids killed."""
+    pids = component_processes(sid, component)
+    if not pids:
+        raise AirflowError(f"no `airflow {component}` process in session {sid}")
+    _signal_all(pids, signal.SIGKILL)
+    return pids
+
+
 def _signal_all(pids: list[int], sig: signal.Signals) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -226,7 +274,7 @@ def _started_here(pid: int, home: Path) -> bool:
         return False
 
 
-def _stop_stale_airflow(settings: AirflowTestSettings) -> None:
+def _stop_stale_airflow(settings: AirflowSettings) -> None:
     """Stop the Airflow a killed test session left behind (only called while holding the lock)."""
     try:
         pid = int(settings.pid_path.read_text())
@@ -242,7 +290,7 @@ def _stop_stale_airflow(settings: AirflowTestSettings) -> None:
 
 
 @contextlib.contextmanager
-def _exclusive(settings: AirflowTestSettings, timeout: float = 1800.0) -> Iterator[None]:
+def _exclusive(settings: AirflowSettings, timeout: float = 1800.0) -> Iterator[None]:
     """One test Airflow per machine: a second test session waits for the first (same home, port and DB)."""
     settings.home.mkdir(parents=True, exist_ok=True)
     with (settings.home / "lock").open("w") as handle:
@@ -273,7 +321,7 @@ def _port_answers(port: int) -> bool:
     return True
 
 
-def _wait_healthy(settings: AirflowTestSettings, process: subprocess.Popen, timeout: float) -> None:
+def _wait_healthy(settings: AirflowSettings, process: subprocess.Popen, timeout: float) -> None:
     """Until the api-server answers and reports the metadata DB, scheduler and dag-processor healthy."""
     deadline = time.monotonic() + timeout
     last = "no answer"
@@ -298,7 +346,7 @@ def _wait_healthy(settings: AirflowTestSettings, process: subprocess.Popen, time
     )
 
 
-def admin_password(settings: AirflowTestSettings) -> str:
+def admin_password(settings: AirflowSettings) -> str:
     """The password the Simple auth manager generated for user admin."""
     password_file = settings.home / "simple_auth_manager_passwords.json.generated"
     deadline = time.monotonic() + 30
@@ -307,7 +355,7 @@ def admin_password(settings: AirflowTestSettings) -> str:
     return json.loads(password_file.read_text())["admin"]  # the file holds {"admin": "<password>"}
 
 
-def admin_token(settings: AirflowTestSettings) -> str:
+def admin_token(settings: AirflowSettings) -> str:
     """A JWT for user admin: POST /auth/token with the password the Simple auth manager generated."""
     response = httpx.post(
         f"{settings.base_url}/auth/token", json={"username": "admin", "password": admin_password(settings)},
@@ -315,6 +363,18 @@ def admin_token(settings: AirflowTestSettings) -> str:
     )
     response.raise_for_status()
     return response.json()["access_token"]
+
+
+@contextlib.contextmanager
+def stack_airflow() -> Iterator[AirflowClient]:
+    """A REST client of the local stack's own Airflow (`scripts/stack.sh airflow`, started here if it is not running:
+    the one a user opens at KL_AIRFLOW_PORT). Needs scripts/env.sh's environment."""
+    subprocess.run(["bash", str(PROJECT_ROOT / "scripts" / "stack.sh"), "airflow"], check=True, stdout=sys.stderr)
+    state = Path(os.environ.get("KL_STATE") or PROJECT_ROOT / ".stack")
+    settings = AirflowSettings(home=Path(os.environ["AIRFLOW_HOME"]), port=int(os.environ["KL_AIRFLOW_PORT"]),
+                               db_url=os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], stamp=state / "stamps")
+    with AirflowClient(settings.base_url, admin_token(settings), state / "logs" / "airflow.log") as client:
+        yield client
 
 
 @contextlib.contextmanager

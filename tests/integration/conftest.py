@@ -133,6 +133,9 @@ PIPELINES = {
     # Runs started by its doorbell alone, looking every second (test_airflow_rest.py).
     "doorbell": {"spark_runtime": "connect", "schedule": None,
                  "trigger": {"type": "doorbell", "poll_seconds": 1, "ring_again_seconds": 60}},
+    # The doorbell's short fault campaign (test_airflow_rest.py): its triggerer and scheduler killed.
+    "doorbell_faults": {"spark_runtime": "connect", "schedule": None, "max_records_per_partition": 300,
+                          "trigger": {"type": "doorbell", "poll_seconds": 1}},
     # Entity tables (test_entity_tables.py): one row per event_id, small batches so that versions of a key meet
     # in one batch and across batches.
     **{key: {"spark_runtime": runtime, "retries": 0, "write": "upsert", "key": ["event_id"],

@@ -40,6 +40,7 @@ from kafka_ledger import kafka_offsets, ledger
 from kafka_ledger import readback as audit
 from kafka_ledger.config import PipelineConfig, read_pipelines
 from tools.airflow_server import AirflowClient, admin_password, airflow_test_settings, running_airflow, session_members
+from tools.fault_campaign.doorbell import DoorbellCampaign
 
 pytestmark = pytest.mark.integration
 
@@ -672,3 +673,30 @@ def test_a_downstream_dag_runs_after_a_commit_and_reads_the_batch_from_the_asset
     assert (announced["records_written"], announced["records_dead_lettered"]) == (
         batch.records_written, batch.records_dead_lettered) == (3, 0)
     airflow.set_paused(downstream, True)
+
+
+# --- the doorbell's faults (last: they kill this module's triggerer and scheduler, which airflow.sh restarts) ------
+
+
+def test_the_doorbell_loses_and_doubles_nothing_when_its_triggerer_and_scheduler_are_killed(
+    airflow: AirflowClient, dsn: str, servers: str, pipeline_factory, tmp_path: Path
+):
+    """The doorbell's short fault campaign: each fault and variant (tools/fault_campaign/doorbell.py) under the real
+    scheduler and triggerer, the full campaign's checks after each and the record-by-record check at the end."""
+    pipeline = pipeline_factory("doorbell_faults", partitions=4)
+    seed = int(os.environ.get("KAFKA_LEDGER_CAMPAIGN_SEED", "4"))
+    campaign = DoorbellCampaign(pipeline, dsn, servers, seed=seed, faults=3, records_per_fault=1000,
+                                workdir=tmp_path, airflow=airflow)
+    report = campaign.run_all()  # raises CampaignFailure on the first failed check
+
+    print(json.dumps({k: v for k, v in report.items() if k != "iterations"}))
+    assert report["faults_by_kind"] == {"kill_triggerer_mid_poll": 1, "kill_scheduler_with_run_queued": 2}
+    assert report["fault_variants"]["kill_scheduler_with_run_queued"] == {
+        "ring queued while the scheduler was frozen": 1, "run created": 1}
+    assert (report["lost"], report["duplicated"], report["unexpected"], report["wrong_content"]) == (0, 0, 0, 0)
+    assert report["records_produced"] == 10 + 3 * 1000
+    assert report["output_rows"] + report["dead_letters"] == report["records_produced"]
+    assert report["verify_ok"]
+    with ledger.transaction(dsn) as cur:
+        assert {b.requested_by for b in ledger.list_batches(cur, pipeline.name)} == {"doorbell"}
+    assert committed_group_offsets(servers, pipeline.topics[0]) == {}

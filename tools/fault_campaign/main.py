@@ -13,7 +13,9 @@ from pathlib import Path
 
 import tools.fault_campaign
 from tools import git_commit
+from tools.airflow_server import running_airflow
 from tools.fault_campaign import PROJECT_ROOT, CampaignFailure
+from tools.fault_campaign.doorbell import DoorbellCampaign
 from tools.fault_campaign.report import write_docs
 from tools.fault_campaign.runner import Campaign, task_main
 from tools.fault_campaign.strikes import FAULT_KINDS, secured
@@ -52,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", choices=["append", "upsert"], default="append",
                         help="the pipeline's write: append (a row per record) or upsert (an entity table keyed by "
                              "event_id: each record a version of one of 97 entities, some tombstones)")
+    parser.add_argument("--doorbell", action="store_true",
+                        help="the pipeline runs by its doorbell under a dedicated Airflow (scheduler, triggerer), "
+                             "whose triggerer and scheduler the faults kill (tools/fault_campaign/doorbell.py)")
     parser.add_argument("--write-docs", type=Path, metavar="DIR",
                         help="write reliability.json (and the per-iteration log) into DIR, e.g. docs")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows afterwards")
@@ -60,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cluster and not os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"):
         parser.error("--cluster: KAFKA_LEDGER_SPARK_MASTER names no cluster: run scripts/fault_campaign.sh --cluster")
+    if args.doorbell and (args.resume or args.write_docs or args.network):
+        parser.error("--doorbell: a doorbell campaign is not resumed, writes no docs and has no network faults")
     if args.secure and not secured():
         parser.error("--secure: Kafka is not reached over SASL_SSL, or the ledger's URL does not verify its server: "
                      "run scripts/fault_campaign.sh --secure")
@@ -98,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             command += f" --sink {args.sink}"
         if args.write != "append":
             command += f" --write {args.write}"
+        if args.doorbell:
+            command += " --doorbell"
         if args.network_weight != 1:
             command += f" --network-weight {args.network_weight}"
         if args.write_docs:
@@ -105,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = {"command": command, "write_docs": str(args.write_docs) if args.write_docs else None,
                     "keep": args.keep, "pipeline": f"fault_campaign_{tag}", "partitions": args.partitions,
                     "runtime": runtime, "network": args.network, "sink": args.sink, "write": args.write,
+                    "doorbell": args.doorbell,
                     "topic": f"fault-campaign-{tag.replace('_', '-')}"}
     workdir.mkdir(parents=True, exist_ok=True)
     # Airflow's logging (which relays the Spark jobs' output) writes to stdout: point stdout at a log file,
@@ -134,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_records_per_partition": max(100, args.records_per_fault // args.partitions), "schedule": None,
             "spark_conf": {"spark.sql.shuffle.partitions": "2"}, "spark_runtime": settings["runtime"],
             **({"write": "upsert", "key": ["event_id"]} if settings.get("write") == "upsert" else {}),
+            **({"trigger": {"type": "doorbell", "poll_seconds": 1}} if settings.get("doorbell") else {}),
         }}}))
         # Every acknowledged record on disk at once, so a campaign resumed after the machine stopped still has
         # them all (the broker otherwise leaves flushing to the OS).
@@ -141,14 +152,22 @@ def main(argv: list[str] | None = None) -> int:
                              config={"flush.messages": "1"})
         admin.create_topics([new_topic])[topic].result()
         pipeline = get_pipeline(name)
-        campaign = Campaign(pipeline, dsn, servers, args.seed, args.faults, args.records_per_fault, workdir,
-                            network=settings["network"], network_weight=args.network_weight)
-        say(f"fault campaign ({campaign.shape}): {args.faults} faults, seed {args.seed}, "
+        campaign = None if args.doorbell else Campaign(pipeline, dsn, servers, args.seed, args.faults,
+                                                       args.records_per_fault, workdir, network=settings["network"],
+                                                       network_weight=args.network_weight)
+        say(f"fault campaign ({campaign.shape if campaign else 'doorbell'}): {args.faults} faults, seed {args.seed}, "
             f"{args.records_per_fault} records per fault, "
-            f"topic {topic} ({args.partitions} partitions); logs in {workdir}; if it is interrupted, go on with "
-            f"`bash scripts/fault_campaign.sh --resume {workdir}`")
+            f"topic {topic} ({args.partitions} partitions); logs in {workdir}"
+            + ("" if args.doorbell else f"; if it is interrupted, go on with `bash scripts/fault_campaign.sh --resume "
+               f"{workdir}`"))
     try:
-        report = campaign.run_all(progress=say)
+        if campaign is None:  # the doorbell's: Airflow's own scheduler and triggerer run the pipeline
+            with running_airflow() as airflow:
+                campaign = DoorbellCampaign(pipeline, dsn, servers, args.seed, args.faults, args.records_per_fault,
+                                            workdir, airflow)
+                report = campaign.run_all(progress=say)
+        else:
+            report = campaign.run_all(progress=say)
     except CampaignFailure as exc:
         say(f"FAILED: {exc}\nreproduce with: {settings['command']}\nthe topic, tables and ledger rows are kept "
             f"for inspection; logs in {workdir}")

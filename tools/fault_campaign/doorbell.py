@@ -1,0 +1,187 @@
+"""The doorbell's faults: a pipeline run by its doorbell under a real Airflow, its triggerer and scheduler killed.
+
+    bash scripts/fault_campaign.sh --doorbell --faults 20      # starts a dedicated Airflow (tools/airflow_server.py)
+
+Nothing here runs a task: Airflow's scheduler and triggerer do, as in production, and scripts/airflow.sh starts a
+killed component again. Each iteration lets the producer write its records and strikes once:
+
+- kill_triggerer_mid_poll: SIGKILL to the triggerer (and its trigger runner) at a random moment while the records
+  arrive, before or after its ring; its successor takes the doorbell over once the dead one's heartbeat is
+  `[triggerer] triggerer_health_check_threshold` old and rings again: a lost or a second ring.
+- kill_scheduler_with_run_queued: SIGKILL to the scheduler (its executor and task processes with it) with a
+  doorbell run queued: either the ring waits in the asset queue while the scheduler is frozen and then killed
+  (the new scheduler must create the run), or the run exists, queued or just started, when it dies (its task
+  instances are reset as orphans, the batch resumed with the same ranges).
+
+Then the doorbell's runs must publish every record produced so far, with no run left active, and the campaign's
+checks hold (runner.Campaign.check: output and dead letters are exactly the records below the positions, the
+ledger tiles each partition, no position moved back); at the end, the full record-by-record check and verify.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from kafka_ledger.airflow_dag import doorbell_asset
+from tools.airflow_server import AirflowClient, component_processes, kill_component
+from tools.fault_campaign import CampaignFailure
+from tools.fault_campaign.producer import SequenceProducer
+from tools.fault_campaign.runner import Campaign, IterationReport
+
+DOORBELL_FAULTS = ("kill_triggerer_mid_poll", "kill_scheduler_with_run_queued")
+# Every (fault, variant) once per round, in an order drawn from the seed: a 3-fault campaign strikes each.
+STRIKES = (("kill_triggerer_mid_poll", "mid-poll"),
+           ("kill_scheduler_with_run_queued", "ring queued while the scheduler was frozen"),
+           ("kill_scheduler_with_run_queued", "run created"))
+# How long the doorbell may take to publish an iteration's records after its fault: a killed triggerer's doorbell
+# waits 30 s for its successor (the dead one's heartbeat must age), a killed scheduler's orphans the test Airflow's
+# orphaned-task check (15 s) after that threshold.
+CATCH_UP_SECONDS = 300
+# How long a ring may take once records wait (the doorbell looks every second in the campaign's pipeline).
+RING_SECONDS = 60
+
+
+class DoorbellCampaign(Campaign):
+    """A campaign whose runs Airflow starts by the pipeline's doorbell; `airflow`: the client of the Airflow that
+    runs them, started by this process (its components are found by the session id)."""
+
+    def __init__(self, pipeline: Any, dsn: str, servers: str, seed: int, faults: int, records_per_fault: int,
+                 workdir: Any, airflow: AirflowClient):
+        if pipeline.doorbell is None:
+            raise CampaignFailure(f"pipeline {pipeline.name} has no doorbell (`trigger: doorbell`)")
+        if airflow.session_id is None:
+            raise CampaignFailure("the doorbell campaign kills Airflow's components: start it with running_airflow()")
+        super().__init__(pipeline, dsn, servers, seed, faults, records_per_fault, workdir, kinds=DOORBELL_FAULTS)
+        self.airflow = airflow
+        rounds = -(-faults // len(STRIKES))
+        self.strikes = [strike for _ in range(rounds) for strike in self.rng.sample(STRIKES, len(STRIKES))][:faults]
+        self.schedule = [kind for kind, _ in self.strikes]
+        self.shape = f"{self.runtime}-doorbell"
+        self.dag_id = pipeline.dag_id
+        self._asset_id: int | None = None
+
+    # --- what Airflow shows -------------------------------------------------------------------------------
+    def rings(self) -> int:
+        """How many times the doorbell has rung: the asset events of its asset."""
+        if self._asset_id is None:
+            name = doorbell_asset(self.pipeline).name
+            assets = self.airflow.request("GET", "/api/v2/assets", params={"name_pattern": name}).json()["assets"]
+            ids = [asset["id"] for asset in assets if asset["name"] == name]
+            if not ids:
+                return 0
+            self._asset_id = ids[0]
+        return self.airflow.request("GET", "/api/v2/assets/events", params={
+            "asset_id": self._asset_id, "limit": 1}).json()["total_entries"]
+
+    def _committed(self) -> int:
+        rows = self._query("SELECT coalesce(sum(position - coalesce(start_offset, 0)), 0) FROM kafka_ledger.positions "
+                           "WHERE pipeline = %(p)s", {"p": self.pipeline.name})
+        return int(rows[0][0])
+
+    def _poll(self, what: str, done: Callable[[], Any], timeout: float, interval: float = 0.2) -> Any:
+        deadline = time.monotonic() + timeout
+        while not (result := done()):
+            if time.monotonic() > deadline:
+                raise CampaignFailure(f"{what} did not happen within {timeout:.0f} s\n"
+                                      + self.airflow.describe_runs(self.dag_id, self.airflow.runs(self.dag_id)[-3:]))
+            time.sleep(interval)
+        return result
+
+    def catch_up(self, when: str) -> int:
+        """Wait until every record produced so far is published and no run is active; returns the runs so far."""
+        self.producer.settle()
+        produced = sum(self.producer.delivered.values())
+        self._poll(f"{when}: the doorbell's runs publishing all {produced} records",
+                   lambda: self._committed() >= produced, CATCH_UP_SECONDS, interval=1.0)
+        return len(self.airflow.wait_until_idle(self.dag_id, timeout=CATCH_UP_SECONDS, settle=3))
+
+    # --- the faults ---------------------------------------------------------------------------------------
+    def strike(self, kind: str, variant: str, runs_before: int) -> str:
+        sid = self.airflow.session_id
+        delay = self.rng.uniform(0.0, 3.0)
+        if kind == "kill_triggerer_mid_poll":
+            rings_before = self.rings()
+            self.producer.wait_delivered_some(1, timeout=30)
+            time.sleep(delay)
+            rung = self.rings() > rings_before
+            kill_component(sid, "triggerer")
+            return f"{'after' if rung else 'before'} its ring (killed {delay:.1f} s after the records began)"
+        if variant == "ring queued while the scheduler was frozen":
+            scheduler = component_processes(sid, "scheduler")[0]
+            rings_before = self.rings()
+            os.kill(scheduler, signal.SIGSTOP)
+            try:
+                self._poll("a ring while the scheduler was frozen", lambda: self.rings() > rings_before, RING_SECONDS)
+            finally:
+                kill_component(sid, "scheduler")  # SIGKILL ends a stopped process too
+            return "frozen, then killed with the ring waiting in the asset queue"
+        run = self._poll("a doorbell run", lambda: (self.airflow.runs(self.dag_id)[runs_before:] or [None])[0],
+                         RING_SECONDS, interval=0.1)
+        time.sleep(min(delay, 1.0))
+        state = self.airflow.run(self.dag_id, run["dag_run_id"])["state"]
+        kill_component(sid, "scheduler")
+        return f"killed with the doorbell run {state}"
+
+    def run_iteration(self, index: int, kind: str) -> IterationReport:
+        started = time.monotonic()
+        variant = self.strikes[index - 1][1]
+        runs_before = len(self.airflow.runs(self.dag_id))
+        self.producer.allow(self.records_per_fault)
+        landed = self.strike(kind, variant, runs_before)
+        runs = self.catch_up(f"after iteration {index} ({kind})")
+        report = IterationReport(index, kind, variant, retries=0, outcome=f"{runs - runs_before} doorbell run(s)",
+                                 landed=landed, recovery_runs=runs - runs_before, recovered_by="the doorbell's runs")
+        self.check(f"after iteration {index} ({kind}, {variant})")
+        report.produced_so_far = self.producer.next_seq
+        report.committed_offsets = sum(self.positions.values())
+        report.seconds = round(time.monotonic() - started, 1)
+        self.variants[kind][variant] += 1
+        return report
+
+    def run_all(self, progress: Callable[[str], None] = print) -> dict[str, Any]:
+        self.session_started = time.monotonic()
+        self.sessions += 1
+        self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
+        self.producer = SequenceProducer(self.servers, self.topic, self.rate)
+        self.airflow.wait_for_dag(self.dag_id, timeout=180)
+        self.airflow.set_paused(self.dag_id, False)
+        try:
+            # A first ring before any fault: the doorbell's watcher is registered once the unpaused DAG is parsed.
+            self.producer.allow(10)
+            self.catch_up("the first ring")
+            for index, kind in enumerate(self.schedule, start=1):
+                report = self.run_iteration(index, kind)
+                self.iterations.append(report)
+                progress(f"[{index}/{self.faults}] {kind} ({report.variant}): {report.landed}; {report.outcome}; "
+                         f"checks OK; {report.produced_so_far} produced, {report.committed_offsets} committed, "
+                         f"{report.seconds}s")
+        finally:
+            self.producer.stop()
+            self.airflow.set_paused(self.dag_id, True)
+        figures = self.final_check()
+        progress(f"final check OK: {figures}")
+        runs = self.airflow.runs(self.dag_id)
+        return {
+            "seed": self.seed,
+            "faults_injected": len(self.iterations),
+            "faults_by_kind": dict(Counter(it.fault for it in self.iterations)),
+            "fault_variants": {k: dict(v) for k, v in self.variants.items()},
+            "fault_landings": {k: dict(Counter(it.landed.split(" (")[0] for it in self.iterations if it.fault == k))
+                               for k in DOORBELL_FAULTS},
+            **figures,
+            "records_per_fault": self.records_per_fault,
+            "partitions": len(self.positions),
+            "pipeline_runs": len(runs),
+            "runs_by_state": dict(Counter(r["state"] for r in runs)),
+            "runtime": self.runtime,
+            "shape": self.shape,
+            "started_at": self.started_at,
+            "elapsed_seconds": self.elapsed(),
+            "iterations": [it.__dict__ for it in self.iterations],
+        }
