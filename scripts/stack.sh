@@ -10,6 +10,7 @@
 #   scripts/stack.sh start      start Kafka, Postgres and the Spark Connect server (idempotent) and wait for them
 #   scripts/stack.sh migrate    create roles/databases, run the ledger migrations and `airflow db migrate`
 #   scripts/stack.sh airflow    start Airflow (api-server, scheduler, dag-processor, triggerer) on KL_AIRFLOW_PORT
+#   scripts/stack.sh stop-airflow   stop it
 #   scripts/stack.sh stop       stop every service and supervisord
 #   scripts/stack.sh status     one line per service
 #   scripts/stack.sh restart-postgres | restart-kafka | restart-spark-connect
@@ -597,6 +598,7 @@ case "${1:-}" in
   migrate) migrate ;;
   up) install; ensure_supervisord; start_postgres; start_kafka; start_cluster_if_used; migrate; start_spark_connect ;;
   airflow) ensure_supervisord; start_airflow ;;
+  stop-airflow) ensure_supervisord; stop_service airflow airflow ;;
   restart-postgres) ensure_supervisord; stop_service postgres postgres; start_postgres ;;
   restart-kafka) ensure_supervisord; stop_service kafka kafka; start_kafka ;;
   restart-spark-connect) ensure_supervisord; stop_service spark-connect "spark connect"; start_spark_connect ;;

@@ -367,14 +367,21 @@ def admin_token(settings: AirflowSettings) -> str:
 
 @contextlib.contextmanager
 def stack_airflow() -> Iterator[AirflowClient]:
-    """A REST client of the local stack's own Airflow (`scripts/stack.sh airflow`, started here if it is not running:
-    the one a user opens at KL_AIRFLOW_PORT). Needs scripts/env.sh's environment."""
-    subprocess.run(["bash", str(PROJECT_ROOT / "scripts" / "stack.sh"), "airflow"], check=True, stdout=sys.stderr)
+    """A REST client of the local stack's own Airflow (`scripts/stack.sh airflow`: the one a user opens at
+    KL_AIRFLOW_PORT), started for the while if it was not running. Needs scripts/env.sh's environment."""
+    stack = ["bash", str(PROJECT_ROOT / "scripts" / "stack.sh")]
+    port = int(os.environ["KL_AIRFLOW_PORT"])
+    was_running = _port_answers(port)
+    subprocess.run([*stack, "airflow"], check=True, stdout=sys.stderr)
     state = Path(os.environ.get("KL_STATE") or PROJECT_ROOT / ".stack")
-    settings = AirflowSettings(home=Path(os.environ["AIRFLOW_HOME"]), port=int(os.environ["KL_AIRFLOW_PORT"]),
+    settings = AirflowSettings(home=Path(os.environ["AIRFLOW_HOME"]), port=port,
                                db_url=os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], stamp=state / "stamps")
-    with AirflowClient(settings.base_url, admin_token(settings), state / "logs" / "airflow.log") as client:
-        yield client
+    try:
+        with AirflowClient(settings.base_url, admin_token(settings), state / "logs" / "airflow.log") as client:
+            yield client
+    finally:
+        if not was_running:
+            subprocess.run([*stack, "stop-airflow"], check=False, stdout=sys.stderr)
 
 
 @contextlib.contextmanager
