@@ -685,16 +685,17 @@ def test_the_doorbell_loses_and_doubles_nothing_when_its_triggerer_and_scheduler
     scheduler and triggerer, the full campaign's checks after each and the record-by-record check at the end."""
     pipeline = pipeline_factory("doorbell_faults", partitions=4)
     seed = int(os.environ.get("KAFKA_LEDGER_CAMPAIGN_SEED", "4"))
-    campaign = DoorbellCampaign(pipeline, dsn, servers, seed=seed, faults=3, records_per_fault=1000,
+    campaign = DoorbellCampaign(pipeline, dsn, servers, seed=seed, faults=4, records_per_fault=1000,
                                 workdir=tmp_path, airflow=airflow)
     report = campaign.run_all()  # raises CampaignFailure on the first failed check
 
     print(json.dumps({k: v for k, v in report.items() if k != "iterations"}))
-    assert report["faults_by_kind"] == {"kill_triggerer_mid_poll": 1, "kill_scheduler_with_run_queued": 2}
-    assert report["fault_variants"]["kill_scheduler_with_run_queued"] == {
-        "ring queued while the scheduler was frozen": 1, "run created": 1}
+    assert report["faults_by_kind"] == {"kill_triggerer_mid_poll": 2, "kill_scheduler_with_run_queued": 2}
+    assert report["fault_variants"] == {
+        "kill_triggerer_mid_poll": {"mid-poll": 1, "frozen as the records began": 1},
+        "kill_scheduler_with_run_queued": {"ring queued while the scheduler was frozen": 1, "run created": 1}}
     assert (report["lost"], report["duplicated"], report["unexpected"], report["wrong_content"]) == (0, 0, 0, 0)
-    assert report["records_produced"] == 10 + 3 * 1000
+    assert report["records_produced"] == 10 + 4 * 1000
     assert report["output_rows"] + report["dead_letters"] == report["records_produced"]
     assert report["verify_ok"]
     with ledger.transaction(dsn) as cur:

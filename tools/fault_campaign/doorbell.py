@@ -37,6 +37,7 @@ from tools.fault_campaign.runner import Campaign, IterationReport
 DOORBELL_FAULTS = ("kill_triggerer_mid_poll", "kill_scheduler_with_run_queued")
 # Every (fault, variant) once per round, in an order drawn from the seed: a 3-fault campaign strikes each.
 STRIKES = (("kill_triggerer_mid_poll", "mid-poll"),
+           ("kill_triggerer_mid_poll", "frozen as the records began"),
            ("kill_scheduler_with_run_queued", "ring queued while the scheduler was frozen"),
            ("kill_scheduler_with_run_queued", "run created"))
 # How long the doorbell may take to publish an iteration's records after its fault: a killed triggerer's doorbell
@@ -103,19 +104,24 @@ class DoorbellCampaign(Campaign):
 
     # --- the faults ---------------------------------------------------------------------------------------
     def strike(self, kind: str, variant: str, runs_before: int) -> str:
+        """Let the iteration's records come and strike; returns where the fault landed."""
         sid = self.airflow.session_id
         delay = self.rng.uniform(0.0, 3.0)
+        rings_before = self.rings()
+        if variant == "frozen as the records began":
+            # Its poll cannot see them: the ring for them is lost with it, its successor's must come.
+            for pid in component_processes(sid, "triggerer"):
+                os.kill(pid, signal.SIGSTOP)
+        elif variant == "ring queued while the scheduler was frozen":
+            os.kill(component_processes(sid, "scheduler")[0], signal.SIGSTOP)
+        self.producer.allow(self.records_per_fault)
         if kind == "kill_triggerer_mid_poll":
-            rings_before = self.rings()
             self.producer.wait_delivered_some(1, timeout=30)
             time.sleep(delay)
             rung = self.rings() > rings_before
-            kill_component(sid, "triggerer")
+            kill_component(sid, "triggerer")  # SIGKILL ends a stopped process too
             return f"{'after' if rung else 'before'} its ring (killed {delay:.1f} s after the records began)"
         if variant == "ring queued while the scheduler was frozen":
-            scheduler = component_processes(sid, "scheduler")[0]
-            rings_before = self.rings()
-            os.kill(scheduler, signal.SIGSTOP)
             try:
                 self._poll("a ring while the scheduler was frozen", lambda: self.rings() > rings_before, RING_SECONDS)
             finally:
@@ -132,7 +138,6 @@ class DoorbellCampaign(Campaign):
         started = time.monotonic()
         variant = self.strikes[index - 1][1]
         runs_before = len(self.airflow.runs(self.dag_id))
-        self.producer.allow(self.records_per_fault)
         landed = self.strike(kind, variant, runs_before)
         runs = self.catch_up(f"after iteration {index} ({kind})")
         report = IterationReport(index, kind, variant, retries=0, outcome=f"{runs - runs_before} doorbell run(s)",
