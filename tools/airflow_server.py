@@ -1,5 +1,5 @@
-"""A dedicated Airflow (scripts/airflow.sh) for the integration tests and the freshness benchmark, and a small client
-of its REST API v2."""
+"""A dedicated Airflow (scripts/airflow.sh) for the integration tests, the freshness benchmark and the doorbell's fault
+campaign, the stack's own for the demo, and a small client of their REST API v2."""
 
 from __future__ import annotations
 

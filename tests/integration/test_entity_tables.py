@@ -1,5 +1,6 @@
 """Entity tables (write: upsert) on the real stack: one row per key, the newest record by Kafka order, tombstones
-delete, and no replay, time window or older batch moves an entity backwards; both Spark runtimes, a compacted topic."""
+delete, and no replay, time window, backfill or older batch moves an entity backwards; both Spark runtimes, a
+compacted topic."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from psycopg2.extras import execute_values
 from kafka_ledger import ledger, sql
 from kafka_ledger import readback as audit
 from kafka_ledger.config import get_pipeline
-from kafka_ledger.planner import plan_next_batch
+from kafka_ledger.planner import plan_batch, plan_next_batch
 from kafka_ledger.runtimes import run_batch
 from kafka_ledger.sinks import sink_for
 
@@ -132,13 +133,19 @@ def test_an_entity_table_holds_the_newest_record_per_key_whatever_is_replayed(ds
     rows = assert_matches_kafka(dsn, servers, pipeline)
     assert rows[moving][1] == 12 and keys[6] not in rows
 
-    # A replay of the oldest offsets, and a time window over the first hour: older records, no entity moves back.
+    # A replay of the oldest offsets, a time window and a backfill over the first minutes: older records, no entity
+    # moves back.
     code, data, err = cli("replay", pipeline.name, *[f"--range={topic}:{p}:0:5" for p in range(3)],
                           "--reason", "old range")
     assert code == 0, (data, err)
     code, data, err = cli("replay", pipeline.name, "--from", started.isoformat(), "--to", middle.isoformat())
     assert code == 0, (data, err)
-    assert [b.kind for b in batches(dsn, pipeline)][-2:] == ["offset_ranges", "time_window"]
+    # An Airflow backfill run of the first hour, as its plan task plans one (its data interval), then its Spark work.
+    backfill = plan_batch(dsn, servers, pipeline, dag_id=pipeline.dag_id, run_id="backfill__entity",
+                          requested_by="backfill", backfill_window=(started, middle))
+    assert backfill.batch_id is not None and not backfill.resumed
+    run_batch(pipeline, backfill.batch_id, dsn, servers)
+    assert [b.kind for b in batches(dsn, pipeline)][-3:] == ["offset_ranges", "time_window", "backfill"]
     assert all(b.status == "committed" for b in batches(dsn, pipeline))
     assert_matches_kafka(dsn, servers, pipeline)
 

@@ -6,7 +6,8 @@ Nothing here runs a task: Airflow's scheduler and triggerer do, as in production
 killed component again. Each iteration lets the producer write its records and strikes once:
 
 - kill_triggerer_mid_poll: SIGKILL to the triggerer (and its trigger runner) at a random moment while the records
-  arrive, before or after its ring; its successor takes the doorbell over once the dead one's heartbeat is
+  arrive, before or after its ring, or after it was frozen (SIGSTOP) as they began, so that its ring for them is
+  lost; its successor takes the doorbell over once the dead one's heartbeat is
   `[triggerer] triggerer_health_check_threshold` old and rings again: a lost or a second ring.
 - kill_scheduler_with_run_queued: SIGKILL to the scheduler (its executor and task processes with it) with a
   doorbell run queued: either the ring waits in the asset queue while the scheduler is frozen and then killed
@@ -41,8 +42,8 @@ STRIKES = (("kill_triggerer_mid_poll", "mid-poll"),
            ("kill_scheduler_with_run_queued", "ring queued while the scheduler was frozen"),
            ("kill_scheduler_with_run_queued", "run created"))
 # How long the doorbell may take to publish an iteration's records after its fault: a killed triggerer's doorbell
-# waits 30 s for its successor (the dead one's heartbeat must age), a killed scheduler's orphans the test Airflow's
-# orphaned-task check (15 s) after that threshold.
+# waits for its successor until the dead one's heartbeat is 30 s old; a killed scheduler's task instances wait as
+# long for their scheduler to count as dead, then for the orphaned-task check (every 15 s in the test Airflow).
 CATCH_UP_SECONDS = 300
 # How long a ring may take once records wait (the doorbell looks every second in the campaign's pipeline).
 RING_SECONDS = 60

@@ -13,9 +13,7 @@ from pathlib import Path
 
 import tools.fault_campaign
 from tools import git_commit
-from tools.airflow_server import running_airflow
 from tools.fault_campaign import PROJECT_ROOT, CampaignFailure
-from tools.fault_campaign.doorbell import DoorbellCampaign
 from tools.fault_campaign.report import write_docs
 from tools.fault_campaign.runner import Campaign, task_main
 from tools.fault_campaign.strikes import FAULT_KINDS, secured
@@ -162,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
                f"{workdir}`"))
     try:
         if campaign is None:  # the doorbell's: Airflow's own scheduler and triggerer run the pipeline
+            # Imported here: they import Airflow, which every campaign task process (`task`, main's first branch)
+            # would otherwise load at its start, changing the timing its faults were drawn for.
+            from tools.airflow_server import running_airflow
+            from tools.fault_campaign.doorbell import DoorbellCampaign
+
             with running_airflow() as airflow:
                 campaign = DoorbellCampaign(pipeline, dsn, servers, args.seed, args.faults, args.records_per_fault,
                                             workdir, airflow)
