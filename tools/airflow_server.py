@@ -178,37 +178,28 @@ def _tail(path: Path, lines: int) -> str:
         return f"({path} does not exist)"
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the parenthesised command name (state ppid pgrp session ...), None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def session_members(sid: int) -> list[int]:
     """Live processes of session `sid` (task processes get their own process group, not session)."""
     members = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # Fields after the parenthesised command name: state ppid pgrp session ...
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
+        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))) and int(fields[3]) == sid \
+                and fields[0] != "Z":
             members.append(int(entry.name))
     return members
-
-
-def _parents(pids: list[int]) -> dict[int, int]:
-    parents = {}
-    for pid in pids:
-        try:
-            parents[pid] = int((Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split())[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return parents
 
 
 def component_processes(sid: int, component: str) -> list[int]:
     """The processes of one Airflow component (`triggerer`, `scheduler`, ...) of the Airflow whose session is
     `sid`: the `airflow <component>` process scripts/airflow.sh started, and every process under it (the
-    triggerer's trigger runner, the scheduler's executor workers and their task processes)."""
+    triggerer's trigger runner, the scheduler's executor workers and their task processes), the started one first."""
     members = session_members(sid)
     roots = []
     for pid in members:
@@ -219,14 +210,12 @@ def component_processes(sid: int, component: str) -> list[int]:
         words = [Path(a.decode(errors="replace")).name for a in args if a]
         if "airflow" in words and words[words.index("airflow") + 1:][:1] == [component]:
             roots.append(pid)
-    parents = _parents(members)
+    parents = {pid: int(fields[1]) for pid in members if (fields := _stat_fields(pid))}
     found = set(roots)
-    grew = True
-    while grew:
-        children = {pid for pid, parent in parents.items() if parent in found} - found
+    while children := {pid for pid, parent in parents.items() if parent in found} - found:
         found |= children
-        grew = bool(children)
-    return sorted(found)
+    # The component's own processes first, then what runs under them.
+    return sorted(roots) + sorted(found - set(roots))
 
 
 def kill_component(sid: int, component: str) -> list[int]:
