@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psycopg2
 import trustme
-from confluent_kafka import Producer
+from confluent_kafka import ConsumerGroupTopicPartitions, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_ledger import kafka_offsets, ledger
@@ -328,6 +328,26 @@ CASES: dict[str, tuple[bytes | None, bytes | None, str | None]] = {
     "invalid timestamp": (b'{"event_id": "t", "event_time": "2026-13-45T99:00:00Z"}', b"k",
                           "field 'event_time' is not a valid timestamp"),
 }
+
+
+def consumer_groups(admin: AdminClient) -> list[str]:
+    """The ids of the consumer groups Kafka knows."""
+    # librdkafka sends ListGroups to the brokers it knows when asked: asked before its first metadata reply, about one
+    # call in 60 waited out its whole timeout (none in 300 after it). So the metadata first.
+    admin.list_topics(timeout=30)
+    return [g.group_id for g in admin.list_consumer_groups(request_timeout=30).result().valid]
+
+
+def committed_group_offsets(servers: str, topic: str) -> dict[str, list[int]]:
+    """Every consumer group with an offset committed for `topic`, and the partitions it committed."""
+    admin = AdminClient({"bootstrap.servers": servers})
+    found = {}
+    for group in consumer_groups(admin):
+        offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
+        partitions = [tp.partition for tp in offsets.topic_partitions if tp.topic == topic and tp.offset >= 0]
+        if partitions:
+            found[group] = partitions
+    return found
 
 
 def recreate_topic(servers: str, topic: str) -> None:

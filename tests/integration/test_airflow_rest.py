@@ -23,12 +23,13 @@ from urllib.parse import quote
 import httpx
 import psycopg2
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from integration_support import (
     BAD_VALUES,
     RecordedProducer,
     assert_exactly_once,
+    committed_group_offsets,
     good_value,
     html_table,
     listening_sockets,
@@ -413,19 +414,6 @@ def test_three_pipelines_run_their_spark_work_at_once_each_exactly_once(
     overlapping = [(a, b) for i, a in enumerate(spark_spans) for b in spark_spans[i + 1:]
                    if a[0] < b[1] and b[0] < a[1]]
     assert overlapping, f"no two pipelines' Spark tasks ran at the same time: {spark_spans}"
-
-
-def committed_group_offsets(servers: str, topic: str) -> dict[str, list[int]]:
-    """Every consumer group with an offset committed for `topic`, and the partitions it committed."""
-    admin = AdminClient({"bootstrap.servers": servers})
-    groups = [g.group_id for g in admin.list_consumer_groups(request_timeout=10).result().valid]
-    found = {}
-    for group in groups:
-        offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
-        partitions = [tp.partition for tp in offsets.topic_partitions if tp.topic == topic and tp.offset >= 0]
-        if partitions:
-            found[group] = partitions
-    return found
 
 
 def test_a_doorbell_starts_a_run_within_seconds_of_new_data_and_none_without(
