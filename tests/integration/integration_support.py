@@ -18,10 +18,10 @@ from pathlib import Path
 
 import psycopg2
 import trustme
-from confluent_kafka import ConsumerGroupTopicPartitions, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_ledger import kafka_offsets, ledger
+from kafka_ledger import consumer_group, kafka_offsets, ledger
 from kafka_ledger import readback as audit
 from kafka_ledger.airflow_dag import SPARK_TASK
 from kafka_ledger.planner import plan_next_batch
@@ -330,22 +330,21 @@ CASES: dict[str, tuple[bytes | None, bytes | None, str | None]] = {
 }
 
 
-def consumer_groups(admin: AdminClient) -> list[str]:
+def consumer_groups(servers: str) -> list[str]:
     """The ids of the consumer groups Kafka knows."""
+    admin = kafka_offsets.admin_client(servers)
     # librdkafka sends ListGroups to the brokers it knows when asked: asked before its first metadata reply, about one
     # call in 60 waited out its whole timeout (none in 300 after it). So the metadata first.
-    admin.list_topics(timeout=30)
+    admin.topics(servers, timeout=30)
     return [g.group_id for g in admin.list_consumer_groups(request_timeout=30).result().valid]
 
 
 def committed_group_offsets(servers: str, topic: str) -> dict[str, list[int]]:
     """Every consumer group with an offset committed for `topic`, and the partitions it committed."""
-    admin = AdminClient({"bootstrap.servers": servers})
     found = {}
-    for group in consumer_groups(admin):
-        offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
-        partitions = [tp.partition for tp in offsets.topic_partitions if tp.topic == topic and tp.offset >= 0]
-        if partitions:
+    for group in consumer_groups(servers):
+        committed = consumer_group.read_positions(servers, group)
+        if partitions := sorted(tp.partition for tp in committed if tp.topic == topic):
             found[group] = partitions
     return found
 

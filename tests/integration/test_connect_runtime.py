@@ -224,7 +224,6 @@ def test_the_attempt_says_where_its_time_went(dsn, servers, pipeline_factory, pr
 
 def test_the_warm_up_runs_a_made_up_batch_then_reads_the_pipelines_newest_records_and_writes_nothing(
         dsn, servers, pipeline_factory, producer):
-    from confluent_kafka.admin import AdminClient
     from integration_support import cli, committed_group_offsets, consumer_groups, pipeline_name, query
 
     def counts() -> list[tuple]:
@@ -244,7 +243,7 @@ def test_the_warm_up_runs_a_made_up_batch_then_reads_the_pipelines_newest_record
     assert list(data["skipped"]) == [absent] and "not found" in data["skipped"][absent]
     assert "ReleaseExecute" not in stderr  # the finished queries are released before their session goes
     assert counts() == before  # it writes nothing: no batch, no dead letter
-    groups = consumer_groups(AdminClient({"bootstrap.servers": servers}))
+    groups = consumer_groups(servers)
     assert [g for g in groups if pipeline.name in g] == []  # nor any group or offset in Kafka
     assert committed_group_offsets(servers, pipeline.topics[0]) == {}
 
