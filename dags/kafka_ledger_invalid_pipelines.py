@@ -4,7 +4,7 @@ An import error is per file: raising it here, and not in kafka_ledger_pipelines.
 pipeline's DAG while the UI's "DAG Import Errors" names each invalid pipeline and field.
 """
 
-from kafka_ledger.config import ConfigError, read_pipelines
+from kafka_ledger.config.pipeline import ConfigError, read_pipelines
 
 try:
     _declarations = read_pipelines()

@@ -7,8 +7,8 @@ its own: an invalid one is left out here and reported by kafka_ledger_invalid_pi
 publishes into Iceberg also has a DAG that maintains its table (compaction, snapshot expiry).
 """
 
-from kafka_ledger.airflow_dag import build_lake_maintenance_dag, build_pipeline_dag
-from kafka_ledger.config import read_pipelines
+from kafka_ledger.airflow.dags import build_lake_maintenance_dag, build_pipeline_dag
+from kafka_ledger.config.pipeline import read_pipelines
 
 for _pipeline in read_pipelines().valid.values():
     globals()[_pipeline.dag_id] = build_pipeline_dag(_pipeline)

@@ -1,12 +1,12 @@
-"""The Kafka Ledger page in the Airflow UI: the app of include/kafka_ledger/web, behind Airflow's own auth."""
+"""The Kafka Ledger page in the Airflow UI: the app of include/kafka_ledger/ops/web, behind Airflow's own auth."""
 
 from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
 from airflow.api_fastapi.core_api.security import requires_access_view
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends
 
-from kafka_ledger.web.app import URL_PREFIX, create_app
-from kafka_ledger.web.refusals import ShortParamErrors
+from kafka_ledger.ops.web.app import URL_PREFIX, create_app
+from kafka_ledger.ops.web.refusals import ShortParamErrors
 
 # Plugin apps are not authenticated by Airflow core: without this, anyone reaching the API server reads the ledger.
 app = create_app(dependencies=[Depends(requires_access_view(AccessView.PLUGINS))])

@@ -81,8 +81,8 @@ mkdir -p "$(dirname "$KL_SECRETS")"
 KL_LOCAL_KAFKA=${KL_LOCAL_KAFKA:-1}
 KL_LOCAL_POSTGRES=${KL_LOCAL_POSTGRES:-1}
 KL_LOCAL_SPARK_CONNECT=${KL_LOCAL_SPARK_CONNECT:-1}
-# kafka-ledger's own settings, generated from their declarations in include/kafka_ledger/settings.py (why
-# each value: there) by `python -m kafka_ledger.config_reference`; committed, as this file runs before set-up.
+# kafka-ledger's own settings, generated from their declarations in include/kafka_ledger/config/settings.py (why
+# each value: there) by `python -m kafka_ledger.config.reference`; committed, as this file runs before set-up.
 # generated: kafka-ledger settings
 KAFKA_LEDGER_BOOTSTRAP_SERVERS=${KAFKA_LEDGER_BOOTSTRAP_SERVERS:-127.0.0.1:$KL_KAFKA_PORT}
 KAFKA_LEDGER_DB_URL=${KAFKA_LEDGER_DB_URL:-postgresql://kafka_ledger:$KL_PG_LEDGER_PASSWORD@127.0.0.1:$KL_PG_PORT/kafka_ledger?sslmode=verify-full&sslrootcert=$KL_TLS_DIR/ca.pem}

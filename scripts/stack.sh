@@ -498,7 +498,7 @@ CONF
     (umask 077; printf '# external Spark master %s: its settings are the deployment'"'"'s (SPARK_CONF_DIR)\n' \
       "$KAFKA_LEDGER_SPARK_MASTER" >"$SPARK_CONF_DIR/spark-defaults.conf.tmp")
   fi
-  # The lake's catalog, for every Spark process and for kafka-ledger's reader of it (kafka_ledger.lake): in this
+  # The lake's catalog, for every Spark process and for kafka-ledger's reader of it (kafka_ledger.sinks.iceberg.catalogs): in this
   # file, so its password is on no command line. Over TLS, like the ledger. A restarted Postgres ends the catalog's
   # pooled connections (SQLSTATE 57P01-57P03): the pool reconnects and retries rather than failing the next batch.
   [ "$KL_LOCAL_POSTGRES" = 1 ] && cat >>"$SPARK_CONF_DIR/spark-defaults.conf.tmp" <<CONF
@@ -549,7 +549,7 @@ start_cluster_if_used() { [ "$KAFKA_LEDGER_SPARK_MASTER" != "$KL_SPARK_CLUSTER_M
 migrate() {
   create_databases
   say "ledger: applying migrations"
-  "$KL_VENV/bin/python" -m kafka_ledger.migrations
+  "$KL_VENV/bin/python" -m kafka_ledger.ledger.migrations
   local key; key=$(printf '%s|%s|%s' "$("$KL_VENV/bin/python" -c 'import airflow; print(airflow.__version__)')" "$AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" "$KL_SPARK_SLOTS" | sha256sum | cut -c1-16)
   if ! stamp_ok airflow-db "$key"; then
     say "airflow: migrating the metadata database"

@@ -44,12 +44,9 @@ import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_ledger import ledger
-from kafka_ledger.config import PipelineConfig, get_pipeline
-from kafka_ledger.planner import plan_next_batch
-from kafka_ledger.runtimes import run_batch
-from kafka_ledger.runtimes.submit import BASE_SPARK_CONF, spark_jars
-from kafka_ledger.settings import (
+from kafka_ledger.batch.plan import plan_next_batch
+from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
+from kafka_ledger.config.settings import (
     bootstrap_servers,
     deployment_settings,
     deployment_spark_runtime,
@@ -58,8 +55,11 @@ from kafka_ledger.settings import (
     kafka_config,
     ledger_dsn,
 )
+from kafka_ledger.ledger import db as ledger
+from kafka_ledger.observe.stages import until_first_rows
+from kafka_ledger.runtimes import run_batch
+from kafka_ledger.runtimes.submit.runtime import BASE_SPARK_CONF, spark_jars
 from kafka_ledger.sinks import IcebergSink
-from kafka_ledger.stages import until_first_rows
 from tools import benchmark_peers, git_commit
 from tools.benchmark_peers import COLUMNS
 from tools.demo import accounting
@@ -228,10 +228,10 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
     the transfer's and the encoding's cost; COPY alone is the floor's."""
     from pyspark.sql import functions as F
 
-    from kafka_ledger import read
-    from kafka_ledger.decode import decode_records
-    from kafka_ledger.publish import DEAD_LETTER_LINE, PUBLISHED, OutputEncoder, output_values, publish_frame
-    from kafka_ledger.runtimes.connect import arrow_stream, client_session, configure, let_go, pipeline_session
+    from kafka_ledger.batch import read
+    from kafka_ledger.batch.publish import DEAD_LETTER_LINE, PUBLISHED, OutputEncoder, output_values, publish_frame
+    from kafka_ledger.formats.decode import decode_records
+    from kafka_ledger.runtimes.connect.batch import arrow_stream, client_session, configure, let_go, pipeline_session
 
     pipeline = get_pipeline(contender["pipeline"])
     with ledger.transaction(setup.dsn) as cur:
@@ -323,7 +323,7 @@ def run_spark_peer(setup: Setup, round_no: int) -> dict[str, Any]:
     if done.returncode != 0:
         raise RuntimeError(f"the Spark peer failed ({done.returncode}): {done.stderr[-3000:]}")
     if lake:
-        from kafka_ledger import lake as lakes
+        from kafka_ledger.sinks.iceberg import catalogs as lakes
 
         rows = len(lakes.reader("lake").load_table(tuple(lake[1].split(".")[1:])).scan(
             selected_fields=("kafka_offset",)).to_arrow())
@@ -356,7 +356,7 @@ def run_floor(setup: Setup, round_no: int, source_table: str) -> dict[str, Any]:
 def run_under_airflow(setup: Setup, round_no: int) -> dict[str, Any]:
     """Drain the whole topic as Airflow runs the pipeline DAG (dag.test(), one run after another as the
     scheduler starts them after each drain_backlog trigger), from the first plan to the last commit."""
-    from kafka_ledger.airflow_dag import run_pipeline_dag  # Airflow is heavy: imported for --airflow only
+    from kafka_ledger.airflow.dags import run_pipeline_dag  # Airflow is heavy: imported for --airflow only
 
     pipeline = _pipeline(setup, f"bench_{uuid.uuid4().hex[:8]}_{round_no}", "exactly_once")
     started, runs = time.monotonic(), 0
@@ -462,7 +462,7 @@ def _clean_up(setup: Setup, admin: AdminClient) -> None:
         for table in setup.tables:
             cur.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{table}")
     if setup.lake_tables:
-        from kafka_ledger import lake
+        from kafka_ledger.sinks.iceberg import catalogs as lake
 
         catalog = lake.reader("lake")
         for table in setup.lake_tables:
@@ -537,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     # the Spark Connect client started once, so that the first round times the server, not this process's
     # start-up (a fresh task process's own start-up is measured with --airflow).
     if runtime == "connect":
-        from kafka_ledger.runtimes.connect import client_session, close_session, configure
+        from kafka_ledger.runtimes.connect.batch import client_session, close_session, configure
 
         client = client_session(str(uuid.uuid4()))
         configure(client)

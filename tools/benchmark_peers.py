@@ -91,7 +91,7 @@ def python_peer(servers: str, dsn: str, topic: str, schema: str, table: str) -> 
     CHUNK_ROWS at a time while the next chunk is read (a reader thread; librdkafka and the COPY release the GIL)."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    from kafka_ledger.settings import kafka_config
+    from kafka_ledger.config.settings import kafka_config
 
     consumer = Consumer(kafka_config(servers, **{"group.id": f"benchmark-python-peer-{table}",
                                                  "enable.auto.commit": False, "isolation.level": "read_committed",
@@ -170,8 +170,8 @@ def _spark_peer(args: argparse.Namespace) -> None:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from kafka_ledger.kafka_security import spark_options
-    from kafka_ledger.settings import kafka_settings
+    from kafka_ledger.config.services import spark_options
+    from kafka_ledger.config.settings import kafka_settings
 
     os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     spark = SparkSession.builder.appName(f"benchmark spark peer {args.table}").getOrCreate()

@@ -23,7 +23,7 @@ import time
 import psycopg2
 from psycopg2 import sql
 
-from kafka_ledger.settings import ledger_dsn
+from kafka_ledger.config.settings import ledger_dsn
 from tools.benchmark_peers import TABLE_COLUMNS, create_table
 
 SCHEMA = "copy_probe"

@@ -21,11 +21,11 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_ledger import kafka_offsets
-from kafka_ledger.config import PipelineConfig, get_pipeline
-from kafka_ledger.readback import kafka_record_ids, lag
-from kafka_ledger.settings import bootstrap_servers, kafka_config, ledger_dsn
-from kafka_ledger.verify import verify_pipeline
+from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
+from kafka_ledger.config.settings import bootstrap_servers, kafka_config, ledger_dsn
+from kafka_ledger.kafka import offsets as kafka_offsets
+from kafka_ledger.ops.readback import kafka_record_ids, lag
+from kafka_ledger.ops.verify import verify_pipeline
 
 log = logging.getLogger("tools.demo")
 
@@ -107,7 +107,7 @@ def produce_impressions(servers: str, topic: str, count: int, seed: int) -> None
 
 def run_until_caught_up(pipeline: PipelineConfig, max_runs: int = 20) -> int:
     """Run the pipeline's DAG (dag.test: real tasks, real Spark) until its lag is 0; returns runs made."""
-    from kafka_ledger.airflow_dag import run_pipeline_dag  # Airflow is heavy: imported when the demo runs
+    from kafka_ledger.airflow.dags import run_pipeline_dag  # Airflow is heavy: imported when the demo runs
 
     dsn, servers = ledger_dsn(), bootstrap_servers()
     for run in range(1, max_runs + 1):

@@ -33,11 +33,11 @@ import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_ledger import ledger
-from kafka_ledger.airflow_dag import PLAN_TASK, SPARK_TASK
-from kafka_ledger.config import get_pipeline
-from kafka_ledger.runtimes.submit import BASE_SPARK_CONF, spark_jars
-from kafka_ledger.settings import deployment_settings, env_name, jdbc_target, kafka_config
+from kafka_ledger.airflow.dags import PLAN_TASK, SPARK_TASK
+from kafka_ledger.config.pipeline import get_pipeline
+from kafka_ledger.config.settings import deployment_settings, env_name, jdbc_target, kafka_config
+from kafka_ledger.ledger import db as ledger
+from kafka_ledger.runtimes.submit.runtime import BASE_SPARK_CONF, spark_jars
 from tools import benchmark_peers, git_commit
 from tools.airflow_server import running_airflow
 from tools.benchmark_peers import COLUMNS

@@ -223,7 +223,7 @@ def test_pipelines_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def pipeline_factory(servers: str):
     """Create the topic of one test pipeline and return its validated config."""
-    from kafka_ledger.config import get_pipeline
+    from kafka_ledger.config.pipeline import get_pipeline
 
     def make(key: str, partitions: int = 3, topic_config: dict[str, str] | None = None):
         topic = topic_name(key)
@@ -246,8 +246,8 @@ def remove_test_artifacts(servers: str, dsn: str, test_pipelines_file: Path):
     yield
     if os.environ.get("KAFKA_LEDGER_KEEP_TEST_DATA") == "1":
         return
-    from kafka_ledger.config import read_pipelines
-    from kafka_ledger.ledger import delete_pipeline
+    from kafka_ledger.config.pipeline import read_pipelines
+    from kafka_ledger.ledger.db import delete_pipeline
 
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         for pipeline in read_pipelines(test_pipelines_file).valid.values():
@@ -263,7 +263,7 @@ def remove_test_artifacts(servers: str, dsn: str, test_pipelines_file: Path):
 
 def _drop_lake_tables(pipelines) -> None:
     """This run's Iceberg tables, with their files."""
-    from kafka_ledger.config import IcebergSinkSpec
+    from kafka_ledger.config.pipeline import IcebergSinkSpec
     from kafka_ledger.sinks import IcebergSink
 
     for pipeline in pipelines:

@@ -21,13 +21,15 @@ import trustme
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_ledger import consumer_group, kafka_offsets, ledger
-from kafka_ledger import readback as audit
-from kafka_ledger.airflow_dag import SPARK_TASK
-from kafka_ledger.planner import plan_next_batch
-from kafka_ledger.planning import OffsetRange, PartitionReadStats
+from kafka_ledger.airflow.dags import SPARK_TASK
+from kafka_ledger.batch.plan import plan_next_batch
+from kafka_ledger.config.settings import runtime_name as spark_runtime
+from kafka_ledger.kafka import consumer_group
+from kafka_ledger.kafka import offsets as kafka_offsets
+from kafka_ledger.ledger import db as ledger
+from kafka_ledger.model.ranges import OffsetRange, PartitionReadStats
+from kafka_ledger.ops import readback as audit
 from kafka_ledger.runtimes import run_batch
-from kafka_ledger.settings import runtime_name as spark_runtime
 
 # The columns of every test pipeline, and bad records with the reason the dead-letter table must give for each:
 # the fault campaign's too, so defined once, in tools/records.py.

@@ -37,9 +37,10 @@ from integration_support import (
 )
 from psycopg2 import sql
 
-from kafka_ledger import kafka_offsets, ledger
-from kafka_ledger import readback as audit
-from kafka_ledger.config import PipelineConfig, read_pipelines
+from kafka_ledger.config.pipeline import PipelineConfig, read_pipelines
+from kafka_ledger.kafka import offsets as kafka_offsets
+from kafka_ledger.ledger import db as ledger
+from kafka_ledger.ops import readback as audit
 from tools.airflow_server import AirflowClient, admin_password, airflow_test_settings, running_airflow, session_members
 from tools.fault_campaign.doorbell import DoorbellCampaign
 

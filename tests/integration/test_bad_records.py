@@ -6,8 +6,8 @@ import psycopg2
 import pytest
 from integration_support import CASES, NEAR_MAX, assert_exactly_once, good_value, verify_ok
 
-from kafka_ledger import readback as audit
-from kafka_ledger.airflow_dag import run_pipeline_dag
+from kafka_ledger.airflow.dags import run_pipeline_dag
+from kafka_ledger.ops import readback as audit
 
 pytestmark = pytest.mark.integration
 

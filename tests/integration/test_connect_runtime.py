@@ -20,9 +20,9 @@ import psycopg2
 import pytest
 from integration_support import assert_exactly_once, batches, finish, good_value, query, start_task, stored
 
-from kafka_ledger import ledger
-from kafka_ledger.planner import plan_next_batch
-from kafka_ledger.runtimes.connect import (
+from kafka_ledger.batch.plan import plan_next_batch
+from kafka_ledger.ledger import db as ledger
+from kafka_ledger.runtimes.connect.batch import (
     ConnectBatch,
     SparkServerError,
     client_session,
@@ -210,7 +210,7 @@ def test_interrupting_the_attempt_stops_its_query_and_publishes_nothing(dsn, ser
 def test_the_attempt_says_where_its_time_went(dsn, servers, pipeline_factory, producer, caplog):
     pipeline = pipeline_factory("connect_stages", partitions=2)
     batch_id, expected_dead = produce_and_plan(dsn, servers, pipeline, producer, 5_000)
-    with caplog.at_level(logging.INFO, logger="kafka_ledger.commit"):
+    with caplog.at_level(logging.INFO, logger="kafka_ledger.batch.commit"):
         result = ConnectBatch(pipeline, batch_id).run(dsn, servers)
     assert_exactly_once(dsn, servers, pipeline, expected_dead)
     stages = result.stages
@@ -274,7 +274,7 @@ def test_a_pipelines_batches_work_in_its_session_and_one_the_server_closed_is_re
     # The server closes a session idle past its timeout, and refuses its id from then on.
     spark = client_session(default_session_id(pipeline.name))
     close_session(spark, release_session=True)
-    with caplog.at_level(logging.WARNING, logger="kafka_ledger.runtimes.connect"):
+    with caplog.at_level(logging.WARNING, logger="kafka_ledger.runtimes.connect.batch"):
         next_batch(1)
     [(session_id,)] = replacement()
     assert session_id != default_session_id(pipeline.name)
@@ -288,8 +288,8 @@ def test_a_pipelines_batches_work_in_its_session_and_one_the_server_closed_is_re
 def test_records_a_short_read_leaves_on_the_server_are_let_go_within_seconds(servers, pipeline_factory, producer):
     # A read that ends before its poll's last record (a replay, a capped batch) leaves the rest in Spark's pool of
     # fetched data, kept 5 minutes by default: small replays in a row filled the server's heap until it died.
-    from kafka_ledger import read
-    from kafka_ledger.planning import OffsetRange
+    from kafka_ledger.batch import read
+    from kafka_ledger.model.ranges import OffsetRange
     from tools.stack import service_pids
 
     def held() -> int:

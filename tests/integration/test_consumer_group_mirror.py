@@ -8,7 +8,9 @@ import pytest
 from confluent_kafka import Consumer
 from integration_support import catch_up, cli, good_value
 
-from kafka_ledger import consumer_group, kafka_offsets, ledger
+from kafka_ledger.kafka import consumer_group
+from kafka_ledger.kafka import offsets as kafka_offsets
+from kafka_ledger.ledger import db as ledger
 
 pytestmark = pytest.mark.integration
 

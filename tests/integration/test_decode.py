@@ -9,9 +9,9 @@ import psycopg2
 import pytest
 from integration_support import CASES, COLUMNS, assert_exactly_once, good_value, nested
 
-from kafka_ledger.airflow_dag import run_pipeline_dag
-from kafka_ledger.config import parse_pipelines
-from kafka_ledger.settings import spark_connect_url
+from kafka_ledger.airflow.dags import run_pipeline_dag
+from kafka_ledger.config.pipeline import parse_pipelines
+from kafka_ledger.config.settings import spark_connect_url
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,7 @@ def spark():
 
 @pytest.mark.parametrize("extra_fields", ["ignore", "dead_letter"])
 def test_lean_decoding_gives_every_record_the_reason_and_values_of_the_full_one(spark, extra_fields):
-    from kafka_ledger.decode import decode_records
+    from kafka_ledger.formats.decode import decode_records
 
     pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {
         "topics": ["t"], "output_table": "t", "columns": COLUMNS, "extra_fields": extra_fields}}}))["p"]
@@ -143,7 +143,7 @@ def test_each_timestamp_form_is_published_exactly_or_dead_lettered_with_its_reas
 
 
 def test_a_column_can_narrow_its_years_to_catch_seconds_read_as_milliseconds(spark):
-    from kafka_ledger.decode import decode_records
+    from kafka_ledger.formats.decode import decode_records
 
     pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {"topics": ["t"], "output_table": "t", "columns": [
         {"name": "at", "type": "timestamp", "formats": ["epoch_millis"], "years": [2000, 2100]}]}}}))["p"]

@@ -24,10 +24,11 @@ from integration_support import (
 )
 from psycopg2.extras import execute_values
 
-from kafka_ledger import ledger, sql
-from kafka_ledger import readback as audit
-from kafka_ledger.config import get_pipeline
-from kafka_ledger.planner import plan_batch, plan_next_batch
+from kafka_ledger.batch.plan import plan_batch, plan_next_batch
+from kafka_ledger.config.pipeline import get_pipeline
+from kafka_ledger.ledger import db as ledger
+from kafka_ledger.ledger import sql
+from kafka_ledger.ops import readback as audit
 from kafka_ledger.runtimes import run_batch
 from kafka_ledger.sinks import sink_for
 

@@ -12,7 +12,7 @@ import os
 import pytest
 from integration_support import SECURED_SERVERS, secured_kafka_settings, spark_connect_on_cluster, stack
 
-from kafka_ledger.kafka_security import KAFKA_CONFIG_ENV
+from kafka_ledger.config.services import KAFKA_CONFIG_ENV
 from tools.fault_campaign.runner import Campaign
 from tools.fault_campaign.strikes import FAULT_KINDS, NETWORK_FAULTS, fault_kinds
 

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from integration_support import BAD_VALUES, good_value
 
-from kafka_ledger import ledger
-from kafka_ledger.overview import pipeline_status
-from kafka_ledger.planner import plan_next_batch
+from kafka_ledger.batch.plan import plan_next_batch
+from kafka_ledger.ledger import db as ledger
+from kafka_ledger.ops.overview import pipeline_status
 from kafka_ledger.runtimes import run_batch
 
 pytestmark = pytest.mark.integration

@@ -24,8 +24,8 @@ from integration_support import (
     wait_until_compacted,
 )
 
-from kafka_ledger import readback as audit
-from kafka_ledger.airflow_dag import PLAN_TASK, run_pipeline_dag
+from kafka_ledger.airflow.dags import PLAN_TASK, run_pipeline_dag
+from kafka_ledger.ops import readback as audit
 
 pytestmark = pytest.mark.integration
 
@@ -118,8 +118,8 @@ def test_retention_loss_with_skip_policy_is_recorded_and_shown(dsn, servers, pip
 def test_a_deleted_topic_fails_the_plan_by_name_and_moves_nothing(dsn, servers, pipeline_factory, producer):
     from confluent_kafka.admin import AdminClient
 
-    from kafka_ledger.planner import plan_next_batch
-    from kafka_ledger.planning import PlanError
+    from kafka_ledger.batch.plan import plan_next_batch
+    from kafka_ledger.model.ranges import PlanError
 
     pipeline = pipeline_factory("deleted", partitions=1)
     topic = pipeline.topics[0]
@@ -142,9 +142,9 @@ def test_a_recreated_and_refilled_topic_is_refused_until_reset_re_anchors_it(
 ):
     """The case of issue 21: 100 records read, the topic recreated and refilled with 300; positions (100) lie
     inside the new topic, so only its id tells that offsets 0-99 now name other records."""
-    from kafka_ledger import kafka_offsets
-    from kafka_ledger.planner import plan_next_batch
-    from kafka_ledger.planning import TopicIdentityError
+    from kafka_ledger.batch.plan import plan_next_batch
+    from kafka_ledger.kafka import offsets as kafka_offsets
+    from kafka_ledger.model.ranges import TopicIdentityError
 
     pipeline = pipeline_factory("recreated", partitions=1)
     topic = pipeline.topics[0]
@@ -191,10 +191,11 @@ def test_a_topic_recreated_while_its_batch_is_read_is_refused_at_commit_and_its_
     """Planning saw the topic it anchored; the topic was recreated before the batch committed. The commit refuses
     (nothing published, no position moved). Re-anchored by latest, the earlier topic's rows stay under offsets that
     name other records: verify fails naming them, until a replay of those offsets replaces them."""
-    from kafka_ledger import kafka_offsets, ledger
-    from kafka_ledger.commit import commit_batch
-    from kafka_ledger.planner import plan_next_batch
-    from kafka_ledger.planning import OffsetRange, TopicIdentityError
+    from kafka_ledger.batch.commit import commit_batch
+    from kafka_ledger.batch.plan import plan_next_batch
+    from kafka_ledger.kafka import offsets as kafka_offsets
+    from kafka_ledger.ledger import db as ledger
+    from kafka_ledger.model.ranges import OffsetRange, TopicIdentityError
 
     pipeline = pipeline_factory("recreated_mid_batch", partitions=1)
     topic = pipeline.topics[0]

@@ -19,13 +19,13 @@ from integration_support import (
     stored,
 )
 
-from kafka_ledger.batch_requests import BatchRequest, RequestError
-from kafka_ledger.lake_maintenance import maintain
-from kafka_ledger.planner import plan_batch, plan_next_batch
-from kafka_ledger.runtimes.connect import ConnectBatch, SparkReadError
-from kafka_ledger.runtimes.submit import SubmitRuntime, submit_batch
+from kafka_ledger.batch.plan import plan_batch, plan_next_batch
+from kafka_ledger.batch.requests import BatchRequest, RequestError
+from kafka_ledger.runtimes.connect.batch import ConnectBatch, SparkReadError
+from kafka_ledger.runtimes.submit.runtime import SubmitRuntime, submit_batch
 from kafka_ledger.sinks import IcebergSink
-from kafka_ledger.sinks.iceberg import ATTEMPT_KEY, BATCH_KEY, PIPELINE_KEY, RANGES_KEY, IcebergSinkError
+from kafka_ledger.sinks.iceberg.maintenance import maintain
+from kafka_ledger.sinks.iceberg.sink import ATTEMPT_KEY, BATCH_KEY, PIPELINE_KEY, RANGES_KEY, IcebergSinkError
 
 pytestmark = pytest.mark.integration
 
@@ -189,7 +189,7 @@ def test_verify_reads_the_table_back_and_finds_a_row_removed_behind_the_ledgers_
         dsn, servers, pipeline_factory, producer):
     from pyiceberg.expressions import And, EqualTo
 
-    from kafka_ledger.verify import verify_pipeline
+    from kafka_ledger.ops.verify import verify_pipeline
 
     pipeline = pipeline_factory("iceberg_verify", partitions=2)
     sent = produce(producer, pipeline, [good_value(i) for i in range(300)])
@@ -337,7 +337,7 @@ def test_a_warehouse_that_cannot_take_the_files_fails_the_batch_and_publishes_no
 def test_the_ledger_page_and_its_api_name_each_batchs_snapshot(dsn, servers, pipeline_factory, producer, monkeypatch):
     from fastapi.testclient import TestClient
 
-    from kafka_ledger.web import app as web_app
+    from kafka_ledger.ops.web import app as web_app
 
     pipeline = pipeline_factory("iceberg_page", partitions=2)
     produce(producer, pipeline, [good_value(i) for i in range(50)])

@@ -1,5 +1,5 @@
 """The local stack's lake: Iceberg's JDBC catalog `lake` in Spark (the Spark Connect server and spark-submit, from
-spark-defaults.conf) and read back without Spark by pyiceberg (kafka_ledger.lake)."""
+spark-defaults.conf) and read back without Spark by pyiceberg (kafka_ledger.sinks.iceberg.catalogs)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kafka_ledger import lake
-from kafka_ledger.runtimes.connect import client_session, close_session, configure
-from kafka_ledger.runtimes.submit import spark_jars
+from kafka_ledger.runtimes.connect.batch import client_session, close_session, configure
+from kafka_ledger.runtimes.submit.runtime import spark_jars
+from kafka_ledger.sinks.iceberg import catalogs as lake
 
 pytestmark = pytest.mark.integration
 

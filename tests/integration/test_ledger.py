@@ -11,10 +11,11 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 from integration_support import RecordedProducer, good_value, output_count, stage_rows
 
-from kafka_ledger import ledger, sql
-from kafka_ledger.commit import CommitError, commit_batch
-from kafka_ledger.planner import plan_next_batch
-from kafka_ledger.planning import LostDataError, OffsetRange
+from kafka_ledger.batch.commit import CommitError, commit_batch
+from kafka_ledger.batch.plan import plan_next_batch
+from kafka_ledger.ledger import db as ledger
+from kafka_ledger.ledger import sql
+from kafka_ledger.model.ranges import LostDataError, OffsetRange
 
 pytestmark = pytest.mark.integration
 

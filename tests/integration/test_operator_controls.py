@@ -23,10 +23,10 @@ from integration_support import (
     verify_ok,
 )
 
-from kafka_ledger import readback as audit
-from kafka_ledger.airflow_dag import run_pipeline_dag
-from kafka_ledger.batch_requests import parse_request
-from kafka_ledger.planner import plan_batch
+from kafka_ledger.airflow.dags import run_pipeline_dag
+from kafka_ledger.batch.plan import plan_batch
+from kafka_ledger.batch.requests import parse_request
+from kafka_ledger.ops import readback as audit
 
 pytestmark = pytest.mark.integration
 
@@ -249,7 +249,7 @@ def test_latest_only_reads_the_newest_records_and_records_what_it_skipped(dsn, s
 
 
 def test_pattern_subscription_picks_up_new_matching_topics(dsn, servers, producer):
-    from kafka_ledger.config import get_pipeline
+    from kafka_ledger.config.pipeline import get_pipeline
 
     pipeline = get_pipeline(pipeline_name("pattern"))
     admin = AdminClient({"bootstrap.servers": servers})

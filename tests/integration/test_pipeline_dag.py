@@ -9,10 +9,11 @@ import psycopg2
 import pytest
 from integration_support import BAD_VALUES, assert_exactly_once, batches, good_value, spark_task, stored
 
-from kafka_ledger import kafka_offsets, ledger
-from kafka_ledger import readback as audit
-from kafka_ledger.airflow_dag import run_pipeline_dag
-from kafka_ledger.commit import commit_batch
+from kafka_ledger.airflow.dags import run_pipeline_dag
+from kafka_ledger.batch.commit import commit_batch
+from kafka_ledger.kafka import offsets as kafka_offsets
+from kafka_ledger.ledger import db as ledger
+from kafka_ledger.ops import readback as audit
 
 pytestmark = pytest.mark.integration
 

@@ -11,12 +11,12 @@ import psycopg2
 import pytest
 from integration_support import BAD_VALUES, SECURED_SERVERS, good_value, other_ca, secured_kafka_settings
 
-from kafka_ledger import kafka_offsets
-from kafka_ledger import readback as audit
-from kafka_ledger.airflow_dag import run_pipeline_dag
-from kafka_ledger.kafka_security import KAFKA_CONFIG_ENV
-from kafka_ledger.planner import plan_next_batch
-from kafka_ledger.verify import verify_pipeline
+from kafka_ledger.airflow.dags import run_pipeline_dag
+from kafka_ledger.batch.plan import plan_next_batch
+from kafka_ledger.config.services import KAFKA_CONFIG_ENV
+from kafka_ledger.kafka import offsets as kafka_offsets
+from kafka_ledger.ops import readback as audit
+from kafka_ledger.ops.verify import verify_pipeline
 
 pytestmark = pytest.mark.integration
 

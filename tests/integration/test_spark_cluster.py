@@ -22,9 +22,9 @@ from integration_support import (
     stack,
 )
 
-from kafka_ledger import readback as audit
-from kafka_ledger.airflow_dag import run_pipeline_dag
-from kafka_ledger.settings import libpq_settings
+from kafka_ledger.airflow.dags import run_pipeline_dag
+from kafka_ledger.config.settings import libpq_settings
+from kafka_ledger.ops import readback as audit
 from tools.stack import service_pids
 
 pytestmark = pytest.mark.integration

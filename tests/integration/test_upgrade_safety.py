@@ -10,9 +10,9 @@ import pytest
 import yaml
 from integration_support import assert_exactly_once, batches, good_value
 
-from kafka_ledger.airflow_dag import run_pipeline_dag
-from kafka_ledger.config import get_pipeline
-from kafka_ledger.settings import runtime_name as spark_runtime
+from kafka_ledger.airflow.dags import run_pipeline_dag
+from kafka_ledger.config.pipeline import get_pipeline
+from kafka_ledger.config.settings import runtime_name as spark_runtime
 
 pytestmark = pytest.mark.integration
 

@@ -8,9 +8,9 @@ import socket
 import pytest
 from integration_support import batches, catch_up, cli, good_value, query
 
-from kafka_ledger.batch_requests import parse_request
-from kafka_ledger.cli import EXIT_PROBLEMS, EXIT_UNVERIFIED
-from kafka_ledger.planner import plan_batch
+from kafka_ledger.batch.plan import plan_batch
+from kafka_ledger.batch.requests import parse_request
+from kafka_ledger.ops.cli import EXIT_PROBLEMS, EXIT_UNVERIFIED
 from kafka_ledger.runtimes import run_batch
 
 pytestmark = pytest.mark.integration

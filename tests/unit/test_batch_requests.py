@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 import jsonschema
 import pytest
 
-from kafka_ledger.batch_requests import RequestError, parse_request
-from kafka_ledger.planning import OffsetRange
+from kafka_ledger.batch.requests import RequestError, parse_request
+from kafka_ledger.model.ranges import OffsetRange
 
 
 def test_empty_conf_means_catch_up():
@@ -51,8 +51,8 @@ def test_invalid_requests_are_refused_in_words(conf, expected):
 
 
 def test_trigger_form_schema_accepts_the_documented_examples_and_refuses_bad_types():
-    from kafka_ledger.airflow_dag import trigger_form
-    from kafka_ledger.config import parse_pipelines
+    from kafka_ledger.airflow.dags import trigger_form
+    from kafka_ledger.config.pipeline import parse_pipelines
 
     pipeline = parse_pipelines(
         "pipelines:\n  p:\n    topics: [t]\n    output_table: t\n    columns: [{name: a, type: string}]\n"
@@ -76,7 +76,7 @@ def test_trigger_form_schema_accepts_the_documented_examples_and_refuses_bad_typ
 def test_the_form_is_the_request_model_and_only_the_mode_is_required():
     from typing import get_args
 
-    from kafka_ledger.batch_requests import BatchRequest, Mode, trigger_form_fields
+    from kafka_ledger.batch.requests import BatchRequest, Mode, trigger_form_fields
 
     fields = trigger_form_fields()
     assert list(fields) == list(BatchRequest.model_fields)
@@ -102,7 +102,7 @@ def test_the_form_is_the_request_model_and_only_the_mode_is_required():
 
 
 def test_the_forms_example_range_names_the_pipelines_first_topic():
-    from kafka_ledger.batch_requests import trigger_form_fields
+    from kafka_ledger.batch.requests import trigger_form_fields
 
     assert '`[{"topic": "clicks", "partition": 0, "from": 100, "until": 200}]`' in (
         trigger_form_fields("clicks")["ranges"].schema["description_md"])

@@ -2,8 +2,8 @@
 
 import pytest
 
-from kafka_ledger import cli
-from kafka_ledger.planning import TopicPartition
+from kafka_ledger.model.ranges import TopicPartition
+from kafka_ledger.ops import cli
 
 
 def test_help_lists_every_command(capsys):
@@ -25,7 +25,7 @@ def test_help_lists_every_command(capsys):
     ([{"unverified": "deadline"}, {"problems": ["outside"]}], cli.EXIT_PROBLEMS),
 ])
 def test_verify_exit_codes_tell_a_problem_from_a_check_that_could_not_run(monkeypatch, capsys, reports, code):
-    from kafka_ledger.verify import VerifyReport
+    from kafka_ledger.ops.verify import VerifyReport
 
     calls = []
 
@@ -81,7 +81,7 @@ def test_output_to_a_reader_that_goes_away_ends_quietly():
 
     # As in `kafka-ledger batches PIPELINE | head -1`: the reader closes the pipe after the first line.
     writer = subprocess.Popen(
-        [sys.executable, "-c", "from kafka_ledger import cli\nfor i in range(20000): cli._print(f'line {i}')"],
+        [sys.executable, "-c", "from kafka_ledger.ops import cli\nfor i in range(20000): cli._print(f'line {i}')"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     assert writer.stdout.readline() == b"line 0\n"
@@ -111,7 +111,7 @@ def test_a_date_time_without_a_zone_is_utc_for_reset_and_replay_alike_whatever_t
     import time
     from datetime import UTC, datetime
 
-    from kafka_ledger.resets import describe_target
+    from kafka_ledger.ops.resets import describe_target
 
     monkeypatch.setenv("TZ", zone)
     time.tzset()

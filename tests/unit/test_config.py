@@ -5,9 +5,10 @@ import textwrap
 import pytest
 import yaml
 
-from kafka_ledger import config, settings
-from kafka_ledger.columns import POSTGRES_TYPES
-from kafka_ledger.config import ConfigError, get_pipeline, load_pipelines, parse_pipelines
+from kafka_ledger.config import pipeline as config
+from kafka_ledger.config import settings
+from kafka_ledger.config.pipeline import ConfigError, get_pipeline, load_pipelines, parse_pipelines
+from kafka_ledger.model.columns import POSTGRES_TYPES
 
 VALID = textwrap.dedent(
     """

@@ -9,14 +9,14 @@ import shutil
 import pytest
 import yaml
 
-from kafka_ledger import config_reference
-from kafka_ledger.config import AssignedPartition, ColumnSpec, PipelineConfig
-from kafka_ledger.settings import PROJECT_ROOT, Settings, env_name
+from kafka_ledger.config import reference as config_reference
+from kafka_ledger.config.pipeline import AssignedPartition, ColumnSpec, PipelineConfig
+from kafka_ledger.config.settings import PROJECT_ROOT, Settings, env_name
 
 
 def test_every_generated_file_holds_the_current_generation():
     assert config_reference.main(["--check"]) == 0, (
-        "a generated block is out of date with the code: run `python -m kafka_ledger.config_reference` "
+        "a generated block is out of date with the code: run `python -m kafka_ledger.config.reference` "
         "(with include/ on PYTHONPATH) and commit the files it rewrites")
 
 

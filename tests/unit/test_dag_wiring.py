@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kafka_ledger.airflow_dag import BASE_SPARK_CONF, SPARK_APPLICATION, SPARK_POOL, build_pipeline_dag
-from kafka_ledger.config import parse_pipelines
+from kafka_ledger.airflow.dags import BASE_SPARK_CONF, SPARK_APPLICATION, SPARK_POOL, build_pipeline_dag
+from kafka_ledger.config.pipeline import parse_pipelines
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,8 +105,8 @@ def test_no_secret_reaches_the_spark_submit_command_line_on_any_master(dag, monk
 
 
 def test_a_master_exported_after_the_connection_was_made_is_refused_not_ignored(dag, monkeypatch):
-    from kafka_ledger.runtimes.submit import check_master
-    from kafka_ledger.settings import SettingsError
+    from kafka_ledger.config.settings import SettingsError
+    from kafka_ledger.runtimes.submit.runtime import check_master
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
     monkeypatch.setenv("KAFKA_LEDGER_SPARK_MASTER", "spark://127.0.0.1:17077")
@@ -178,7 +178,7 @@ def test_hourly_data_interval_covers_one_hour(dag):
 
 
 def test_connect_runtime_reads_and_commits_in_one_task(monkeypatch):
-    from kafka_ledger.airflow_dag import ReadAndCommitOperator
+    from kafka_ledger.airflow.dags import ReadAndCommitOperator
 
     monkeypatch.setenv("KAFKA_LEDGER_SPARK_RUNTIME", "connect")
     dag = build_pipeline_dag(PIPELINES["clicks"])
@@ -217,8 +217,8 @@ def test_a_pipeline_can_keep_spark_submit_in_a_connect_deployment(monkeypatch):
 def test_the_ledger_password_is_registered_as_a_secret_whatever_the_dsn_form(monkeypatch, dsn):
     import airflow.sdk.log
 
-    from kafka_ledger import airflow_dag
-    from kafka_ledger.settings import deployment_settings
+    from kafka_ledger.airflow import dags as airflow_dag
+    from kafka_ledger.config.settings import deployment_settings
 
     masked: list[str] = []
     monkeypatch.setattr(airflow.sdk.log, "mask_secret", masked.append)
@@ -231,7 +231,7 @@ def test_the_ledger_password_is_registered_as_a_secret_whatever_the_dsn_form(mon
 
 @pytest.mark.parametrize(("runtime", "committing_task"), [("connect", "read_and_commit"), ("submit", "commit_batch")])
 def test_the_committing_task_updates_the_output_tables_asset(monkeypatch, runtime, committing_task):
-    from kafka_ledger.airflow_dag import output_asset
+    from kafka_ledger.airflow.dags import output_asset
 
     monkeypatch.setenv("KAFKA_LEDGER_SPARK_RUNTIME", runtime)
     pipeline = PIPELINES["clicks"]
@@ -243,7 +243,7 @@ def test_the_committing_task_updates_the_output_tables_asset(monkeypatch, runtim
 
 def test_the_spark_job_and_its_log_configuration_are_where_spark_submit_is_told_to_find_them():
     """A module move once sent spark-submit to include/spark_jobs/ingest_batch.py, which does not exist."""
-    from kafka_ledger.runtimes.submit import SPARK_LOG_CONFIG
+    from kafka_ledger.runtimes.submit.runtime import SPARK_LOG_CONFIG
 
     assert SPARK_APPLICATION == REPO / "spark_jobs" / "ingest_batch.py" and SPARK_APPLICATION.is_file()
     assert SPARK_LOG_CONFIG.is_file()

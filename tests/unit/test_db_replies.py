@@ -1,6 +1,6 @@
 """The ledger connection's bounded waits: the keepalives it adds, and only where the connection string is silent."""
 
-from kafka_ledger import db_replies
+from kafka_ledger.ledger import replies as db_replies
 
 
 def test_keepalives_are_added_unless_the_connection_string_sets_them():

@@ -3,7 +3,7 @@
 Docker does not run where the tests run, so the file is checked as data: the services exist and are wired
 together (dependencies, addresses, mounts), every Airflow service gets the same settings, and the names and
 versions stay in sync with the Docker-less stack (scripts/env.sh, requirements.txt, the Maven poms). The
-KAFKA_LEDGER_* variables of both are generated from include/kafka_ledger/settings.py (test_config_reference.py).
+KAFKA_LEDGER_* variables of both are generated from include/kafka_ledger/config/settings.py (test_config_reference.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ SPARK_SERVICES = ["spark-master", "spark-worker"]
 SERVICES = ["kafka", "postgres", *SPARK_SERVICES, *AIRFLOW_SERVICES]
 
 # Settings both stacks must define under the same names (values differ: container vs 127.0.0.1 addresses).
-# kafka-ledger's own (KAFKA_LEDGER_*) are generated in both from include/kafka_ledger/settings.py
+# kafka-ledger's own (KAFKA_LEDGER_*) are generated in both from include/kafka_ledger/config/settings.py
 # (test_config_reference.py).
 SHARED_ENV_NAMES = [
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
@@ -167,7 +167,7 @@ def test_services_waited_on_as_healthy_have_a_healthcheck(services):
 def test_airflow_init_migrates_both_databases_and_creates_the_pool(services):
     script = " ".join(services["airflow-init"]["command"])
     assert "airflow db migrate" in script
-    assert "python -m kafka_ledger.migrations" in script
+    assert "python -m kafka_ledger.ledger.migrations" in script
     assert "airflow pools set kafka_ledger_spark 2" in script
 
 

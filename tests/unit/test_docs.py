@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kafka_ledger.settings import DEFAULT_SPARK_RUNTIME
+from kafka_ledger.config.settings import DEFAULT_SPARK_RUNTIME
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_ledger.airflow_dag import build_pipeline_dag, doorbell_asset
-from kafka_ledger.config import ConfigError, DoorbellSpec, parse_pipelines
-from kafka_ledger.doorbell import DoorbellTrigger, Look, RingRule
-from kafka_ledger.planning import TopicPartition
+from kafka_ledger.airflow.dags import build_pipeline_dag, doorbell_asset
+from kafka_ledger.airflow.doorbell import DoorbellTrigger, Look, RingRule
+from kafka_ledger.config.pipeline import ConfigError, DoorbellSpec, parse_pipelines
+from kafka_ledger.model.ranges import TopicPartition
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
 
@@ -63,7 +63,7 @@ def test_a_look_sums_the_lag_and_names_how_many_partitions_wait():
 def test_the_trigger_serializes_to_what_builds_it_again():
     trigger = DoorbellTrigger("bell", min_backlog=100, poll_seconds=2.0, ring_again_seconds=60.0)
     classpath, kwargs = trigger.serialize()
-    assert classpath == "kafka_ledger.doorbell.DoorbellTrigger"
+    assert classpath == "kafka_ledger.airflow.doorbell.DoorbellTrigger"
     assert DoorbellTrigger(**kwargs).serialize() == (classpath, kwargs)
 
 
@@ -91,7 +91,7 @@ def test_a_doorbell_dag_runs_on_its_asset_beside_its_schedule_or_alone():
 
 def test_the_doorbell_asset_watches_with_the_pipelines_trigger():
     asset = doorbell_asset(PIPELINES["bell"])
-    assert asset.name == "kafka_ledger.doorbell.bell" and asset.uri == "kafka-ledger://doorbell/bell"
+    assert asset.name == "kafka_ledger.airflow.doorbell.bell" and asset.uri == "kafka-ledger://doorbell/bell"
     (watcher,) = asset.watchers
     assert watcher.trigger.serialize()[1] == {"pipeline": "bell", "min_backlog": 100, "poll_seconds": 2.0,
                                               "ring_again_seconds": 300.0}

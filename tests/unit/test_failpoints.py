@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from kafka_ledger import failpoints
-from kafka_ledger.failpoints import FailPointError
+from kafka_ledger.observe import failpoints
+from kafka_ledger.observe.failpoints import FailPointError
 
 
 def test_inert_without_environment():
@@ -82,7 +82,7 @@ def test_once_dir_leaves_no_marker_for_unarmed_fail_points(monkeypatch, tmp_path
 def run_kill_child(env_extra: dict[str, str]) -> subprocess.CompletedProcess:
     code = textwrap.dedent(
         """
-        from kafka_ledger import failpoints
+        from kafka_ledger.observe import failpoints
         failpoints.hit("after_staging")
         print("survived")
         """

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kafka_ledger.config import parse_pipelines
-from kafka_ledger.headroom import Headroom, Retention, assess, duration, headroom_text, warning
-from kafka_ledger.planning import PartitionOffsets, TopicPartition
+from kafka_ledger.config.pipeline import parse_pipelines
+from kafka_ledger.kafka.headroom import Headroom, Retention, assess, duration, headroom_text, warning
+from kafka_ledger.model.ranges import PartitionOffsets, TopicPartition
 
 TP = TopicPartition("t", 0)
 HOUR = 3600 * 1000

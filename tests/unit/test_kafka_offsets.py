@@ -5,7 +5,7 @@ import time
 import pytest
 from confluent_kafka import KafkaError
 
-from kafka_ledger import kafka_offsets
+from kafka_ledger.kafka import offsets as kafka_offsets
 
 NOWHERE = "127.0.0.1:1"  # nothing listens on port 1: every connection attempt fails at once
 

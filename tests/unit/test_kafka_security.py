@@ -5,9 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from kafka_ledger import kafka_security, settings
-from kafka_ledger.kafka_security import KafkaClientConfig, KafkaConfigError, spark_options
-from kafka_ledger.settings import SettingsError, secret_values
+from kafka_ledger.config import services as kafka_security
+from kafka_ledger.config import settings
+from kafka_ledger.config.services import KafkaClientConfig, KafkaConfigError, spark_options
+from kafka_ledger.config.settings import SettingsError, secret_values
 
 SCRAM = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "ingest",
          "sasl.password": 'p"a\\ss', "ssl.ca.location": "/etc/kafka/ca.pem"}

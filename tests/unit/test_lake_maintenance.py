@@ -1,6 +1,6 @@
 """What an Iceberg table's snapshot expiry may drop: never a snapshot an unfinished batch may still adopt."""
 
-from kafka_ledger.lake_maintenance import ExpiryBound, HistorySnapshot, expiry_bound
+from kafka_ledger.sinks.iceberg.maintenance import ExpiryBound, HistorySnapshot, expiry_bound
 
 NOW = 10_000_000
 

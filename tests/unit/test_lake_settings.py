@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_ledger.lake import LakeError, catalog_settings, reader_properties
+from kafka_ledger.sinks.iceberg.catalogs import LakeError, catalog_settings, reader_properties
 
 SPARK_DEFAULTS = """# the stack's
 spark.authenticate                 true
@@ -49,8 +49,8 @@ def test_a_rest_catalog_stays_one_and_other_kinds_are_refused_by_name():
 
 
 def test_a_catalog_that_cannot_be_reached_is_a_clear_refusal_without_its_password(tmp_path, monkeypatch):
-    from kafka_ledger.config import PipelineConfig
-    from kafka_ledger.sinks.iceberg import IcebergSink, IcebergSinkError
+    from kafka_ledger.config.pipeline import PipelineConfig
+    from kafka_ledger.sinks.iceberg.sink import IcebergSink, IcebergSinkError
 
     # Nothing listens on port 1 of loopback: the catalog's database refuses the connection at once.
     (tmp_path / "spark-defaults.conf").write_text(SPARK_DEFAULTS.replace("127.0.0.1:15432", "127.0.0.1:1"))

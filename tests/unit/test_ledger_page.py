@@ -7,12 +7,12 @@ import pytest
 from fastapi import Depends, HTTPException
 from fastapi.testclient import TestClient
 
-from kafka_ledger import overview
-from kafka_ledger.config import PipelineConfig
-from kafka_ledger.ledger import PositionRow
-from kafka_ledger.planning import Coverage, PartitionOffsets, TopicPartition
-from kafka_ledger.web.app import create_app
-from kafka_ledger.web.charts import Point, bar_chart
+from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.ledger.db import PositionRow
+from kafka_ledger.model.ranges import Coverage, PartitionOffsets, TopicPartition
+from kafka_ledger.ops import overview
+from kafka_ledger.ops.web.app import create_app
+from kafka_ledger.ops.web.charts import Point, bar_chart
 
 NOW = datetime(2026, 11, 23, tzinfo=UTC)
 
@@ -96,7 +96,7 @@ def test_every_route_is_behind_the_guard_it_is_given(path):
 
 
 def test_links_are_relative_to_the_app_root_whatever_prefix_serves_it(tmp_path: Path, monkeypatch):
-    from kafka_ledger.web import app as web_app
+    from kafka_ledger.ops.web import app as web_app
 
     monkeypatch.setattr(web_app, "_pipelines", lambda: ({"clicks": pipeline()}, {}))
     client = TestClient(create_app(), root_path="/behind/a/proxy/kafka-ledger")
@@ -121,8 +121,8 @@ def test_the_plugin_links_the_page_relative_to_the_ui_in_the_navigation_and_on_e
 
 
 def test_a_rewrite_says_what_it_re_reads():
-    from kafka_ledger.ledger import Batch
-    from kafka_ledger.planning import OffsetRange
+    from kafka_ledger.ledger.db import Batch
+    from kafka_ledger.model.ranges import OffsetRange
 
     def summary(**fields) -> dict:
         return overview.batch_summary(Batch(7, "clicks", "committed", 1, 1, None, None, NOW, **fields))
@@ -138,7 +138,7 @@ def test_a_rewrite_says_what_it_re_reads():
 def test_airflows_param_error_for_a_pipeline_trigger_is_cut_to_its_sentence():
     from fastapi import FastAPI
 
-    from kafka_ledger.web.refusals import ShortParamErrors
+    from kafka_ledger.ops.web.refusals import ShortParamErrors
 
     dump = ("Invalid input for param mode: 'sideways' is not one of ['catch_up', 'replay_batch']\n\n"
             "Failed validating 'enum' in schema:\n    {'type': 'string', 'description_md': '...'}\n\nOn instance:\n"

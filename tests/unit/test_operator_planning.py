@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from kafka_ledger.planning import (
+from kafka_ledger.model.ranges import (
     Coverage,
     OffsetRange,
     PartitionOffsets,
@@ -206,14 +206,14 @@ def test_reset_outside_the_log_is_refused():
 
 
 def test_skip_lost_starts_at_the_log_start_and_marks_the_lost_offsets_skipped():
-    from kafka_ledger.planning import plan_ranges
+    from kafka_ledger.model.ranges import plan_ranges
 
     assert plan_ranges({A0: 4, A1: 20}, OFFSETS, 100, skip_lost=True) == [
         OffsetRange("a", 0, 10, 110, skipped_from=4), OffsetRange("a", 1, 20, 50)]
 
 
 def test_skip_lost_with_nothing_left_to_read_is_an_empty_range_that_still_moves_the_position():
-    from kafka_ledger.planning import plan_ranges
+    from kafka_ledger.model.ranges import plan_ranges
 
     gone = {A0: PartitionOffsets(log_start=30, end=30)}
     (r,) = plan_ranges({A0: 4}, gone, 100, skip_lost=True)

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from kafka_ledger.planning import (
+from kafka_ledger.model.ranges import (
     LostDataError,
     OffsetRange,
     PartitionOffsets,
@@ -372,7 +372,7 @@ def test_partition_lag_counts_unseen_partitions_from_where_the_pipeline_would_st
 
 
 def test_topic_identity_anchors_new_topics_and_names_changed_ones():
-    from kafka_ledger.planning import TopicIdentityError, topic_identity
+    from kafka_ledger.model.ranges import TopicIdentityError, topic_identity
 
     unseen, changed = topic_identity({"a": "id-a", "b": "id-b"}, {"a": "id-a", "b": "id-b2", "c": "id-c"})
     assert unseen == {"c": "id-c"} and changed == {"b": ("id-b", "id-b2")}
@@ -385,7 +385,7 @@ def test_topic_identity_anchors_new_topics_and_names_changed_ones():
 
 
 def test_identity_changes_name_a_recreated_or_deleted_topic_of_a_planned_batch():
-    from kafka_ledger.planning import TopicIdentityError, identity_changes
+    from kafka_ledger.model.ranges import TopicIdentityError, identity_changes
 
     planned = {"a": "id-a", "b": "id-b", "c": "id-c", "old": None}
     changed = identity_changes(planned, {"a": "id-a", "b": "id-b2", "old": "id-o"})
@@ -397,7 +397,7 @@ def test_identity_changes_name_a_recreated_or_deleted_topic_of_a_planned_batch()
 
 
 def test_earlier_incarnations_find_ranges_read_from_another_topic_id():
-    from kafka_ledger.planning import earlier_incarnations
+    from kafka_ledger.model.ranges import earlier_incarnations
 
     read = [
         (OffsetRange("a", 0, 0, 100), "id-a1"),  # read before the topic was recreated

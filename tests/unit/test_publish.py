@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 
-from kafka_ledger.config import PipelineConfig
-from kafka_ledger.planning import PartitionReadStats, check_read_coverage
-from kafka_ledger.publish import DEAD_LETTER_LINE, PUBLISHED, CopyStream, output_rows, output_schema
+from kafka_ledger.batch.publish import DEAD_LETTER_LINE, PUBLISHED, CopyStream, output_rows, output_schema
+from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.model.ranges import PartitionReadStats, check_read_coverage
 
 PIPELINE = PipelineConfig.model_validate(
     {"name": "p", "topics": ["t"], "output_table": "out", "columns": [{"name": "name", "type": "string"}]})
@@ -153,7 +153,7 @@ def test_a_sliced_arrow_table_gives_only_its_own_rows():
 
 
 def test_read_stats_feed_the_coverage_check():
-    from kafka_ledger.planning import OffsetRange
+    from kafka_ledger.model.ranges import OffsetRange
 
     stream = stream_of([
         table([("t", 0, 5, "x", None), ("t", 0, 6, None, "d\n"), ("t", 1, 0, "y", None)]),

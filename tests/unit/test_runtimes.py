@@ -8,7 +8,7 @@ from typing import get_args
 
 import pytest
 
-from kafka_ledger.config import SparkRuntime, parse_pipelines
+from kafka_ledger.config.pipeline import SparkRuntime, parse_pipelines
 from kafka_ledger.runtimes import RUNTIMES, Runtime, runtime_for
 
 PACKAGE = Path(__file__).resolve().parents[2] / "include" / "kafka_ledger"
@@ -90,7 +90,7 @@ def test_no_module_outside_the_runtimes_branches_on_a_runtime_name():
 
 
 def test_a_spark_failure_is_told_by_its_first_line_and_its_root_cause():
-    from kafka_ledger.runtimes.connect import _headline
+    from kafka_ledger.runtimes.connect.batch import _headline
 
     error = Exception("[KAFKA_DATA_LOSS] Some data may have been lost\nJVM stacktrace:\n\tat org.apache.spark.X\n"
                       "Caused by: java.util.concurrent.ExecutionException: boom\n\tat y\n"
@@ -102,8 +102,8 @@ def test_a_spark_failure_is_told_by_its_first_line_and_its_root_cause():
 
 
 def test_the_warm_up_reads_the_newest_offsets_of_the_fullest_partitions():
-    from kafka_ledger.planning import OffsetRange, PartitionOffsets, TopicPartition
-    from kafka_ledger.runtimes.connect import newest_ranges
+    from kafka_ledger.model.ranges import OffsetRange, PartitionOffsets, TopicPartition
+    from kafka_ledger.runtimes.connect.batch import newest_ranges
 
     offsets = {TopicPartition("t", 0): PartitionOffsets(0, 100), TopicPartition("t", 1): PartitionOffsets(95, 100),
                TopicPartition("t", 2): PartitionOffsets(7, 7), TopicPartition("u", 0): PartitionOffsets(10, 1000)}
@@ -117,10 +117,10 @@ def test_the_warm_up_reads_the_newest_offsets_of_the_fullest_partitions():
 
 
 def test_every_runtime_publishes_into_every_sink_and_a_sink_a_runtime_lacks_is_refused_before_planning(monkeypatch):
-    from kafka_ledger import planner
-    from kafka_ledger.config import PipelineConfig
-    from kafka_ledger.planning import PlanError
-    from kafka_ledger.runtimes.submit import SubmitRuntime
+    from kafka_ledger.batch import plan as planner
+    from kafka_ledger.config.pipeline import PipelineConfig
+    from kafka_ledger.model.ranges import PlanError
+    from kafka_ledger.runtimes.submit.runtime import SubmitRuntime
 
     assert all(runtime.sinks == {"postgres", "iceberg"} for runtime in RUNTIMES.values())
     lake = PipelineConfig.model_validate({

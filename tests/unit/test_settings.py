@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kafka_ledger import settings
-from kafka_ledger.settings import (
+from kafka_ledger.config import settings
+from kafka_ledger.config.settings import (
     JdbcTarget,
     SettingsError,
     jdbc_target,
@@ -175,8 +175,8 @@ def test_jdbc_target_user_without_password():
 
 
 def test_spark_runtime_pipeline_first_then_deployment_then_submit(monkeypatch):
-    from kafka_ledger.config import parse_pipelines
-    from kafka_ledger.settings import runtime_name as spark_runtime
+    from kafka_ledger.config.pipeline import parse_pipelines
+    from kafka_ledger.config.settings import runtime_name as spark_runtime
 
     body = "topics: [t]\n    output_table: t\n    columns: [{name: a, type: string}]"
     default, pinned = (parse_pipelines(f"pipelines:\n  p:\n    {body}{extra}")["p"]
@@ -190,7 +190,7 @@ def test_spark_runtime_pipeline_first_then_deployment_then_submit(monkeypatch):
 
 
 def test_spark_connect_url_names_the_batch_session(monkeypatch):
-    from kafka_ledger.settings import spark_connect_url
+    from kafka_ledger.config.settings import spark_connect_url
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT",
                        '{"conn_type": "spark_connect", "host": "sc://spark.internal", "port": 15002, '
@@ -213,7 +213,7 @@ def test_ledger_timeouts_default_and_come_from_the_environment(monkeypatch):
 
 
 def test_every_setting_is_described_and_named_kafka_ledger_field():
-    from kafka_ledger.kafka_security import KAFKA_CONFIG_ENV
+    from kafka_ledger.config.services import KAFKA_CONFIG_ENV
 
     assert [name for name, field in settings.Settings.model_fields.items() if not field.description] == []
     assert settings.env_name("kafka_config") == KAFKA_CONFIG_ENV
@@ -237,14 +237,14 @@ def test_only_the_connections_a_caller_names_are_looked_up(monkeypatch):
     # The environment's settings alone (the Spark runtime, the pipelines file, the timeouts): no look-up.
     assert settings.deployment_settings().spark_runtime == "submit"
     assert settings.deployment_spark_runtime() == "submit"
-    from kafka_ledger import config
+    from kafka_ledger.config import pipeline as config
 
     assert config.config_path() == settings.DEFAULT_CONFIG_PATH
 
 
 def test_building_a_dag_looks_up_no_connection(monkeypatch):
-    from kafka_ledger.airflow_dag import build_pipeline_dag
-    from kafka_ledger.config import parse_pipelines
+    from kafka_ledger.airflow.dags import build_pipeline_dag
+    from kafka_ledger.config.pipeline import parse_pipelines
 
     def refuse(conn_id):
         raise AssertionError(f"looked up {conn_id} while building a DAG")
@@ -290,7 +290,7 @@ def test_an_invalid_setting_is_one_sentence_naming_the_variable_and_never_showin
 
 
 def test_spark_jars_need_their_folder_named(monkeypatch, tmp_path):
-    from kafka_ledger.runtimes.submit import spark_jars
+    from kafka_ledger.runtimes.submit.runtime import spark_jars
 
     with pytest.raises(SettingsError, match="set KAFKA_LEDGER_SPARK_JARS_DIR"):
         spark_jars()
@@ -301,7 +301,7 @@ def test_spark_jars_need_their_folder_named(monkeypatch, tmp_path):
 
 
 def test_the_spark_job_gets_the_settings_under_their_variables(monkeypatch):
-    from kafka_ledger.runtimes.submit import spark_job_environment
+    from kafka_ledger.runtimes.submit.runtime import spark_job_environment
 
     monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", "/etc/pipelines.yaml")
     assert spark_job_environment("postgresql://h/d", "k:1", {"security.protocol": "SSL"}) == {

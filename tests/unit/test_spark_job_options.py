@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kafka_ledger import read as ingest
-from kafka_ledger.planning import OffsetRange
+from kafka_ledger.batch import read as ingest
+from kafka_ledger.model.ranges import OffsetRange
 
 JOB_PATH = Path(__file__).resolve().parents[2] / "spark_jobs" / "ingest_batch.py"
 

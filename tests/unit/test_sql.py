@@ -5,9 +5,9 @@ import re
 import pytest
 from psycopg2 import sql as pgsql
 
-from kafka_ledger import sql
-from kafka_ledger.columns import POSTGRES_TYPES
-from kafka_ledger.config import parse_pipelines
+from kafka_ledger.config.pipeline import parse_pipelines
+from kafka_ledger.ledger import sql
+from kafka_ledger.model.columns import POSTGRES_TYPES
 
 PIPELINE_YAML = """
 pipelines:
@@ -164,7 +164,7 @@ def test_at_least_once_output_table_has_an_index_but_no_unique_key():
 
 
 def test_replace_deletes_exactly_the_batch_ranges_in_one_statement(pipeline):
-    from kafka_ledger.planning import OffsetRange
+    from kafka_ledger.model.ranges import OffsetRange
 
     text = normalise(render(sql.delete_output_ranges(pipeline)))
     assert text.startswith('DELETE FROM "analytics"."click_events" t USING unnest(%(topics)s::text[], ')

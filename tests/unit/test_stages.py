@@ -2,7 +2,7 @@
 
 import pytest
 
-from kafka_ledger.stages import STAGES, Stopwatch, describe, until_first_rows
+from kafka_ledger.observe.stages import STAGES, Stopwatch, describe, until_first_rows
 
 
 def test_laps_run_from_one_stage_to_the_next():

@@ -8,9 +8,9 @@ import time
 import pytest
 from confluent_kafka import KafkaError
 
-from kafka_ledger.planning import PartitionOffsets, TopicPartition
-from kafka_ledger.readback import partition_record_offsets
-from kafka_ledger.verify import (
+from kafka_ledger.model.ranges import PartitionOffsets, TopicPartition
+from kafka_ledger.ops.readback import partition_record_offsets
+from kafka_ledger.ops.verify import (
     OPEN_END,
     Tally,
     _kafka_spans,

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from kafka_ledger.airflow_dag import doorbell_asset
+from kafka_ledger.airflow.dags import doorbell_asset
 from tools.airflow_server import AirflowClient, component_processes, kill_component
 from tools.fault_campaign import CampaignFailure
 from tools.fault_campaign.producer import SequenceProducer

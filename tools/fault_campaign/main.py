@@ -73,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from kafka_ledger.config import get_pipeline
-    from kafka_ledger.ledger import delete_pipeline
-    from kafka_ledger.settings import bootstrap_servers, deployment_spark_runtime, kafka_config, ledger_dsn
+    from kafka_ledger.config.pipeline import get_pipeline
+    from kafka_ledger.config.settings import bootstrap_servers, deployment_spark_runtime, kafka_config, ledger_dsn
+    from kafka_ledger.ledger.db import delete_pipeline
     from kafka_ledger.sinks import IcebergSink
 
     dsn, servers = ledger_dsn(), bootstrap_servers()

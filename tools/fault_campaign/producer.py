@@ -60,7 +60,7 @@ class SequenceProducer:
                  entity_partitions: int | None = None):
         from confluent_kafka import Producer
 
-        from kafka_ledger.settings import kafka_config
+        from kafka_ledger.config.settings import kafka_config
 
         self.topic = topic
         self.rate = rate
@@ -168,7 +168,7 @@ class SequenceProducer:
 
 def records_by_key(servers: str, topic: str, timeout: float = 300) -> dict[tuple[int, int], int]:
     """Every record of `topic` read back from Kafka: (partition, offset) -> the sequence number in its key."""
-    from kafka_ledger.readback import read_back
+    from kafka_ledger.ops.readback import read_back
 
     return {(m.partition(), m.offset()): sequence_number(m.key()) for m in read_back(servers, [topic], timeout)}
 

@@ -198,8 +198,8 @@ class Campaign(FaultStrikes):
                          timeout: float = 600) -> tuple[bool, str]:
         """The submit runtime's Spark task: spark-submit of the batch's job, driven from a thread. `failpoints`
         (an Iceberg sink's commit faults: its job commits) reach the job's environment alone."""
-        from kafka_ledger.runtimes.submit import SPARK_APPLICATION, spark_job_environment, spark_submit_hook
-        from kafka_ledger.settings import kafka_settings
+        from kafka_ledger.config.settings import kafka_settings
+        from kafka_ledger.runtimes.submit.runtime import SPARK_APPLICATION, spark_job_environment, spark_submit_hook
 
         os.environ.update(spark_job_environment(self.dsn, self.servers, kafka_settings()))
         hook = spark_submit_hook(self.pipeline, batch_id)
@@ -256,7 +256,7 @@ class Campaign(FaultStrikes):
 
         A task try that failed and was retried adds "retried <task>" to the landings.
         """
-        from kafka_ledger.commit import fail_batch
+        from kafka_ledger.batch.commit import fail_batch
 
         hooks = hooks or RunHooks()
         landings: list[str] = []
@@ -410,8 +410,8 @@ class Campaign(FaultStrikes):
         without Spark."""
         from psycopg2 import sql
 
+        from kafka_ledger.ledger.sql import output_table
         from kafka_ledger.sinks import IcebergSink
-        from kafka_ledger.sql import output_table
 
         if not self.iceberg:
             return self._query(sql.SQL("SELECT {} FROM {}").format(
@@ -426,7 +426,7 @@ class Campaign(FaultStrikes):
         """Per partition of the output ∪ the dead letters: records, distinct offsets, the lowest and the highest."""
         from psycopg2 import sql
 
-        from kafka_ledger.sql import output_table
+        from kafka_ledger.ledger.sql import output_table
 
         if not self.iceberg:  # in Postgres, aggregated there
             union = sql.SQL(
@@ -496,7 +496,7 @@ class Campaign(FaultStrikes):
         from pyiceberg.table.snapshots import ancestors_of
 
         from kafka_ledger.sinks import IcebergSink
-        from kafka_ledger.sinks.iceberg import BATCH_KEY
+        from kafka_ledger.sinks.iceberg.sink import BATCH_KEY
 
         table = IcebergSink(self.pipeline).table()
         history = {s.snapshot_id: (s.summary.additional_properties if s.summary else {}).get(BATCH_KEY)
@@ -538,7 +538,7 @@ class Campaign(FaultStrikes):
         """The entity table, its tombstones and the dead letters, in _entity_model's shape."""
         from psycopg2 import sql
 
-        from kafka_ledger.sql import tombstone_table
+        from kafka_ledger.ledger.sql import tombstone_table
 
         state: dict[tuple[str, Any], Any] = {}
         for entity, p, o, amount in self._output_rows(["event_id", "kafka_partition", "kafka_offset", "amount"]):
@@ -560,7 +560,7 @@ class Campaign(FaultStrikes):
     def _entity_final_check(self) -> dict[str, int]:
         """An entity campaign's final check: the table, tombstones and dead letters against the model of every record
         produced; then `kafka-ledger verify` (of the ledger: an entity table's rows are not compared there)."""
-        from kafka_ledger.verify import verify_pipeline
+        from kafka_ledger.ops.verify import verify_pipeline
 
         positions = {p: pos for p, pos in self._query(
             "SELECT partition, position FROM kafka_ledger.positions WHERE pipeline = %(p)s", {"p": self.pipeline.name})}
@@ -585,7 +585,7 @@ class Campaign(FaultStrikes):
     def final_check(self) -> dict[str, int]:
         """Every record produced, by sequence number: good ones in the output with their content, bad ones
         in the dead letters with their reason; then `kafka-ledger verify` against Kafka itself."""
-        from kafka_ledger.verify import verify_pipeline
+        from kafka_ledger.ops.verify import verify_pipeline
 
         if self.entity:
             return self._entity_final_check()
@@ -681,7 +681,7 @@ class Campaign(FaultStrikes):
         self.started_at = self.started_at or datetime.now(UTC).isoformat(timespec="seconds")
         partitions = None
         if self.entity:
-            from kafka_ledger.kafka_offsets import partition_offsets
+            from kafka_ledger.kafka.offsets import partition_offsets
 
             partitions = len(partition_offsets(self.servers, [self.topic]))
         self.producer = SequenceProducer(self.servers, self.topic, self.rate, landed=self.resumed_landed,
@@ -791,9 +791,10 @@ def task_main(argv: list[str]) -> int:
     parser.add_argument("--batch-id", type=int)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
-    from kafka_ledger import commit, planner
-    from kafka_ledger.config import get_pipeline
-    from kafka_ledger.settings import bootstrap_servers, ledger_dsn
+    from kafka_ledger.batch import commit
+    from kafka_ledger.batch import plan as planner
+    from kafka_ledger.config.pipeline import get_pipeline
+    from kafka_ledger.config.settings import bootstrap_servers, ledger_dsn
 
     pipeline = get_pipeline(args.pipeline)
     if args.task == "plan":
@@ -801,7 +802,7 @@ def task_main(argv: list[str]) -> int:
                                      run_id=args.run_id)
         _print_result({"batch_id": planned.batch_id, "resumed": planned.resumed, "offsets": planned.offsets})
     elif args.task == "read_and_commit":
-        from kafka_ledger.runtimes.connect import ConnectBatch
+        from kafka_ledger.runtimes.connect.batch import ConnectBatch
 
         result = ConnectBatch(pipeline, args.batch_id).run(ledger_dsn(), bootstrap_servers())
         _print_result({"batch_id": result.batch_id, "already_committed": result.already_committed})

@@ -74,7 +74,7 @@ def campaign_shape(runtime: str, on_cluster: bool, network: bool = False, secure
 
 def secured() -> bool:
     """Whether the deployment reaches Kafka over SASL_SSL and the ledger over TLS that verifies its server."""
-    from kafka_ledger.settings import kafka_settings, ledger_dsn, libpq_settings
+    from kafka_ledger.config.settings import kafka_settings, ledger_dsn, libpq_settings
 
     return (kafka_settings().get("security.protocol", "").upper() == "SASL_SSL"
             and libpq_settings(ledger_dsn()).get("sslmode") == "verify-full")
@@ -134,7 +134,7 @@ class FaultStrikes:
     def staged_rows(self, batch_id: int, attempt: int) -> int:
         from psycopg2 import sql
 
-        from kafka_ledger.sql import staging_table
+        from kafka_ledger.ledger.sql import staging_table
 
         statement = sql.SQL("SELECT count(*) FROM {} WHERE batch_id = %(b)s AND attempt = %(a)s").format(
             staging_table(self.pipeline))

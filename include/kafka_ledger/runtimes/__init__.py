@@ -8,12 +8,12 @@ A pipeline picks one with `spark_runtime`; the deployment's default is $KAFKA_LE
 
 from __future__ import annotations
 
-from kafka_ledger.commit import CommitResult
-from kafka_ledger.config import PipelineConfig
+from kafka_ledger.batch.commit import CommitResult
+from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.settings import runtime_name
 from kafka_ledger.runtimes.base import AirflowTasks, Runtime
-from kafka_ledger.runtimes.connect import ConnectRuntime
-from kafka_ledger.runtimes.submit import SubmitRuntime
-from kafka_ledger.settings import runtime_name
+from kafka_ledger.runtimes.connect.batch import ConnectRuntime
+from kafka_ledger.runtimes.submit.runtime import SubmitRuntime
 
 __all__ = ["RUNTIMES", "AirflowTasks", "Runtime", "run_batch", "runtime_for"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Protocol
 
-from kafka_ledger.commit import CommitResult
-from kafka_ledger.config import PipelineConfig
+from kafka_ledger.batch.commit import CommitResult
+from kafka_ledger.config.pipeline import PipelineConfig
 
 
 class AirflowTasks(Protocol):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from kafka_ledger.config import IcebergSinkSpec, PipelineConfig
+from kafka_ledger.config.pipeline import IcebergSinkSpec, PipelineConfig
 from kafka_ledger.sinks.base import Sink
-from kafka_ledger.sinks.iceberg import IcebergSink
-from kafka_ledger.sinks.postgres import PostgresEntitySink, PostgresSink
+from kafka_ledger.sinks.iceberg.sink import IcebergSink
+from kafka_ledger.sinks.postgres.sink import PostgresEntitySink, PostgresSink
 
 __all__ = ["IcebergSink", "PostgresEntitySink", "PostgresSink", "Sink", "sink_for"]
 

@@ -8,9 +8,9 @@ from typing import IO
 
 from psycopg2.extensions import connection
 
-from kafka_ledger.config import PipelineConfig
-from kafka_ledger.ledger import Cursor
-from kafka_ledger.planning import OffsetRange, TopicPartition
+from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.ledger.db import Cursor
+from kafka_ledger.model.ranges import OffsetRange, TopicPartition
 
 
 class OutputView(ABC):

@@ -7,8 +7,8 @@ returns the extra of the asset events that triggered it: what the pipeline's com
 import pendulum
 from airflow.sdk import DAG, task
 
-from kafka_ledger.airflow_dag import output_asset
-from kafka_ledger.config import read_pipelines
+from kafka_ledger.airflow.dags import output_asset
+from kafka_ledger.config.pipeline import read_pipelines
 
 for _name, _pipeline in read_pipelines().valid.items():
     if not _name.endswith("_rest"):

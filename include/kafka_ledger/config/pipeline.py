@@ -1,0 +1,630 @@
+"""Pipeline declarations: the YAML file that lists every pipeline, validated on load."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kafka_ledger.config.settings import SparkRuntime, deployment_settings
+from kafka_ledger.model.columns import RESERVED_COLUMNS
+
+# Names end up in SQL identifiers, DAG ids and pool names: keep them to a safe, portable alphabet.
+IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+ColumnType = Literal["string", "long", "int", "double", "boolean", "timestamp"]
+
+# How a timestamp column's JSON value may be written: ISO-8601 text, or a number of seconds, milliseconds or
+# microseconds since 1970-01-01 UTC. A number's unit cannot be told from the number, so a column declares one.
+TimestampFormat = Literal["iso8601", "epoch_seconds", "epoch_millis", "epoch_micros"]
+DEFAULT_TIMESTAMP_FORMATS: tuple[TimestampFormat, ...] = ("iso8601", "epoch_seconds")
+EPOCH_MICROS_PER_UNIT: dict[str, int] = {"epoch_seconds": 1_000_000, "epoch_millis": 1_000, "epoch_micros": 1}
+# Decoded timestamps must fall in these years (first and last, inclusive) unless a column narrows them: an
+# epoch number in the wrong unit lands outside them (milliseconds read as seconds give the year 58000) and
+# is dead-lettered instead of published.
+TIMESTAMP_YEARS = (1900, 2199)
+
+def _identifier(value: str) -> str:
+    if not IDENTIFIER.match(value):
+        raise ValueError(f"{value!r} must match {IDENTIFIER.pattern} (lower-case letters, digits, _)")
+    return value
+
+
+# A name that ends up in SQL identifiers, DAG ids or an Iceberg catalog's table names.
+Identifier = Annotated[str, AfterValidator(_identifier)]
+
+# Every pipeline's DAG id is this prefix and the pipeline's name.
+DAG_ID_PREFIX = "kafka_ledger__"
+
+
+class ConfigError(ValueError):
+    """The pipelines file is missing, unreadable or does not validate."""
+
+
+class ColumnSpec(BaseModel):
+    """One field of the JSON value, stored as one column of the output table."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="the field's name in the JSON value and the column's: lower-case letters, digits "
+                                  "and _; not one of the columns the ledger adds (`kafka_topic`, `kafka_partition`, "
+                                  "`kafka_offset`, `kafka_timestamp`, `batch_id`, ...)")
+    type: ColumnType = Field(description="`string`, `long`, `int`, `double`, `boolean` or `timestamp` (Postgres "
+                                         "`text`, `bigint`, `integer`, `double precision`, `boolean`, `timestamptz`); "
+                                         "a value that does not fit is a dead letter")
+    required: bool = Field(default=False, description="a record whose value lacks the field (or holds null) is a "
+                                                      "dead letter (`required field '<name>' is missing or null`)")
+    description: str = Field(default="", description="what the column holds, for the people reading the file")
+    formats: list[TimestampFormat] | None = Field(
+        default=None,
+        description="timestamp columns only: the forms the value may take, at most one epoch unit ([Timestamps]"
+                    f"(#timestamps)); none: `[{', '.join(DEFAULT_TIMESTAMP_FORMATS)}]`")
+    years: tuple[int, int] | None = Field(
+        default=None,
+        description="timestamp columns only: `[first, last]`, the years (inclusive) a value may fall in, else it "
+                    f"is a dead letter; none: `[{TIMESTAMP_YEARS[0]}, {TIMESTAMP_YEARS[1]}]`")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_identifier(cls, name: str) -> str:
+        if not IDENTIFIER.match(name):
+            raise ValueError(f"column name {name!r} must match {IDENTIFIER.pattern}")
+        if name in RESERVED_COLUMNS:
+            raise ValueError(f"column name {name!r} is reserved (the ledger adds it to every row)")
+        return name
+
+    @model_validator(mode="after")
+    def _formats_fit_the_type(self) -> ColumnSpec:
+        if self.years is not None:
+            if self.type != "timestamp":
+                raise ValueError(f"column {self.name!r}: years apply to timestamp columns only")
+            if not 1 <= self.years[0] <= self.years[1] <= 9998:
+                raise ValueError(f"column {self.name!r}: years must be [first, last] with 1 <= first <= last <= 9998")
+        if self.formats is None:
+            return self
+        if self.type != "timestamp":
+            raise ValueError(f"column {self.name!r}: formats apply to timestamp columns only")
+        if not self.formats or len(set(self.formats)) != len(self.formats):
+            raise ValueError(f"column {self.name!r}: formats must list each accepted form once")
+        units = [f for f in self.formats if f in EPOCH_MICROS_PER_UNIT]
+        if len(units) > 1:
+            raise ValueError(f"column {self.name!r}: declare one epoch unit, not {', '.join(units)} (a number's "
+                             "unit cannot be told from the number)")
+        return self
+
+    @property
+    def timestamp_formats(self) -> tuple[TimestampFormat, ...]:
+        return tuple(self.formats) if self.formats else DEFAULT_TIMESTAMP_FORMATS
+
+    @property
+    def timestamp_years(self) -> tuple[int, int]:
+        return self.years or TIMESTAMP_YEARS
+
+    @property
+    def epoch_unit(self) -> str | None:
+        """The epoch unit a number in this timestamp column is read in, or None if numbers are refused."""
+        return next((f for f in self.timestamp_formats if f in EPOCH_MICROS_PER_UNIT), None)
+
+
+class AssignedPartition(BaseModel):
+    """One partition of an explicit assignment, optionally with the offset the pipeline starts it at."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    topic: str = Field(description="the partition's topic")
+    partition: int = Field(ge=0, description="the partition's number, from 0")
+    start_offset: int | None = Field(default=None, ge=0,
+                                     description="the offset the pipeline starts the partition at; none: where "
+                                                 "`start_position` says")
+
+
+DeliveryMode = Literal["exactly_once", "at_least_once", "latest_only"]
+WriteMode = Literal["append", "upsert"]
+# The column types an entity key may have: values compared exactly, and read from a Kafka key's text.
+KEY_COLUMN_TYPES = ("string", "int", "long")
+
+# An Iceberg partition transform of one output column: the column, or years/months/days/hours(column),
+# bucket(N, column), truncate(W, column).
+PARTITION_TRANSFORM = re.compile(
+    r"^(?:(?P<column>[a-z_][a-z0-9_]*)|(?:years|months|days|hours)\((?P<time_column>[a-z_][a-z0-9_]*)\)"
+    r"|(?:bucket|truncate)\((?P<width>[1-9][0-9]*), *(?P<sized_column>[a-z_][a-z0-9_]*)\))$")
+
+
+class PostgresSinkSpec(BaseModel):
+    """Rows go into the pipeline's `output_table` in the ledger's database, in the transaction that moves the
+    offsets (the default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["postgres"] = Field(description="`postgres`")
+
+
+def _cron_or_preset(schedule: str | None) -> str | None:
+    from croniter import croniter
+
+    if schedule is not None and not croniter.is_valid(schedule):
+        raise ValueError(f"schedule {schedule!r} is not a cron expression or preset such as @hourly (or null)")
+    return schedule
+
+
+class LakeMaintenanceSpec(BaseModel):
+    """The upkeep of an Iceberg sink's table: small files compacted, old snapshots expired (lake_maintenance.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schedule: str | None = Field(
+        default="@daily",
+        description="when the table's maintenance DAG (`kafka_ledger__<pipeline>__maintenance`) runs: a cron "
+                    "expression or preset (UTC); `null`: only when triggered, or by `kafka-ledger maintain`")
+    compact: bool = Field(
+        default=True,
+        description="rewrite small data files into files of the table's target size (Iceberg's "
+                    "`rewrite_data_files`, bin-packing); a file group is rewritten once it has `min_input_files`")
+    min_input_files: int = Field(default=5, ge=2, description="the fewest files a compaction rewrites together")
+    expire_after_hours: int = Field(
+        default=168, ge=0,
+        description="snapshots older than this expire and the files only they referenced are deleted; never the "
+                    "snapshot of a batch the ledger has not finished, nor any newer one")
+    retain_last: int = Field(default=10, ge=1, description="the newest snapshots kept whatever their age")
+
+    _schedule_is_cron = field_validator("schedule")(_cron_or_preset)
+
+
+class IcebergSinkSpec(BaseModel):
+    """Rows go into an Iceberg table through Spark, one snapshot per batch (docs/deployment.md, The lake)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["iceberg"] = Field(description="`iceberg`")
+    catalog: Identifier = Field(default="lake", description="the Spark catalog holding the table, declared in Spark's "
+                                                     "`spark-defaults.conf` (`spark.sql.catalog.<name>.*`); the local "
+                                                     "stack declares `lake`")
+    namespace: Identifier = Field(description="the table's namespace (created if missing)")
+    table: Identifier = Field(description="the table, created if missing with the columns a postgres sink's table has "
+                                   "(the declared ones, the `kafka_*` coordinates and `batch_id`); one pipeline per "
+                                   "table")
+    partition_by: list[str] = Field(
+        default_factory=list,
+        description="the table's partition spec: Iceberg transforms of its columns, e.g. `days(event_time)`, "
+                    "`kafka_partition`, `bucket(16, user_id)`; none: unpartitioned, and each batch writes one file "
+                    "per Kafka partition range (no shuffle) ([The lake](deployment.md#the-lake-iceberg))")
+    target_file_size_mb: int | None = Field(
+        default=None, ge=1,
+        description="the table's `write.target-file-size-bytes` in MiB (Iceberg's default: 512)")
+    properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="more table properties, set when the table is created, e.g. "
+                    "`write.parquet.compression-codec: zstd`")
+    maintenance: LakeMaintenanceSpec = Field(
+        default_factory=LakeMaintenanceSpec,
+        description="compaction and snapshot expiry on a schedule ([fields below](#lake-maintenance))")
+
+    @field_validator("partition_by")
+    @classmethod
+    def _transforms(cls, transforms: list[str]) -> list[str]:
+        for transform in transforms:
+            if not PARTITION_TRANSFORM.match(transform):
+                raise ValueError(f"partition_by {transform!r} is not a column or an Iceberg transform of one "
+                                 "(years/months/days/hours(c), bucket(N, c), truncate(W, c))")
+        return transforms
+
+    @property
+    def partition_columns(self) -> list[str]:
+        """The columns the partition spec transforms."""
+        return [next(c for c in PARTITION_TRANSFORM.match(t).group("column", "time_column", "sized_column") if c)
+                for t in self.partition_by]
+
+    @property
+    def qualified_table(self) -> str:
+        return f"{self.catalog}.{self.namespace}.{self.table}"
+
+
+SinkSpec = Annotated[PostgresSinkSpec | IcebergSinkSpec, Field(discriminator="type")]
+
+
+class ScheduleSpec(BaseModel):
+    """Runs start on the pipeline's `schedule`, or when someone triggers them (the default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["schedule"] = Field(description="`schedule`")
+
+
+class DoorbellSpec(BaseModel):
+    """Runs also start when new data waits: Airflow's triggerer compares the read_committed end offsets of the
+    pipeline's partitions with the ledger's positions and rings (doorbell.py). Read-only: no consumer group, no
+    committed offset, nothing written."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["doorbell"] = Field(description="`doorbell`")
+    min_backlog: int = Field(
+        default=1, ge=1,
+        description="the offsets that must wait, over all the pipeline's partitions, before the doorbell rings")
+    poll_seconds: float = Field(
+        default=5.0, ge=0.5, le=3600,
+        description="how often the triggerer looks: one ledger query and one Kafka offsets request a poll (and the "
+                    "subscription's partitions again once a minute)")
+    ring_again_seconds: float = Field(
+        default=300.0, ge=10,
+        description="while data waits and no batch has committed since the doorbell rang, it rings again after "
+                    "this long (a lost event, a run that failed): at most one run per ring")
+
+
+TriggerSpec = Annotated[ScheduleSpec | DoorbellSpec, Field(discriminator="type")]
+
+
+class PipelineConfig(BaseModel):
+    """One pipeline: Kafka topics in, one Postgres table out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Identifier = Field(description="the pipeline's name, its entry's key in the file: lower-case letters, digits "
+                                  "and _, at most 48 characters; its DAG is `kafka_ledger__<name>`")
+    description: str = Field(default="", description="the DAG's description in Airflow (without one: `Exactly-once "
+                                                     "ingest of <subscription>`)")
+    topics: list[str] = Field(
+        default_factory=list,
+        description="Kafka topics to read, each of which must exist. A pipeline declares exactly one subscription: "
+                    "`topics`, `topic_pattern` or `assignment` ([below](#subscriptions))")
+    topic_pattern: str | None = Field(
+        default=None,
+        description="a regular expression matching whole topic names (internal `__` topics never); topics that "
+                    "come to match it are read from the next plan on")
+    assignment: list[AssignedPartition] | None = Field(
+        default=None,
+        description="explicit partitions: `topic`, `partition` and optionally `start_offset` each ([below]"
+                    "(#subscriptions))")
+    delivery_mode: DeliveryMode = Field(
+        default="exactly_once",
+        description="`exactly_once`, `at_least_once` or `latest_only` ([below](#delivery-modes))")
+    on_data_loss: Literal["fail", "skip"] = Field(
+        default="fail",
+        description="when retention deleted offsets the pipeline never read: `fail` the plan, naming the lost "
+                    "ranges (nothing moves until someone resets the positions deliberately), or `skip` them: the "
+                    "batch starts at the log start and the lost range is recorded as `skipped` in the ledger, "
+                    "logged as a warning and counted by `kafka-ledger status`")
+    retention_warning_fraction: float = Field(
+        default=0.25, gt=0, le=1,
+        description="warn when a partition's oldest unread offset has less than this share of its topic's retention "
+                    "window left before retention may delete it: the plan task logs a warning and the "
+                    "`check_retention_headroom` task fails ([retention headroom](operating.md#retention-headroom))")
+    extra_fields: Literal["ignore", "dead_letter"] = Field(
+        default="ignore",
+        description="fields of the JSON value that are not declared columns: `ignore` them, or `dead_letter` the "
+                    "record (reason `unexpected field(s): ...`)")
+    sink: SinkSpec = Field(
+        default_factory=lambda: PostgresSinkSpec(type="postgres"),
+        description="where rows are published: `postgres` (into `output_table`, in the transaction that moves the "
+                    "offsets) or an Iceberg table (`type: iceberg` and its fields, [below](#sinks))")
+    output_table: Identifier | None = Field(
+        default=None,
+        description="sink `postgres` (required there): the published table, created if missing in `output_schema`; "
+                    "it gets the declared columns plus `kafka_topic`, `kafka_partition`, `kafka_offset`, "
+                    "`kafka_timestamp`, `batch_id`. One pipeline per table: an entry whose table an entry earlier in "
+                    "the file writes is invalid")
+    output_schema: Identifier = Field(default="public",
+                                      description="sink `postgres`: the Postgres schema of `output_table`")
+    write: WriteMode = Field(
+        default="append",
+        description="`append`: one row per record, every record kept; `upsert`: an entity table, one row per `key`, "
+                    "the newest record by Kafka order, a null value (a tombstone) deleting its key ([Entity tables]"
+                    "(#entity-tables)); sink `postgres` only")
+    key: list[Identifier] = Field(
+        default_factory=list,
+        description="`write: upsert` (required there): the declared columns naming an entity, the table's primary "
+                    "key; `string`, `int` or `long` columns, required in every value (a tombstone's come from its "
+                    "Kafka key)")
+    columns: list[ColumnSpec] = Field(
+        min_length=1,
+        description="the fields of the JSON value, one column each ([Columns](#columns)); names may not reuse "
+                    "the `kafka_*` columns")
+    max_records_per_partition: int = Field(
+        default=100_000, ge=1,
+        description="offsets per partition per batch: bounds one batch's memory")
+    start_position: Literal["earliest", "latest"] = Field(
+        default="earliest",
+        description="where partitions new to the ledger start (also partitions added later): `earliest` or "
+                    "`latest`")
+    schedule: str | None = Field(
+        default="@hourly",
+        description="when scheduled runs start: a cron expression or `@hourly`/`@daily`, as an interval timetable "
+                    "(`CronDataIntervalTimetable`, UTC); `null` for manual runs only. A scheduled run catches up "
+                    "from the committed positions to the latest offsets (capped per partition) whatever its data "
+                    "interval; only backfill runs use their data interval, which they rewrite ([Backfills]"
+                    "(operating.md#backfills))")
+    trigger: TriggerSpec = Field(
+        default_factory=lambda: ScheduleSpec(type="schedule"),
+        description="what starts runs besides people: `schedule` (the `schedule` alone) or `doorbell` (also when "
+                    "new data waits in Kafka, with `min_backlog`, `poll_seconds` and `ring_again_seconds`: [fields "
+                    "below](#doorbell)); the `schedule` stays beside a doorbell unless set to `null`")
+    owner: str = Field(default="data-engineering", description="the tasks' owner in Airflow")
+    retries: int = Field(default=2, ge=0,
+                         description="retries of each task; they back off exponentially (at most 30 min)")
+    retry_delay_seconds: int = Field(default=60, ge=0, description="the delay before a task's first retry")
+    spark_timeout_minutes: int = Field(default=60, ge=1, description="execution timeout of the Spark task")
+    spark_conf: dict[str, str] = Field(
+        default_factory=dict,
+        description="extra `--conf` for spark-submit, e.g. `spark.executor.memory` (runtime `submit`)")
+    spark_runtime: SparkRuntime | None = Field(
+        default=None,
+        description="where the batch's Spark work runs: `connect`, the warm Spark Connect server, or `submit`, one "
+                    "spark-submit per batch ([Spark runtimes](deployment.md#spark-runtimes)); none: the "
+                    "deployment's (`$KAFKA_LEDGER_SPARK_RUNTIME`, else `submit`; the local stack sets `connect`)")
+    mirror_consumer_group: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9._:-]{1,249}$",
+        description="opt-in: a Kafka consumer group (e.g. `kafka-ledger.impressions`) the committed positions are "
+                    "copied into after each commit, so `kafka-consumer-groups --describe`, Burrow or kafbat show "
+                    "the lag ([Lag in Kafka's own tools](operating.md#lag-in-kafkas-own-tools)); the ledger stays "
+                    "authoritative")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_short(cls, value: str) -> str:
+        # Derived identifiers (the staging index, the DAG id) add a suffix to the name; Postgres cuts at 63.
+        if len(value) > 48:
+            raise ValueError(f"pipeline name {value!r} is longer than 48 characters")
+        return value
+
+    @field_validator("sink", "trigger", mode="before")
+    @classmethod
+    def _kind_by_name(cls, value: object) -> object:
+        # `sink: postgres` is short for `sink: {type: postgres}`, `trigger: doorbell` for `trigger: {type: doorbell}`.
+        return {"type": value} if isinstance(value, str) else value
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule_is_cron(cls, schedule: str | None) -> str | None:
+        return _cron_or_preset(schedule)
+
+    @field_validator("topics")
+    @classmethod
+    def _topics_are_valid(cls, topics: list[str]) -> list[str]:
+        for topic in topics:
+            if not TOPIC_NAME.match(topic) or topic in (".", ".."):
+                raise ValueError(f"{topic!r} is not a valid Kafka topic name")
+        if len(set(topics)) != len(topics):
+            raise ValueError("topics are listed more than once")
+        return topics
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _pattern_compiles(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"topic_pattern {pattern!r} is not a valid regular expression: {exc}") from exc
+        return pattern
+
+    @model_validator(mode="after")
+    def _one_subscription(self) -> PipelineConfig:
+        given = [name for name, value in (("topics", self.topics), ("topic_pattern", self.topic_pattern),
+                                          ("assignment", self.assignment)) if value]
+        if len(given) != 1:
+            raise ValueError(
+                "declare exactly one of topics (a list), topic_pattern (a regex) or assignment "
+                f"(topic/partition list); found {', '.join(given) or 'none'}"
+            )
+        if self.assignment:
+            seen = set()
+            for assigned in self.assignment:
+                if not TOPIC_NAME.match(assigned.topic):
+                    raise ValueError(f"{assigned.topic!r} is not a valid Kafka topic name")
+                if (assigned.topic, assigned.partition) in seen:
+                    raise ValueError(f"partition {assigned.topic}-{assigned.partition} is assigned twice")
+                seen.add((assigned.topic, assigned.partition))
+        return self
+
+    @model_validator(mode="after")
+    def _sink_has_its_table(self) -> PipelineConfig:
+        if isinstance(self.sink, PostgresSinkSpec) and self.output_table is None:
+            raise ValueError("output_table is required: the table the postgres sink publishes into")
+        if isinstance(self.sink, IcebergSinkSpec):
+            if self.output_table is not None:
+                raise ValueError("output_table is for the postgres sink: an iceberg sink names its table in sink.table")
+            declared = {c.name for c in self.columns} | set(RESERVED_COLUMNS)
+            unknown = [c for c in self.sink.partition_columns if c not in declared]
+            if unknown:
+                raise ValueError(f"sink.partition_by names column(s) the table does not have: {', '.join(unknown)}")
+        return self
+
+    @model_validator(mode="after")
+    def _columns_are_unique(self) -> PipelineConfig:
+        names = [column.name for column in self.columns]
+        duplicated = sorted({name for name in names if names.count(name) > 1})
+        if duplicated:
+            raise ValueError(f"columns declared more than once: {', '.join(duplicated)}")
+        return self
+
+    @model_validator(mode="after")
+    def _entity_key(self) -> PipelineConfig:
+        if self.write == "append":
+            if self.key:
+                raise ValueError("key is for write: upsert (an entity table); an append pipeline keeps every record")
+            return self
+        if not self.key:
+            raise ValueError("write: upsert needs key: the declared column(s) naming an entity")
+        if len(set(self.key)) != len(self.key):
+            raise ValueError("key lists a column more than once")
+        declared = {c.name: c for c in self.columns}
+        for name in self.key:
+            if name not in declared:
+                raise ValueError(f"key column {name!r} is not a declared column")
+            if declared[name].type not in KEY_COLUMN_TYPES:
+                raise ValueError(f"key column {name!r} is a {declared[name].type}: a key column is one of "
+                                 f"{', '.join(KEY_COLUMN_TYPES)}")
+        if not isinstance(self.sink, PostgresSinkSpec):
+            raise ValueError("write: upsert needs sink postgres: the iceberg sink appends (docs/configuration.md"
+                             "#entity-tables)")
+        if self.delivery_mode == "at_least_once":
+            raise ValueError("write: upsert keeps one row per key: delivery_mode at_least_once (appending every "
+                             "delivery) does not apply; use exactly_once or latest_only")
+        # Every value must name its entity: a key column is required whatever its declaration says.
+        self.columns = [c.model_copy(update={"required": True}) if c.name in self.key else c for c in self.columns]
+        return self
+
+    @property
+    def is_entity_table(self) -> bool:
+        """Whether the output holds one row per key (write: upsert) rather than one per record."""
+        return self.write == "upsert"
+
+    @property
+    def key_columns(self) -> list[ColumnSpec]:
+        """The declared columns of the entity key, in key order (none for an append pipeline)."""
+        declared = {c.name: c for c in self.columns}
+        return [declared[name] for name in self.key]
+
+    @property
+    def dag_id(self) -> str:
+        return f"{DAG_ID_PREFIX}{self.name}"
+
+    @property
+    def doorbell(self) -> DoorbellSpec | None:
+        """The pipeline's doorbell, if new data starts its runs."""
+        return self.trigger if isinstance(self.trigger, DoorbellSpec) else None
+
+    @property
+    def lake_maintenance_dag_id(self) -> str | None:
+        """The DAG that maintains the pipeline's Iceberg table (lake_maintenance.py); None for other sinks."""
+        return f"{self.dag_id}__maintenance" if isinstance(self.sink, IcebergSinkSpec) else None
+
+    @property
+    def subscription(self) -> str:
+        """The subscription in words, for logs and DAG docs."""
+        if self.topic_pattern:
+            return f"topics matching /{self.topic_pattern}/"
+        if self.assignment:
+            return "partitions " + ", ".join(f"{a.topic}-{a.partition}" for a in self.assignment)
+        return "topics " + ", ".join(self.topics)
+
+    def subscribes(self, topic: str) -> bool:
+        """Whether `topic` belongs to the subscription (partitions of an assignment are checked apart)."""
+        if self.topic_pattern:
+            return re.fullmatch(self.topic_pattern, topic) is not None and not topic.startswith("__")
+        if self.assignment:
+            return any(a.topic == topic for a in self.assignment)
+        return topic in self.topics
+
+    @property
+    def qualified_output_table(self) -> str:
+        """Where the rows are published: `schema.table` in Postgres, `catalog.namespace.table` for Iceberg."""
+        if isinstance(self.sink, IcebergSinkSpec):
+            return self.sink.qualified_table
+        return f"{self.output_schema}.{self.output_table}"
+
+
+class PipelinesFile(BaseModel):
+    """The pipelines file's top level: a mapping of pipeline name to its declaration (checked one by one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pipelines: dict[str, Any] | None = None
+
+
+def _error_lines(exc: ValidationError, prefix: tuple[str, ...] = ()) -> list[str]:
+    return [f"  - {'.'.join(str(part) for part in (*prefix, *error['loc'])) or '(top level)'}: {error['msg']}"
+            for error in exc.errors()]
+
+
+@dataclass(frozen=True)
+class PipelineDeclarations:
+    """Every entry of a pipelines file, each validated on its own, so one broken entry hides no other."""
+
+    source: str
+    valid: dict[str, PipelineConfig]
+    # Pipeline name -> what is wrong with its entry, one indented line per field.
+    invalid: dict[str, str]
+
+    def problem(self, name: str) -> ConfigError:
+        return ConfigError(f"{self.source}: pipeline {name!r} is invalid:\n{self.invalid[name]}")
+
+    def all_valid(self) -> dict[str, PipelineConfig]:
+        """The pipelines, or a ConfigError naming every invalid entry and field."""
+        if self.invalid:
+            raise ConfigError(f"{self.source}: invalid pipeline configuration:\n" + "\n".join(self.invalid.values()))
+        return self.valid
+
+
+def _declare(name: str, body: object) -> PipelineConfig:
+    # Pipelines are keyed by name in YAML; the key is copied into the body so a pipeline knows its name.
+    if not isinstance(body, dict):
+        raise ValueError("must be a mapping of the pipeline's fields")
+    if "name" in body and body["name"] != name:
+        raise ValueError(f"sets name {body['name']!r}: the key is the pipeline's name")
+    return PipelineConfig.model_validate({**body, "name": name})
+
+
+def read_declarations(text: str, source: str = "<string>") -> PipelineDeclarations:
+    """Validate pipelines YAML text entry by entry; only an unreadable file as a whole raises ConfigError."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    try:
+        entries = PipelinesFile.model_validate(data if data is not None else {}).pipelines or {}
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: invalid pipeline configuration:\n" + "\n".join(_error_lines(exc))) from exc
+    valid: dict[str, PipelineConfig] = {}
+    invalid: dict[str, str] = {}
+    table_writers: dict[str, str] = {}
+    for name, body in entries.items():
+        try:
+            pipeline = _declare(name, body)
+        except ValidationError as exc:
+            invalid[name] = "\n".join(_error_lines(exc, ("pipelines", name)))
+            continue
+        except ValueError as exc:
+            invalid[name] = f"  - pipelines.{name}: {exc}"
+            continue
+        # Two pipelines writing one table would publish into each other's rows; the entry declared first
+        # in the file keeps the table, so adding an entry can never take a running pipeline's table away.
+        table = pipeline.qualified_output_table
+        if table in table_writers:
+            invalid[name] = (f"  - pipelines.{name}.output_table: {table} is already written by pipeline "
+                             f"{table_writers[table]!r}")
+            continue
+        table_writers[table] = name
+        valid[name] = pipeline
+    return PipelineDeclarations(source, valid, invalid)
+
+
+def config_path() -> Path:
+    """The pipelines file in use: $KAFKA_LEDGER_PIPELINES, else config/pipelines.yaml in the project."""
+    return deployment_settings().pipelines
+
+
+def parse_pipelines(text: str, source: str = "<string>") -> dict[str, PipelineConfig]:
+    """Validate pipelines YAML text; raise ConfigError naming the file and every bad field of every entry."""
+    return read_declarations(text, source).all_valid()
+
+
+def read_pipelines(path: Path | str | None = None) -> PipelineDeclarations:
+    """Read the pipelines file (default: config_path()), each entry validated on its own."""
+    path = Path(path) if path else config_path()
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read pipelines file {path}: {exc.strerror}") from exc
+    return read_declarations(text, str(path))
+
+
+def load_pipelines(path: Path | str | None = None) -> dict[str, PipelineConfig]:
+    """Every pipeline of the pipelines file, or a ConfigError if any entry is invalid."""
+    return read_pipelines(path).all_valid()
+
+
+def get_pipeline(name: str, path: Path | str | None = None) -> PipelineConfig:
+    """One pipeline by name, valid whatever the other entries hold, with a helpful error when it is not."""
+    declarations = read_pipelines(path)
+    if name in declarations.invalid:
+        raise declarations.problem(name)
+    if name not in declarations.valid:
+        known = ", ".join(sorted(declarations.valid)) or "none"
+        raise ConfigError(f"pipeline {name!r} is not declared in {declarations.source} (declared: {known})")
+    return declarations.valid[name]

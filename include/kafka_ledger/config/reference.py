@@ -1,0 +1,182 @@
+"""What the settings' declarations generate: docs/configuration.md's reference tables and the stacks' environment.
+
+The pipeline fields come from config.PipelineConfig and ColumnSpec; the deployment settings from
+settings.Settings, whose fields also say what the local stack (scripts/env.sh) and Docker Compose
+(docker-compose.yaml) set each variable to. Each generated block sits between `generated: NAME` and
+`end generated` comments (`<!-- ... -->` in Markdown, `# ...` in shell and YAML); everything else in those
+files is written by hand. After changing a declaration (a field, its default, description or stack values):
+
+    python -m kafka_ledger.config.reference           # rewrite the generated blocks
+    python -m kafka_ledger.config.reference --check   # exit 1 if a file is out of date (a unit test does this)
+
+scripts/env.sh is sourced before Python packages are installed: its block is committed, never made at run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from kafka_ledger.config.pipeline import ColumnSpec, DoorbellSpec, IcebergSinkSpec, LakeMaintenanceSpec, PipelineConfig
+from kafka_ledger.config.settings import PROJECT_ROOT, Settings, env_name
+
+BLOCK = re.compile(
+    r"(?P<open>(?:<!--|#) generated: (?P<name>[^\n]+?)(?: -->)?\n)(?P<body>.*?)"
+    r"(?P<close>[ \t]*(?:<!--|#) end generated(?: -->)?)",
+    re.DOTALL,
+)
+
+
+def default_text(field: FieldInfo) -> str:
+    """A field's default as the reference shows it: `required` when it has none."""
+    if field.is_required():
+        return "required"
+    value = field.get_default(call_default_factory=True)
+    if value is None:
+        return "none"
+    if value == "":
+        return "empty"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return f"`{value}`"
+    if isinstance(value, BaseModel):  # one of a union of kinds (a sink) is named by its type, else its fields' defaults
+        return f"`{value.type}`" if hasattr(value, "type") else "each field's default"
+    return f"`{json.dumps(value)}`"
+
+
+def cell(text: str | None) -> str:
+    """Text for one cell of a Markdown table: a `|` would end the cell."""
+    return " ".join((text or "").split()).replace("|", "\\|")
+
+
+def fields_table(model: type[BaseModel], leave_out: tuple[str, ...] = ()) -> str:
+    """One row per field of `model`, in declaration order: its name, default and description."""
+    rows = ["| field | default | meaning |", "| --- | --- | --- |"]
+    for name, field in model.model_fields.items():
+        if name not in leave_out:
+            rows.append(f"| `{name}` | {default_text(field)} | {cell(field.description)} |")
+    return "\n".join(rows) + "\n"
+
+
+def stack_value(name: str, stack: str) -> str | None:
+    """What a stack (`local_stack`: scripts/env.sh, `compose`: docker-compose.yaml) sets a setting to, if it does."""
+    return (Settings.model_fields[name].json_schema_extra or {}).get(stack)  # type: ignore[union-attr, return-value]
+
+
+def setting_default(field: FieldInfo) -> str:
+    """What a deployment setting is when its variable is unset: its default, or where it comes from then."""
+    connection = (field.json_schema_extra or {}).get("airflow_connection")  # type: ignore[union-attr]
+    if connection and field.default is None:
+        return f"the Airflow connection `{connection}`"
+    if field.default is None:
+        return "unset"
+    if isinstance(field.default, Path):
+        return f"`{field.default.relative_to(PROJECT_ROOT)}`"
+    return default_text(field)
+
+
+def settings_table(names: list[str]) -> str:
+    """One row per deployment setting: its variable, default, the stacks' values and its description."""
+    rows = ["| variable | default | local stack | Docker Compose | used for |", "| --- | --- | --- | --- | --- |"]
+    for name in names:
+        field = Settings.model_fields[name]
+        stacks = [f"`{cell(value)}`" if value else "unset" for value in
+                  (stack_value(name, "local_stack"), stack_value(name, "compose"))]
+        rows.append(f"| `{env_name(name)}` | {setting_default(field)} | {' | '.join(stacks)} | "
+                    f"{cell(field.description)} |")
+    return "\n".join(rows) + "\n"
+
+
+def timeouts_table(names: list[str]) -> str:
+    rows = ["| variable | default | bounds |", "| --- | --- | --- |"]
+    for name in names:
+        field = Settings.model_fields[name]
+        rows.append(f"| `{env_name(name)}` | {default_text(field)} | {cell(field.description)} |")
+    return "\n".join(rows) + "\n"
+
+
+def env_sh_block() -> str:
+    """scripts/env.sh's lines for the settings the local stack sets: each a default, a value already set wins."""
+    names = [env_name(name) for name in Settings.model_fields if stack_value(name, "local_stack")]
+    lines = [f"{env_name(name)}=${{{env_name(name)}:-{value}}}" for name in Settings.model_fields
+             if (value := stack_value(name, "local_stack"))]
+    return "\n".join([*lines, f"export {' '.join(names)}"]) + "\n"
+
+
+def yaml_scalar(value: str) -> str:
+    """`value` as a YAML scalar: plain when YAML reads it back unchanged, else double-quoted."""
+    return value if yaml.safe_load(f"key: {value}") == {"key": value} else json.dumps(value)
+
+
+def compose_block() -> str:
+    """docker-compose.yaml's entries for the settings the containers set (x-airflow-common's environment)."""
+    return "".join(f"    {env_name(name)}: {yaml_scalar(value)}\n" for name in Settings.model_fields
+                   if (value := stack_value(name, "compose")))
+
+
+# The ledger's timeouts have a section of their own.
+TIMEOUTS = [name for name in Settings.model_fields if name.endswith("_timeout")]
+# File (relative to the project) -> its generated blocks by name.
+GENERATED: dict[str, dict[str, Callable[[], str]]] = {
+    "docs/configuration.md": {
+        # A pipeline's name is its entry's key in the file, not a field written in the entry.
+        "pipeline fields": lambda: fields_table(PipelineConfig, leave_out=("name",)),
+        "column fields": lambda: fields_table(ColumnSpec),
+        "iceberg sink fields": lambda: fields_table(IcebergSinkSpec),
+        "lake maintenance fields": lambda: fields_table(LakeMaintenanceSpec),
+        "doorbell fields": lambda: fields_table(DoorbellSpec),
+        "deployment settings": lambda: settings_table([name for name in Settings.model_fields
+                                                       if name not in TIMEOUTS]),
+        "ledger timeouts": lambda: timeouts_table(TIMEOUTS),
+    },
+    "scripts/env.sh": {"kafka-ledger settings": env_sh_block},
+    "docker-compose.yaml": {"kafka-ledger settings": compose_block},
+}
+
+
+def render(text: str, blocks: dict[str, Callable[[], str]]) -> str:
+    """The text with every generated block rewritten from the code; an unknown block name is an error."""
+    def block(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in blocks:
+            raise ValueError(f"unknown generated block {name!r} (known: {', '.join(blocks)})")
+        return f"{match['open']}{blocks[name]()}{match['close']}"
+
+    return BLOCK.sub(block, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kafka_ledger.config.reference", description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a file differs from the generation")
+    parser.add_argument("--root", type=Path, default=PROJECT_ROOT, help="the project (default: this one)")
+    args = parser.parse_args(argv)
+    stale = []
+    for relative, blocks in GENERATED.items():
+        path = args.root / relative
+        text = path.read_text()
+        generated = render(text, blocks)
+        if generated == text:
+            continue
+        stale.append(relative)
+        if not args.check:
+            path.write_text(generated)
+            print(f"rewrote the generated blocks of {relative}")
+    if stale and args.check:
+        print(f"out of date: {', '.join(stale)}: run python -m kafka_ledger.config.reference", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

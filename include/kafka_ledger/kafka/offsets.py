@@ -1,0 +1,223 @@
+"""Kafka offset look-ups: partitions of the subscribed topics, their log start and read_committed end."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicCollection
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, OffsetSpec
+
+from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.settings import kafka_config
+from kafka_ledger.model.ranges import PartitionOffsets, PlanError, TopicPartition
+
+
+class KafkaUnavailable(PlanError):
+    """Kafka did not answer: nothing was planned (retrying later is the remedy)."""
+
+
+# librdkafka's own log lines repeat a connection failure many times a second; the failure reaches the user
+# once, in the error that stops the plan (ReportingAdminClient.unreachable).
+LIBRDKAFKA_LOG = logging.getLogger("kafka_ledger.librdkafka")
+LIBRDKAFKA_LOG.setLevel(logging.CRITICAL)
+LIBRDKAFKA_LOG.propagate = False
+
+
+# Connection errors that repeat the same way on every attempt: a wrong password or an untrusted certificate
+# does not heal by waiting. Seen this often, the look-up stops at once instead of at its timeout; once is
+# not enough (a connection cut during its handshake reports one).
+REFUSALS = (KafkaError._AUTHENTICATION, KafkaError._SSL)
+REFUSALS_TO_STOP = 3
+
+
+class ReportingAdminClient(AdminClient):
+    """An admin client that keeps what librdkafka reports about its connections (why Kafka is unreachable)."""
+
+    def __init__(self, config: dict[str, object]):
+        self.errors: list[str] = []
+        self.refusals = 0
+        super().__init__({**config, "error_cb": self._connection_error, "logger": LIBRDKAFKA_LOG})
+
+    def _connection_error(self, error: KafkaError) -> None:
+        self.errors.append(error.str())
+        self.refusals += error.code() in REFUSALS
+
+    def topics(self, bootstrap_servers: str, timeout: float) -> ClusterMetadata:
+        """The cluster's metadata; KafkaUnavailable at the timeout, or as soon as the broker keeps refusing us."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+            except KafkaException as exc:
+                self.poll(0)  # serves the error callbacks queued meanwhile
+                if self.refusals >= REFUSALS_TO_STOP or time.monotonic() >= deadline:
+                    raise self.unreachable(bootstrap_servers, exc) from exc
+
+    def unreachable(self, bootstrap_servers: str, exc: Exception) -> KafkaUnavailable:
+        """The error to raise when a request failed: the connection's own reason (TLS, SASL) when known."""
+        self.poll(0.5)  # serves the error callbacks queued meanwhile
+        reasons = [e for e in dict.fromkeys(self.errors) if "brokers are down" not in e]
+        return KafkaUnavailable(f"cannot reach Kafka at {bootstrap_servers}: {'; '.join(reasons) or exc}")
+
+
+def admin_client(bootstrap_servers: str) -> ReportingAdminClient:
+    return ReportingAdminClient(kafka_config(bootstrap_servers, **{"socket.timeout.ms": 10_000}))
+
+
+def list_offsets(admin: ReportingAdminClient, tps: list[TopicPartition], spec: OffsetSpec,
+                 timeout: float) -> dict[TopicPartition, int]:
+    """Each partition's offset as `spec` asks (read_committed), in one request."""
+    futures = admin.list_offsets(
+        {KafkaTopicPartition(tp.topic, tp.partition): spec for tp in tps},
+        isolation_level=IsolationLevel.READ_COMMITTED,
+        request_timeout=timeout,
+    )
+    return {TopicPartition(k.topic, k.partition): f.result().offset for k, f in futures.items()}
+
+
+def partition_offsets(
+    bootstrap_servers: str, topics: list[str], timeout: float = 30.0
+) -> dict[TopicPartition, PartitionOffsets]:
+    """Every partition of `topics` with its log start offset and its end offset under read_committed.
+
+    The end offset under read_committed is the last stable offset: open transactions are never read
+    into a batch, so a range never ends inside a transaction that might still abort.
+    """
+    admin = admin_client(bootstrap_servers)
+    metadata = admin.topics(bootstrap_servers, timeout)
+    missing = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
+    if missing:
+        raise PlanError(f"topic(s) not found in Kafka at {bootstrap_servers}: {', '.join(missing)}")
+    tps = sorted(TopicPartition(t, p) for t in topics for p in metadata.topics[t].partitions)
+    if not tps:
+        return {}
+    try:
+        starts = list_offsets(admin, tps, OffsetSpec.earliest(), timeout)
+        ends = list_offsets(admin, tps, OffsetSpec.latest(), timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"cannot list offsets of {', '.join(topics)}: {exc}") from exc
+    return {tp: PartitionOffsets(log_start=starts[tp], end=ends[tp]) for tp in tps}
+
+
+def subscribed_offsets(
+    bootstrap_servers: str, pipeline: PipelineConfig, timeout: float = 30.0
+) -> dict[TopicPartition, PartitionOffsets]:
+    """Offsets of every partition the pipeline subscribes to, resolved now.
+
+    A topic list must exist in full; a pattern matches whatever topics exist at this moment (so new
+    matching topics are picked up at plan time); an assignment must name existing partitions.
+    """
+    if pipeline.topic_pattern:
+        names = list(admin_client(bootstrap_servers).topics(bootstrap_servers, timeout).topics)
+        matching = sorted(t for t in names if pipeline.subscribes(t))
+        return partition_offsets(bootstrap_servers, matching, timeout) if matching else {}
+    if pipeline.assignment:
+        topics = sorted({a.topic for a in pipeline.assignment})
+        offsets = partition_offsets(bootstrap_servers, topics, timeout)
+        wanted = [TopicPartition(a.topic, a.partition) for a in pipeline.assignment]
+        missing = [str(tp) for tp in wanted if tp not in offsets]
+        if missing:
+            raise PlanError(f"assigned partition(s) do not exist in Kafka: {', '.join(missing)}")
+        return {tp: offsets[tp] for tp in sorted(wanted)}
+    return partition_offsets(bootstrap_servers, pipeline.topics, timeout)
+
+
+def topic_ids(bootstrap_servers: str, topics: list[str], timeout: float = 30.0) -> dict[str, str]:
+    """Each topic's Kafka topic id (KIP-516): a new id for every creation of a topic of that name.
+
+    A topic Kafka does not have is left out.
+    """
+    if not topics:
+        return {}
+    admin = admin_client(bootstrap_servers)
+    ids = {}
+    try:
+        for topic, future in admin.describe_topics(TopicCollection(sorted(topics)), request_timeout=timeout).items():
+            try:
+                ids[topic] = str(future.result().topic_id)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise
+    except KafkaException as exc:
+        raise admin.unreachable(bootstrap_servers, exc) from exc
+    return ids
+
+
+def offsets_for_time(
+    bootstrap_servers: str, tps: list[TopicPartition], timestamp_ms: int, timeout: float = 30.0
+) -> dict[TopicPartition, int | None]:
+    """For each partition, the first offset whose record timestamp is >= timestamp_ms (None: no such record).
+
+    Kafka answers from its time index, so this is cheap; records with out-of-order timestamps are
+    placed by their offset, which keeps consecutive windows tiling without gap or overlap.
+    """
+    if not tps:
+        return {}
+    admin = admin_client(bootstrap_servers)
+    try:
+        found = list_offsets(admin, tps, OffsetSpec.for_timestamp(timestamp_ms), timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"cannot look up offsets by time in Kafka at {bootstrap_servers}: {exc}") from exc
+    return {tp: (offset if offset >= 0 else None) for tp, offset in found.items()}
+
+
+def topic_configs(bootstrap_servers: str, topics: list[str], timeout: float = 30.0) -> dict[str, dict[str, str | None]]:
+    """Each topic's effective configuration (its own settings, else the broker's defaults)."""
+    if not topics:
+        return {}
+    admin = admin_client(bootstrap_servers)
+    try:
+        futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics],
+                                         request_timeout=timeout)
+        return {resource.name: {name: entry.value for name, entry in future.result().items()}
+                for resource, future in futures.items()}
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"cannot describe topics {', '.join(topics)}: {exc}") from exc
+
+
+def compacted_topics(bootstrap_servers: str, topics: list[str], timeout: float = 30.0) -> set[str]:
+    """The topics among `topics` whose cleanup.policy includes compact (Kafka may delete older records
+    of a key at any time, leaving offset gaps)."""
+    configs = topic_configs(bootstrap_servers, topics, timeout)
+    return {topic for topic, config in configs.items() if "compact" in (config.get("cleanup.policy") or "")}
+
+
+def record_timestamps(
+    bootstrap_servers: str, offsets: dict[TopicPartition, int], timeout: float = 10.0
+) -> dict[TopicPartition, int]:
+    """The Kafka timestamp (ms) of the first committed record at or after each offset, where Kafka has one.
+
+    One small fetch per partition. A partition with nothing readable there (its end, or only aborted records)
+    is left out, and so is one not answered within `timeout`.
+    """
+    if not offsets:
+        return {}
+    consumer = Consumer(kafka_config(bootstrap_servers, **{
+        "group.id": f"kafka-ledger-timestamps-{uuid.uuid4().hex}", "enable.auto.commit": False,
+        "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "error",
+        "fetch.wait.max.ms": 0, "max.partition.fetch.bytes": 1, "fetch.max.bytes": 1 << 20,
+        "socket.timeout.ms": int(timeout * 1000),
+    }))
+    found: dict[TopicPartition, int] = {}
+    waiting = set(offsets)
+    deadline = time.monotonic() + timeout
+    try:
+        consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, offset) for tp, offset in offsets.items()])
+        while waiting and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=len(waiting), timeout=0.2):
+                if message.topic() is None:
+                    continue  # a client-wide event, not a partition's answer
+                tp = TopicPartition(message.topic(), message.partition())
+                if tp not in waiting:
+                    continue
+                # The partition's end, or its offset deleted meanwhile, answers too: with no timestamp.
+                if message.error() is None:
+                    found[tp] = message.timestamp()[1]
+                waiting.discard(tp)
+                consumer.pause([KafkaTopicPartition(tp.topic, tp.partition)])
+    finally:
+        consumer.close()
+    return found

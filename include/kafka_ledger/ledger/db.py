@@ -1,0 +1,479 @@
+"""The offset ledger in Postgres: batches, their ranges and the committed positions of each pipeline."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+import psycopg2.extras
+
+from kafka_ledger.config import settings
+from kafka_ledger.config.pipeline import ConfigError, PipelineConfig
+from kafka_ledger.ledger import replies as db_replies
+from kafka_ledger.ledger import sql
+from kafka_ledger.model.ranges import Coverage, OffsetRange, PartitionReadStats, TopicPartition
+
+log = logging.getLogger(__name__)
+
+Cursor = psycopg2.extensions.cursor
+
+
+class LedgerError(RuntimeError):
+    """The ledger refuses an operation; the transaction was rolled back."""
+
+
+@dataclass
+class Batch:
+    """One batch of a pipeline as recorded in the ledger."""
+
+    batch_id: int
+    pipeline: str
+    status: str
+    attempts: int
+    staged_attempt: int | None
+    dag_id: str | None
+    run_id: str | None
+    planned_at: datetime
+    started_at: datetime | None = None
+    written_at: datetime | None = None
+    committed_at: datetime | None = None
+    failed_at: datetime | None = None
+    records_read: int | None = None
+    records_written: int | None = None
+    records_dead_lettered: int | None = None
+    read_seconds: float | None = None
+    commit_seconds: float | None = None
+    last_error: str | None = None
+    kind: str = "catch_up"
+    replay_of: int | None = None
+    requested_by: str | None = None
+    reason: str | None = None
+    window_start: datetime | None = None
+    window_end: datetime | None = None
+    snapshot_id: int | None = None  # the Iceberg snapshot that published it (an Iceberg sink)
+    ranges: list[OffsetRange] = field(default_factory=list)
+
+    @property
+    def unfinished(self) -> bool:
+        return self.status not in ("committed", "abandoned")
+
+    @property
+    def moves_positions(self) -> bool:
+        """Only catch-up batches advance positions; every other kind rewrites offsets behind them."""
+        return self.kind == "catch_up"
+
+
+def connect(dsn: str) -> db_replies.WatchedConnection:
+    """A connection to the ledger database, its statements and lock waits bounded (settings.LedgerTimeouts), and
+    the client's every wait on the server too (db_replies: a server that stops answering fails the call).
+
+    Every `with conn:` block is one transaction.
+    """
+    timeouts = settings.ledger_timeouts()
+    conn = db_replies.connect(dsn, application_name="kafka-ledger", connect_timeout=10)
+    try:
+        conn.autocommit = True  # a session setting, outside any transaction
+        with conn.cursor() as cur:
+            cur.execute(sql.SET_SESSION_TIMEOUTS, {"statement_timeout": f"{timeouts.db_statement_timeout}s",
+                                                   "lock_timeout": f"{timeouts.db_lock_timeout}s"})
+        conn.bound_replies(timeouts.db_statement_timeout)
+        conn.autocommit = False
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@contextmanager
+def session(dsn: str) -> Iterator[psycopg2.extensions.connection]:
+    """A ledger connection for the block, closed after it; each `with conn:` inside is one transaction."""
+    conn = connect(dsn)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@contextmanager
+def transaction(dsn: str) -> Iterator[Cursor]:
+    """One ledger transaction on a connection of its own: committed when the block ends, rolled back on error."""
+    with session(dsn) as conn, conn, conn.cursor() as cur:
+        yield cur
+
+
+@contextmanager
+def pipeline_transaction(conn: psycopg2.extensions.connection, pipeline: str) -> Iterator[Cursor]:
+    """One transaction holding the pipeline's lock: no other plan or commit of it runs meanwhile."""
+    timeouts = settings.ledger_timeouts()
+    with conn, conn.cursor() as cur:
+        try:
+            cur.execute(sql.LOCK_PIPELINE, {"pipeline": pipeline})
+        except psycopg2.errors.LockNotAvailable:
+            conn.rollback()
+            cur.execute(sql.PIPELINE_LOCK_HOLDERS, {"pipeline": pipeline})
+            holders = "; ".join(f"pid {pid} ({app or 'no application name'}, {state}, transaction open {age})"
+                                for pid, app, state, age in cur.fetchall()) or "a session that has ended since"
+            raise LedgerError(
+                f"pipeline {pipeline!r}: waited {timeouts.db_lock_timeout} s for its ledger lock, held by "
+                f"{holders}. One plan, commit or reset of a pipeline runs at a time; if that one is hung, end it "
+                "with SELECT pg_terminate_backend(<pid>) (its transaction rolls back); if batches legitimately take "
+                "longer, raise KAFKA_LEDGER_DB_LOCK_TIMEOUT. Nothing was written."
+            ) from None
+        yield cur
+
+
+def allow_batch_duration(cur: Cursor, pipeline: PipelineConfig) -> None:
+    """Let this transaction's statements run as long as the pipeline's Spark task may (a whole batch's rows)."""
+    cur.execute(sql.SET_TRANSACTION_STATEMENT_TIMEOUT, {"statement_timeout": f"{pipeline.spark_timeout_minutes}min"})
+    cur.connection.widen_for_transaction(pipeline.spark_timeout_minutes * 60)  # the client waits as long (db_replies)
+
+
+def _load_ranges(cur: Cursor, batch: Batch) -> Batch:
+    cur.execute(sql.SELECT_BATCH_RANGES, {"batch_id": batch.batch_id})
+    batch.ranges = [OffsetRange(*row) for row in cur.fetchall()]
+    return batch
+
+
+def get_batch(cur: Cursor, batch_id: int, for_update: bool = False) -> Batch:
+    cur.execute(sql.SELECT_BATCH_FOR_UPDATE if for_update else sql.SELECT_BATCH, {"batch_id": batch_id})
+    row = cur.fetchone()
+    if row is None:
+        raise LedgerError(f"batch {batch_id} does not exist in the ledger")
+    return _load_ranges(cur, Batch(*row))
+
+
+def pipeline_batch(cur: Cursor, pipeline: str, batch_id: int, for_update: bool = False) -> Batch:
+    """A batch of `pipeline`; LedgerError when it does not exist or belongs to another pipeline."""
+    batch = get_batch(cur, batch_id, for_update)
+    if batch.pipeline != pipeline:
+        raise LedgerError(f"batch {batch_id} belongs to pipeline {batch.pipeline!r}, not {pipeline!r}")
+    return batch
+
+
+def open_batch(cur: Cursor, pipeline: str) -> Batch | None:
+    """The pipeline's unfinished batch (planned, written or failed), if any: there is at most one."""
+    cur.execute(sql.SELECT_OPEN_BATCH, {"pipeline": pipeline})
+    row = cur.fetchone()
+    return _load_ranges(cur, Batch(*row)) if row else None
+
+
+def create_batch(
+    cur: Cursor,
+    pipeline: str,
+    ranges: list[OffsetRange],
+    dag_id: str | None,
+    run_id: str | None,
+    kind: str = "catch_up",
+    replay_of: int | None = None,
+    requested_by: str | None = None,
+    reason: str | None = None,
+    window: tuple[datetime, datetime] | None = None,
+    end_offsets: Mapping[TopicPartition, int] | None = None,
+) -> Batch:
+    """Record a new batch and its exact ranges: this happens BEFORE anything is read.
+
+    end_offsets: each partition's end offset in Kafka as planned (the lag of that moment, for the ledger page).
+    """
+    cur.execute(
+        sql.INSERT_BATCH,
+        {"pipeline": pipeline, "dag_id": dag_id, "run_id": run_id, "kind": kind, "replay_of": replay_of,
+         "requested_by": requested_by, "reason": reason or None,
+         "window_start": window[0] if window else None, "window_end": window[1] if window else None},
+    )
+    batch_id = cur.fetchone()[0]
+    psycopg2.extras.execute_batch(
+        cur,
+        sql.INSERT_BATCH_RANGE,
+        [
+            {"batch_id": batch_id, "pipeline": pipeline, "topic": r.topic, "partition": r.partition,
+             "from_offset": r.from_offset, "until_offset": r.until_offset, "skipped_from": r.skipped_from,
+             "end_offset": (end_offsets or {}).get(r.topic_partition)}
+            for r in ranges
+        ],
+    )
+    return get_batch(cur, batch_id)
+
+
+def batch_topic_ids(cur: Cursor, batch_id: int) -> dict[str, str | None]:
+    """The Kafka topic id each topic of the batch was planned against (None: unknown, planned before ids)."""
+    cur.execute(sql.SELECT_BATCH_TOPIC_IDS, {"batch_id": batch_id})
+    return dict(cur.fetchall())
+
+
+def read_coverage_topic_ids(cur: Cursor, pipeline: str) -> list[tuple[OffsetRange, str | None]]:
+    """Every read stretch of the pipeline with the topic id its batch read it under (None: not recorded)."""
+    cur.execute(sql.SELECT_READ_COVERAGE_TOPIC_IDS, {"pipeline": pipeline})
+    return [(OffsetRange(topic, partition, lo, hi), topic_id) for topic, partition, lo, hi, topic_id in cur.fetchall()]
+
+
+def in_flight_batches(cur: Cursor, pipeline: str) -> list[Batch]:
+    """Every unfinished batch of the pipeline (the catch-up one and any rewrites)."""
+    cur.execute(sql.SELECT_IN_FLIGHT_BATCH_IDS, {"pipeline": pipeline})
+    return [get_batch(cur, batch_id) for (batch_id,) in cur.fetchall()]
+
+
+def run_open_batch(cur: Cursor, pipeline: str, dag_id: str | None, run_id: str | None) -> Batch | None:
+    """The unfinished batch this DAG run recorded earlier (its plan task is being retried), if any."""
+    if not dag_id or not run_id:
+        return None
+    cur.execute(sql.SELECT_RUN_OPEN_BATCH, {"pipeline": pipeline, "dag_id": dag_id, "run_id": run_id})
+    row = cur.fetchone()
+    return get_batch(cur, row[0]) if row else None
+
+
+def run_committed_batch(cur: Cursor, pipeline: str, dag_id: str | None, run_id: str | None) -> int | None:
+    """The id of the first batch this DAG run committed (the run was cleared to run again), if any."""
+    if not dag_id or not run_id:
+        return None
+    cur.execute(sql.SELECT_RUN_COMMITTED_BATCH, {"pipeline": pipeline, "dag_id": dag_id, "run_id": run_id})
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+def list_batches(cur: Cursor, pipeline: str, limit: int = 20, status: str | None = None) -> list[Batch]:
+    cur.execute(sql.LIST_BATCHES, {"pipeline": pipeline, "limit": limit, "status": status})
+    return [_load_ranges(cur, Batch(*row)) for row in cur.fetchall()]
+
+
+@dataclass(frozen=True)
+class PositionRow:
+    """A partition's committed position, where the pipeline began reading it, and what moved it last."""
+
+    topic: str
+    partition: int
+    position: int
+    start_offset: int
+    last_batch_id: int | None
+    updated_at: datetime
+    # The Kafka timestamp of the newest record committed in the partition (None: none yet, or before 0011).
+    newest_timestamp: datetime | None = None
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+def position_rows(cur: Cursor, pipeline: str) -> list[PositionRow]:
+    cur.execute(sql.SELECT_POSITION_ROWS, {"pipeline": pipeline})
+    return [PositionRow(*row) for row in cur.fetchall()]
+
+
+def verified_point(cur: Cursor, pipeline: str) -> int | None:
+    """The batch id through which the last clean verify checked the pipeline (None: never verified)."""
+    cur.execute(sql.SELECT_VERIFIED_POINT, {"pipeline": pipeline})
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+def coverage(cur: Cursor, pipeline: str) -> dict[TopicPartition, list[Coverage]]:
+    """Committed coverage of each partition: ranges read and published, or skipped on purpose."""
+    cur.execute(sql.SELECT_COVERAGE, {"pipeline": pipeline})
+    result: dict[TopicPartition, list[Coverage]] = {}
+    for topic, partition, lo, hi, disposition, batch_id, reset_id in cur.fetchall():
+        result.setdefault(TopicPartition(topic, partition), []).append(
+            Coverage(lo, hi, disposition, batch_id, reset_id)
+        )
+    return result
+
+
+def replace_coverage(
+    cur: Cursor, pipeline: str, tp: TopicPartition, removed: list[Coverage], added: list[Coverage]
+) -> None:
+    """Apply coverage changes of one partition (removals first: the no-overlap constraint is immediate)."""
+    key = {"pipeline": pipeline, "topic": tp.topic, "partition": tp.partition}
+    for c in removed:
+        cur.execute(sql.DELETE_COVERAGE, {**key, "from_offset": c.from_offset})
+    for c in added:
+        cur.execute(
+            sql.INSERT_COVERAGE,
+            {**key, "from_offset": c.from_offset, "until_offset": c.until_offset, "disposition": c.disposition,
+             "batch_id": c.batch_id, "reset_id": c.reset_id},
+        )
+
+
+def set_batch_owner(cur: Cursor, batch_id: int, dag_id: str | None, run_id: str | None) -> None:
+    cur.execute(sql.UPDATE_BATCH_OWNER, {"batch_id": batch_id, "dag_id": dag_id, "run_id": run_id})
+
+
+def positions(cur: Cursor, pipeline: str) -> dict[TopicPartition, int]:
+    """The committed position of each partition the pipeline has seen."""
+    cur.execute(sql.SELECT_POSITIONS, {"pipeline": pipeline})
+    return {TopicPartition(topic, partition): position for topic, partition, position in cur.fetchall()}
+
+
+def observe_log_starts(cur: Cursor, pipeline: str, log_starts: Mapping[TopicPartition, int]) -> None:
+    """Record where each partition's log start is now (kept only when it moved)."""
+    psycopg2.extras.execute_values(
+        cur, sql.OBSERVE_LOG_STARTS,
+        [(pipeline, tp.topic, tp.partition, log_start) for tp, log_start in sorted(log_starts.items())],
+        template="(%s, %s, %s, %s, now())",
+    )
+
+
+def log_start_rates(cur: Cursor, pipeline: str) -> dict[TopicPartition, float]:
+    """Offsets per second at which retention has been moving each partition's log start, where plans saw it move."""
+    cur.execute(sql.SELECT_LOG_START_RATES, {"pipeline": pipeline})
+    return {TopicPartition(topic, partition): float(rate) for topic, partition, rate in cur.fetchall()}
+
+
+def topic_anchors(cur: Cursor, pipeline: str) -> dict[str, str]:
+    """The Kafka topic id each of the pipeline's topics is anchored to."""
+    cur.execute(sql.SELECT_TOPIC_ANCHORS, {"pipeline": pipeline})
+    return dict(cur.fetchall())
+
+
+def anchor_topics(cur: Cursor, pipeline: str, topic_ids: dict[str, str]) -> None:
+    """Anchor (or re-anchor) topics of the pipeline to these Kafka topic ids."""
+    psycopg2.extras.execute_batch(
+        cur, sql.UPSERT_TOPIC_ANCHOR,
+        [{"pipeline": pipeline, "topic": topic, "topic_id": topic_id} for topic, topic_id in topic_ids.items()],
+    )
+
+
+def batch_statuses(cur: Cursor, pipeline: str, batch_ids: Iterable[int]) -> dict[int, str]:
+    """The status of each of the pipeline's batches among `batch_ids` (ids the ledger does not know are left out)."""
+    cur.execute(sql.SELECT_BATCH_STATUSES, {"pipeline": pipeline, "batch_ids": sorted(set(batch_ids))})
+    return dict(cur.fetchall())
+
+
+def spark_session(cur: Cursor, pipeline: str) -> str | None:
+    """The Spark Connect session that replaced the pipeline's default one, if the server ever closed that."""
+    cur.execute(sql.SELECT_SPARK_SESSION, {"pipeline": pipeline})
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+def replace_spark_session(cur: Cursor, pipeline: str, closed: str, replacement: str) -> str:
+    """Make `replacement` the pipeline's Spark Connect session in place of `closed`; returns the session the
+    pipeline has now (another attempt's replacement, if one got there first)."""
+    cur.execute(sql.REPLACE_SPARK_SESSION, {"pipeline": pipeline, "closed": closed, "replacement": replacement})
+    row = cur.fetchone()
+    if row is None:  # the row names another session already: that replacement won
+        cur.execute(sql.SELECT_SPARK_SESSION, {"pipeline": pipeline})
+        row = cur.fetchone()
+    return row[0]
+
+
+def insert_start_positions(cur: Cursor, pipeline: str, starts: dict[TopicPartition, int]) -> None:
+    psycopg2.extras.execute_batch(
+        cur,
+        sql.INSERT_START_POSITION,
+        [{"pipeline": pipeline, "topic": tp.topic, "partition": tp.partition, "position": pos}
+         for tp, pos in starts.items()],
+    )
+
+
+def begin_attempt(cur: Cursor, batch_id: int) -> int:
+    """Start a new read attempt of a planned or failed batch; returns its attempt number."""
+    cur.execute(sql.BEGIN_ATTEMPT, {"batch_id": batch_id})
+    row = cur.fetchone()
+    if row is None:
+        batch = get_batch(cur, batch_id)
+        raise LedgerError(f"batch {batch_id} is {batch.status}: there is nothing to read")
+    return row[0]
+
+
+def mark_written(
+    cur: Cursor, batch_id: int, attempt: int, stats: list[PartitionReadStats], read_seconds: float
+) -> None:
+    """Declare the batch's staged rows complete; refused if a newer attempt has started since."""
+    records_read = sum(s.records for s in stats)
+    cur.execute(
+        sql.MARK_WRITTEN,
+        {"batch_id": batch_id, "attempt": attempt, "records_read": records_read, "read_seconds": read_seconds},
+    )
+    if cur.rowcount != 1:
+        batch = get_batch(cur, batch_id)
+        raise LedgerError(
+            f"batch {batch_id} attempt {attempt} may not be marked written: the batch is {batch.status} "
+            f"with {batch.attempts} attempts (superseded by a newer attempt?)"
+        )
+    by_partition = {(s.topic, s.partition): s for s in stats}
+    psycopg2.extras.execute_batch(
+        cur,
+        sql.UPDATE_RANGE_RECORDS_READ,
+        [{"batch_id": batch_id, "topic": r.topic, "partition": r.partition,
+          "records_read": read.records if (read := by_partition.get((r.topic, r.partition))) else 0,
+          "newest_timestamp": read.newest_timestamp if read else None}
+         for r in get_batch(cur, batch_id).ranges],
+    )
+
+
+def record_snapshot(cur: Cursor, batch_id: int, snapshot_id: int) -> None:
+    """The Iceberg snapshot that published the batch (an Iceberg sink)."""
+    cur.execute(sql.RECORD_BATCH_SNAPSHOT, {"batch_id": batch_id, "snapshot_id": snapshot_id})
+
+
+def mark_failed(cur: Cursor, batch_id: int, error: str) -> None:
+    """Record that the batch's read failed; it stays open and the next run resumes it unchanged."""
+    cur.execute(sql.MARK_FAILED, {"batch_id": batch_id, "error": error[:4000]})
+    if cur.rowcount == 0:
+        cur.execute(sql.RECORD_ERROR, {"batch_id": batch_id, "error": error[:4000]})
+
+
+def staged_read_stats(cur: Cursor, pipeline: PipelineConfig, batch_id: int, attempt: int) -> list[PartitionReadStats]:
+    cur.execute(
+        sql.STAGED_READ_STATS.format(staging=sql.staging_table(pipeline)),
+        {"batch_id": batch_id, "attempt": attempt},
+    )
+    return [PartitionReadStats(*row) for row in cur.fetchall()]
+
+
+def delete_older_staged(cur: Cursor, pipeline: PipelineConfig, batch_id: int, attempt: int) -> int:
+    cur.execute(
+        sql.DELETE_OLDER_STAGED.format(staging=sql.staging_table(pipeline)),
+        {"batch_id": batch_id, "attempt": attempt},
+    )
+    return cur.rowcount
+
+
+def delete_pipeline(cur: Cursor, pipeline: PipelineConfig) -> None:
+    """Remove every trace of a pipeline: its ledger rows, output table and staging table."""
+    for statement in sql.DELETE_PIPELINE_LEDGER_ROWS:
+        cur.execute(statement, {"pipeline": pipeline.name})
+    cur.execute(sql.drop_pipeline_tables(pipeline))
+
+
+def _table_columns(cur: Cursor, schema: str, table: str) -> list[str]:
+    cur.execute(sql.SELECT_TABLE_COLUMNS, {"schema": schema, "table": table})
+    return [row[0] for row in cur.fetchall()]
+
+
+def ensure_output_table(cur: Cursor, pipeline: PipelineConfig) -> None:
+    """Create the Postgres output table if missing; refuse one lacking declared columns."""
+    cur.execute(sql.create_output_table(pipeline))
+    existing = set(_table_columns(cur, pipeline.output_schema, pipeline.output_table))
+    missing = [c.name for c in pipeline.columns if c.name not in existing]
+    if missing:
+        raise ConfigError(
+            f"pipeline {pipeline.name!r}: output table {pipeline.qualified_output_table} lacks declared "
+            f"column(s) {', '.join(missing)}; add them with ALTER TABLE before running the pipeline"
+        )
+    if pipeline.is_entity_table:
+        cur.execute(sql.SELECT_PRIMARY_KEY_COLUMNS, {"table": sql.output_table(pipeline).as_string(cur)})
+        primary_key = [name for (name,) in cur.fetchall()]
+        if set(primary_key) != set(pipeline.key):
+            raise ConfigError(
+                f"pipeline {pipeline.name!r} (write: upsert, key {', '.join(pipeline.key)}): output table "
+                f"{pipeline.qualified_output_table} has primary key ({', '.join(primary_key) or 'none'}); an entity "
+                "table's primary key is its key: publish into a new table, or change the table's key"
+            )
+
+
+def ensure_staging_table(cur: Cursor, pipeline: PipelineConfig) -> None:
+    """Create the pipeline's staging table if missing, rebuilt if the declared columns changed."""
+    wanted = sql.staging_columns(pipeline)
+    staged = _table_columns(cur, sql.STAGING_SCHEMA, pipeline.name)
+    if staged and sorted(staged) != sorted(wanted):
+        # The declared columns changed: staging is ours to rebuild, but a batch whose staged rows
+        # disappear with it must be read again rather than committed from nothing.
+        log.warning("staging table for %s does not match the declared columns: rebuilding it", pipeline.name)
+        cur.execute(sql.drop_staging_table(pipeline))
+        cur.execute(sql.REOPEN_WRITTEN_BATCHES, {"pipeline": pipeline.name})
+    cur.execute(sql.create_staging_table(pipeline))

@@ -1,0 +1,215 @@
+"""What the ledger and Kafka say about a pipeline: the reports behind `kafka-ledger status`, `batches` and the page."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import KafkaException
+
+from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.kafka import headroom
+from kafka_ledger.kafka import offsets as kafka_offsets
+from kafka_ledger.ledger import db as ledger
+from kafka_ledger.ledger import sql
+from kafka_ledger.model import ranges as planning
+from kafka_ledger.model.ranges import Coverage, PartitionOffsets, TopicPartition
+
+# How much of a dead letter's key or value a report shows: enough to recognise it, never a whole payload.
+SHOWN_BYTES = 300
+
+
+def freshness(lag: int | None, newest_published: datetime | None, oldest_waiting: datetime | None,
+              now: datetime) -> dict[str, float | None]:
+    """How fresh a partition's output is: the age of its newest published record (now minus its Kafka timestamp),
+    and its lag in seconds: how long the oldest record not yet published has waited (now minus its Kafka
+    timestamp; 0 when nothing waits, unknown when that record's timestamp could not be read)."""
+    age = (now - newest_published).total_seconds() if newest_published else None
+    if lag == 0:
+        lag_seconds: float | None = 0.0
+    elif oldest_waiting:
+        lag_seconds = max(0.0, (now - oldest_waiting).total_seconds())
+    else:
+        lag_seconds = None
+    return {"age_seconds": None if age is None else round(age, 1),
+            "lag_seconds": None if lag_seconds is None else round(lag_seconds, 1)}
+
+
+def partition_report(
+    pipeline: PipelineConfig,
+    offsets: dict[TopicPartition, PartitionOffsets],
+    rows: dict[TopicPartition, ledger.PositionRow],
+    coverage: dict[TopicPartition, list[Coverage]],
+    margins: dict[TopicPartition, headroom.Headroom] | None = None,
+    oldest_waiting: dict[TopicPartition, datetime] | None = None,
+    now: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """Per partition: committed position, log start, end offset, lag (in offsets and in seconds), the newest
+    published record's Kafka timestamp and age, skipped and lost offsets, retention headroom. `oldest_waiting`: the
+    Kafka timestamp of the first record at or after each lagging partition's position."""
+    partitions = []
+    margins, oldest_waiting, now = margins or {}, oldest_waiting or {}, now or datetime.now(UTC)
+    lags = planning.partition_lag({tp: row.position for tp, row in rows.items()}, offsets, pipeline.start_position)
+    for tp in sorted(set(offsets) | set(rows)):
+        row, kafka = rows.get(tp), offsets.get(tp)
+        skipped = sum(c.until_offset - c.from_offset for c in coverage.get(tp, []) if c.disposition == "skipped")
+        lag = lags.get(tp)
+        lost = max(0, kafka.log_start - row.position) if row and kafka else 0
+        margin = margins.get(tp)
+        partitions.append({
+            "topic": tp.topic, "partition": tp.partition, "position": row.position if row else None,
+            "log_start": kafka.log_start if kafka else None, "end_offset": kafka.end if kafka else None,
+            "lag": lag, "newest_published_at": row.newest_timestamp if row else None,
+            **freshness(lag, row.newest_timestamp if row else None, oldest_waiting.get(tp), now),
+            "skipped_offsets": skipped, "in_kafka": kafka is not None, "lost_offsets": lost,
+            "last_batch_id": row.last_batch_id if row else None,
+            "headroom": margin.as_dict() if margin else None,
+            "note": ("not in Kafka" if kafka is None else
+                     f"LOST {lost} offsets (retention)" if lost else
+                     "not read yet" if row is None else
+                     f"RETENTION HEADROOM LOW: {headroom.duration(margin.seconds)} left" if margin and margin.low else
+                     ""),
+        })
+    return partitions
+
+
+def pipeline_status(dsn: str, servers: str, pipeline: PipelineConfig, tolerate_kafka: bool = False) -> dict[str, Any]:
+    """The pipeline's partitions (position, log start, end offset, lag) and its unfinished batches.
+
+    tolerate_kafka: Kafka unreachable (or a topic missing) is reported in `kafka_error`, with the ledger's figures
+    only, instead of raised.
+    """
+    kafka_error = None
+    try:
+        offsets = kafka_offsets.subscribed_offsets(servers, pipeline)
+    except planning.PlanError as exc:  # Kafka unreachable, or a subscribed topic missing
+        if not tolerate_kafka:
+            raise
+        offsets, kafka_error = {}, str(exc)
+    with ledger.transaction(dsn) as cur:
+        rows = {r.topic_partition: r for r in ledger.position_rows(cur, pipeline.name)}
+        coverage = ledger.coverage(cur, pipeline.name)
+        unfinished = ledger.in_flight_batches(cur, pipeline.name)
+        rates = ledger.log_start_rates(cur, pipeline.name)
+    # The oldest waiting record of each lagging partition (one small fetch each): its lag in seconds, and its
+    # retention headroom.
+    waiting = {tp: rows[tp].position for tp, o in offsets.items()
+               if tp in rows and o.log_start <= rows[tp].position < o.end}
+    stamps, freshness_error = {}, None
+    try:
+        stamps = kafka_offsets.record_timestamps(servers, waiting)
+    except (planning.PlanError, KafkaException) as exc:  # a lag in seconds is worth a report, not a failure
+        freshness_error = f"lag in seconds unknown: {exc}"
+    found, headroom_error = (headroom.look_up(servers, pipeline, {tp: r.position for tp, r in rows.items()}, offsets,
+                                              rates, stamps) if offsets else (None, None))
+    margins = {TopicPartition(h.topic, h.partition): h for h in found or []}
+    partitions = partition_report(pipeline, offsets, rows, coverage, margins,
+                                  {tp: datetime.fromtimestamp(ms / 1000, UTC) for tp, ms in stamps.items()})
+    known = [p["lag_seconds"] for p in partitions if p["lag_seconds"] is not None]
+    published = [p["newest_published_at"] for p in partitions if p["newest_published_at"] is not None]
+    return {
+        "pipeline": pipeline.name, "dag_id": pipeline.dag_id, "delivery_mode": pipeline.delivery_mode,
+        "write": pipeline.write, "key": pipeline.key, "subscription": pipeline.subscription,
+        "lag": None if kafka_error else sum(p["lag"] or 0 for p in partitions),
+        # The pipeline's freshness: its furthest-behind partition, and its newest published record.
+        "lag_seconds": max(known) if known and len(known) == len(partitions) else None,
+        "newest_published_at": max(published) if published else None,
+        "kafka_error": kafka_error, "headroom_error": headroom_error, "freshness_error": freshness_error,
+        "partitions": partitions,
+        "retention_warning": headroom.warning(pipeline, list(margins.values())),
+        "unfinished_batches": [{"batch_id": b.batch_id, "kind": b.kind, "status": b.status,
+                                "attempts": b.attempts, "last_error": b.last_error} for b in unfinished],
+    }
+
+
+def batch_summary(b: ledger.Batch) -> dict[str, Any]:
+    """A batch as reports show it: what it is for, its counts and timings, its Airflow run and its ranges."""
+    summary = {
+        "batch_id": b.batch_id, "pipeline": b.pipeline, "kind": b.kind, "status": b.status,
+        "attempts": b.attempts, "replay_of": b.replay_of, "requested_by": b.requested_by, "reason": b.reason,
+        "window_start": b.window_start, "window_end": b.window_end, "dag_id": b.dag_id, "run_id": b.run_id,
+        "planned_at": b.planned_at, "written_at": b.written_at, "committed_at": b.committed_at,
+        "records_read": b.records_read, "records_written": b.records_written,
+        "records_dead_lettered": b.records_dead_lettered, "read_seconds": b.read_seconds,
+        "commit_seconds": b.commit_seconds, "last_error": b.last_error, "snapshot_id": b.snapshot_id,
+        "offsets": sum(r.span for r in b.ranges),
+        "ranges": [r.as_dict() for r in b.ranges],
+    }
+    summary["rewrites"] = rewrites(summary)
+    return summary
+
+
+def rewrites(summary: dict[str, Any]) -> str | None:
+    """What a rewrite batch re-reads, in words (None for a catch-up): the batch it replays, its window, its ranges."""
+    if summary["kind"] == "catch_up":
+        return None
+    if summary["replay_of"] is not None:
+        return f"batch {summary['replay_of']}"
+    if summary["window_start"] is not None:
+        return f"{summary['window_start']:%Y-%m-%d %H:%M} to {summary['window_end']:%Y-%m-%d %H:%M}"
+    ranges = summary["ranges"]
+    if not ranges:
+        return None
+    first = ranges[0]
+    more = f" and {len(ranges) - 1} more" if len(ranges) > 1 else ""
+    return f"{first['topic']}-{first['partition']} [{first['from']}, {first['until']}){more}"
+
+
+def batch_detail(cur: ledger.Cursor, pipeline: str, batch_id: int) -> dict[str, Any]:
+    """A batch of the pipeline with, per range, the records its Spark job read and the partition's end offset when
+    planned."""
+    summary = batch_summary(ledger.pipeline_batch(cur, pipeline, batch_id))
+    cur.execute(sql.SELECT_RANGE_END_OFFSETS, {"batch_id": batch_id})
+    extra = {(topic, partition): (end, read) for topic, partition, end, read in cur.fetchall()}
+    for r in summary["ranges"]:
+        r["end_offset_when_planned"], r["records_read"] = extra.get((r["topic"], r["partition"]), (None, None))
+    return summary
+
+
+def batch_history(cur: ledger.Cursor, pipeline: str, limit: int = 50) -> list[dict[str, Any]]:
+    """The newest batches, oldest first: counts and the lag each catch-up found when planned (for charts)."""
+    cur.execute(sql.SELECT_BATCH_HISTORY, {"pipeline": pipeline, "limit": limit})
+    names = ("batch_id", "kind", "status", "planned_at", "committed_at", "records_read", "records_written",
+             "records_dead_lettered", "lag_when_planned")
+    return [dict(zip(names, row, strict=True)) for row in reversed(cur.fetchall())]
+
+
+def shown_bytes(data: bytes | memoryview | None) -> str | None:
+    """A key or value as text a person can read: UTF-8 where it is, escapes elsewhere, cut at SHOWN_BYTES."""
+    if data is None:
+        return None
+    raw = bytes(data)
+    text = raw[:SHOWN_BYTES].decode("utf-8", "backslashreplace")
+    return text + (f"… ({len(raw)} bytes)" if len(raw) > SHOWN_BYTES else "")
+
+
+def dead_letter_groups(cur: ledger.Cursor, pipeline: str, limit: int = 20, samples: int = 3) -> list[dict[str, Any]]:
+    """Dead letters by reason, most frequent first, with the first few records of each."""
+    cur.execute(sql.SELECT_DEAD_LETTER_GROUPS, {"pipeline": pipeline, "limit": limit})
+    groups = {reason: {"reason": reason, "count": count, "first_at": first, "last_at": last, "samples": []}
+              for reason, count, first, last in cur.fetchall()}
+    cur.execute(sql.SELECT_DEAD_LETTER_SAMPLES, {"pipeline": pipeline, "samples": samples})
+    for reason, topic, partition, offset, timestamp, key, value, batch_id in cur.fetchall():
+        if reason in groups:
+            groups[reason]["samples"].append({
+                "topic": topic, "partition": partition, "offset": offset, "timestamp": timestamp,
+                "key": shown_bytes(key), "value": shown_bytes(value), "batch_id": batch_id,
+            })
+    return list(groups.values())
+
+
+def recent_resets(cur: ledger.Cursor, pipeline: str, limit: int = 20) -> list[dict[str, Any]]:
+    """The reset audit, newest first: who moved which positions, when, why, and what they abandoned."""
+    cur.execute(sql.SELECT_RESETS, {"pipeline": pipeline, "limit": limit})
+    names = ("reset_id", "requested_by", "requested_at", "reason", "target", "partitions", "abandoned_batches")
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def instant(value: datetime | None) -> str:
+    """A Kafka timestamp in a report's cell: to the second, in UTC."""
+    return f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%SZ}" if value else "-"
+
+
+def iso(value: Any) -> Any:
+    """json.dumps' `default` for reports: datetimes as ISO 8601 text, anything else JSON lacks as its text."""
+    return value.isoformat() if isinstance(value, datetime) else str(value)

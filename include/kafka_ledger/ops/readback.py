@@ -1,0 +1,165 @@
+"""Reading Kafka back, independently of the pipeline: what verify compares with the rows, and the tests' tallies."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, Message
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.settings import kafka_config
+from kafka_ledger.kafka import offsets as kafka_offsets
+from kafka_ledger.ledger import db as ledger
+from kafka_ledger.ledger import sql
+from kafka_ledger.model.ranges import PartitionOffsets, TopicPartition, partition_lag
+from kafka_ledger.sinks import sink_for
+
+RecordId = tuple[str, int, int]  # (topic, partition, offset)
+
+
+class KafkaReadError(RuntimeError):
+    """Kafka answered a read with an error (other than reaching the partition's end)."""
+
+
+# For a consumer that reads one partition at a time (partition_record_offsets): 4 MB fetches, fetched again at
+# once, with a small prefetch queue read 555,000-record partitions at about 280,000 records/s in 150 MiB
+# (librdkafka's defaults: 125,000/s; 16 MB fetches and the default 64 MB queue: a little faster, 340 MiB).
+ONE_PARTITION_FETCH = {"max.partition.fetch.bytes": 4 << 20, "queued.max.messages.kbytes": 8 << 10,
+                       "fetch.queue.backoff.ms": 0}
+
+
+def readback_consumer(bootstrap_servers: str, **extra: object) -> Consumer:
+    """A read_committed consumer of its own (no group offsets) that reports reaching a partition's end."""
+    return Consumer(kafka_config(bootstrap_servers, **extra, **{
+        "group.id": f"kafka-ledger-readback-{uuid.uuid4().hex}",
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+        "enable.partition.eof": True,
+        # Every read here is bounded by offsets known beforehand: a fetch that finds no data need not be held
+        # for more (the default 500 ms wait stalled each partition's switch; see docs/benchmark.md).
+        "fetch.wait.max.ms": 0,
+        # Retention deleting the offsets being read must fail the read, not jump to the end and make records
+        # look missing.
+        "auto.offset.reset": "error",
+    }))
+
+
+def partition_record_offsets(
+    consumer: Consumer, tp: TopicPartition, from_offset: int, until_offset: int, deadline: float
+) -> Iterator[int]:
+    """Offsets of the committed records of one partition in [from, until), ascending, read as they stream.
+
+    Gap-aware: transaction markers, aborted and compacted records hold no record, so the read ends at the
+    first offset at or past `until` or at the partition's end, never by counting. Raises TimeoutError once
+    time.monotonic() passes `deadline`.
+    """
+    if from_offset >= until_offset:
+        return
+    consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, from_offset)])
+    next_offset = from_offset
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {tp} [{from_offset}, {until_offset}) back from Kafka passed its deadline")
+            # consume() waits for all the messages asked for (or the timeout): never ask for more than the
+            # offsets left, so the last call of a range returns at once (gaps end it through the records after
+            # the range or the end-of-partition event, which count as messages too).
+            wanted = max(1, min(10_000, until_offset - next_offset))
+            for message in consumer.consume(num_messages=wanted, timeout=1.0):
+                if message.error() is not None:
+                    if message.error().code() == KafkaError._PARTITION_EOF:
+                        return
+                    raise KafkaReadError(f"reading {tp} back from Kafka failed: {message.error()}")
+                offset = message.offset()
+                if offset >= until_offset:
+                    return
+                next_offset = offset + 1
+                yield offset
+                if offset + 1 >= until_offset:
+                    return
+    finally:
+        consumer.unassign()
+
+
+def read_back(
+    bootstrap_servers: str,
+    topics: list[str],
+    timeout: float = 60.0,
+    offsets: dict[TopicPartition, PartitionOffsets] | None = None,
+) -> Iterator[Message]:
+    """Every committed record currently in `topics`, read with a read_committed consumer up to the end offsets.
+
+    `offsets`, when the caller already looked them up, saves a second look-up.
+    """
+    offsets = offsets if offsets is not None else kafka_offsets.partition_offsets(bootstrap_servers, topics)
+    ends = {(tp.topic, tp.partition): o.end for tp, o in offsets.items()}
+    remaining = {(tp.topic, tp.partition) for tp, o in offsets.items() if o.end > o.log_start}
+    if not remaining:
+        return
+    consumer = readback_consumer(bootstrap_servers)
+    deadline = time.monotonic() + timeout
+    try:
+        consumer.assign([KafkaTopicPartition(t, p, offsets[TopicPartition(t, p)].log_start) for t, p in remaining])
+        while remaining:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading back {', '.join(topics)} did not reach the end offsets in {timeout}s")
+            for message in consumer.consume(num_messages=10_000, timeout=1.0):
+                key = (message.topic(), message.partition())
+                if message.error() is not None:
+                    if message.error().code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(f"reading back failed: {message.error()}")
+                    remaining.discard(key)  # at the end: trailing transaction markers hold no record
+                    continue
+                if message.offset() < ends[key]:
+                    yield message
+                if message.offset() + 1 >= ends[key]:
+                    remaining.discard(key)
+    finally:
+        consumer.close()
+
+
+def kafka_record_ids(
+    bootstrap_servers: str,
+    topics: list[str],
+    timeout: float = 60.0,
+    offsets: dict[TopicPartition, PartitionOffsets] | None = None,
+) -> set[RecordId]:
+    """The (topic, partition, offset) of every committed record currently in `topics` (see read_back)."""
+    return {(m.topic(), m.partition(), m.offset()) for m in read_back(bootstrap_servers, topics, timeout, offsets)}
+
+
+@dataclass(frozen=True)
+class PostgresRecords:
+    """Kafka coordinates found in a pipeline's output table and in its dead letters."""
+
+    output: list[RecordId]
+    dead_letters: list[RecordId]
+
+
+def record_ids(cur: ledger.Cursor, pipeline: PipelineConfig) -> PostgresRecords:
+    """The coordinates of the pipeline's output rows (in whichever sink, read without Spark) and dead letters."""
+    output = sink_for(pipeline).output_record_ids(cur)
+    cur.execute(sql.SELECT_DEAD_LETTER_IDS, {"pipeline": pipeline.name})
+    return PostgresRecords(output, [tuple(row) for row in cur.fetchall()])
+
+
+def _lag(cur: ledger.Cursor, bootstrap_servers: str, pipeline: PipelineConfig) -> int:
+    offsets = kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)
+    known = ledger.positions(cur, pipeline.name)
+    # Partitions the ledger has not seen yet count from where the pipeline would start them.
+    return sum(partition_lag(known, offsets, pipeline.start_position).values())
+
+
+def postgres_record_ids(dsn: str, pipeline: PipelineConfig) -> PostgresRecords:
+    with ledger.transaction(dsn) as cur:
+        return record_ids(cur, pipeline)
+
+
+def lag(dsn: str, bootstrap_servers: str, pipeline: PipelineConfig) -> int:
+    """Offsets between the ledger positions and Kafka's read_committed end offsets, over all partitions."""
+    with ledger.transaction(dsn) as cur:
+        return _lag(cur, bootstrap_servers, pipeline)

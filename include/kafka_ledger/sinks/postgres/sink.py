@@ -1,0 +1,123 @@
+"""The Postgres sink: rows go into the pipeline's output table in the ledger database."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import IO
+
+from psycopg2.extensions import connection
+
+from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.ledger import db as ledger
+from kafka_ledger.ledger import sql
+from kafka_ledger.ledger.db import Cursor
+from kafka_ledger.model.ranges import OffsetRange, TopicPartition
+from kafka_ledger.sinks.base import OutputView, Sink
+
+log = logging.getLogger(__name__)
+
+# Bytes handed to COPY per read of the row stream.
+COPY_CHUNK_BYTES = 1 << 20
+
+
+# Rows fetched per round trip of a server-side cursor.
+FETCH_ROWS = 50_000
+
+
+class _TableView(OutputView):
+    """The output table in the verify's own transaction: the same snapshot as the ledger it reads."""
+
+    def __init__(self, conn: connection, pipeline: PipelineConfig):
+        self._conn, self._pipeline = conn, pipeline
+
+    def exists(self) -> bool:
+        with self._conn.cursor() as cur:
+            cur.execute(sql.SELECT_TABLE_COLUMNS, {"schema": self._pipeline.output_schema,
+                                                   "table": self._pipeline.output_table})
+            return cur.fetchone() is not None
+
+    def partitions(self) -> set[TopicPartition]:
+        with self._conn.cursor() as cur:
+            cur.execute(sql.select_output_partitions(self._pipeline))
+            return {TopicPartition(t, p) for t, p in cur.fetchall()}
+
+    def offsets(self, tp: TopicPartition, from_offset: int, until_offset: int) -> Iterator[int]:
+        # A server-side cursor, an ordered scan of the primary key: streamed, never held whole.
+        with self._conn.cursor(name=f"verify_{uuid.uuid4().hex}") as cur:
+            cur.itersize = FETCH_ROWS
+            cur.execute(sql.select_output_offsets(self._pipeline), {
+                "topic": tp.topic, "partition": tp.partition, "from_offset": from_offset,
+                "until_offset": until_offset})
+            for (offset,) in cur:
+                yield offset
+
+
+class PostgresSink(Sink):
+    """The output table `output_schema.output_table`, written in the same transaction as the offsets."""
+
+    @property
+    def target(self) -> str:
+        return self.pipeline.qualified_output_table
+
+    def prepare(self, cur: Cursor) -> None:
+        ledger.ensure_output_table(cur, self.pipeline)
+        ledger.ensure_staging_table(cur, self.pipeline)
+
+    def output_view(self, conn: connection) -> OutputView:
+        return _TableView(conn, self.pipeline)
+
+    def output_record_ids(self, cur: Cursor) -> list[tuple[str, int, int]]:
+        cur.execute(sql.select_output_record_ids(self.pipeline))
+        return [tuple(row) for row in cur.fetchall()]
+
+    def remove(self, cur: Cursor, ranges: Iterable[OffsetRange]) -> int:
+        cur.execute(sql.delete_output_ranges(self.pipeline), sql.ranges_params(ranges))
+        return cur.rowcount
+
+    def copy_rows(self, cur: Cursor, data: IO[bytes]) -> int:
+        cur.copy_expert(sql.copy_output(self.pipeline), data, size=COPY_CHUNK_BYTES)
+        return cur.rowcount
+
+    def publish_staged(self, cur: Cursor, batch_id: int, attempt: int) -> int:
+        cur.execute(sql.publish_output(self.pipeline), {"batch_id": batch_id, "attempt": attempt})
+        return cur.rowcount
+
+
+class PostgresEntitySink(PostgresSink):
+    """An entity table (write: upsert): one row per key, the newest record by Kafka order; a tombstone deletes its key.
+
+    A batch's rows go into a temporary table first and are merged from there (sql.merge_entities), in the commit's
+    transaction. A rewrite (replay, window, backfill) removes nothing: the merge keeps whichever record is newer,
+    so an older range read again never moves an entity backwards.
+    """
+
+    def prepare(self, cur: Cursor) -> None:
+        super().prepare(cur)
+        cur.execute(sql.create_tombstone_table(self.pipeline))
+
+    def remove(self, cur: Cursor, ranges: Iterable[OffsetRange]) -> int:
+        return 0
+
+    def copy_rows(self, cur: Cursor, data: IO[bytes]) -> int:
+        cur.execute(sql.create_incoming_table(self.pipeline))
+        written = super().copy_rows(cur, data)
+        self._merge(cur, written)
+        return written
+
+    def publish_staged(self, cur: Cursor, batch_id: int, attempt: int) -> int:
+        cur.execute(sql.create_incoming_table(self.pipeline))
+        written = super().publish_staged(cur, batch_id, attempt)
+        self._merge(cur, written)
+        return written
+
+    def _merge(self, cur: Cursor, records: int) -> None:
+        counts = {}
+        for name, statement in sql.merge_entities(self.pipeline):
+            cur.execute(statement)
+            counts[name] = cur.rowcount
+        log.info("%s: %d records, %d keys: %d rows inserted or updated, %d deleted by tombstones (%d tombstones "
+                 "kept), %d tombstones lifted by newer records; older records than the table's left unchanged",
+                 self.target, records, counts["newest"], counts["upserted"], counts["deleted"], counts["buried"],
+                 counts["revived"])
