@@ -6,7 +6,7 @@ Launched by the pipeline DAG's Spark task (or `kafka-ledger replay`):
 
 The ledger is the only source of truth for what to read: the job takes a batch id, never offsets.
 It needs KAFKA_LEDGER_DB_URL and KAFKA_LEDGER_BOOTSTRAP_SERVERS in its environment. The work itself is
-kafka_ledger.runtimes.submit.runtime.run_job.
+kafka_ledger.runtimes.submit.job.run_job.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 import sys
 
 from kafka_ledger.config.settings import bootstrap_servers, ledger_dsn
-from kafka_ledger.runtimes.submit.runtime import run_job
+from kafka_ledger.runtimes.submit.job import run_job
 
 
 def main(argv: list[str] | None = None) -> int:

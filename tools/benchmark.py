@@ -58,8 +58,8 @@ from kafka_ledger.config.settings import (
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.observe.stages import until_first_rows
 from kafka_ledger.runtimes import run_batch
-from kafka_ledger.runtimes.submit.runtime import BASE_SPARK_CONF, spark_jars
-from kafka_ledger.sinks import IcebergSink
+from kafka_ledger.runtimes.submit.spark_submit import BASE_SPARK_CONF, spark_jars
+from kafka_ledger.sinks import IcebergSink, remove_pipeline, sink_for
 from tools import benchmark_peers, git_commit
 from tools.benchmark_peers import COLUMNS
 from tools.demo import accounting
@@ -172,17 +172,18 @@ def round_pipeline(setup: Setup, delivery_mode: str, sink: str | None = None, wr
 def _remove_pipeline(setup: Setup, pipeline: PipelineConfig) -> None:
     """A pipeline's table (in Postgres, or the lake's), ledger rows and positions."""
     with ledger.transaction(setup.dsn) as cur:
-        ledger.delete_pipeline(cur, pipeline)
-    if pipeline.sink.type == "iceberg":
-        sink = IcebergSink(pipeline)
+        remove_pipeline(cur, pipeline)
+    sink = sink_for(pipeline)
+    if isinstance(sink, IcebergSink):
         sink.catalog().purge_table(sink.identifier)
     setup.pipelines.remove(pipeline)
 
 
 def output_rows(setup: Setup, pipeline: PipelineConfig) -> int:
     """Rows in the pipeline's output: its Postgres table, or its Iceberg table read back without Spark."""
-    if pipeline.sink.type == "iceberg":
-        return len(IcebergSink(pipeline).output_record_ids(None))
+    sink = sink_for(pipeline)
+    if isinstance(sink, IcebergSink):
+        return len(sink.output_record_ids(None))
     return benchmark_peers.count_rows(setup.dsn, SCHEMA, pipeline.output_table)
 
 
@@ -229,23 +230,25 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from kafka_ledger.batch import read
-    from kafka_ledger.batch.publish import DEAD_LETTER_LINE, PUBLISHED, OutputEncoder, output_values, publish_frame
-    from kafka_ledger.formats.decode import decode_records
-    from kafka_ledger.runtimes.connect.batch import arrow_stream, client_session, configure, let_go, pipeline_session
+    from kafka_ledger.batch.publish import output_values, publish_frame
+    from kafka_ledger.model.columns import DEAD_LETTER_LINE, PUBLISHED
+    from kafka_ledger.runtimes.connect.batch import arrow_stream, pipeline_session
+    from kafka_ledger.sinks.postgres.copy import OutputEncoder
+    from kafka_ledger.spark.connect import client_session, configure, let_go
 
     pipeline = get_pipeline(contender["pipeline"])
+    sink = sink_for(pipeline)
     with ledger.transaction(setup.dsn) as cur:
         attempt = read.Attempt(ledger.get_batch(cur, contender["batch_id"]), 0)
 
     def rows() -> Any:
-        return publish_frame(decode_records(read.read_records(spark, attempt, setup.servers), pipeline), pipeline,
-                             attempt.batch.batch_id)
+        return publish_frame(read.read_records(spark, attempt, setup.servers), pipeline, sink, attempt.batch.batch_id)
 
     encoding = 0.0
 
     def transfer_and_encode() -> int:
         nonlocal encoding
-        encoder = OutputEncoder(pipeline, attempt.batch.batch_id)
+        encoder = OutputEncoder(sink.published_columns(), attempt.batch.batch_id)
         encoder.header()
         count = 0
         for table in arrow_stream(rows(), attempt):
@@ -270,7 +273,7 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
         # Each query touches every value (its length or hash summed), so none can skip the part it times.
         read_only = timed(lambda: read.read_records(spark, attempt, setup.servers)
                           .agg(F.count("*"), F.sum(F.length("value"))).collect()[0][0])
-        decoded = timed(lambda: rows().agg(F.count("*"), F.sum(F.hash(*output_values(pipeline), DEAD_LETTER_LINE)))
+        decoded = timed(lambda: rows().agg(F.count("*"), F.sum(F.hash(*output_values(sink), DEAD_LETTER_LINE)))
                         .collect()[0][0])
         encoded = timed(transfer_and_encode)
     finally:

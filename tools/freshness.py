@@ -37,7 +37,8 @@ from kafka_ledger.airflow.dags import PLAN_TASK, SPARK_TASK
 from kafka_ledger.config.pipeline import get_pipeline
 from kafka_ledger.config.settings import deployment_settings, env_name, jdbc_target, kafka_config
 from kafka_ledger.ledger import db as ledger
-from kafka_ledger.runtimes.submit.runtime import BASE_SPARK_CONF, spark_jars
+from kafka_ledger.runtimes.submit.spark_submit import BASE_SPARK_CONF, spark_jars
+from kafka_ledger.sinks import remove_pipeline
 from tools import benchmark_peers, git_commit
 from tools.airflow_server import running_airflow
 from tools.benchmark_peers import COLUMNS
@@ -261,7 +262,7 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
             os.killpg(peer_process.pid, 15)
             peer_process.wait(60)
         with ledger.transaction(dsn) as cur:
-            ledger.delete_pipeline(cur, pipeline)
+            remove_pipeline(cur, pipeline)
             cur.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{peer_table}, {SCHEMA}.{peer_table}_batches")
         admin.delete_topics([topic])[topic].result(30)
     summary["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]

@@ -247,11 +247,11 @@ def remove_test_artifacts(servers: str, dsn: str, test_pipelines_file: Path):
     if os.environ.get("KAFKA_LEDGER_KEEP_TEST_DATA") == "1":
         return
     from kafka_ledger.config.pipeline import read_pipelines
-    from kafka_ledger.ledger.db import delete_pipeline
+    from kafka_ledger.sinks import remove_pipeline
 
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         for pipeline in read_pipelines(test_pipelines_file).valid.values():
-            delete_pipeline(cur, pipeline)
+            remove_pipeline(cur, pipeline)
     conn.close()
     _drop_lake_tables(read_pipelines(test_pipelines_file).valid.values())
     admin = AdminClient({"bootstrap.servers": servers})

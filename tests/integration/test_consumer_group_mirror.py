@@ -8,6 +8,7 @@ import pytest
 from confluent_kafka import Consumer
 from integration_support import catch_up, cli, good_value
 
+from kafka_ledger.batch.commit import mirror_positions
 from kafka_ledger.kafka import consumer_group
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
@@ -28,7 +29,7 @@ def test_a_mirror_kafka_refuses_leaves_the_commit_standing_and_verify_reports_it
     producer.send(topic, [good_value(i) for i in range(30)])
     catch_up(dsn, servers, pipeline)
 
-    assert consumer_group.mirror_positions(dsn, servers, pipeline) is True
+    assert mirror_positions(dsn, servers, pipeline) is True
     ends = {tp: o.end for tp, o in kafka_offsets.partition_offsets(servers, [topic]).items()}
     assert consumer_group.read_positions(servers, group) == ledger_positions(dsn, pipeline) == ends
     with ledger.connect(dsn) as conn, conn.cursor() as cur:
@@ -46,7 +47,7 @@ def test_a_mirror_kafka_refuses_leaves_the_commit_standing_and_verify_reports_it
         producer.send(topic, [good_value(i) for i in range(30, 40)])
         second = catch_up(dsn, servers, pipeline)
         assert second.status == "committed"
-        assert consumer_group.mirror_positions(dsn, servers, pipeline) is False
+        assert mirror_positions(dsn, servers, pipeline) is False
         moved = {tp: o.end for tp, o in kafka_offsets.partition_offsets(servers, [topic]).items()}
         assert ledger_positions(dsn, pipeline) == moved != ends
 
@@ -63,7 +64,7 @@ def test_a_mirror_kafka_refuses_leaves_the_commit_standing_and_verify_reports_it
     # Retried with the next commit: the whole set of positions is written again.
     producer.send(topic, [good_value(i) for i in range(40, 45)], partition=0)
     catch_up(dsn, servers, pipeline)
-    assert consumer_group.mirror_positions(dsn, servers, pipeline) is True
+    assert mirror_positions(dsn, servers, pipeline) is True
     assert consumer_group.read_positions(servers, group) == ledger_positions(dsn, pipeline)
     code, data, _ = cli("verify", pipeline.name)
     assert code == 0 and data["pipelines"][0]["mirror_differences"] == []

@@ -12,6 +12,7 @@ from integration_support import CASES, COLUMNS, assert_exactly_once, good_value,
 from kafka_ledger.airflow.dags import run_pipeline_dag
 from kafka_ledger.config.pipeline import parse_pipelines
 from kafka_ledger.config.settings import spark_connect_url
+from kafka_ledger.sinks import sink_for
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +74,7 @@ def test_lean_decoding_gives_every_record_the_reason_and_values_of_the_full_one(
     )
 
     def decoded(lean: bool) -> dict[int, tuple]:
-        frame = decode_records(records, pipeline, lean=lean)
+        frame = decode_records(records, pipeline, sink_for(pipeline).envelope, lean=lean)
         columns = ["error", *[c["name"] for c in COLUMNS]]
         return {row["kafka_offset"]: tuple(str(row[c]) for c in columns) for row in frame.collect()}
 
@@ -82,6 +83,115 @@ def test_lean_decoding_gives_every_record_the_reason_and_values_of_the_full_one(
     mismatches = {TRICKY[offset]: (lean[offset], full[offset]) for offset in lean if lean[offset] != full[offset]}
     assert mismatches == {}
     assert lean[TRICKY.index(good_value(7))][0] == "None"  # a good record is published
+
+
+# A pipeline of the newer kinds and sources: nested fields, a decimal, a date, a jsonb object, the Kafka key (whole and
+# a field of a JSON key) and a header.
+RICH_COLUMNS = [
+    {"name": "id", "type": "string", "required": True},
+    {"name": "city", "type": "string", "path": "customer.address.city"},
+    {"name": "customer_id", "type": "long", "path": "customer.id"},
+    {"name": "amount", "type": "decimal(12,2)"},
+    {"name": "ordered_on", "type": "date"},
+    {"name": "doc", "type": "jsonb"},
+    {"name": "at", "type": "timestamp", "path": "meta.at"},
+    {"name": "order_key", "type": "string", "source": "key"},
+    {"name": "tenant", "type": "long", "source": "header:tenant"},
+    {"name": "trace", "type": "string", "source": "header:trace", "path": "id"},
+]
+GOOD = {"id": "a", "customer": {"id": 7, "address": {"city": "Lyon"}}, "amount": 12.5, "ordered_on": "2026-11-26",
+        "doc": {"x": [1, 2.50, {"y": None}]}, "meta": {"at": "2026-11-21T10:00:00Z"}}
+# (value, key, headers) -> the reason (None: published).
+RICH_CASES: list[tuple[dict | bytes | None, bytes | None, list[tuple[str, bytes]], str | None]] = [
+    (GOOD, b"order-1", [("tenant", b"42"), ("trace", b'{"id": "t-1"}')], None),
+    ({**GOOD, "amount": "12.50"}, b"k", [], None),  # a decimal as text
+    ({**GOOD, "amount": -0.01}, None, [("tenant", b" 5 "), ("tenant", b"x")], None),  # the first header counts
+    ({**GOOD, "amount": 1.005}, b"k", [], "field 'amount' is not a valid decimal(12,2) (it does not fit exactly: more "
+                                         "than 2 digit(s) after the point or 10 before it)"),
+    ({**GOOD, "amount": 12345678901.5}, b"k", [], "field 'amount' is not a valid decimal(12,2) (it does not fit "
+                                                  "exactly: more than 2 digit(s) after the point or 10 before it)"),
+    (b'{"id": "e", "amount": 1.5e3}', b"k", [], "field 'amount' is not a valid decimal(12,2) (a number in exponent "
+                                                "notation or of more than 38 digits cannot be kept exactly)"),
+    ({**GOOD, "amount": "12,50"}, b"k", [], "field 'amount' is not a valid decimal(12,2)"),
+    ({**GOOD, "amount": True}, b"k", [], "field 'amount' is not a valid decimal(12,2)"),
+    ({**GOOD, "ordered_on": "2026-02-30"}, b"k", [], "field 'ordered_on' is not a valid date (YYYY-MM-DD)"),
+    ({**GOOD, "ordered_on": "2026-11-26T10:00:00"}, b"k", [], "field 'ordered_on' is not a valid date (YYYY-MM-DD)"),
+    ({**GOOD, "ordered_on": "0900-01-01"}, b"k", [], "field 'ordered_on' is not a valid date (outside 1900-2199)"),
+    ({**GOOD, "doc": "not an object"}, b"k", [], "field 'doc' is not a valid jsonb (a JSON object or array)"),
+    (b'{"id": "j", "doc": {"big": 1e400}}', b"k", [], "field 'doc' holds a number that cannot be kept exactly (in "
+                                                     "exponent notation, or of more than 38 digits)"),
+    ({**GOOD, "doc": {"s": "nul \\u0000"}}, b"k", [], None),  # a backslash, then u0000: no NUL
+    ({**GOOD, "doc": {"s": "nul \x00"}}, b"k", [], "field 'doc' contains a NUL character, which Postgres jsonb cannot "
+                                                    "store"),
+    ({**GOOD, "customer": {"id": "seven"}}, b"k", [], "field 'customer.id' is not a valid long"),
+    ({**GOOD, "customer": 5}, b"k", [], "value does not match the declared schema"),
+    ({**GOOD, "meta": {"at": "soon"}}, b"k", [], "field 'meta.at' is not a valid timestamp"),
+    (GOOD, b"k", [("tenant", b"many")], "header 'tenant' is not a valid long"),
+    (GOOD, b"k", [("trace", b"not json")], "header 'trace' is not a JSON object"),
+    (GOOD, b"k", [("trace", b'{"id": 5}')], None),  # a number's text in a string column, as from_json gives it
+    (GOOD, b"\xff", [], "the Kafka key is not valid UTF-8"),
+    ({**GOOD, "id": None}, b"k", [], "required field 'id' is missing or null"),
+]
+
+
+def _rich_records(spark):
+    rows = []
+    for offset, (value, key, headers, _) in enumerate(RICH_CASES):
+        raw = value if isinstance(value, bytes | None) else json.dumps(value).encode()
+        rows.append(("t", 0, offset, datetime(2026, 11, 21, tzinfo=UTC), key, raw,
+                     [{"key": k, "value": v} for k, v in headers]))
+    return spark.createDataFrame(rows, "topic string, partition int, offset long, timestamp timestamp, key binary, "
+                                       "value binary, headers array<struct<key: string, value: binary>>")
+
+
+@pytest.mark.parametrize("extra_fields", ["ignore", "dead_letter"])
+def test_nested_fields_decimals_dates_jsonb_keys_and_headers_decode_exactly_on_both_paths(spark, extra_fields):
+    from decimal import Decimal
+
+    from kafka_ledger.formats.decode import decode_records
+
+    pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {
+        "topics": ["t"], "output_table": "t", "columns": RICH_COLUMNS, "extra_fields": extra_fields}}}))["p"]
+    records = _rich_records(spark)
+    names = [c["name"] for c in RICH_COLUMNS]
+
+    def decoded(lean: bool) -> dict[int, dict]:
+        frame = decode_records(records, pipeline, sink_for(pipeline).envelope, lean=lean)
+        return {row["kafka_offset"]: row.asDict() for row in frame.select("kafka_offset", "error", *names).collect()}
+
+    lean, full = decoded(True), decoded(False)
+    assert {o: (lean[o], full[o]) for o in lean if lean[o] != full[o]} == {}
+    reasons = {offset: lean[offset]["error"] for offset in lean}
+    assert reasons == {offset: case[3] for offset, case in enumerate(RICH_CASES)}
+    first = lean[0]
+    assert first == {"kafka_offset": 0, "error": None, "id": "a", "city": "Lyon", "customer_id": 7,
+                     "amount": Decimal("12.50"), "ordered_on": datetime(2026, 11, 26).date(),
+                     "doc": '{"x":[1,2.5,{"y":null}]}', "at": datetime(2026, 11, 21, 10, tzinfo=UTC).replace(tzinfo=None)
+                     if first["at"].tzinfo is None else datetime(2026, 11, 21, 10, tzinfo=UTC),
+                     "order_key": "order-1", "tenant": 42, "trace": "t-1"}
+    assert (lean[1]["amount"], lean[2]["amount"], lean[2]["tenant"], lean[2]["order_key"]) == (
+        Decimal("12.50"), Decimal("-0.01"), 5, None)
+    assert lean[13]["doc"] == '{"s":"nul \\\\u0000"}'
+
+
+def test_unexpected_fields_are_found_inside_the_objects_a_path_goes_through(spark):
+    from kafka_ledger.formats.decode import decode_records
+
+    pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {
+        "topics": ["t"], "output_table": "t", "extra_fields": "dead_letter", "columns": [
+            {"name": "id", "type": "string"}, {"name": "city", "type": "string", "path": "customer.address.city"}]}}}
+    ))["p"]
+    values = [b'{"id": "a", "customer": {"address": {"city": "Lyon"}}}',
+              b'{"id": "a", "customer": {"address": {"city": "Lyon", "zip": "69001"}, "vip": true}, "x": 1}',
+              b'{"id": "a", "customer": "flat"}']
+    records = spark.createDataFrame(
+        [("t", 0, o, datetime(2026, 11, 21, tzinfo=UTC), None, v) for o, v in enumerate(values)],
+        "topic string, partition int, offset long, timestamp timestamp, key binary, value binary")
+    errors = {lean: {r["kafka_offset"]: r["error"] for r in decode_records(
+        records, pipeline, sink_for(pipeline).envelope, lean=lean).collect()} for lean in (True, False)}
+    assert errors[True] == errors[False] == {
+        0: None, 1: "unexpected field(s): customer.address.zip, customer.vip, x",
+        2: "value does not match the declared schema"}
 
 
 def ts(text: str) -> datetime:
@@ -154,7 +264,8 @@ def test_a_column_can_narrow_its_years_to_catch_seconds_read_as_milliseconds(spa
     )
     from pyspark.sql import functions as F
 
-    decoded = decode_records(records, pipeline).select("kafka_offset", "error", F.col("at").cast("string"))
+    decoded = decode_records(records, pipeline, sink_for(pipeline).envelope).select(
+        "kafka_offset", "error", F.col("at").cast("string"))
     rows = {r["kafka_offset"]: (r["error"], r["at"]) for r in decoded.collect()}
     assert rows == {
         0: ("field 'at' is not a valid timestamp (a number outside 2000-2100 read as epoch_millis)", None),

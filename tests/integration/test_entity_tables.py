@@ -27,10 +27,10 @@ from psycopg2.extras import execute_values
 from kafka_ledger.batch.plan import plan_batch, plan_next_batch
 from kafka_ledger.config.pipeline import get_pipeline
 from kafka_ledger.ledger import db as ledger
-from kafka_ledger.ledger import sql
 from kafka_ledger.ops import readback as audit
 from kafka_ledger.runtimes import run_batch
 from kafka_ledger.sinks import sink_for
+from kafka_ledger.sinks.postgres import sql
 
 pytestmark = pytest.mark.integration
 
@@ -189,7 +189,7 @@ def test_the_merge_keeps_the_newest_record_whatever_order_batches_commit_in(dsn)
     with ledger.transaction(dsn) as cur:
         sink.prepare(cur)
     rng = random.Random(20261125)
-    columns = sql.published_columns(pipeline)
+    columns = list(sink.published_columns())
     start = datetime(2026, 11, 25, tzinfo=UTC)
     records = []
     for partition in range(3):

@@ -191,7 +191,7 @@ def test_a_topic_recreated_while_its_batch_is_read_is_refused_at_commit_and_its_
     """Planning saw the topic it anchored; the topic was recreated before the batch committed. The commit refuses
     (nothing published, no position moved). Re-anchored by latest, the earlier topic's rows stay under offsets that
     name other records: verify fails naming them, until a replay of those offsets replaces them."""
-    from kafka_ledger.batch.commit import commit_batch
+    from kafka_ledger.batch.commit import Written, commit
     from kafka_ledger.batch.plan import plan_next_batch
     from kafka_ledger.kafka import offsets as kafka_offsets
     from kafka_ledger.ledger import db as ledger
@@ -214,7 +214,7 @@ def test_a_topic_recreated_while_its_batch_is_read_is_refused_at_commit_and_its_
     landed = producer.send(topic, [good_value(1000 + i) for i in range(300)])
     (new_id,) = kafka_offsets.topic_ids(servers, [topic]).values()
     with pytest.raises(TopicIdentityError) as refused:
-        commit_batch(dsn, servers, pipeline, planned.batch_id)
+        commit(dsn, servers, pipeline, planned.batch_id, Written())
     assert f"refer to topic id {old_id}, Kafka's {topic} has id {new_id}" in str(refused.value)
     assert f"Batch {planned.batch_id} read from it: nothing was published" in str(refused.value)
     with ledger.connect(dsn) as conn, conn.cursor() as cur:

@@ -22,10 +22,12 @@ from integration_support import (
 from kafka_ledger.batch.plan import plan_batch, plan_next_batch
 from kafka_ledger.batch.requests import BatchRequest, RequestError
 from kafka_ledger.runtimes.connect.batch import ConnectBatch, SparkReadError
-from kafka_ledger.runtimes.submit.runtime import SubmitRuntime, submit_batch
+from kafka_ledger.runtimes.submit.runtime import SubmitRuntime
+from kafka_ledger.runtimes.submit.spark_submit import submit_batch
 from kafka_ledger.sinks import IcebergSink
 from kafka_ledger.sinks.iceberg.maintenance import maintain
-from kafka_ledger.sinks.iceberg.sink import ATTEMPT_KEY, BATCH_KEY, PIPELINE_KEY, RANGES_KEY, IcebergSinkError
+from kafka_ledger.sinks.iceberg.snapshots import ATTEMPT_KEY, BATCH_KEY, PIPELINE_KEY, RANGES_KEY, IcebergSinkError
+from kafka_ledger.spark.sessions import ConnectSessions
 
 pytestmark = pytest.mark.integration
 
@@ -247,7 +249,7 @@ def test_maintenance_compacts_and_expires_but_keeps_the_snapshot_an_unfinished_b
     [landed] = [s for s, summary in snapshots(sink) if summary[BATCH_KEY] == str(batch_id)]
     rows_before = rows_by_offset(sink)
 
-    result = maintain(dsn, pipeline)
+    result = maintain(dsn, sink, ConnectSessions())
     assert result.kept_for_batches == [batch_id]
     assert result.compaction["rewritten_data_files_count"] == result.data_files_before > 3  # a file per range
     # One file now; the old ones stay on disk while the kept snapshot references them.
@@ -263,7 +265,7 @@ def test_maintenance_compacts_and_expires_but_keeps_the_snapshot_an_unfinished_b
     assert [(b.status, b.snapshot_id) for b in batches(dsn, pipeline)][-1] == ("committed", landed)
     assert_exactly_once(dsn, servers, pipeline, {sent[-1]: "malformed JSON (not a JSON object)"})
 
-    again = maintain(dsn, pipeline)  # nothing unfinished now: down to the newest snapshot
+    again = maintain(dsn, sink, ConnectSessions())  # nothing unfinished now: down to the newest snapshot
     assert again.kept_for_batches == [] and again.snapshots_after == 1
     assert again.expiry["deleted_data_files_count"] == result.data_files_before  # the small files are gone now
     assert rows_by_offset(sink) == rows_before

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kafka_ledger.runtimes.connect.batch import client_session, close_session, configure
-from kafka_ledger.runtimes.submit.runtime import spark_jars
+from kafka_ledger.runtimes.submit.spark_submit import spark_jars
 from kafka_ledger.sinks.iceberg import catalogs as lake
 
 pytestmark = pytest.mark.integration

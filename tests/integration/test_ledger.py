@@ -11,7 +11,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 from integration_support import RecordedProducer, good_value, output_count, stage_rows
 
-from kafka_ledger.batch.commit import CommitError, commit_batch
+from kafka_ledger.batch.commit import CommitError, Written, commit
 from kafka_ledger.batch.plan import plan_next_batch
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ledger import sql
@@ -84,7 +84,7 @@ def test_commit_refuses_a_moved_position_and_writes_nothing(dsn, servers, pipeli
         cur.execute("UPDATE kafka_ledger.positions SET position = 4 WHERE pipeline = %s", (pipeline.name,))
 
     with pytest.raises(CommitError, match=rf"compare-and-set.*{topic}-0: ledger position 4, batch starts at 0"):
-        commit_batch(dsn, servers, pipeline, planned.batch_id)
+        commit(dsn, servers, pipeline, planned.batch_id, Written())
 
     with ledger.connect(dsn) as conn, conn.cursor() as cur:
         assert output_count(cur, pipeline) == 0
@@ -94,7 +94,7 @@ def test_commit_refuses_a_moved_position_and_writes_nothing(dsn, servers, pipeli
         assert cur.fetchone()[0] == 0
         cur.execute("UPDATE kafka_ledger.positions SET position = 0 WHERE pipeline = %s", (pipeline.name,))
 
-    result = commit_batch(dsn, servers, pipeline, planned.batch_id)  # with the position restored, it commits
+    result = commit(dsn, servers, pipeline, planned.batch_id, Written())  # with the position restored, it commits
     assert (result.already_committed, result.records_written) == (False, 10)
     with ledger.connect(dsn) as conn, conn.cursor() as cur:
         assert output_count(cur, pipeline) == 10
@@ -106,7 +106,7 @@ def test_commit_refuses_a_batch_that_was_not_written(dsn, servers, pipeline_fact
     producer.send(pipeline.topics[0], [good_value(0)])
     planned = plan_next_batch(dsn, servers, pipeline)
     with pytest.raises(CommitError, match="is planned, not written"):
-        commit_batch(dsn, servers, pipeline, planned.batch_id)
+        commit(dsn, servers, pipeline, planned.batch_id, Written())
 
 
 @pytest.fixture

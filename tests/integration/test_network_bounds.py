@@ -22,7 +22,7 @@ from test_connect_runtime import nothing_published, produce_and_plan, wait_for_r
 from kafka_ledger.batch.plan import plan_next_batch
 from kafka_ledger.batch.read import KAFKA_POLL_TIMEOUT_MS
 from kafka_ledger.ledger import replies as db_replies
-from kafka_ledger.runtimes.connect.batch import HEARTBEAT_DEADLINE, HEARTBEAT_INTERVAL, HEARTBEAT_MISSES
+from kafka_ledger.spark.connect import HEARTBEAT_DEADLINE, HEARTBEAT_INTERVAL, HEARTBEAT_MISSES
 from tools.fault_campaign.network import POSTGRES, SPARK_CONNECT, Toxiproxy, kafka_proxy, proxied_environment
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import pytest
 from integration_support import BAD_VALUES, assert_exactly_once, batches, good_value, spark_task, stored
 
 from kafka_ledger.airflow.dags import run_pipeline_dag
-from kafka_ledger.batch.commit import commit_batch
+from kafka_ledger.batch.commit import Written, commit
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ops import readback as audit
@@ -153,7 +153,7 @@ def test_second_commit_of_a_batch_is_a_no_op(dsn, servers, pipeline_factory, pro
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         positions_before = ledger.positions(cur, pipeline.name)
 
-    again = commit_batch(dsn, servers, pipeline, batch.batch_id)
+    again = commit(dsn, servers, pipeline, batch.batch_id, Written())
 
     assert again.already_committed
     assert (again.records_written, again.records_dead_lettered) == (50, 1)

@@ -8,7 +8,7 @@ import yaml
 from kafka_ledger.config import pipeline as config
 from kafka_ledger.config import settings
 from kafka_ledger.config.pipeline import ConfigError, get_pipeline, load_pipelines, parse_pipelines
-from kafka_ledger.model.columns import POSTGRES_TYPES
+from kafka_ledger.model.kinds import parse_kind
 
 VALID = textwrap.dedent(
     """
@@ -69,7 +69,7 @@ def test_parse_valid_pipelines_applies_defaults():
     assert clicks.output_schema == "public"
     assert clicks.description == ""
     assert clicks.spark_conf == {}
-    assert [(c.name, c.type, c.required) for c in clicks.columns] == [
+    assert [(c.name, str(c.type), c.required) for c in clicks.columns] == [
         ("click_id", "string", True),
         ("amount", "double", False),
     ]
@@ -94,11 +94,13 @@ def test_dag_id_and_qualified_output_table():
     assert pipelines["views"].qualified_output_table == "analytics.page_views"
 
 
-@pytest.mark.parametrize("column_type", ["string", "long", "int", "double", "boolean", "timestamp"])
+@pytest.mark.parametrize("column_type", ["string", "long", "int", "double", "boolean", "timestamp", "date", "jsonb",
+                                         "decimal(12,2)"])
 def test_every_column_type_is_accepted_and_mapped_to_postgres(column_type):
-    (pipeline,) = parse_pipelines(pipeline_yaml(columns=f"[{{name: c, type: {column_type}}}]")).values()
-    assert pipeline.columns[0].type == column_type
-    assert column_type in POSTGRES_TYPES
+    (pipeline,) = parse_pipelines(pipeline_yaml(columns=f"[{{name: c, type: '{column_type}'}}]")).values()
+    assert pipeline.columns[0].type == parse_kind(column_type) and str(pipeline.columns[0].type) == column_type
+    assert pipeline.columns[0].type.postgres_type
+    assert pipeline.model_dump()["columns"][0]["type"] == column_type  # written back as declared
 
 
 @pytest.mark.parametrize("text", ["", "\n", "# only a comment\n"])
@@ -140,6 +142,47 @@ def test_unknown_top_level_key_is_rejected():
 def test_bad_column_type_is_rejected_with_its_path():
     message = config_error(pipeline_yaml(columns="[{name: a, type: varchar}]"))
     assert "pipelines.p.columns.0.type" in message
+    assert "unknown type 'varchar': one of string, long, int, double, boolean, timestamp, date, jsonb, decimal(p,s)" \
+        in message
+    assert "the precision must be 1 to 38" in config_error(pipeline_yaml(columns="[{name: a, type: 'decimal(40,2)'}]"))
+    assert "the scale 0 to the precision" in config_error(pipeline_yaml(columns="[{name: a, type: 'decimal(4,5)'}]"))
+
+
+def test_a_column_reads_a_path_of_the_value_or_the_key_or_a_header():
+    columns = ("[{name: city, type: string, path: user.address.city}, {name: user_id, type: long, source: key}, "
+               "{name: tenant, type: string, source: key, path: tenant}, "
+               "{name: trace, type: string, source: 'header:trace-id', required: true}, {name: id, type: string}]")
+    (pipeline,) = parse_pipelines(pipeline_yaml(columns=columns)).values()
+    city, user_id, tenant, trace, plain = pipeline.columns
+    assert (city.field_path, city.label, city.required_reason) == (
+        ("user", "address", "city"), "field 'user.address.city'",
+        "required field 'user.address.city' is missing or null")
+    assert (user_id.source_kind, user_id.field_path, user_id.label) == ("key", (), "the Kafka key")
+    assert (tenant.field_path, tenant.label) == (("tenant",), "field 'tenant' of the Kafka key")
+    assert (trace.header, trace.label, trace.required_reason) == (
+        "trace-id", "header 'trace-id'", "required column 'trace': header 'trace-id' is missing or null")
+    assert plain.field_path == ("id",) and pipeline.reads_headers and pipeline.value.format == "json"
+    whole = "[{name: user, type: jsonb}, {name: user_id, type: long, path: user.id}]"
+    assert [c.name for c in parse_pipelines(pipeline_yaml(columns=whole))["p"].columns] == ["user", "user_id"]
+
+
+@pytest.mark.parametrize(("columns", "problem"), [
+    ("[{name: a, type: string, source: body}]", "source 'body' must be value, key or header:<name>"),
+    ("[{name: a, type: string, path: 'a..b'}]", "must be object keys separated by dots"),
+    ("[{name: a, type: string, path: 'a[0]'}]", "must be object keys separated by dots"),
+    ("[{name: a, type: string, path: x}, {name: b, type: long, path: x}]", "columns 'a' and 'b' both read field 'x'"),
+    ("[{name: a, type: string, path: user}, {name: b, type: long, path: user.id}]",
+     "column 'a' reads field 'user', which holds the field column 'b' reads: only a jsonb column can read"),
+    ("[{name: a, type: long, years: [2000, 2001]}]", "years apply to timestamp and date columns only"),
+])
+def test_a_column_that_cannot_be_read_is_refused(columns, problem):
+    assert problem in config_error(pipeline_yaml(columns=columns))
+
+
+def test_the_value_format_is_declared_json_by_default_or_by_name():
+    assert parse_pipelines(pipeline_yaml())["p"].value.format == "json"
+    assert parse_pipelines(pipeline_yaml() + "    value: json\n")["p"].value.format == "json"
+    assert "pipelines.p.value.format" in config_error(pipeline_yaml() + "    value: {format: avro}\n")
 
 
 @pytest.mark.parametrize("reserved", sorted(config.RESERVED_COLUMNS))

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kafka_ledger.airflow.dags import BASE_SPARK_CONF, SPARK_APPLICATION, SPARK_POOL, build_pipeline_dag
+from kafka_ledger.airflow.dags import SPARK_POOL, build_pipeline_dag
 from kafka_ledger.config.pipeline import parse_pipelines
+from kafka_ledger.runtimes.submit.spark_submit import BASE_SPARK_CONF, SPARK_APPLICATION
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -106,7 +107,7 @@ def test_no_secret_reaches_the_spark_submit_command_line_on_any_master(dag, monk
 
 def test_a_master_exported_after_the_connection_was_made_is_refused_not_ignored(dag, monkeypatch):
     from kafka_ledger.config.settings import SettingsError
-    from kafka_ledger.runtimes.submit.runtime import check_master
+    from kafka_ledger.runtimes.submit.spark_submit import check_master
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
     monkeypatch.setenv("KAFKA_LEDGER_SPARK_MASTER", "spark://127.0.0.1:17077")
@@ -178,7 +179,7 @@ def test_hourly_data_interval_covers_one_hour(dag):
 
 
 def test_connect_runtime_reads_and_commits_in_one_task(monkeypatch):
-    from kafka_ledger.airflow.dags import ReadAndCommitOperator
+    from kafka_ledger.runtimes.connect.airflow import ReadAndCommitOperator
 
     monkeypatch.setenv("KAFKA_LEDGER_SPARK_RUNTIME", "connect")
     dag = build_pipeline_dag(PIPELINES["clicks"])
@@ -217,14 +218,14 @@ def test_a_pipeline_can_keep_spark_submit_in_a_connect_deployment(monkeypatch):
 def test_the_ledger_password_is_registered_as_a_secret_whatever_the_dsn_form(monkeypatch, dsn):
     import airflow.sdk.log
 
-    from kafka_ledger.airflow import dags as airflow_dag
     from kafka_ledger.config.settings import deployment_settings
+    from kafka_ledger.runtimes import airflow_tasks
 
     masked: list[str] = []
     monkeypatch.setattr(airflow.sdk.log, "mask_secret", masked.append)
     monkeypatch.setenv("KAFKA_LEDGER_DB_URL", dsn)
     settings = deployment_settings()
-    airflow_dag.mask_secrets(settings)
+    airflow_tasks.mask_secrets(settings)
     assert settings.ledger_dsn() == dsn
     assert masked == [dsn, "s3cr/t"]
 
@@ -243,7 +244,7 @@ def test_the_committing_task_updates_the_output_tables_asset(monkeypatch, runtim
 
 def test_the_spark_job_and_its_log_configuration_are_where_spark_submit_is_told_to_find_them():
     """A module move once sent spark-submit to include/spark_jobs/ingest_batch.py, which does not exist."""
-    from kafka_ledger.runtimes.submit.runtime import SPARK_LOG_CONFIG
+    from kafka_ledger.runtimes.submit.spark_submit import SPARK_LOG_CONFIG
 
     assert SPARK_APPLICATION == REPO / "spark_jobs" / "ingest_batch.py" and SPARK_APPLICATION.is_file()
     assert SPARK_LOG_CONFIG.is_file()

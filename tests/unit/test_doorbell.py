@@ -91,7 +91,7 @@ def test_a_doorbell_dag_runs_on_its_asset_beside_its_schedule_or_alone():
 
 def test_the_doorbell_asset_watches_with_the_pipelines_trigger():
     asset = doorbell_asset(PIPELINES["bell"])
-    assert asset.name == "kafka_ledger.airflow.doorbell.bell" and asset.uri == "kafka-ledger://doorbell/bell"
+    assert asset.name == "kafka_ledger.doorbell.bell" and asset.uri == "kafka-ledger://doorbell/bell"
     (watcher,) = asset.watchers
     assert watcher.trigger.serialize()[1] == {"pipeline": "bell", "min_backlog": 100, "poll_seconds": 2.0,
                                               "ring_again_seconds": 300.0}

@@ -50,7 +50,8 @@ def test_a_rest_catalog_stays_one_and_other_kinds_are_refused_by_name():
 
 def test_a_catalog_that_cannot_be_reached_is_a_clear_refusal_without_its_password(tmp_path, monkeypatch):
     from kafka_ledger.config.pipeline import PipelineConfig
-    from kafka_ledger.sinks.iceberg.sink import IcebergSink, IcebergSinkError
+    from kafka_ledger.sinks.iceberg.sink import IcebergSink
+    from kafka_ledger.sinks.iceberg.snapshots import IcebergSinkError
 
     # Nothing listens on port 1 of loopback: the catalog's database refuses the connection at once.
     (tmp_path / "spark-defaults.conf").write_text(SPARK_DEFAULTS.replace("127.0.0.1:15432", "127.0.0.1:1"))

@@ -2,26 +2,46 @@
 
 import math
 import struct
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 
 import pyarrow as pa
 import pytest
 
-from kafka_ledger.batch.publish import DEAD_LETTER_LINE, PUBLISHED, CopyStream, output_rows, output_schema
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.model.columns import DEAD_LETTER_LINE, PUBLISHED
 from kafka_ledger.model.ranges import PartitionReadStats, check_read_coverage
+from kafka_ledger.sinks import sink_for
+from kafka_ledger.sinks.postgres.copy import CopyStream, output_rows, output_schema
 
 PIPELINE = PipelineConfig.model_validate(
     {"name": "p", "topics": ["t"], "output_table": "out", "columns": [{"name": "name", "type": "string"}]})
+PUBLISHED_COLUMNS = sink_for(PIPELINE).published_columns()
+SCHEMA = output_schema(PUBLISHED_COLUMNS)
 AT = datetime(2026, 11, 21, 10, 0, 0, 123456, tzinfo=UTC)
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
-# How Postgres's binary receive functions read each kind's value (the wire forms of columns.POSTGRES_TYPES).
+
+
+def numeric(raw: bytes) -> Decimal:
+    """Postgres's binary numeric: digit count, weight, sign, display scale, then base-10000 digits."""
+    ndigits, weight, sign, dscale = struct.unpack_from(">hhHH", raw)
+    digits = struct.unpack_from(f">{ndigits}H", raw, 8)
+    value = sum((Decimal(d) * Decimal(10000) ** (weight - i) for i, d in enumerate(digits)), Decimal(0))
+    value = value.quantize(Decimal(1).scaleb(-dscale))
+    return -value if sign == 0x4000 else value
+
+
+# How Postgres's binary receive functions read each kind's value (the wire forms of the kinds' Postgres types).
 READ_VALUE = {
     "string": lambda raw: raw.decode(), "long": lambda raw: struct.unpack(">q", raw)[0],
     "int": lambda raw: struct.unpack(">i", raw)[0], "double": lambda raw: struct.unpack(">d", raw)[0],
     "boolean": lambda raw: raw == b"\x01",
     "timestamp": lambda raw: PG_EPOCH + timedelta(microseconds=struct.unpack(">q", raw)[0]),
+    "date": lambda raw: date(2000, 1, 1) + timedelta(days=struct.unpack(">i", raw)[0]),
+    "decimal(12,2)": numeric,
+    # jsonb: a version byte (1), then the text.
+    "jsonb": lambda raw: (raw[:1], raw[1:].decode()),
 }
 KINDS = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64(), "boolean": pa.bool_(),
          "timestamp": TIMESTAMP}
@@ -33,7 +53,7 @@ def copy_rows(data: bytes, pipeline: PipelineConfig = PIPELINE) -> list[tuple]:
     assert data[:11] == b"PGCOPY\n\xff\r\n\x00"
     flags, extension = struct.unpack_from(">iI", data, 11)
     assert flags == 0
-    kinds = [next(k for k, t in KINDS.items() if t == field.type) for field in output_schema(pipeline)]
+    kinds = [str(kind) for kind in sink_for(pipeline).published_columns().values()]
     pos, rows = 19 + extension, []
     while True:
         (count,) = struct.unpack_from(">h", data, pos)
@@ -66,7 +86,7 @@ def table(rows: list[tuple[str, int, int, str | None, str | None]]) -> pa.Table:
 
 
 def stream_of(tables, batch_id: int = 7) -> CopyStream:
-    return CopyStream(tables, PIPELINE, batch_id)
+    return CopyStream(tables, PUBLISHED_COLUMNS, batch_id)
 
 
 def drain(stream: CopyStream, size: int) -> bytes:
@@ -108,7 +128,8 @@ def test_every_type_is_encoded_as_postgres_binary_copy_reads_it():
     frame = pa.table({**{kind: pa.array(values[kind], KINDS[kind]) for kind in kinds},
                       "kafka_topic": pa.array(["t"] * 7), "kafka_partition": pa.array([0] * 7, pa.int32()),
                       "kafka_offset": pa.array(range(7), pa.int64()), "kafka_timestamp": pa.array([AT] * 7, TIMESTAMP)})
-    stream = CopyStream([frame.append_column(PUBLISHED, pa.array([True] * 7))], pipeline, 3)
+    published = sink_for(pipeline).published_columns()
+    stream = CopyStream([frame.append_column(PUBLISHED, pa.array([True] * 7))], published, 3)
     rows = copy_rows(drain(stream, 1 << 20), pipeline)
     for i, row in enumerate(rows):
         *declared, topic, partition, offset, kafka_timestamp, batch_id = row
@@ -123,27 +144,44 @@ def test_every_type_is_encoded_as_postgres_binary_copy_reads_it():
     assert len(rows) == 7
 
 
+def test_decimals_dates_and_jsonb_are_encoded_as_postgres_binary_copy_reads_them():
+    pipeline = PipelineConfig.model_validate({"name": "p", "topics": ["t"], "output_table": "out", "columns": [
+        {"name": "amount", "type": "decimal(12,2)"}, {"name": "day", "type": "date"},
+        {"name": "doc", "type": "jsonb"}]})
+    amounts = [Decimal("0.00"), Decimal("-12.50"), None, Decimal("9999999999.99"), Decimal("0.01")]
+    days = [date(2026, 11, 26), date(1900, 1, 1), None, date(2199, 12, 31), date(2000, 1, 1)]
+    docs = ['{"a": 1}', "[1, 2.50]", None, '{"nested": {"x": [true, null]}}', "{}"]
+    frame = pa.table({"amount": pa.array(amounts, pa.decimal128(12, 2)), "day": pa.array(days, pa.date32()),
+                      "doc": pa.array(docs, pa.string()), "kafka_topic": pa.array(["t"] * 5),
+                      "kafka_partition": pa.array([0] * 5, pa.int32()), "kafka_offset": pa.array(range(5), pa.int64()),
+                      "kafka_timestamp": pa.array([AT] * 5, TIMESTAMP), PUBLISHED: pa.array([True] * 5)})
+    rows = copy_rows(drain(CopyStream([frame], sink_for(pipeline).published_columns(), 3), 1 << 20), pipeline)
+    assert [r[0] for r in rows] == amounts
+    assert [r[1] for r in rows] == days
+    assert [r[2] for r in rows] == [None if d is None else (b"\x01", d) for d in docs]
+
+
 def test_columns_are_encoded_in_their_kinds_types_and_a_value_that_does_not_fit_is_refused():
     frame = table([("t", 0, 0, "a", None)])
     wide = frame.set_column(frame.schema.get_field_index("kafka_partition"), "kafka_partition",
                             frame["kafka_partition"].cast(pa.int64()))
-    assert output_rows(wide, PIPELINE, 1).schema == output_schema(PIPELINE)
-    assert output_rows(wide, PIPELINE, 1) == output_rows(frame, PIPELINE, 1)
+    assert output_rows(wide, SCHEMA, 1).schema == SCHEMA
+    assert output_rows(wide, SCHEMA, 1) == output_rows(frame, SCHEMA, 1)
     too_big = wide.set_column(wide.schema.get_field_index("kafka_partition"), "kafka_partition",
                               pa.array([2**40], pa.int64()))
     with pytest.raises(pa.ArrowInvalid):
-        output_rows(too_big, PIPELINE, 1)
+        output_rows(too_big, SCHEMA, 1)
 
 
 def test_timestamps_keep_their_instant_whatever_their_zone_and_never_go_without_one():
     frame = table([("t", 0, 0, "a", None)])
     paris = frame.set_column(frame.schema.get_field_index("kafka_timestamp"), "kafka_timestamp",
                              frame["kafka_timestamp"].cast(pa.timestamp("us", tz="Europe/Paris")))
-    assert output_rows(paris, PIPELINE, 1) == output_rows(frame, PIPELINE, 1)
+    assert output_rows(paris, SCHEMA, 1) == output_rows(frame, SCHEMA, 1)
     naive = frame.set_column(frame.schema.get_field_index("kafka_timestamp"), "kafka_timestamp",
                              frame["kafka_timestamp"].cast(pa.timestamp("us")))
     with pytest.raises(TypeError, match="without time zone"):
-        output_rows(naive, PIPELINE, 1)
+        output_rows(naive, SCHEMA, 1)
 
 
 def test_a_sliced_arrow_table_gives_only_its_own_rows():

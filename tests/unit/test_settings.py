@@ -290,7 +290,7 @@ def test_an_invalid_setting_is_one_sentence_naming_the_variable_and_never_showin
 
 
 def test_spark_jars_need_their_folder_named(monkeypatch, tmp_path):
-    from kafka_ledger.runtimes.submit.runtime import spark_jars
+    from kafka_ledger.runtimes.submit.spark_submit import spark_jars
 
     with pytest.raises(SettingsError, match="set KAFKA_LEDGER_SPARK_JARS_DIR"):
         spark_jars()
@@ -301,7 +301,7 @@ def test_spark_jars_need_their_folder_named(monkeypatch, tmp_path):
 
 
 def test_the_spark_job_gets_the_settings_under_their_variables(monkeypatch):
-    from kafka_ledger.runtimes.submit.runtime import spark_job_environment
+    from kafka_ledger.runtimes.submit.spark_submit import spark_job_environment
 
     monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", "/etc/pipelines.yaml")
     assert spark_job_environment("postgresql://h/d", "k:1", {"security.protocol": "SSL"}) == {

@@ -7,7 +7,9 @@ from psycopg2 import sql as pgsql
 
 from kafka_ledger.config.pipeline import parse_pipelines
 from kafka_ledger.ledger import sql
-from kafka_ledger.model.columns import POSTGRES_TYPES
+from kafka_ledger.model.columns import TOMBSTONE
+from kafka_ledger.sinks import sink_for
+from kafka_ledger.sinks.postgres import sql as sink_sql
 
 PIPELINE_YAML = """
 pipelines:
@@ -57,16 +59,16 @@ def test_render_helper_matches_quoting_rules():
 
 
 def test_output_and_staging_table_identifiers(pipeline):
-    assert render(sql.output_table(pipeline)) == '"analytics"."click_events"'
+    assert render(sink_sql.output_table(pipeline)) == '"analytics"."click_events"'
     assert render(sql.staging_table(pipeline)) == f'"{sql.STAGING_SCHEMA}"."clicks"'
 
 
 def test_create_output_table_has_declared_columns_with_postgres_types(pipeline):
-    ddl = normalise(render(sql.create_output_table(pipeline)))
+    ddl = normalise(render(sink_sql.create_output_table(pipeline, entity=False)))
     assert ddl.startswith(
         'CREATE SCHEMA IF NOT EXISTS "analytics"; CREATE TABLE IF NOT EXISTS "analytics"."click_events" ('
     )
-    expected_columns = ", ".join(f'"{c.name}" {POSTGRES_TYPES[c.type]}' for c in pipeline.columns)
+    expected_columns = ", ".join(f'"{c.name}" {c.type.postgres_type}' for c in pipeline.columns)
     assert (
         '"click_id" text, "campaign_id" bigint, "slot" integer, "price" double precision, '
         '"converted" boolean, "event_time" timestamptz'
@@ -75,7 +77,7 @@ def test_create_output_table_has_declared_columns_with_postgres_types(pipeline):
 
 
 def test_create_output_table_has_kafka_coordinates_and_primary_key(pipeline):
-    ddl = normalise(render(sql.create_output_table(pipeline)))
+    ddl = normalise(render(sink_sql.create_output_table(pipeline, entity=False)))
     for column in (
         "kafka_topic text NOT NULL",
         "kafka_partition integer NOT NULL",
@@ -88,7 +90,7 @@ def test_create_output_table_has_kafka_coordinates_and_primary_key(pipeline):
 
 
 def test_create_staging_table_has_batch_attempt_raw_record_and_declared_columns(pipeline):
-    ddl = normalise(render(sql.create_staging_table(pipeline)))
+    ddl = normalise(render(sql.create_staging_table(pipeline, ())))
     assert ddl.startswith(f'CREATE TABLE IF NOT EXISTS "{sql.STAGING_SCHEMA}"."clicks" (')
     for column in (
         "batch_id bigint NOT NULL",
@@ -103,7 +105,7 @@ def test_create_staging_table_has_batch_attempt_raw_record_and_declared_columns(
     ):
         assert column in ddl
     for c in pipeline.columns:
-        assert f'"{c.name}" {POSTGRES_TYPES[c.type]}' in ddl
+        assert f'"{c.name}" {c.type.postgres_type}' in ddl
     assert "PRIMARY KEY" not in ddl  # attempts of a batch may stage the same offsets
     assert ddl.endswith(
         f'CREATE INDEX IF NOT EXISTS "clicks$batch_attempt" ON "{sql.STAGING_SCHEMA}"."clicks" (batch_id, attempt)'
@@ -115,7 +117,8 @@ def test_drop_staging_table(pipeline):
 
 
 def test_publish_output_copies_only_decoded_rows_of_one_batch_attempt(pipeline):
-    statement = normalise(render(sql.publish_output(pipeline)))
+    statement = normalise(render(sink_sql.publish_staged(pipeline, sink_sql.output_table(pipeline),
+                                                         list(sink_for(pipeline).published_columns()))))
     columns = (
         '"click_id", "campaign_id", "slot", "price", "converted", "event_time", '
         '"kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "batch_id"'
@@ -142,10 +145,6 @@ def test_staging_statements_are_scoped_to_batch_and_attempt(pipeline):
     )
 
 
-def test_every_declared_type_has_a_postgres_type():
-    assert set(POSTGRES_TYPES) == {"string", "long", "int", "double", "boolean", "timestamp"}
-
-
 def test_position_advance_is_compare_and_set():
     # A latest_only batch starts where its skipped stretch starts.
     assert "p.position = coalesce(r.skipped_from, r.from_offset)" in normalise(sql.ADVANCE_POSITIONS)
@@ -157,7 +156,7 @@ def test_at_least_once_output_table_has_an_index_but_no_unique_key():
         "pipelines:\n  clicks:\n    topics: [clicks]\n    output_table: clicks\n    delivery_mode: at_least_once\n"
         "    columns: [{name: click_id, type: string}]\n"
     )["clicks"]
-    text = normalise(render(sql.create_output_table(pipeline)))
+    text = normalise(render(sink_sql.create_output_table(pipeline, entity=False)))
     assert "PRIMARY KEY" not in text
     assert 'CREATE INDEX IF NOT EXISTS "clicks$kafka_record" ON "public"."clicks" (kafka_topic, kafka_partition, ' \
            "kafka_offset)" in text
@@ -166,7 +165,7 @@ def test_at_least_once_output_table_has_an_index_but_no_unique_key():
 def test_replace_deletes_exactly_the_batch_ranges_in_one_statement(pipeline):
     from kafka_ledger.model.ranges import OffsetRange
 
-    text = normalise(render(sql.delete_output_ranges(pipeline)))
+    text = normalise(render(sink_sql.delete_output_ranges(pipeline)))
     assert text.startswith('DELETE FROM "analytics"."click_events" t USING unnest(%(topics)s::text[], ')
     assert text.endswith("WHERE t.kafka_topic = r.topic AND t.kafka_partition = r.partition "
                          "AND t.kafka_offset >= r.from_offset AND t.kafka_offset < r.until_offset")
@@ -196,18 +195,18 @@ def entity_pipeline():
 
 
 def test_an_entity_table_is_keyed_by_its_key_and_its_rows_arrive_with_the_tombstone_flag(entity_pipeline):
-    ddl = normalise(render(sql.create_output_table(entity_pipeline)))
+    ddl = normalise(render(sink_sql.create_output_table(entity_pipeline, entity=True)))
     assert 'PRIMARY KEY ("tenant", "user_id")' in ddl and "PRIMARY KEY (kafka_topic" not in ddl
-    assert sql.published_columns(entity_pipeline) == [*sql.output_columns(entity_pipeline), "kafka_tombstone"]
-    assert sql.staging_columns(entity_pipeline)[-1] == "kafka_tombstone"
-    assert render(sql.copy_output(entity_pipeline)).startswith(f'COPY "{sql.INCOMING_TABLE}" (')
-    assert f'INSERT INTO "{sql.INCOMING_TABLE}"' in render(sql.publish_output(entity_pipeline))
-    tombstones = normalise(render(sql.create_tombstone_table(entity_pipeline)))
-    assert f'"{sql.TOMBSTONES_SCHEMA}"."users"' in tombstones and 'PRIMARY KEY ("tenant", "user_id")' in tombstones
+    sink = sink_for(entity_pipeline)
+    assert list(sink.published_columns()) == [*sink.output_columns(), "kafka_tombstone"]
+    assert sql.staging_columns(entity_pipeline, sink.staged_extra())[-1] == "kafka_tombstone"
+    assert sink.staged_extra() == (TOMBSTONE,)
+    tombstones = normalise(render(sink_sql.create_tombstone_table(entity_pipeline)))
+    assert f'"{sink_sql.TOMBSTONES_SCHEMA}"."users"' in tombstones and 'PRIMARY KEY ("tenant", "user_id")' in tombstones
 
 
 def test_every_merge_statement_keeps_only_what_supersedes_by_the_one_rule(entity_pipeline):
-    statements = dict(sql.merge_entities(entity_pipeline))
+    statements = dict(sink_sql.merge_entities(entity_pipeline))
     assert list(statements) == ["newest", "revived", "upserted", "deleted", "buried"]
     for name in ("revived", "upserted", "deleted", "buried"):
         assert "kafka_ledger.supersedes(" in render(statements[name])
@@ -218,5 +217,7 @@ def test_every_merge_statement_keeps_only_what_supersedes_by_the_one_rule(entity
 
 
 def test_an_append_pipeline_publishes_straight_into_its_table(pipeline):
-    assert sql.published_columns(pipeline) == sql.output_columns(pipeline)
-    assert render(sql.copy_output(pipeline)).startswith('COPY "analytics"."click_events" (')
+    sink = sink_for(pipeline)
+    assert sink.published_columns() == sink.output_columns() and sink.staged_extra() == ()
+    copy = render(sink_sql.copy_rows(sink_sql.output_table(pipeline), list(sink.published_columns())))
+    assert copy.startswith('COPY "analytics"."click_events" (')

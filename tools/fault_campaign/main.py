@@ -75,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from kafka_ledger.config.pipeline import get_pipeline
     from kafka_ledger.config.settings import bootstrap_servers, deployment_spark_runtime, kafka_config, ledger_dsn
-    from kafka_ledger.ledger.db import delete_pipeline
-    from kafka_ledger.sinks import IcebergSink
+    from kafka_ledger.sinks import IcebergSink, remove_pipeline
 
     dsn, servers = ledger_dsn(), bootstrap_servers()
     if args.resume:
@@ -177,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not settings["keep"]:
         with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-            delete_pipeline(cur, pipeline)
+            remove_pipeline(cur, pipeline)
         conn.close()
         if campaign.iceberg:
             sink = IcebergSink(pipeline)

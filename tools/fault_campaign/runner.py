@@ -199,7 +199,11 @@ class Campaign(FaultStrikes):
         """The submit runtime's Spark task: spark-submit of the batch's job, driven from a thread. `failpoints`
         (an Iceberg sink's commit faults: its job commits) reach the job's environment alone."""
         from kafka_ledger.config.settings import kafka_settings
-        from kafka_ledger.runtimes.submit.runtime import SPARK_APPLICATION, spark_job_environment, spark_submit_hook
+        from kafka_ledger.runtimes.submit.spark_submit import (
+            SPARK_APPLICATION,
+            spark_job_environment,
+            spark_submit_hook,
+        )
 
         os.environ.update(spark_job_environment(self.dsn, self.servers, kafka_settings()))
         hook = spark_submit_hook(self.pipeline, batch_id)
@@ -410,8 +414,8 @@ class Campaign(FaultStrikes):
         without Spark."""
         from psycopg2 import sql
 
-        from kafka_ledger.ledger.sql import output_table
         from kafka_ledger.sinks import IcebergSink
+        from kafka_ledger.sinks.postgres.sql import output_table
 
         if not self.iceberg:
             return self._query(sql.SQL("SELECT {} FROM {}").format(
@@ -426,7 +430,7 @@ class Campaign(FaultStrikes):
         """Per partition of the output ∪ the dead letters: records, distinct offsets, the lowest and the highest."""
         from psycopg2 import sql
 
-        from kafka_ledger.ledger.sql import output_table
+        from kafka_ledger.sinks.postgres.sql import output_table
 
         if not self.iceberg:  # in Postgres, aggregated there
             union = sql.SQL(
@@ -538,7 +542,7 @@ class Campaign(FaultStrikes):
         """The entity table, its tombstones and the dead letters, in _entity_model's shape."""
         from psycopg2 import sql
 
-        from kafka_ledger.ledger.sql import tombstone_table
+        from kafka_ledger.sinks.postgres.sql import tombstone_table
 
         state: dict[tuple[str, Any], Any] = {}
         for entity, p, o, amount in self._output_rows(["event_id", "kafka_partition", "kafka_offset", "amount"]):
@@ -807,6 +811,6 @@ def task_main(argv: list[str]) -> int:
         result = ConnectBatch(pipeline, args.batch_id).run(ledger_dsn(), bootstrap_servers())
         _print_result({"batch_id": result.batch_id, "already_committed": result.already_committed})
     else:
-        result = commit.commit_batch(ledger_dsn(), bootstrap_servers(), pipeline, args.batch_id)
+        result = commit.commit(ledger_dsn(), bootstrap_servers(), pipeline, args.batch_id, commit.Written())
         _print_result({"batch_id": result.batch_id, "already_committed": result.already_committed})
     return 0

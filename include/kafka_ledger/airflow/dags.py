@@ -1,105 +1,42 @@
 """Builds one Airflow DAG per declared pipeline: plan -> the runtime's Spark work and commit -> drain backlog.
 
-The Spark part is the pipeline's runtime's (runtimes/): it asks this module's task factory for the tasks it
-needs (`connect`: one task that reads on the warm server and commits; `submit`: spark-submit's staging, then a
-commit task). Every task calls into include/kafka_ledger; nothing here decides what a batch reads or writes.
+The Spark part is the pipeline's runtime's: `runtime_for(pipeline).build_tasks(...)` makes its tasks (`connect`: one
+task that reads on the warm server and commits; `submit`: spark-submit's staging, then a commit task); this module
+knows no runtime. Every task calls into include/kafka_ledger; nothing here decides what a batch reads or writes.
 A doorbell pipeline's DAG has no drain: its doorbell rings again after a commit while data waits.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import pendulum
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Asset, AssetOrTimeSchedule, AssetWatcher, BaseOperator, Param, task
-from airflow.sdk import log as task_log
+from airflow.sdk import DAG, Asset, AssetOrTimeSchedule, AssetWatcher, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.timetables.interval import CronDataIntervalTimetable
-from pydantic import BaseModel
 
 from kafka_ledger.airflow.doorbell import DoorbellTrigger
-from kafka_ledger.batch import commit
 from kafka_ledger.batch import plan as planner
-from kafka_ledger.batch.commit import CommitResult
 from kafka_ledger.batch.requests import RequestError, parse_request, trigger_form_fields
-from kafka_ledger.config.pipeline import IcebergSinkSpec, PipelineConfig, get_pipeline
-from kafka_ledger.config.settings import (
-    KAFKA_CONN_ID,
-    LEDGER_DB_CONN_ID,
-    SPARK_SUBMIT_CONN_ID,
-    bootstrap_servers,
-    deployment_settings,
-    ledger_dsn,
-    secret_values,
-)
+from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
+from kafka_ledger.config.settings import bootstrap_servers, ledger_dsn
 from kafka_ledger.kafka import headroom
-from kafka_ledger.ledger import db as ledger
 from kafka_ledger.runtimes import RUNTIMES, runtime_for
-from kafka_ledger.runtimes.connect.batch import ConnectBatch
-from kafka_ledger.runtimes.submit.runtime import (
-    BASE_SPARK_CONF,
-    SPARK_APPLICATION,
-    check_master,
-    spark_conf,
-    spark_jars,
-    spark_job_environment,
-)
-from kafka_ledger.sinks.iceberg import maintenance as lake_maintenance
+from kafka_ledger.runtimes.airflow_tasks import PLAN_TASK, SPARK_POOL, output_asset
+from kafka_ledger.sinks import sink_for
 
-__all__ = ["BASE_SPARK_CONF", "SPARK_APPLICATION", "SPARK_POOL", "SPARK_TASK", "build_lake_maintenance_dag",
-           "build_pipeline_dag", "doorbell_asset", "output_asset", "run_pipeline_dag"]
+__all__ = ["SPARK_POOL", "SPARK_TASK", "build_lake_maintenance_dag", "build_pipeline_dag", "doorbell_asset",
+           "output_asset", "run_pipeline_dag"]
 
 log = logging.getLogger(__name__)
 
-SPARK_POOL = "kafka_ledger_spark"
-PLAN_TASK = "plan_batch"
 RETENTION_CHECK_TASK = "check_retention_headroom"
 # The task that runs a batch's Spark work, by runtime.
 SPARK_TASK = {name: runtime.spark_task_id for name, runtime in RUNTIMES.items()}
-
-
-def mask_secrets(settings: BaseModel) -> None:
-    """Register every secret the settings hold (settings.secret_values: the SecretStr values, a connection
-    string's password too) with Airflow's masker, so that task logs and the UI show *** in their place."""
-    for secret in secret_values(settings):
-        task_log.mask_secret(secret)
-
-
-class SubmitBatchOperator(SparkSubmitOperator):
-    """spark-submit of a batch's job, its settings (secrets among them) in the environment spark-submit inherits.
-
-    Resolved in the worker when the task runs (environment first, then Airflow connections) and registered
-    with the secret masker; never env_vars, which the Spark provider puts on the command line on YARN and
-    Kubernetes, and never a rendered template field, which the UI shows.
-    """
-
-    def execute(self, context: Any) -> None:
-        check_master(self._get_hook())
-        settings = deployment_settings(LEDGER_DB_CONN_ID, KAFKA_CONN_ID)
-        mask_secrets(settings)
-        os.environ.update(spark_job_environment(settings.ledger_dsn(), settings.kafka_servers(),
-                                                settings.kafka_client_settings()))
-        super().execute(context)
-
-
-def output_asset(pipeline: PipelineConfig) -> Asset:
-    """The Airflow Asset of a pipeline's output table: updated by every commit, so downstream DAGs can schedule on it.
-
-    `schedule=[output_asset(get_pipeline("impressions"))]`, or `Asset.ref(name="kafka_ledger.public.impressions")`
-    (an Iceberg sink's: `kafka_ledger.<catalog>.<namespace>.<table>`, URI `iceberg://<catalog>/<namespace>/<table>`).
-    """
-    table = pipeline.qualified_output_table
-    if isinstance(pipeline.sink, IcebergSinkSpec):
-        uri = f"iceberg://{pipeline.sink.catalog}/{pipeline.sink.namespace}/{pipeline.sink.table}"
-    else:
-        uri = f"kafka-ledger://{pipeline.output_schema}/{pipeline.output_table}"
-    return Asset(name=f"kafka_ledger.{table}", uri=uri, group="kafka-ledger")
 
 
 def doorbell_asset(pipeline: PipelineConfig) -> Asset | None:
@@ -109,25 +46,9 @@ def doorbell_asset(pipeline: PipelineConfig) -> Asset | None:
     if bell is None:
         return None
     trigger = DoorbellTrigger(pipeline.name, bell.min_backlog, bell.poll_seconds, bell.ring_again_seconds)
-    return Asset(name=f"kafka_ledger.airflow.doorbell.{pipeline.name}", uri=f"kafka-ledger://doorbell/{pipeline.name}",
+    return Asset(name=f"kafka_ledger.doorbell.{pipeline.name}", uri=f"kafka-ledger://doorbell/{pipeline.name}",
                  group="kafka-ledger", watchers=[AssetWatcher(name=f"kafka_ledger_doorbell_{pipeline.name}",
                                                               trigger=trigger)])
-
-
-def committed(context: Any, pipeline: PipelineConfig, result: CommitResult) -> dict[str, Any]:
-    """The epilogue of every committing task: the commit's after-effects (commit.after_commit), and the output
-    table's asset event describing the batch: its id, kind, ranges and counts. Returns the task's result."""
-    with ledger.transaction(ledger_dsn()) as cur:
-        batch = ledger.get_batch(cur, result.batch_id)
-    context["outlet_events"][output_asset(pipeline)].extra = {
-        "pipeline": pipeline.name, "batch_id": batch.batch_id, "kind": batch.kind,
-        "replay_of": batch.replay_of, "already_committed": result.already_committed,
-        "records_written": result.records_written, "records_dead_lettered": result.records_dead_lettered,
-        "ranges": [{"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until_offset}
-                   for r in batch.ranges],
-        **({"snapshot_id": batch.snapshot_id} if batch.snapshot_id is not None else {}),
-    }
-    return commit.after_commit(ledger_dsn(), bootstrap_servers(), pipeline, result)
 
 
 def trigger_form(pipeline: PipelineConfig) -> dict[str, Param]:
@@ -186,93 +107,6 @@ def check_retention_task(plan: dict[str, Any]) -> None:
     if plan.get("retention_warning"):
         raise AirflowFailException(plan["retention_warning"])
     log.info("retention headroom: no partition under the warning threshold (see the plan task's log)")
-
-
-def commit_task(pipeline_name: str, plan: dict[str, Any], **context: Any) -> dict[str, Any]:
-    """Publish the staged batch and advance its offsets in one Postgres transaction."""
-    pipeline = get_pipeline(pipeline_name)
-    result = commit.commit_batch(ledger_dsn(), bootstrap_servers(), pipeline, plan["batch_id"])
-    return committed(context, pipeline, result)
-
-
-class ReadAndCommitOperator(BaseOperator):
-    """The `connect` runtime's Spark task: read the planned batch on the Spark Connect server and commit it.
-
-    The rows and the offsets are published in one Postgres transaction by this task, the Spark Connect
-    client (runtimes.connect.ConnectBatch). Killed by Airflow (timeout, marked failed), it interrupts its
-    query on the server by its tag.
-    """
-
-    ui_color = "#fde3a7"
-
-    def __init__(self, *, pipeline_name: str, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.pipeline_name = pipeline_name
-        self._batch: ConnectBatch | None = None
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        plan = context["ti"].xcom_pull(task_ids=PLAN_TASK)
-        pipeline = get_pipeline(self.pipeline_name)
-        self._batch = ConnectBatch(pipeline, plan["batch_id"])
-        return committed(context, pipeline, self._batch.run(ledger_dsn(), bootstrap_servers()))
-
-    def on_kill(self) -> None:
-        if self._batch is not None:
-            self._batch.interrupt()
-
-
-def record_spark_failure(context: dict[str, Any]) -> None:
-    """on_failure_callback of the Spark task: the batch stays open and is resumed by the next run."""
-    plan = context["ti"].xcom_pull(task_ids=PLAN_TASK) or {}
-    if plan.get("batch_id") is not None:
-        error = f"Spark task failed after {context['ti'].try_number} tries: {context.get('exception')}"
-        commit.fail_batch(ledger_dsn(), plan["batch_id"], error)
-        log.error("batch %s marked failed; the next run resumes it with the same ranges", plan["batch_id"])
-
-
-@dataclass
-class _PipelineTasks:
-    """The task factory a runtime asks for its tasks (runtimes.base.AirflowTasks), for one pipeline's DAG."""
-
-    pipeline: PipelineConfig
-    plan: Any
-
-    def _spark_args(self) -> dict[str, Any]:
-        # One Spark task of the pipeline at a time, over all its runs (scheduled, manual, backfill); the
-        # pool caps the deployment's concurrent Spark batches over all pipelines at its slots.
-        return {
-            "pool": SPARK_POOL,
-            "max_active_tis_per_dag": 1,
-            "execution_timeout": timedelta(minutes=self.pipeline.spark_timeout_minutes),
-            "on_failure_callback": record_spark_failure,
-        }
-
-    def read_and_commit(self, task_id: str) -> Any:
-        spark = ReadAndCommitOperator(task_id=task_id, pipeline_name=self.pipeline.name,
-                                      outlets=[output_asset(self.pipeline)], **self._spark_args())
-        self.plan >> spark
-        return spark
-
-    def spark_submit(self, task_id: str) -> Any:
-        spark = SubmitBatchOperator(
-            task_id=task_id,
-            application=str(SPARK_APPLICATION),
-            conn_id=SPARK_SUBMIT_CONN_ID,
-            name=f"kafka-ledger-{self.pipeline.name}",
-            application_args=[
-                "--pipeline", self.pipeline.name,
-                "--batch-id", f"{{{{ ti.xcom_pull(task_ids='{PLAN_TASK}')['batch_id'] }}}}",
-            ],
-            jars="{{ spark_jars() }}",
-            conf=spark_conf(self.pipeline),
-            **self._spark_args(),
-        )
-        self.plan >> spark
-        return spark
-
-    def commit(self, task_id: str) -> Any:
-        return task(commit_task, task_id=task_id, execution_timeout=timedelta(minutes=30),
-                    outlets=[output_asset(self.pipeline)])(self.pipeline.name, self.plan)
 
 
 def _timetable(schedule: str | None) -> Any:
@@ -359,13 +193,10 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
             "retry_exponential_backoff": 2.0,
             "max_retry_delay": timedelta(minutes=30),
         },
-        user_defined_macros={
-            "spark_jars": spark_jars,
-        },
     ) as dag:
         plan = task(plan_task, task_id=PLAN_TASK, execution_timeout=timedelta(minutes=10))(
             pipeline.name, pipeline.dag_id)
-        _, committing = runtime_for(pipeline).airflow_tasks(_PipelineTasks(pipeline, plan))
+        _, committing = runtime_for(pipeline).build_tasks(pipeline, plan)
         # Retrying the check cannot add headroom: it fails once, loudly, and the next run checks again.
         task(check_retention_task, task_id=RETENTION_CHECK_TASK, retries=0)(plan)
 
@@ -377,24 +208,28 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
 
 
 def maintain_lake_task(pipeline_name: str) -> dict[str, Any]:
-    """Compact the pipeline's Iceberg table and expire its old snapshots (lake_maintenance.maintain)."""
-    return lake_maintenance.maintain(ledger_dsn(), get_pipeline(pipeline_name)).as_dict()
+    """Compact the pipeline's Iceberg table and expire its old snapshots (sinks/iceberg/maintenance.py), in a Spark
+    session of the pipeline's runtime."""
+    pipeline = get_pipeline(pipeline_name)
+    return sink_for(pipeline).maintain(ledger_dsn(), runtime_for(pipeline).spark_sessions())
 
 
 def build_lake_maintenance_dag(pipeline: PipelineConfig) -> DAG:
-    """The DAG that maintains an Iceberg sink's table on the schedule of its `maintenance`. No I/O while building."""
-    assert isinstance(pipeline.sink, IcebergSinkSpec) and pipeline.lake_maintenance_dag_id is not None
-    spec = pipeline.sink.maintenance
+    """The DAG that maintains a sink's table on the schedule of its `maintenance` (an Iceberg sink's compaction and
+    snapshot expiry). No I/O while building."""
+    sink = sink_for(pipeline)
+    spec = sink.maintenance()
+    assert spec is not None and pipeline.lake_maintenance_dag_id is not None
     with DAG(
         dag_id=pipeline.lake_maintenance_dag_id,
-        description=f"Compaction and snapshot expiry of {pipeline.sink.qualified_table}",
+        description=f"Compaction and snapshot expiry of {sink.target}",
         schedule=spec.schedule,
         start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
         catchup=False,
         max_active_runs=1,
         tags=["kafka-ledger", pipeline.name, "lake"],
         doc_md=(
-            f"### Lake maintenance of `{pipeline.sink.qualified_table}` (pipeline `{pipeline.name}`)\n\n"
+            f"### Lake maintenance of `{sink.target}` (pipeline `{pipeline.name}`)\n\n"
             "Rewrites small data files into bigger ones (compaction) and expires snapshots older than "
             f"{spec.expire_after_hours} h (keeping the newest {spec.retain_last}), never the snapshot of a batch the "
             "ledger has not finished nor any newer one. No row changes. See docs/deployment.md, The lake."

@@ -1,9 +1,15 @@
 """Committing a batch: ONE transaction publishes its rows and dead letters and advances its offsets; then the epilogue.
 
-Two ways in, one transaction shape (`_publishing`): a batch whose rows stream into COPY
-(`publish_stream`, the connect runtime), and a batch staged by spark-submit or with nothing to read, marked
-written by its Spark work (`commit_batch`). Both end in `_finish`: counts checked, coverage and positions recorded
-(compare-and-set), the batch committed. `after_commit` is what follows every commit, wherever it ran.
+One way in, `commit(..., publication)`, one transaction (`_publishing`) and one tail (`_finish`: topic ids and counts
+checked, coverage and positions recorded by compare-and-set, the batch committed). What differs is how the rows reach
+the sink inside the transaction, the `Publication`:
+
+- `Streamed`: an attempt's rows stream into a transactional sink's COPY as Spark sends them (the connect runtime);
+- `Written`: what an attempt's Spark work wrote before (the submit runtime's staged rows, an at_least_once batch's
+  direct append, or nothing to read), published from the staging table;
+- `Adopted`: an artifact sink's artifact (an Iceberg snapshot) that Spark wrote, found in the output and adopted.
+
+`after_commit` is what follows every commit, wherever it ran.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import dataclasses
 import io
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,11 +40,12 @@ from kafka_ledger.model.ranges import (
 )
 from kafka_ledger.observe import failpoints
 from kafka_ledger.observe.stages import Stopwatch, describe
-from kafka_ledger.sinks import IcebergSink, Sink, sink_for
-from kafka_ledger.sinks.iceberg.sink import BatchSnapshot
-from kafka_ledger.sinks.postgres.sink import COPY_CHUNK_BYTES
+from kafka_ledger.sinks import Artifact, ArtifactSink, Sink, TransactionalSink, sink_for
 
 log = logging.getLogger(__name__)
+
+# Bytes handed to COPY per read of a stream.
+COPY_CHUNK_BYTES = 1 << 20
 
 
 class CommitError(ledger.LedgerError):
@@ -85,14 +93,188 @@ def log_read(
 
 @dataclass
 class _Publishing:
-    """The open commit transaction of one batch: its cursor, the batch (locked), the pipeline's sink, and the
+    """The open commit transaction of one batch: its cursor, the batch (locked), the pipeline and its sink, and the
     Kafka it was read from."""
 
     cur: ledger.Cursor
     batch: ledger.Batch
+    pipeline: PipelineConfig
     sink: Sink
     servers: str
     started: float
+
+    def remove_published(self) -> int:
+        """Replace, not append: what the batch's offsets published before goes first (rows of a transactional sink;
+        an artifact replaces its rows itself), and so do their dead letters."""
+        removed = self.sink.remove(self.cur, self.batch.ranges) if isinstance(self.sink, TransactionalSink) else 0
+        self.cur.execute(sql.DELETE_DEAD_LETTER_RANGES, {"pipeline": self.pipeline.name,
+                                                         **sql.ranges_params(self.batch.ranges)})
+        return removed + self.cur.rowcount
+
+    def copy_dead_letters(self, lines: bytes) -> int:
+        if not lines:
+            return 0
+        self.cur.copy_expert(sql.COPY_DEAD_LETTERS, io.BytesIO(lines), size=COPY_CHUNK_BYTES)
+        return self.cur.rowcount
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a publication put in the transaction: rows and dead letters, rows of earlier runs replaced; `batch` the
+    batch as it stands now (marked written, with its read counts)."""
+
+    batch: ledger.Batch
+    written: int
+    dead: int
+    replaced: int
+    attempt: int | None = None
+    started: float | None = None
+    clock: Stopwatch | None = None
+    note: str = ""
+
+
+class Publication(ABC):
+    """How an attempt's rows reach the sink inside the commit's transaction."""
+
+    @abstractmethod
+    def publish(self, p: _Publishing) -> Published | CommitResult:
+        """Put the rows and dead letters in the transaction (or say the batch was committed already)."""
+
+
+def _newest_attempt(batch: ledger.Batch, attempt: int) -> ledger.Batch:
+    """Only the attempt that began last may publish: an older (zombie) one finds the batch moved on."""
+    if batch.status != "planned" or batch.attempts != attempt:
+        raise ledger.LedgerError(
+            f"batch {batch.batch_id} attempt {attempt} may not publish: the batch is {batch.status} with "
+            f"{batch.attempts} attempts (superseded by a newer attempt?); nothing was written"
+        )
+    return batch
+
+
+@dataclass
+class Written(Publication):
+    """What an attempt's Spark work wrote before the commit: the rows spark-submit staged (an at_least_once catch-up
+    batch: appended to the output already), or nothing at all (a batch with nothing to read). Committing a committed
+    batch is a no-op."""
+
+    def publish(self, p: _Publishing) -> Published | CommitResult:
+        batch, pipeline = p.batch, p.pipeline
+        if batch.status == "committed":
+            log.info("batch %s was already committed at %s: nothing to do", batch.batch_id, batch.committed_at)
+            return CommitResult(batch.batch_id, True, batch.records_written or 0, batch.records_dead_lettered or 0,
+                                0.0)
+        if batch.status != "written":
+            raise CommitError(f"batch {batch.batch_id} is {batch.status}, not written: its Spark job has not staged "
+                              "it completely")
+        if not isinstance(p.sink, TransactionalSink):
+            raise CommitError(f"batch {batch.batch_id} was staged, but {p.sink.target} is not written by the commit")
+        attempt = batch.staged_attempt
+        params = {"batch_id": batch.batch_id, "attempt": attempt, "pipeline": pipeline.name}
+        if writes_output_directly(pipeline, batch):
+            replaced, written = 0, None  # the Spark job appended them already
+        else:
+            staged = ledger.staged_read_stats(p.cur, pipeline, batch.batch_id, attempt)
+            problems = check_read_coverage(batch.ranges, staged)
+            if problems:
+                raise CommitError(f"batch {batch.batch_id} staged rows do not match its ranges: " + "; ".join(problems))
+            replaced = p.remove_published()
+            written = p.sink.publish_staged(p.cur, batch.batch_id, attempt)
+        p.cur.execute(sql.INSERT_DEAD_LETTERS.format(staging=sql.staging_table(pipeline)), params)
+        dead = p.cur.rowcount
+        failpoints.hit("commit_after_publish")
+        if written is None:
+            written = (batch.records_read or 0) - dead
+        return Published(batch, written, dead, replaced)
+
+
+@dataclass
+class Streamed(Publication):
+    """An attempt's rows arriving as Arrow tables of a publish frame (batch/publish.publish_frame), streamed into the
+    transactional sink's COPY as Spark produces them, with no staging copy; the batch is marked written in the same
+    transaction. `started` is when the read began; `clock` (the attempt's) gets the stream's stages."""
+
+    attempt: int
+    tables: Iterable[Any]
+    started: float
+    clock: Stopwatch
+
+    def publish(self, p: _Publishing) -> Published:
+        # Arrow and NumPy load only where a batch streams (the connect runtime's task), not in every process that
+        # imports this module: the DAG file, the plan task, the CLI.
+        from kafka_ledger.sinks.postgres.copy import CopyStream
+
+        batch = _newest_attempt(p.batch, self.attempt)
+        sink = p.sink
+        if not isinstance(sink, TransactionalSink):
+            raise CommitError(f"{sink.target} is not written by the commit: its rows cannot be streamed into it")
+        replaced = p.remove_published()
+        stream = CopyStream(self.tables, sink.published_columns(), batch.batch_id)
+        try:
+            written = sink.copy_rows(p.cur, stream)
+        except psycopg2.Error:
+            if stream.error is not None:  # the read failed: say why, not that COPY was cancelled
+                raise stream.error from None
+            raise
+        dead = p.copy_dead_letters(stream.dead_letter_lines())
+        copied = time.monotonic()
+        clock = self.clock
+        if stream.first_rows_at is not None:
+            clock.lap("to_first_rows", at=stream.first_rows_at)
+            clock.record("waiting_for_spark", stream.waiting_seconds)
+            clock.record("copying", copied - stream.first_rows_at - stream.waiting_seconds)
+        clock.lap("stream", at=copied)
+        read_seconds = copied - self.started
+        failpoints.hit("after_staging")
+        stats = stream.read_stats()
+        problems = check_read_coverage(batch.ranges, stats)
+        if problems:
+            raise ledger.LedgerError(f"batch {batch.batch_id} was not read completely: " + "; ".join(problems))
+        ledger.mark_written(p.cur, batch.batch_id, self.attempt, stats, read_seconds)
+        log_read(batch, self.attempt, stats, read_seconds)
+        failpoints.hit("commit_after_publish")
+        return Published(ledger.get_batch(p.cur, batch.batch_id), written, dead, replaced, self.attempt,
+                         self.started, clock)
+
+
+@dataclass
+class Adopted(Publication):
+    """An artifact sink's batch: Spark has written the attempt's rows as `artifact` (or found an earlier attempt's).
+    The offsets move only if that artifact is in the output's current history now, and if its rows of the batch (read
+    back without Spark) and the dead letters (topic, partition, offset, COPY line) together cover the ranges, each
+    record once."""
+
+    attempt: int
+    artifact: Artifact
+    dead_letters: list[tuple[str, int, int, str]]
+    started: float
+    clock: Stopwatch
+
+    def publish(self, p: _Publishing) -> Published:
+        batch = _newest_attempt(p.batch, self.attempt)
+        sink = p.sink
+        if not isinstance(sink, ArtifactSink):
+            raise CommitError(f"{sink.target} is written by the commit: it has no {type(self.artifact).__name__}")
+        current = sink.current_artifact(batch.batch_id)
+        if current is None or current.artifact_id != self.artifact.artifact_id:
+            raise CommitError(f"batch {batch.batch_id}: {sink.artifact_noun} {self.artifact.artifact_id} is no longer "
+                              f"the batch's {sink.artifact_noun} in {sink.target}'s current history (rolled back?): "
+                              "nothing was published")
+        replaced = p.remove_published()
+        dead = p.copy_dead_letters("".join(d[3] for d in self.dead_letters).encode())
+        failpoints.hit("after_staging")  # the transaction holds the dead letters, as a stream's holds its rows
+        stats = sink.read_stats(self.artifact, (d[:3] for d in self.dead_letters))
+        problems = check_read_coverage(batch.ranges, stats)
+        if problems:
+            raise CommitError(f"batch {batch.batch_id} {sink.artifact_noun} {self.artifact.artifact_id} and its dead "
+                              "letters do not cover its ranges: " + "; ".join(problems))
+        read_seconds = time.monotonic() - self.started
+        ledger.mark_written(p.cur, batch.batch_id, self.attempt, stats, read_seconds)
+        log_read(batch, self.attempt, stats, read_seconds)
+        sink.record(p.cur, self.artifact)
+        failpoints.hit("commit_after_publish")
+        written = sum(s.records - s.dead_letters for s in stats)
+        return Published(ledger.get_batch(p.cur, batch.batch_id), written, dead, replaced, self.attempt,
+                         self.started, self.clock, f" ({sink.artifact_noun} {self.artifact.artifact_id})")
 
 
 @contextmanager
@@ -106,170 +288,40 @@ def _publishing(dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int)
             batch = ledger.pipeline_batch(cur, pipeline.name, batch_id, for_update=True)
         except ledger.LedgerError as exc:
             raise CommitError(str(exc)) from None
-        yield _Publishing(cur, batch, sink_for(pipeline), servers, started)
+        yield _Publishing(cur, batch, pipeline, sink_for(pipeline), servers, started)
 
 
-def commit_batch(dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int) -> CommitResult:
-    """In ONE transaction: replace the rows of the batch's offsets with what spark-submit staged, record its
-    ranges, advance the positions.
-
-    Committing a committed batch is a no-op. For a catch-up batch, a position that is not at the batch's
-    start (compare-and-set) fails the commit and nothing is written. Rewrite batches (replays, windows,
-    backfills, explicit ranges) replace rows behind the positions and never move them.
-    """
+def commit(dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int, publication: Publication) -> CommitResult:
+    """In ONE transaction: publish the batch's rows and dead letters as `publication` says, record its ranges,
+    advance the positions (compare-and-set: a position not at the batch's start fails the commit and nothing is
+    written). Rewrite batches (replays, windows, backfills, explicit ranges) replace rows behind the positions and
+    never move them. A refusal of a batch staged before is recorded on the batch."""
     try:
         with _publishing(dsn, servers, pipeline, batch_id) as p:
-            batch = p.batch
-            if batch.status == "committed":
-                log.info("batch %s was already committed at %s: nothing to do", batch_id, batch.committed_at)
-                return CommitResult(batch_id, True, batch.records_written or 0, batch.records_dead_lettered or 0, 0.0)
-            if batch.status != "written":
-                raise CommitError(
-                    f"batch {batch_id} is {batch.status}, not written: its Spark job has not staged it completely"
-                )
-            attempt = batch.staged_attempt
-            params = {"batch_id": batch_id, "attempt": attempt, "pipeline": pipeline.name}
-            if writes_output_directly(pipeline, batch):
-                replaced = 0
-                written = None  # the Spark job appended them already
-            else:
-                staged = ledger.staged_read_stats(p.cur, pipeline, batch_id, attempt)
-                problems = check_read_coverage(batch.ranges, staged)
-                if problems:
-                    raise CommitError(f"batch {batch_id} staged rows do not match its ranges: " + "; ".join(problems))
-                replaced = _remove_published(p, pipeline)
-                written = p.sink.publish_staged(p.cur, batch_id, attempt)
-            p.cur.execute(sql.INSERT_DEAD_LETTERS.format(staging=sql.staging_table(pipeline)), params)
-            dead = p.cur.rowcount
-            failpoints.hit("commit_after_publish")
-            if written is None:
-                written = (batch.records_read or 0) - dead
-            result = _finish(p, pipeline, batch, written, dead)
-        _log_commit(pipeline, batch, result, replaced)
-        return result
+            published = publication.publish(p)
+            if isinstance(published, CommitResult):
+                return published
+            result = _finish(p, published)
     except CommitError as exc:
-        with ledger.transaction(dsn) as cur:
-            cur.execute(sql.RECORD_ERROR, {"batch_id": batch_id, "error": str(exc)[:4000]})
+        if isinstance(publication, Written):
+            with ledger.transaction(dsn) as cur:
+                cur.execute(sql.RECORD_ERROR, {"batch_id": batch_id, "error": str(exc)[:4000]})
         raise
+    clock = published.clock
+    if clock is not None:
+        clock.lap("commit")
+    _log_commit(p.sink, published, result)
+    if clock is not None:
+        log.info("batch %s attempt %d took %.2f s%s: %s", batch_id, published.attempt,
+                 time.monotonic() - clock.started, published.note, describe(clock.stages))
+        return dataclasses.replace(result, stages=dict(clock.stages))
+    return result
 
 
-def publish_stream(
-    dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int, attempt: int, tables: Iterable[Any], *,
-    started: float, clock: Stopwatch | None = None,
-) -> CommitResult:
-    """In ONE transaction: copy an attempt's rows into the sink and the dead letters, then commit.
-
-    The connect runtime's publish: `tables` are Arrow tables of decoded rows (publish.publish_frame), streamed into
-    COPY as Spark produces them, with no staging copy. The rows are checked against the ranges, the batch is
-    marked written and committed exactly as commit_batch does. Only the attempt that began last may publish:
-    an older (zombie) attempt finds the batch moved on and writes nothing. `started` is when the read began;
-    `clock` (the attempt's, with its earlier stages) gets the stream's and the commit's stages.
-    """
-    clock = clock or Stopwatch()
-    # Arrow and NumPy load only where a batch streams (the connect runtime's task), not in every process that
-    # imports this module: the DAG file, the plan task, the CLI.
-    from kafka_ledger.batch.publish import CopyStream
-
-    with _publishing(dsn, servers, pipeline, batch_id) as p:
-        batch = _newest_attempt(p.batch, attempt)
-        replaced = _remove_published(p, pipeline)
-        stream = CopyStream(tables, pipeline, batch_id)
-        try:
-            written = p.sink.copy_rows(p.cur, stream)
-        except psycopg2.Error:
-            if stream.error is not None:  # the read failed: say why, not that COPY was cancelled
-                raise stream.error from None
-            raise
-        dead_lines = stream.dead_letter_lines()
-        dead = 0
-        if dead_lines:
-            p.cur.copy_expert(sql.COPY_DEAD_LETTERS, io.BytesIO(dead_lines), size=COPY_CHUNK_BYTES)
-            dead = p.cur.rowcount
-        copied = time.monotonic()
-        if stream.first_rows_at is not None:
-            clock.lap("to_first_rows", at=stream.first_rows_at)
-            clock.record("waiting_for_spark", stream.waiting_seconds)
-            clock.record("copying", copied - stream.first_rows_at - stream.waiting_seconds)
-        clock.lap("stream", at=copied)
-        read_seconds = copied - started
-        failpoints.hit("after_staging")
-        stats = stream.read_stats()
-        problems = check_read_coverage(batch.ranges, stats)
-        if problems:
-            raise ledger.LedgerError(f"batch {batch_id} was not read completely: " + "; ".join(problems))
-        ledger.mark_written(p.cur, batch_id, attempt, stats, read_seconds)
-        log_read(batch, attempt, stats, read_seconds)
-        failpoints.hit("commit_after_publish")
-        result = _finish(p, pipeline, ledger.get_batch(p.cur, batch_id), written, dead, started)
-    clock.lap("commit")
-    _log_commit(pipeline, batch, result, replaced)
-    log.info("batch %s attempt %d took %.2f s: %s", batch_id, attempt, time.monotonic() - clock.started,
-             describe(clock.stages))
-    return dataclasses.replace(result, stages=dict(clock.stages))
-
-
-def publish_snapshot(
-    dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int, attempt: int, snapshot: BatchSnapshot,
-    dead_letters: list[tuple[str, int, int, str]], *, started: float, clock: Stopwatch | None = None,
-) -> CommitResult:
-    """In ONE transaction: record the Iceberg snapshot that published an attempt's rows, publish its dead letters,
-    move the offsets.
-
-    An Iceberg sink's commit (sinks/iceberg.py): Spark has committed the batch's rows as `snapshot`. The offsets
-    move only if that snapshot is in the table's current history now, and if its rows of the batch (read back
-    without Spark) and the dead letters (topic, partition, offset, COPY line) together cover the ranges, each
-    record once. Only the attempt that began last may publish, as with any sink.
-    """
-    clock = clock or Stopwatch()
-    with _publishing(dsn, servers, pipeline, batch_id) as p:
-        batch = _newest_attempt(p.batch, attempt)
-        sink = p.sink
-        assert isinstance(sink, IcebergSink)
-        current = sink.batch_snapshot(batch_id)
-        if current is None or current.snapshot_id != snapshot.snapshot_id:
-            raise CommitError(f"batch {batch_id}: snapshot {snapshot.snapshot_id} is no longer the batch's snapshot in "
-                              f"{sink.target}'s current history (rolled back?): nothing was published")
-        replaced = _remove_published(p, pipeline)
-        dead = 0
-        if dead_letters:
-            p.cur.copy_expert(sql.COPY_DEAD_LETTERS, io.BytesIO("".join(d[3] for d in dead_letters).encode()),
-                              size=COPY_CHUNK_BYTES)
-            dead = p.cur.rowcount
-        failpoints.hit("after_staging")  # the transaction holds the dead letters, as a stream's holds its rows
-        stats = sink.read_stats(snapshot, (d[:3] for d in dead_letters))
-        problems = check_read_coverage(batch.ranges, stats)
-        if problems:
-            raise CommitError(f"batch {batch_id} snapshot {snapshot.snapshot_id} and its dead letters do not cover "
-                              "its ranges: " + "; ".join(problems))
-        read_seconds = time.monotonic() - started
-        ledger.mark_written(p.cur, batch_id, attempt, stats, read_seconds)
-        log_read(batch, attempt, stats, read_seconds)
-        ledger.record_snapshot(p.cur, batch_id, snapshot.snapshot_id)
-        failpoints.hit("commit_after_publish")
-        written = sum(s.records - s.dead_letters for s in stats)
-        result = _finish(p, pipeline, ledger.get_batch(p.cur, batch_id), written, dead, started)
-    clock.lap("commit")
-    _log_commit(pipeline, batch, result, replaced)
-    log.info("batch %s attempt %d took %.2f s (snapshot %s): %s", batch_id, attempt, time.monotonic() - clock.started,
-             snapshot.snapshot_id, describe(clock.stages))
-    return dataclasses.replace(result, stages=dict(clock.stages))
-
-
-def _newest_attempt(batch: ledger.Batch, attempt: int) -> ledger.Batch:
-    if batch.status != "planned" or batch.attempts != attempt:
-        raise ledger.LedgerError(
-            f"batch {batch.batch_id} attempt {attempt} may not publish: the batch is {batch.status} with "
-            f"{batch.attempts} attempts (superseded by a newer attempt?); nothing was written"
-        )
-    return batch
-
-
-def _finish(
-    p: _Publishing, pipeline: PipelineConfig, batch: ledger.Batch, written: int, dead: int,
-    started: float | None = None,
-) -> CommitResult:
+def _finish(p: _Publishing, published: Published) -> CommitResult:
     """The end of every commit: topic ids and counts checked, coverage and positions recorded, batch committed."""
-    _check_topic_ids(p, pipeline, batch)
+    batch, pipeline, written, dead = published.batch, p.pipeline, published.written, published.dead
+    _check_topic_ids(p, batch)
     params = {"batch_id": batch.batch_id, "pipeline": pipeline.name}
     if written + dead != (batch.records_read or 0):
         raise CommitError(
@@ -279,7 +331,7 @@ def _finish(
         _advance(p.cur, batch, params)
     else:
         _cover_rewrite(p.cur, pipeline, batch)
-    seconds = time.monotonic() - (p.started if started is None else started)
+    seconds = time.monotonic() - (p.started if published.started is None else published.started)
     p.cur.execute(
         sql.MARK_COMMITTED,
         {**params, "records_written": written, "records_dead_lettered": dead, "commit_seconds": seconds},
@@ -289,7 +341,7 @@ def _finish(
     return CommitResult(batch.batch_id, False, written, dead, seconds)
 
 
-def _check_topic_ids(p: _Publishing, pipeline: PipelineConfig, batch: ledger.Batch) -> None:
+def _check_topic_ids(p: _Publishing, batch: ledger.Batch) -> None:
     """Refuse to commit what was read from a topic that is no longer the one the batch was planned against.
 
     Checked once the read is over: Kafka's id now equal to the planned one means the read saw that topic
@@ -299,28 +351,22 @@ def _check_topic_ids(p: _Publishing, pipeline: PipelineConfig, batch: ledger.Bat
     changed = identity_changes(planned, kafka_offsets.topic_ids(p.servers, sorted(planned)))
     if changed:
         raise TopicIdentityError(
-            pipeline.name, changed,
+            p.pipeline.name, changed,
             outcome=f"Batch {batch.batch_id} read from it: nothing was published and no position moved. Its ranges "
                     "name other records now, so it cannot be resumed: abandon it with the reset "
                     "(--abandon-open-batches).",
         )
 
 
-def _log_commit(pipeline: PipelineConfig, batch: ledger.Batch, result: CommitResult, replaced: int) -> None:
+def _log_commit(sink: Sink, published: Published, result: CommitResult) -> None:
+    batch = published.batch
     log.info(
         "committed %s batch %s of %s: %d rows into %s (%d rows of earlier runs replaced), %d dead letters, "
-        "%s in %.2fs", batch.kind, batch.batch_id, pipeline.name, result.records_written,
-        sink_for(pipeline).target, replaced, result.records_dead_lettered,
+        "%s in %.2fs", batch.kind, batch.batch_id, sink.pipeline.name, result.records_written,
+        sink.target, published.replaced, result.records_dead_lettered,
         f"{len(batch.ranges)} partition position(s) advanced" if batch.moves_positions else "positions unchanged",
         result.seconds,
     )
-
-
-def _remove_published(p: _Publishing, pipeline: PipelineConfig) -> int:
-    """Replace, not append: what the batch's offsets published before (rows and dead letters) goes first."""
-    removed = p.sink.remove(p.cur, p.batch.ranges)
-    p.cur.execute(sql.DELETE_DEAD_LETTER_RANGES, {"pipeline": pipeline.name, **sql.ranges_params(p.batch.ranges)})
-    return removed + p.cur.rowcount
 
 
 def _advance(cur: ledger.Cursor, batch: ledger.Batch, params: dict[str, Any]) -> None:
@@ -355,7 +401,17 @@ def fail_batch(dsn: str, batch_id: int, error: str) -> None:
         ledger.mark_failed(cur, batch_id, error)
 
 
+def mirror_positions(dsn: str, servers: str, pipeline: PipelineConfig) -> bool:
+    """The ledger's positions written to the pipeline's mirror consumer group, if it has one (never raises: see
+    kafka/consumer_group.py)."""
+    def positions() -> list[consumer_group.LedgerPosition]:
+        with ledger.transaction(dsn) as cur:
+            return [(r.topic_partition, r.position, r.last_batch_id) for r in ledger.position_rows(cur, pipeline.name)]
+
+    return consumer_group.mirror_positions(servers, pipeline, positions)
+
+
 def after_commit(dsn: str, servers: str, pipeline: PipelineConfig, result: CommitResult) -> dict[str, Any]:
     """What follows every commit, wherever it ran (a DAG task, `kafka-ledger replay`): the positions mirrored into
     the pipeline's consumer group (never failing the commit), and the result as the task returns it."""
-    return {**result.as_dict(), "mirrored": consumer_group.mirror_positions(dsn, servers, pipeline)}
+    return {**result.as_dict(), "mirrored": mirror_positions(dsn, servers, pipeline)}

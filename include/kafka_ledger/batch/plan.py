@@ -16,7 +16,6 @@ from kafka_ledger.model.ranges import (
     LostDataError,
     OffsetRange,
     PartitionOffsets,
-    PlanError,
     TopicIdentityError,
     TopicPartition,
     backlog,
@@ -29,7 +28,6 @@ from kafka_ledger.model.ranges import (
     window_ranges,
 )
 from kafka_ledger.observe import failpoints
-from kafka_ledger.runtimes import runtime_for
 from kafka_ledger.sinks import sink_for
 
 log = logging.getLogger(__name__)
@@ -100,7 +98,6 @@ def plan_batch(
     Invalid requests raise RequestError and write nothing.
     """
     request = request or BatchRequest()
-    _refuse_sink(pipeline)
     with ledger.session(dsn) as conn:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
             sink_for(pipeline).prepare(cur)
@@ -214,15 +211,6 @@ def _resume(
 def _refuse(problems: list[str]) -> None:
     if problems:
         raise RequestError("; ".join(problems))
-
-
-def _refuse_sink(pipeline: PipelineConfig) -> None:
-    """A sink the pipeline's runtime cannot publish into, refused before anything is recorded."""
-    runtime = runtime_for(pipeline)
-    if pipeline.sink.type not in runtime.sinks:
-        raise PlanError(f"pipeline {pipeline.name!r}: the {runtime.name} runtime cannot publish into the "
-                        f"{pipeline.sink.type} sink (it publishes into: {', '.join(sorted(runtime.sinks))}); "
-                        "nothing was planned")
 
 
 def _refuse_rewrite_beside_catch_up(cur: ledger.Cursor, pipeline: PipelineConfig) -> None:

@@ -1,55 +1,39 @@
-"""Direct publish: decoded rows from Spark as Arrow, copied into their tables by the committing client.
+"""An attempt's publish: its records decoded into a publish frame, and the frame's rows taken to the sink by what the
+sink can do.
 
-Spark sends every record's Kafka coordinates and, for a publishable record, its decoded values as typed
-Arrow columns, or, for a dead letter, its COPY line (`publish_frame`); the client encodes the output rows as
-Postgres binary COPY with pgpq (`OutputEncoder`, `CopyStream`), streams them into COPY inside the commit's
-transaction and summarises what it read for the coverage check. No staging table, no second copy of any row.
+The publish frame (`publish_frame`) holds every record's Kafka coordinates and, for a publishable record, its decoded
+values as typed columns, or, for a dead letter, its COPY line. Then `publish_attempt` chooses by the sink's kind
+(sinks/base.py): an artifact sink's rows are written by Spark as the batch's artifact and adopted by the commit
+(`publish_artifact`, the same in every runtime); a transactional sink's rows go the runtime's own way into the
+commit's transaction (streamed by the connect runtime, staged by the submit runtime).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Iterator
-from datetime import datetime
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
-import numpy as np
-import pgpq
-import pyarrow as pa
-import pyarrow.compute as pc
-
+from kafka_ledger.batch import commit
+from kafka_ledger.batch.commit import Adopted, CommitResult
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.formats.decode import decode_records
 from kafka_ledger.ledger import sql
 from kafka_ledger.model import columns
-from kafka_ledger.model.ranges import PartitionReadStats
+from kafka_ledger.model.columns import DEAD_LETTER_LINE, PUBLISHED
+from kafka_ledger.observe import failpoints
+from kafka_ledger.observe.stages import Stopwatch
+from kafka_ledger.sinks import ArtifactSink, Sink, TransactionalSink
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-COORDINATES = columns.names(columns.COORDINATES)
-# Columns of the frame `publish_frame` returns beside the coordinates and the output's values. Not identifiers
-# (they have spaces), so no declared column can take their names.
-PUBLISHED = "is published"  # false for a dead letter
-DEAD_LETTER_LINE = "dead letter line"  # a dead letter's COPY line (sql.COPY_DEAD_LETTERS), NULL for other records
+    from kafka_ledger.batch.read import Attempt
 
+COORDINATES = columns.names(columns.COORDINATES)
 # The kind of every column a dead letter's line holds, which says how Spark writes it as CSV.
 _LEDGER_KINDS = {c.name: c.kind for c in columns.DEAD_LETTER}
 
-
-def _csv_field(value: Column, kind: str) -> Column:
-    """One field of a COPY CSV line; NULL stays NULL (an unquoted empty field, which COPY reads as NULL)."""
-    from pyspark.sql import functions as F
-
-    if kind == "string":
-        # Always quoted, so an empty string is "" and never NULL; quotes doubled, the CSV way.
-        return F.concat(F.lit('"'), F.replace(value, F.lit('"'), F.lit('""')), F.lit('"'))
-    if kind == "timestamp":
-        # Explicit UTC offset: the session time zone is UTC (see spark_runtime.SESSION_CONF).
-        return F.date_format(value, "yyyy-MM-dd HH:mm:ss.SSSSSSXXX")
-    if kind == "bytes":
-        return F.concat(F.lit("\\x"), F.hex(value))
-    # Numbers and booleans: Spark's text form (doubles round-trip exactly) is Postgres input syntax.
-    return value.cast("string")
+T = TypeVar("T")
 
 
 def _csv_line(fields: list[Column]) -> Column:
@@ -58,219 +42,61 @@ def _csv_line(fields: list[Column]) -> Column:
     return F.concat(F.concat_ws(",", *[F.coalesce(f, F.lit("")) for f in fields]), F.lit("\n"))
 
 
-def publish_frame(decoded: DataFrame, pipeline: PipelineConfig, batch_id: int) -> DataFrame:
-    """Decoded records (decode.decode_records) -> Kafka coordinates, PUBLISHED, the output's values (NULL for a dead
-    letter) and DEAD_LETTER_LINE.
+def publish_frame(records: DataFrame, pipeline: PipelineConfig, sink: Sink, batch_id: int) -> DataFrame:
+    """Kafka source rows, decoded (formats/decode.py, with the sink's envelope) -> Kafka coordinates, PUBLISHED, the
+    output's values (NULL for a dead letter) and DEAD_LETTER_LINE.
 
-    The output rows travel as typed values and the client encodes them for binary COPY (`output_rows`): Spark's
-    own rendering of them as text cost more on the server than the encoding costs the client, and Postgres reads
-    binary values with less work than text (measured: docs/benchmark.md).
+    The output rows travel as typed values and the client encodes them for binary COPY (sinks/postgres/copy.py):
+    Spark's own rendering of them as text cost more on the server than the encoding costs the client, and Postgres
+    reads binary values with less work than text (measured: docs/benchmark.md).
     Dead letters are few and keep their raw bytes as hex: Spark renders their lines.
     """
     from pyspark.sql import functions as F
 
+    decoded = decode_records(records, pipeline, sink.envelope)
     values = {"batch_id": F.lit(batch_id).cast("long"), "pipeline": F.lit(pipeline.name)}
     published = F.col("error").isNull()
-    dead_letter_line = _csv_line([_csv_field(values.get(name, F.col(name)), _LEDGER_KINDS[name])
+    dead_letter_line = _csv_line([_LEDGER_KINDS[name].csv_field(values.get(name, F.col(name)))
                                   for name in sql.DEAD_LETTER_COLUMNS])
     return decoded.select(
         *COORDINATES,
         published.alias(PUBLISHED),
-        *[F.when(published, F.col(name)).alias(name) for name in output_values(pipeline)],
+        *[F.when(published, F.col(name)).alias(name) for name in output_values(sink)],
         F.when(~published, dead_letter_line).alias(DEAD_LETTER_LINE),
     )
 
 
-def output_values(pipeline: PipelineConfig) -> list[str]:
+def output_values(sink: Sink) -> list[str]:
     """The published columns whose values come from Spark as they are: all but the coordinates (they travel once,
     for every record) and the batch id (the client's)."""
-    return [name for name in sql.published_columns(pipeline) if name not in {*COORDINATES, columns.BATCH_ID.name}]
+    return [name for name in sink.published_columns() if name not in {*COORDINATES, columns.BATCH_ID.name}]
 
 
-# The Arrow type each kind of output value is encoded from. Binary COPY takes every value in its column's own
-# wire form (columns.POSTGRES_TYPES): 4 bytes for an integer, 8 for a bigint, a timestamptz as microseconds
-# since 2000 in UTC; so each column is cast to its kind's type (a value that does not fit fails the cast).
-_ARROW_TYPES = {
-    "string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64(), "boolean": pa.bool_(),
-    "timestamp": pa.timestamp("us", tz="UTC"),
-}
+def publish_attempt(records: DataFrame, attempt: Attempt, sink: Sink, dsn: str, servers: str, *,
+                    in_transaction: Callable[[TransactionalSink], T], started: float, clock: Stopwatch,
+                    check_interrupted: Callable[[], None] | None = None) -> T | CommitResult:
+    """Publish an attempt's records (Spark's Kafka source rows) by what its sink can do: an artifact sink's written in
+    Spark and adopted by the commit (`publish_artifact`); a transactional sink's the runtime's way (`in_transaction`:
+    streamed into the commit, or staged for it)."""
+    if isinstance(sink, ArtifactSink):
+        rows = publish_frame(records, sink.pipeline, sink, attempt.batch.batch_id)
+        return publish_artifact(sink, rows, attempt, dsn, servers, started=started, clock=clock,
+                                check_interrupted=check_interrupted)
+    if isinstance(sink, TransactionalSink):
+        return in_transaction(sink)
+    raise TypeError(f"{sink.target}: a sink is either written by the commit or by the engine")
 
 
-def output_schema(pipeline: PipelineConfig) -> pa.Schema:
-    """The Arrow schema of the published rows: sql.published_columns(pipeline), each in its kind's type."""
-    kinds = {**{c.name: c.type for c in pipeline.columns},
-             **{c.name: c.kind for c in (*columns.OUTPUT_TRAILER, columns.TOMBSTONE)}}
-    return pa.schema([pa.field(name, _ARROW_TYPES[kinds[name]]) for name in sql.published_columns(pipeline)])
-
-
-def output_rows(table: pa.Table, pipeline: PipelineConfig, batch_id: int) -> pa.Table:
-    """The publishable rows of a `publish_frame` table as output rows: the columns of `output_schema`, in its
-    order and types, with the batch id.
-
-    Timestamps keep their instant whatever their zone; one without a zone cannot be published as timestamptz.
-    """
-    schema = output_schema(pipeline)
-    fields = []
-    for field in schema:
-        if field.name == columns.BATCH_ID.name:
-            fields.append(pa.array(np.full(table.num_rows, batch_id, dtype=np.int64)))
-            continue
-        column = table[field.name]
-        if pa.types.is_timestamp(column.type) and column.type.tz is None:  # decode never gives one
-            raise TypeError(f"a timestamp without time zone cannot be published as timestamptz ({column.type})")
-        fields.append(column.cast(field.type))
-    return pa.table(fields, schema=schema)
-
-
-class OutputEncoder:
-    """The output rows of a batch as binary COPY data (sql.copy_output): `header()` first, then `rows()` of each
-    table of publishable rows, then `trailer()` once."""
-
-    def __init__(self, pipeline: PipelineConfig, batch_id: int):
-        self._pipeline, self._batch_id = pipeline, batch_id
-        self._encoder = pgpq.ArrowToPostgresBinaryEncoder(output_schema(pipeline))
-
-    def header(self) -> bytes:
-        return self._encoder.write_header()
-
-    def rows(self, table: pa.Table) -> Iterator[bytes]:
-        """The rows of a `publish_frame` table holding publishable rows only (`output_rows`), batch by batch."""
-        for batch in output_rows(table, self._pipeline, self._batch_id).to_batches():
-            yield self._encoder.write_batch(batch)
-
-    def trailer(self) -> bytes:
-        return self._encoder.finish()
-
-
-def _compact_coordinates(table: pa.Table) -> pa.Table:
-    """A copy of the table's coordinates and dead-letter flags, in buffers of their own.
-
-    Columns arriving from Spark Connect are slices of one message buffer: keeping a column as it is would
-    keep every line of the message alive, and the whole batch would pile up in memory.
-    """
-    return pa.table({
-        "kafka_topic": pc.dictionary_encode(table["kafka_topic"]).combine_chunks(),
-        "kafka_partition": pa.array(table["kafka_partition"].to_numpy()),
-        "kafka_offset": pa.array(table["kafka_offset"].to_numpy()),
-        "dead": pa.array(pc.invert(table[PUBLISHED]).to_numpy(zero_copy_only=False).astype(np.int8)),
-    })
-
-
-def _newest_timestamps(table: pa.Table) -> dict[tuple[str, int], datetime]:
-    """Per partition, the Kafka timestamp of the newest published record in a `publish_frame` table (a dead
-    letter's is null: the frame carries output values for published rows only)."""
-    newest = columns.KAFKA_TIMESTAMP.name
-    grouped = table.select(["kafka_topic", "kafka_partition", newest]).group_by(
-        ["kafka_topic", "kafka_partition"]).aggregate([(newest, "max")])
-    return {(r["kafka_topic"], r["kafka_partition"]): r[f"{newest}_max"] for r in grouped.to_pylist()
-            if r[f"{newest}_max"] is not None}
-
-
-def _text(lines: pa.ChunkedArray) -> Iterator[memoryview]:
-    """The bytes of an Arrow string column's values, back to back, without copying them."""
-    for chunk in lines.chunks:
-        if len(chunk):
-            offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int32, count=len(chunk) + 1, offset=chunk.offset * 4)
-            yield memoryview(chunk.buffers()[2])[offsets[0]:offsets[-1]]
-
-
-class CopyStream:
-    """A file for psycopg2's copy_expert reading the output rows of a stream of `publish_frame` Arrow tables as
-    binary COPY data (`OutputEncoder`): a header, the rows as they come, a trailer.
-
-    While the rows flow into COPY, it keeps the dead letters' lines, every record's coordinates and each
-    partition's newest published timestamp, for `dead_letter_lines()` and `read_stats()` once the stream is
-    drained, and times the stream: when its first rows came (`first_rows_at`, monotonic) and how long COPY then
-    waited for more (`waiting_seconds`).
-    """
-
-    def __init__(self, tables: Iterable[pa.Table], pipeline: PipelineConfig, batch_id: int):
-        self._encoder = OutputEncoder(pipeline, batch_id)
-        self._finished = False
-        self._tables = self._timed(iter(tables))
-        self.first_rows_at: float | None = None
-        self.waiting_seconds = 0.0
-        self._pending: Iterator[memoryview] = iter([memoryview(self._encoder.header())])
-        self._current = memoryview(b"")
-        self._coordinates: list[pa.Table] = []
-        self._newest: dict[tuple[str, int], datetime] = {}
-        self._dead: list[pa.ChunkedArray] = []
-        self.records = 0
-        self.error: BaseException | None = None  # what broke the row stream, if anything
-
-    def _timed(self, tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
-        while True:
-            asked = time.monotonic()
-            table = next(tables, None)
-            now = time.monotonic()
-            if self.first_rows_at is not None:
-                self.waiting_seconds += now - asked
-            elif table is not None and table.num_rows:
-                self.first_rows_at = now
-            if table is None:
-                return
-            yield table
-
-    def _next_table(self) -> bool:
-        try:
-            return self._take(next(self._tables, None))
-        except BaseException as exc:
-            self.error = exc
-            raise
-
-    def _take(self, table: pa.Table | None) -> bool:
-        while table is not None:
-            if table.num_rows == 0:
-                table = next(self._tables, None)
-                continue
-            self.records += table.num_rows
-            published = table[PUBLISHED]
-            self._coordinates.append(_compact_coordinates(table))
-            for key, newest in _newest_timestamps(table).items():
-                self._newest[key] = max(newest, self._newest.get(key, newest))
-            dead = pc.invert(published)
-            if pc.any(dead).as_py():
-                self._dead.append(pc.filter(table[DEAD_LETTER_LINE], dead))
-                table = table.filter(published)
-            self._pending = map(memoryview, self._encoder.rows(table))
-            return True
-        return False
-
-    def read(self, size: int = -1) -> bytes:
-        while not self._current:
-            self._current = next(self._pending, None)
-            if self._current is None:
-                self._current = memoryview(b"")
-                if self._next_table():
-                    continue
-                if self._finished:
-                    return b""
-                self._finished = True
-                self._pending = iter([memoryview(self._encoder.trailer())])
-        if size < 0 or size >= len(self._current):
-            out, self._current = self._current, memoryview(b"")
-        else:
-            out, self._current = self._current[:size], self._current[size:]
-        return out.tobytes()
-
-    readline = read  # psycopg2 only asks for read(); text-mode callers may probe readline
-
-    def dead_letter_lines(self) -> bytes:
-        return b"".join(bytes(view) for lines in self._dead for view in _text(lines))
-
-    def read_stats(self) -> list[PartitionReadStats]:
-        """Per-partition counts of what was read, for planning.check_read_coverage."""
-        if not self._coordinates:
-            return []
-        table = pa.concat_tables(self._coordinates)
-        table = table.set_column(0, "kafka_topic", pc.cast(table["kafka_topic"], pa.string()))
-        grouped = table.group_by(["kafka_topic", "kafka_partition"]).aggregate([
-            ("kafka_offset", "count"), ("kafka_offset", "count_distinct"), ("kafka_offset", "min"),
-            ("kafka_offset", "max"), ("dead", "sum"),
-        ])
-        return [
-            PartitionReadStats(row["kafka_topic"], row["kafka_partition"], row["kafka_offset_count"],
-                               row["kafka_offset_count_distinct"], row["kafka_offset_min"], row["kafka_offset_max"],
-                               row["dead_sum"], self._newest.get((row["kafka_topic"], row["kafka_partition"])))
-            for row in grouped.to_pylist()
-        ]
+def publish_artifact(sink: ArtifactSink, rows: DataFrame, attempt: Attempt, dsn: str, servers: str, *,
+                     started: float, clock: Stopwatch, check_interrupted: Callable[[], None] | None = None
+                     ) -> CommitResult:
+    """An artifact sink's publish of an attempt's rows: Spark writes them as the batch's artifact (or adopts the one an
+    earlier or racing attempt left), then the ledger's transaction adopts it, with the dead letters, and moves the
+    offsets. `check_interrupted` raises if the attempt was interrupted meanwhile: then nothing is committed."""
+    artifact, dead = sink.write_attempt(rows, attempt.batch, attempt.number)
+    clock.lap("snapshot")
+    failpoints.hit("after_snapshot")
+    if check_interrupted is not None:
+        check_interrupted()
+    return commit.commit(dsn, servers, sink.pipeline, attempt.batch.batch_id,
+                         Adopted(attempt.number, artifact, dead, started, clock))

@@ -47,8 +47,10 @@ KAFKA_READER_TUNING = {
 KAFKA_POLL_TIMEOUT_MS = 60_000
 
 
-def kafka_read_options(ranges: list[OffsetRange], servers: str, pipeline: str) -> dict[str, str]:
-    """Options of a bounded Kafka read of exactly `ranges` (ends exclusive), committed records only."""
+def kafka_read_options(ranges: list[OffsetRange], servers: str, pipeline: str, headers: bool = False
+                       ) -> dict[str, str]:
+    """Options of a bounded Kafka read of exactly `ranges` (ends exclusive), committed records only; with the
+    records' headers if `headers` (a column reads one)."""
     assign: dict[str, list[int]] = {}
     starting: dict[str, dict[str, int]] = {}
     ending: dict[str, dict[str, int]] = {}
@@ -65,7 +67,7 @@ def kafka_read_options(ranges: list[OffsetRange], servers: str, pipeline: str) -
         "endingOffsets": json.dumps(ending),
         # Offsets deleted under our feet must fail the read, never be skipped silently.
         "failOnDataLoss": "true",
-        "includeHeaders": "false",
+        "includeHeaders": str(headers).lower(),
         "kafkaConsumer.pollTimeoutMs": str(KAFKA_POLL_TIMEOUT_MS),
         "kafka.group.id": read_group_id(pipeline, client),
     }
@@ -96,6 +98,8 @@ class Attempt:
 
     batch: ledger.Batch
     number: int
+    # Whether the pipeline's columns read the records' headers.
+    headers: bool = False
 
     @property
     def readable(self) -> list[OffsetRange]:
@@ -133,7 +137,7 @@ def begin(dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int) -> At
     )
     check_not_deleted(servers, batch.ranges)
     failpoints.hit("before_read")
-    return Attempt(batch, number)
+    return Attempt(batch, number, pipeline.reads_headers)
 
 
 # Small partitions share a Spark task up to about this many offsets: each task costs ~10 ms of scheduling
@@ -150,12 +154,13 @@ def read_tasks(ranges: list[OffsetRange]) -> int | None:
 
 def read_records(spark: SparkSession, attempt: Attempt, servers: str) -> DataFrame:
     """The attempt's records, as Spark's Kafka source reads them (a bounded read of exactly its ranges)."""
-    return read_ranges(spark, attempt.readable, servers, attempt.batch.pipeline)
+    return read_ranges(spark, attempt.readable, servers, attempt.batch.pipeline, attempt.headers)
 
 
-def read_ranges(spark: SparkSession, ranges: list[OffsetRange], servers: str, pipeline: str) -> DataFrame:
+def read_ranges(spark: SparkSession, ranges: list[OffsetRange], servers: str, pipeline: str,
+                headers: bool = False) -> DataFrame:
     """A bounded read of exactly `ranges` as the pipeline's batches read them (its consumer group, its tuning)."""
-    records = spark.read.format("kafka").options(**kafka_read_options(ranges, servers, pipeline)).load()
+    records = spark.read.format("kafka").options(**kafka_read_options(ranges, servers, pipeline, headers)).load()
     tasks = read_tasks(ranges)
     return records.coalesce(tasks) if tasks else records
 

@@ -8,26 +8,44 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from kafka_ledger.config.settings import SparkRuntime, deployment_settings
 from kafka_ledger.model.columns import RESERVED_COLUMNS
+from kafka_ledger.model.kinds import (
+    DECLARABLE,
+    DEFAULT_TIMESTAMP_FORMATS,
+    DEFAULT_YEARS,
+    EPOCH_MICROS_PER_UNIT,
+    ColumnKind,
+    DateKind,
+    JsonbKind,
+    TimestampFormat,
+    TimestampKind,
+    parse_kind,
+)
 
 # Names end up in SQL identifiers, DAG ids and pool names: keep them to a safe, portable alphabet.
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
-ColumnType = Literal["string", "long", "int", "double", "boolean", "timestamp"]
+# Where a column's value comes from: the record's value (the default), its Kafka key, or one of its headers.
+SOURCE = re.compile(r"^(?:value|key|header:(?P<header>[^\x00]+))$")
+# A path inside a JSON document: object keys separated by dots.
+# (No quote, bracket or backslash in a key: Spark's JSON paths could not name it.)
+PATH = re.compile(r"^[^.'\"\[\]\\\x00-\x1f]+(?:\.[^.'\"\[\]\\\x00-\x1f]+)*$")
 
-# How a timestamp column's JSON value may be written: ISO-8601 text, or a number of seconds, milliseconds or
-# microseconds since 1970-01-01 UTC. A number's unit cannot be told from the number, so a column declares one.
-TimestampFormat = Literal["iso8601", "epoch_seconds", "epoch_millis", "epoch_micros"]
-DEFAULT_TIMESTAMP_FORMATS: tuple[TimestampFormat, ...] = ("iso8601", "epoch_seconds")
-EPOCH_MICROS_PER_UNIT: dict[str, int] = {"epoch_seconds": 1_000_000, "epoch_millis": 1_000, "epoch_micros": 1}
-# Decoded timestamps must fall in these years (first and last, inclusive) unless a column narrows them: an
-# epoch number in the wrong unit lands outside them (milliseconds read as seconds give the year 58000) and
-# is dead-lettered instead of published.
-TIMESTAMP_YEARS = (1900, 2199)
 
 def _identifier(value: str) -> str:
     if not IDENTIFIER.match(value):
@@ -46,19 +64,35 @@ class ConfigError(ValueError):
     """The pipelines file is missing, unreadable or does not validate."""
 
 
+def _declared_kind(value: object) -> object:
+    return parse_kind(value) if isinstance(value, str) else value
+
+
+# A column's kind as declared (`long`, `decimal(12,2)`): parsed into its model.kinds class, written back as its text.
+Kind = Annotated[ColumnKind, BeforeValidator(_declared_kind), PlainSerializer(str, return_type=str),
+                 WithJsonSchema({"type": "string"})]
+
+
 class ColumnSpec(BaseModel):
-    """One field of the JSON value, stored as one column of the output table."""
+    """One declared field of the record (its value, Kafka key or a header), stored as one column of the output."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, frozen=True)
 
-    name: str = Field(description="the field's name in the JSON value and the column's: lower-case letters, digits "
-                                  "and _; not one of the columns the ledger adds (`kafka_topic`, `kafka_partition`, "
-                                  "`kafka_offset`, `kafka_timestamp`, `batch_id`, ...)")
-    type: ColumnType = Field(description="`string`, `long`, `int`, `double`, `boolean` or `timestamp` (Postgres "
-                                         "`text`, `bigint`, `integer`, `double precision`, `boolean`, `timestamptz`); "
-                                         "a value that does not fit is a dead letter")
+    name: str = Field(description="the column's name (and, unless `path` says otherwise, the field's in the value): "
+                                  "lower-case letters, digits and _; not one of the columns the ledger adds "
+                                  "(`kafka_topic`, `kafka_partition`, `kafka_offset`, `kafka_timestamp`, `batch_id`, "
+                                  "...)")
+    type: Kind = Field(description="the kind of value, one of the [column types](#column-types) (e.g. `string`, "
+                                   "`long`, `timestamp`, `decimal(12,2)`); a value that does not fit is a dead letter")
+    source: str = Field(default="value", description="where the field is: `value` (the record's value), `key` (its "
+                                                     "Kafka key) or `header:<name>` (one of its headers, the first of "
+                                                     "that name)")
+    path: str | None = Field(default=None, description="where in its source the field lives, object keys separated "
+                                                       "by dots (`user.address.city`); none: the column's name in the "
+                                                       "value, and the whole key or header (its text) for those "
+                                                       "sources")
     required: bool = Field(default=False, description="a record whose value lacks the field (or holds null) is a "
-                                                      "dead letter (`required field '<name>' is missing or null`)")
+                                                      "dead letter (`required field '<path>' is missing or null`)")
     description: str = Field(default="", description="what the column holds, for the people reading the file")
     formats: list[TimestampFormat] | None = Field(
         default=None,
@@ -66,8 +100,8 @@ class ColumnSpec(BaseModel):
                     f"(#timestamps)); none: `[{', '.join(DEFAULT_TIMESTAMP_FORMATS)}]`")
     years: tuple[int, int] | None = Field(
         default=None,
-        description="timestamp columns only: `[first, last]`, the years (inclusive) a value may fall in, else it "
-                    f"is a dead letter; none: `[{TIMESTAMP_YEARS[0]}, {TIMESTAMP_YEARS[1]}]`")
+        description="timestamp and date columns only: `[first, last]`, the years (inclusive) a value may fall in, "
+                    f"else it is a dead letter; none: `[{DEFAULT_YEARS[0]}, {DEFAULT_YEARS[1]}]`")
 
     @field_validator("name")
     @classmethod
@@ -78,16 +112,31 @@ class ColumnSpec(BaseModel):
             raise ValueError(f"column name {name!r} is reserved (the ledger adds it to every row)")
         return name
 
+    @field_validator("source")
+    @classmethod
+    def _source_is_known(cls, source: str) -> str:
+        if not SOURCE.match(source):
+            raise ValueError(f"source {source!r} must be value, key or header:<name>")
+        return source
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_dotted(cls, path: str | None) -> str | None:
+        if path is not None and not PATH.match(path):
+            raise ValueError(f"path {path!r} must be object keys separated by dots, none of them empty (and none "
+                             "holding a quote, bracket or backslash)")
+        return path
+
     @model_validator(mode="after")
-    def _formats_fit_the_type(self) -> ColumnSpec:
+    def _options_fit_the_type(self) -> ColumnSpec:
         if self.years is not None:
-            if self.type != "timestamp":
-                raise ValueError(f"column {self.name!r}: years apply to timestamp columns only")
+            if not isinstance(self.type, TimestampKind | DateKind):
+                raise ValueError(f"column {self.name!r}: years apply to timestamp and date columns only")
             if not 1 <= self.years[0] <= self.years[1] <= 9998:
                 raise ValueError(f"column {self.name!r}: years must be [first, last] with 1 <= first <= last <= 9998")
         if self.formats is None:
             return self
-        if self.type != "timestamp":
+        if not isinstance(self.type, TimestampKind):
             raise ValueError(f"column {self.name!r}: formats apply to timestamp columns only")
         if not self.formats or len(set(self.formats)) != len(self.formats):
             raise ValueError(f"column {self.name!r}: formats must list each accepted form once")
@@ -98,17 +147,59 @@ class ColumnSpec(BaseModel):
         return self
 
     @property
+    def source_kind(self) -> str:
+        """`value`, `key` or `header`."""
+        return self.source.partition(":")[0]
+
+    @property
+    def header(self) -> str | None:
+        """The header a `header:<name>` column reads."""
+        return self.source.partition(":")[2] or None
+
+    @property
+    def field_path(self) -> tuple[str, ...]:
+        """The object keys leading to the field in its source's document; empty: the whole source, as text."""
+        if self.path is not None:
+            return tuple(self.path.split("."))
+        return (self.name,) if self.source_kind == "value" else ()
+
+    @property
+    def label(self) -> str:
+        """The field as dead-letter reasons name it: `field 'user.id'`, `field 'id' of the Kafka key`, ..."""
+        where = {"value": "", "key": " of the Kafka key", "header": f" of header '{self.header}'"}[self.source_kind]
+        if self.field_path:
+            return f"field '{'.'.join(self.field_path)}'{where}"
+        return "the Kafka key" if self.source_kind == "key" else f"header '{self.header}'"
+
+    @property
+    def required_reason(self) -> str:
+        """The dead-letter reason of a required column whose field is missing or null."""
+        if self.source_kind == "value":
+            return f"required field '{'.'.join(self.field_path)}' is missing or null"
+        return f"required column '{self.name}': {self.label} is missing or null"
+
+    @property
     def timestamp_formats(self) -> tuple[TimestampFormat, ...]:
         return tuple(self.formats) if self.formats else DEFAULT_TIMESTAMP_FORMATS
 
     @property
-    def timestamp_years(self) -> tuple[int, int]:
-        return self.years or TIMESTAMP_YEARS
+    def value_years(self) -> tuple[int, int]:
+        """The years a timestamp or date value may fall in."""
+        return self.years or DEFAULT_YEARS
 
     @property
     def epoch_unit(self) -> str | None:
         """The epoch unit a number in this timestamp column is read in, or None if numbers are refused."""
         return next((f for f in self.timestamp_formats if f in EPOCH_MICROS_PER_UNIT), None)
+
+
+class ValueSpec(BaseModel):
+    """How the record's value (and its key and headers, where columns read them) is encoded on the wire."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["json"] = Field(default="json", description="`json`: a JSON document whose fields the columns "
+                                                                "name (by `path`)")
 
 
 class AssignedPartition(BaseModel):
@@ -125,8 +216,6 @@ class AssignedPartition(BaseModel):
 
 DeliveryMode = Literal["exactly_once", "at_least_once", "latest_only"]
 WriteMode = Literal["append", "upsert"]
-# The column types an entity key may have: values compared exactly, and read from a Kafka key's text.
-KEY_COLUMN_TYPES = ("string", "int", "long")
 
 # An Iceberg partition transform of one output column: the column, or years/months/days/hours(column),
 # bucket(N, column), truncate(W, column).
@@ -294,10 +383,15 @@ class PipelineConfig(BaseModel):
         description="warn when a partition's oldest unread offset has less than this share of its topic's retention "
                     "window left before retention may delete it: the plan task logs a warning and the "
                     "`check_retention_headroom` task fails ([retention headroom](operating.md#retention-headroom))")
+    value: ValueSpec = Field(
+        default_factory=ValueSpec,
+        description="how records are encoded: `format: json` (the default; `value: json` for short) ([Columns]"
+                    "(#columns))")
     extra_fields: Literal["ignore", "dead_letter"] = Field(
         default="ignore",
-        description="fields of the JSON value that are not declared columns: `ignore` them, or `dead_letter` the "
-                    "record (reason `unexpected field(s): ...`)")
+        description="fields of the value that no column reads (at its top level, and inside an object a declared "
+                    "`path` goes through): `ignore` them, or `dead_letter` the record (reason `unexpected field(s): "
+                    "...`)")
     sink: SinkSpec = Field(
         default_factory=lambda: PostgresSinkSpec(type="postgres"),
         description="where rows are published: `postgres` (into `output_table`, in the transaction that moves the "
@@ -322,7 +416,7 @@ class PipelineConfig(BaseModel):
                     "Kafka key)")
     columns: list[ColumnSpec] = Field(
         min_length=1,
-        description="the fields of the JSON value, one column each ([Columns](#columns)); names may not reuse "
+        description="the fields of the record, one column each ([Columns](#columns)); names may not reuse "
                     "the `kafka_*` columns")
     max_records_per_partition: int = Field(
         default=100_000, ge=1,
@@ -376,6 +470,12 @@ class PipelineConfig(BaseModel):
     def _kind_by_name(cls, value: object) -> object:
         # `sink: postgres` is short for `sink: {type: postgres}`, `trigger: doorbell` for `trigger: {type: doorbell}`.
         return {"type": value} if isinstance(value, str) else value
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _format_by_name(cls, value: object) -> object:
+        # `value: json` is short for `value: {format: json}`.
+        return {"format": value} if isinstance(value, str) else value
 
     @field_validator("schedule")
     @classmethod
@@ -440,6 +540,21 @@ class PipelineConfig(BaseModel):
         duplicated = sorted({name for name in names if names.count(name) > 1})
         if duplicated:
             raise ValueError(f"columns declared more than once: {', '.join(duplicated)}")
+        # Within one source, a field is read by one column, and a field holding declared fields is read whole only
+        # as jsonb (the JSON format reads those from the document's variant, the others by their declared schema).
+        fields: dict[tuple[str, tuple[str, ...]], ColumnSpec] = {}
+        for column in self.columns:
+            where = (column.source, column.field_path)
+            if where in fields:
+                raise ValueError(f"columns {fields[where].name!r} and {column.name!r} both read {column.label}")
+            fields[where] = column
+        for (source, path), column in fields.items():
+            for depth in range(1, len(path)):
+                outer = fields.get((source, path[:depth]))
+                if outer is not None and not isinstance(outer.type, JsonbKind):
+                    raise ValueError(f"column {outer.name!r} reads {outer.label}, which holds the field column "
+                                     f"{column.name!r} reads: only a jsonb column can read a field beside the fields "
+                                     "inside it")
         return self
 
     @model_validator(mode="after")
@@ -456,9 +571,9 @@ class PipelineConfig(BaseModel):
         for name in self.key:
             if name not in declared:
                 raise ValueError(f"key column {name!r} is not a declared column")
-            if declared[name].type not in KEY_COLUMN_TYPES:
+            if not declared[name].type.key_capable:
                 raise ValueError(f"key column {name!r} is a {declared[name].type}: a key column is one of "
-                                 f"{', '.join(KEY_COLUMN_TYPES)}")
+                                 f"{', '.join(str(k) for k in DECLARABLE if k.key_capable)}")
         if not isinstance(self.sink, PostgresSinkSpec):
             raise ValueError("write: upsert needs sink postgres: the iceberg sink appends (docs/configuration.md"
                              "#entity-tables)")
@@ -479,6 +594,11 @@ class PipelineConfig(BaseModel):
         """The declared columns of the entity key, in key order (none for an append pipeline)."""
         declared = {c.name: c for c in self.columns}
         return [declared[name] for name in self.key]
+
+    @property
+    def reads_headers(self) -> bool:
+        """Whether a column reads a Kafka header (the read then asks Spark for the records' headers)."""
+        return any(c.source_kind == "header" for c in self.columns)
 
     @property
     def dag_id(self) -> str:

@@ -27,6 +27,7 @@ from pydantic.fields import FieldInfo
 
 from kafka_ledger.config.pipeline import ColumnSpec, DoorbellSpec, IcebergSinkSpec, LakeMaintenanceSpec, PipelineConfig
 from kafka_ledger.config.settings import PROJECT_ROOT, Settings, env_name
+from kafka_ledger.model.kinds import DECLARABLE, DecimalKind
 
 BLOCK = re.compile(
     r"(?P<open>(?:<!--|#) generated: (?P<name>[^\n]+?)(?: -->)?\n)(?P<body>.*?)"
@@ -86,6 +87,19 @@ def setting_default(field: FieldInfo) -> str:
     return default_text(field)
 
 
+def column_types_table() -> str:
+    """One row per kind a column may declare (model.kinds): its Postgres and Iceberg types, whether it can be an
+    entity key, and what it holds."""
+    rows = ["| type | Postgres | Iceberg | key | holds |", "| --- | --- | --- | --- | --- |"]
+    for kind in DECLARABLE:
+        name = "decimal(p,s)" if isinstance(kind, DecimalKind) else kind.declared
+        postgres = "numeric(p,s)" if isinstance(kind, DecimalKind) else kind.postgres_type
+        iceberg = "decimal(p, s)" if isinstance(kind, DecimalKind) else str(kind.iceberg_type())
+        rows.append(f"| `{name}` | `{postgres}` | `{iceberg}` | {'yes' if kind.key_capable else 'no'} | "
+                    f"{cell(kind.description)} |")
+    return "\n".join(rows) + "\n"
+
+
 def settings_table(names: list[str]) -> str:
     """One row per deployment setting: its variable, default, the stacks' values and its description."""
     rows = ["| variable | default | local stack | Docker Compose | used for |", "| --- | --- | --- | --- | --- |"]
@@ -133,6 +147,7 @@ GENERATED: dict[str, dict[str, Callable[[], str]]] = {
         # A pipeline's name is its entry's key in the file, not a field written in the entry.
         "pipeline fields": lambda: fields_table(PipelineConfig, leave_out=("name",)),
         "column fields": lambda: fields_table(ColumnSpec),
+        "column types": column_types_table,
         "iceberg sink fields": lambda: fields_table(IcebergSinkSpec),
         "lake maintenance fields": lambda: fields_table(LakeMaintenanceSpec),
         "doorbell fields": lambda: fields_table(DoorbellSpec),

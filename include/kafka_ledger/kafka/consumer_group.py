@@ -8,6 +8,7 @@ the group back except verify, which reports a group that differs from the ledger
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -15,7 +16,6 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.kafka import offsets as kafka_offsets
-from kafka_ledger.ledger import db as ledger
 from kafka_ledger.model.ranges import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -74,15 +74,14 @@ def read_positions(servers: str, group: str) -> dict[TopicPartition, int]:
     return {TopicPartition(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
 
 
-def ledger_positions(dsn: str, pipeline: PipelineConfig) -> dict[TopicPartition, tuple[int, str]]:
-    """The pipeline's committed positions as the group should hold them."""
-    with ledger.transaction(dsn) as cur:
-        rows = ledger.position_rows(cur, pipeline.name)
-    return {r.topic_partition: (r.position, offset_metadata(pipeline, r.last_batch_id)) for r in rows}
+# A position as the ledger holds it: the partition, its position, and the batch that moved it last.
+LedgerPosition = tuple[TopicPartition, int, int | None]
 
 
-def mirror_positions(dsn: str, servers: str, pipeline: PipelineConfig) -> bool:
-    """After a commit: write the ledger's positions to the pipeline's mirror group, if it has one.
+def mirror_positions(servers: str, pipeline: PipelineConfig, ledger_positions: Callable[[], Iterable[LedgerPosition]]
+                     ) -> bool:
+    """After a commit: write the ledger's positions (`ledger_positions` reads them) to the pipeline's mirror group,
+    if it has one.
 
     Never raises: the commit it follows stands whatever happens here. A failure is logged as a warning; the
     next commit writes every position again, and verify reports the difference meanwhile.
@@ -91,7 +90,8 @@ def mirror_positions(dsn: str, servers: str, pipeline: PipelineConfig) -> bool:
     if not group:
         return False
     try:
-        positions = ledger_positions(dsn, pipeline)
+        positions = {tp: (position, offset_metadata(pipeline, last_batch_id))
+                     for tp, position, last_batch_id in ledger_positions()}
         write_positions(servers, group, positions)
     except Exception as exc:  # noqa: BLE001 - whatever failed, the ledger's commit must stand
         log.warning("positions of %s NOT mirrored into consumer group %r (the ledger is unaffected; the next "

@@ -14,9 +14,10 @@ import psycopg2.extensions
 import psycopg2.extras
 
 from kafka_ledger.config import settings
-from kafka_ledger.config.pipeline import ConfigError, PipelineConfig
+from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.ledger import replies as db_replies
 from kafka_ledger.ledger import sql
+from kafka_ledger.model.columns import Column
 from kafka_ledger.model.ranges import Coverage, OffsetRange, PartitionReadStats, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -434,10 +435,10 @@ def delete_older_staged(cur: Cursor, pipeline: PipelineConfig, batch_id: int, at
 
 
 def delete_pipeline(cur: Cursor, pipeline: PipelineConfig) -> None:
-    """Remove every trace of a pipeline: its ledger rows, output table and staging table."""
+    """Remove the pipeline's ledger rows and its staging table (its sink's tables are the sink's: Sink.drop)."""
     for statement in sql.DELETE_PIPELINE_LEDGER_ROWS:
         cur.execute(statement, {"pipeline": pipeline.name})
-    cur.execute(sql.drop_pipeline_tables(pipeline))
+    cur.execute(sql.drop_staging_table(pipeline))
 
 
 def _table_columns(cur: Cursor, schema: str, table: str) -> list[str]:
@@ -445,30 +446,10 @@ def _table_columns(cur: Cursor, schema: str, table: str) -> list[str]:
     return [row[0] for row in cur.fetchall()]
 
 
-def ensure_output_table(cur: Cursor, pipeline: PipelineConfig) -> None:
-    """Create the Postgres output table if missing; refuse one lacking declared columns."""
-    cur.execute(sql.create_output_table(pipeline))
-    existing = set(_table_columns(cur, pipeline.output_schema, pipeline.output_table))
-    missing = [c.name for c in pipeline.columns if c.name not in existing]
-    if missing:
-        raise ConfigError(
-            f"pipeline {pipeline.name!r}: output table {pipeline.qualified_output_table} lacks declared "
-            f"column(s) {', '.join(missing)}; add them with ALTER TABLE before running the pipeline"
-        )
-    if pipeline.is_entity_table:
-        cur.execute(sql.SELECT_PRIMARY_KEY_COLUMNS, {"table": sql.output_table(pipeline).as_string(cur)})
-        primary_key = [name for (name,) in cur.fetchall()]
-        if set(primary_key) != set(pipeline.key):
-            raise ConfigError(
-                f"pipeline {pipeline.name!r} (write: upsert, key {', '.join(pipeline.key)}): output table "
-                f"{pipeline.qualified_output_table} has primary key ({', '.join(primary_key) or 'none'}); an entity "
-                "table's primary key is its key: publish into a new table, or change the table's key"
-            )
-
-
-def ensure_staging_table(cur: Cursor, pipeline: PipelineConfig) -> None:
-    """Create the pipeline's staging table if missing, rebuilt if the declared columns changed."""
-    wanted = sql.staging_columns(pipeline)
+def ensure_staging_table(cur: Cursor, pipeline: PipelineConfig, extra: tuple[Column, ...]) -> None:
+    """Create the pipeline's staging table if missing (the declared columns and the sink's `extra` ones), rebuilt if
+    they changed."""
+    wanted = sql.staging_columns(pipeline, extra)
     staged = _table_columns(cur, sql.STAGING_SCHEMA, pipeline.name)
     if staged and sorted(staged) != sorted(wanted):
         # The declared columns changed: staging is ours to rebuild, but a batch whose staged rows
@@ -476,4 +457,4 @@ def ensure_staging_table(cur: Cursor, pipeline: PipelineConfig) -> None:
         log.warning("staging table for %s does not match the declared columns: rebuilding it", pipeline.name)
         cur.execute(sql.drop_staging_table(pipeline))
         cur.execute(sql.REOPEN_WRITTEN_BATCHES, {"pipeline": pipeline.name})
-    cur.execute(sql.create_staging_table(pipeline))
+    cur.execute(sql.create_staging_table(pipeline, extra))

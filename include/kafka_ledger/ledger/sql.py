@@ -1,4 +1,5 @@
-"""Every SQL statement kafka-ledger runs, in one place (the schema itself is in migrations/)."""
+"""Every SQL statement of the ledger, in one place (the schema itself is in migrations/; an output table's statements
+are its sink's: sinks/postgres/sql.py)."""
 
 from __future__ import annotations
 
@@ -8,26 +9,12 @@ from typing import TYPE_CHECKING, Any
 from psycopg2 import sql
 
 from kafka_ledger.config.pipeline import PipelineConfig
-from kafka_ledger.model.columns import (
-    COORDINATES,
-    DEAD_LETTER,
-    OUTPUT_TRAILER,
-    POSTGRES_TYPES,
-    STAGING_HEAD,
-    TOMBSTONE,
-    names,
-)
+from kafka_ledger.model.columns import DEAD_LETTER, STAGING_HEAD, Column, names
 
 if TYPE_CHECKING:
     from kafka_ledger.model.ranges import OffsetRange
 
 STAGING_SCHEMA = "kafka_ledger_staging"
-# An entity table's deleted keys (write: upsert), one table per pipeline: what a tombstone deleted, kept so that
-# an older record of the key (a replay, a backfill) cannot bring the entity back.
-TOMBSTONES_SCHEMA = "kafka_ledger_tombstones"
-# An entity table's publish: the batch's rows, then the newest of them per key; dropped with the transaction.
-INCOMING_TABLE = "kafka_ledger_incoming"
-NEWEST_TABLE = "kafka_ledger_newest"
 
 # Serialises planning and committing of one pipeline across processes, held to the end of the transaction.
 PIPELINE_LOCK_KEY = "hashtextextended('kafka_ledger:' || %(pipeline)s, 0)"
@@ -308,19 +295,19 @@ SELECT_POSITION_MISMATCHES = """
 # published before, so each record ends up exactly once whatever ran earlier.
 # A batch's offset ranges as rows (topic, partition, from_offset, until_offset), from the four arrays of
 # ranges_params: one statement removes what all of a batch's ranges published, however many partitions it has.
-_RANGES = """unnest(%(topics)s::text[], %(partitions)s::integer[], %(from_offsets)s::bigint[],
+RANGES = """unnest(%(topics)s::text[], %(partitions)s::integer[], %(from_offsets)s::bigint[],
                        %(until_offsets)s::bigint[]) AS r(topic, partition, from_offset, until_offset)"""
 
 
 def ranges_params(ranges: Iterable[OffsetRange]) -> dict[str, list[Any]]:
-    """The parameters of _RANGES for these ranges."""
+    """The parameters of RANGES for these ranges."""
     ranges = list(ranges)
     return {"topics": [r.topic for r in ranges], "partitions": [r.partition for r in ranges],
             "from_offsets": [r.from_offset for r in ranges], "until_offsets": [r.until_offset for r in ranges]}
 
 
 DELETE_DEAD_LETTER_RANGES = f"""
-    DELETE FROM kafka_ledger.dead_letters d USING {_RANGES}
+    DELETE FROM kafka_ledger.dead_letters d USING {RANGES}
     WHERE d.pipeline = %(pipeline)s AND d.kafka_topic = r.topic AND d.kafka_partition = r.partition
       AND d.kafka_offset >= r.from_offset AND d.kafka_offset < r.until_offset
 """
@@ -448,61 +435,18 @@ def staging_table_name(pipeline: PipelineConfig) -> str:
     return f"{STAGING_SCHEMA}.{pipeline.name}"
 
 
-def output_table(pipeline: PipelineConfig) -> sql.Composed:
-    return sql.Identifier(pipeline.output_schema, pipeline.output_table)
+def declared_columns(pipeline: PipelineConfig) -> list[sql.Composed]:
+    """The declared columns as CREATE TABLE lines, each of its kind's Postgres type."""
+    return [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type.postgres_type)) for c in pipeline.columns]
 
 
-def _declared_columns(pipeline: PipelineConfig) -> list[sql.Composed]:
-    return [
-        sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(POSTGRES_TYPES[c.type])) for c in pipeline.columns
-    ]
-
-
-def _ledger_columns(columns: tuple) -> list[sql.Composable]:
+def ledger_columns(columns: Iterable[Column]) -> list[sql.Composable]:
     return [sql.SQL(c.ddl) for c in columns]
 
 
-def _key(pipeline: PipelineConfig, alias: str | None = None) -> sql.Composed:
-    """An entity table's key columns (write: upsert), as a list, of a table's alias if given."""
-    return sql.SQL(", ").join(sql.Identifier(*([alias] if alias else []), name) for name in pipeline.key)
-
-
-def create_output_table(pipeline: PipelineConfig) -> sql.Composed:
-    """The published table: declared columns plus the Kafka coordinates, unique per record.
-
-    An at_least_once pipeline's table has a plain index instead of the key: a re-delivered record is
-    appended again rather than failing the write (that is what at-least-once means). An entity table
-    (write: upsert) is unique per key instead: one row per entity.
-    """
-    coordinates = sql.SQL(", ".join(names(COORDINATES)))
-    if pipeline.is_entity_table:
-        key = [sql.SQL("PRIMARY KEY ({})").format(_key(pipeline))]
-        index = sql.SQL("")
-    elif pipeline.delivery_mode == "at_least_once":
-        key = []
-        index = sql.SQL("; CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
-            sql.Identifier(f"{pipeline.output_table}$kafka_record"), output_table(pipeline), coordinates
-        )
-    else:
-        key = [sql.SQL("PRIMARY KEY ({})").format(coordinates)]
-        index = sql.SQL("")
-    return sql.SQL(
-        """
-        CREATE SCHEMA IF NOT EXISTS {schema};
-        CREATE TABLE IF NOT EXISTS {table} (
-            {columns}
-        ){index}
-        """
-    ).format(
-        schema=sql.Identifier(pipeline.output_schema),
-        table=output_table(pipeline),
-        columns=sql.SQL(",\n            ").join(_declared_columns(pipeline) + _ledger_columns(OUTPUT_TRAILER) + key),
-        index=index,
-    )
-
-
-def create_staging_table(pipeline: PipelineConfig) -> sql.Composed:
-    """Where the Spark job stages one attempt's rows: decoded columns, or the raw record and its error."""
+def create_staging_table(pipeline: PipelineConfig, extra: tuple[Column, ...]) -> sql.Composed:
+    """Where the Spark job stages one attempt's rows: decoded columns (and the sink's `extra` ones, e.g. an entity
+    table's tombstone flag), or the raw record and its error."""
     return sql.SQL(
         """
         CREATE TABLE IF NOT EXISTS {table} (
@@ -514,40 +458,22 @@ def create_staging_table(pipeline: PipelineConfig) -> sql.Composed:
         table=staging_table(pipeline),
         # "$" cannot appear in a pipeline name, so this index name never collides with a staging table.
         index=sql.Identifier(f"{pipeline.name}$batch_attempt"),
-        columns=sql.SQL(",\n            ").join(_ledger_columns(STAGING_HEAD) + _declared_columns(pipeline)
-                                                + ([sql.SQL("kafka_tombstone boolean")] if pipeline.is_entity_table
-                                                   else [])),
+        columns=sql.SQL(",\n            ").join(ledger_columns(STAGING_HEAD) + declared_columns(pipeline)
+                                                + ledger_columns(extra)),
     )
 
 
-def staging_columns(pipeline: PipelineConfig) -> list[str]:
+def staging_columns(pipeline: PipelineConfig, extra: tuple[Column, ...]) -> list[str]:
     """Columns of a staged row, in the staging table's order: the attempt and raw record, then the declared ones
-    (and an entity table's tombstone flag)."""
-    return names(STAGING_HEAD) + [c.name for c in pipeline.columns] + _tombstone_flag(pipeline)
-
-
-def _tombstone_flag(pipeline: PipelineConfig) -> list[str]:
-    return [TOMBSTONE.name] if pipeline.is_entity_table else []
+    (and the sink's `extra` ones)."""
+    return names(STAGING_HEAD) + [c.name for c in pipeline.columns] + names(extra)
 
 
 def drop_staging_table(pipeline: PipelineConfig) -> sql.Composed:
     return sql.SQL("DROP TABLE IF EXISTS {}").format(staging_table(pipeline))
 
 
-def drop_pipeline_tables(pipeline: PipelineConfig) -> sql.Composed:
-    """The pipeline's tables in the ledger's database: its staging table, a Postgres sink's output table and an
-    entity table's tombstones."""
-    tables = [staging_table(pipeline), tombstone_table(pipeline)]
-    if pipeline.output_table is not None:
-        tables.append(output_table(pipeline))
-    return sql.SQL("DROP TABLE IF EXISTS {}").format(sql.SQL(", ").join(tables))
-
-
-def select_output_record_ids(pipeline: PipelineConfig) -> sql.Composed:
-    return sql.SQL("SELECT kafka_topic, kafka_partition, kafka_offset FROM {}").format(output_table(pipeline))
-
-
-def _distinct_partitions(table: sql.Composable, where: sql.Composable) -> sql.Composed:
+def distinct_partitions(table: sql.Composable, where: sql.Composable) -> sql.Composed:
     """Distinct (topic, partition) of a table by skipping through its (topic, partition, offset) index: one
     index descent per partition instead of reading every row (a loose index scan, as a recursive query)."""
     return sql.SQL(
@@ -564,27 +490,9 @@ def _distinct_partitions(table: sql.Composable, where: sql.Composable) -> sql.Co
     ).format(table=table, where=where)
 
 
-def select_output_partitions(pipeline: PipelineConfig) -> sql.Composed:
-    """Every (topic, partition) with a row in the Postgres output table."""
-    return _distinct_partitions(output_table(pipeline), sql.SQL("true"))
-
-
 # Every (topic, partition) with a dead letter of the pipeline.
-SELECT_DEAD_LETTER_PARTITIONS = _distinct_partitions(
+SELECT_DEAD_LETTER_PARTITIONS = distinct_partitions(
     sql.Identifier("kafka_ledger", "dead_letters"), sql.SQL("pipeline = %(pipeline)s"))
-
-
-def select_output_offsets(pipeline: PipelineConfig) -> sql.Composed:
-    """Offsets of one partition's output rows in [from, until), ascending: an ordered scan of the primary key
-    (or, at_least_once, of the coordinates index)."""
-    return sql.SQL(
-        """
-        SELECT kafka_offset FROM {output}
-        WHERE kafka_topic = %(topic)s AND kafka_partition = %(partition)s
-          AND kafka_offset >= %(from_offset)s AND kafka_offset < %(until_offset)s
-        ORDER BY kafka_offset
-        """
-    ).format(output=output_table(pipeline))
 
 
 # Offsets of one partition's dead letters in [from, until), ascending: an ordered scan of the primary key.
@@ -594,148 +502,6 @@ SELECT_DEAD_LETTER_OFFSETS = """
       AND kafka_offset >= %(from_offset)s AND kafka_offset < %(until_offset)s
     ORDER BY kafka_offset
 """
-
-
-def delete_output_ranges(pipeline: PipelineConfig) -> sql.Composed:
-    """Remove the published rows of the offsets [from, until) of some partitions (ranges_params), before they are
-    written again."""
-    return sql.SQL(
-        """
-        DELETE FROM {output} t USING {ranges}
-        WHERE t.kafka_topic = r.topic AND t.kafka_partition = r.partition
-          AND t.kafka_offset >= r.from_offset AND t.kafka_offset < r.until_offset
-        """
-    ).format(output=output_table(pipeline), ranges=sql.SQL(_RANGES))
-
-
-def output_columns(pipeline: PipelineConfig) -> list[str]:
-    """Columns of an output row: the declared ones, then the Kafka coordinates and the batch."""
-    return [c.name for c in pipeline.columns] + names(OUTPUT_TRAILER)
-
-
-def published_columns(pipeline: PipelineConfig) -> list[str]:
-    """Columns of the rows a batch publishes: an output row's, and an entity table's tombstone flag."""
-    return output_columns(pipeline) + _tombstone_flag(pipeline)
-
-
-def _publish_target(pipeline: PipelineConfig) -> sql.Composable:
-    """Where a batch's rows go first: the output table, or an entity table's incoming rows (merge_entities)."""
-    return sql.Identifier(INCOMING_TABLE) if pipeline.is_entity_table else output_table(pipeline)
-
-
-def copy_output(pipeline: PipelineConfig) -> sql.Composed:
-    """COPY of a batch's rows in binary format (publish.CopyStream), in the order of published_columns(), into the
-    output table (an entity table: into its incoming rows)."""
-    return sql.SQL("COPY {target} ({columns}) FROM STDIN WITH (FORMAT binary)").format(
-        target=_publish_target(pipeline),
-        columns=sql.SQL(", ").join(sql.Identifier(c) for c in published_columns(pipeline)))
-
-
-def publish_output(pipeline: PipelineConfig) -> sql.Composed:
-    """Copy one attempt's decoded rows from staging into the output table (an entity table: its incoming rows)."""
-    columns = sql.SQL(", ").join(sql.Identifier(name) for name in published_columns(pipeline))
-    return sql.SQL(
-        """
-        INSERT INTO {target} ({columns})
-        SELECT {columns} FROM {staging}
-        WHERE batch_id = %(batch_id)s AND attempt = %(attempt)s AND error IS NULL
-        """
-    ).format(target=_publish_target(pipeline), staging=staging_table(pipeline), columns=columns)
-
-
-# --- entity tables (write: upsert) ------------------------------------------------------------------------------
-
-def tombstone_table(pipeline: PipelineConfig) -> sql.Composed:
-    return sql.Identifier(TOMBSTONES_SCHEMA, pipeline.name)
-
-
-def _key_columns(pipeline: PipelineConfig) -> list[sql.Composed]:
-    return [sql.SQL("{} {} NOT NULL").format(sql.Identifier(c.name), sql.SQL(POSTGRES_TYPES[c.type]))
-            for c in pipeline.key_columns]
-
-
-def create_tombstone_table(pipeline: PipelineConfig) -> sql.Composed:
-    """An entity table's deleted keys: each key's tombstone, where Kafka holds it and its batch."""
-    return sql.SQL(
-        """
-        CREATE SCHEMA IF NOT EXISTS {schema};
-        CREATE TABLE IF NOT EXISTS {table} (
-            {columns},
-            PRIMARY KEY ({key})
-        )
-        """
-    ).format(schema=sql.Identifier(TOMBSTONES_SCHEMA), table=tombstone_table(pipeline), key=_key(pipeline),
-             columns=sql.SQL(",\n            ").join(_key_columns(pipeline) + _ledger_columns(OUTPUT_TRAILER)))
-
-
-def create_incoming_table(pipeline: PipelineConfig) -> sql.Composed:
-    """A batch's rows on their way into an entity table: the published columns, gone when the transaction ends."""
-    return sql.SQL("CREATE TEMP TABLE {table} ({columns}) ON COMMIT DROP").format(
-        table=sql.Identifier(INCOMING_TABLE),
-        columns=sql.SQL(", ").join(_declared_columns(pipeline) + _ledger_columns((*OUTPUT_TRAILER, TOMBSTONE))))
-
-
-# Whether row n supersedes row o of the same key: the rule of migration 0012, in one place.
-def _supersedes(new: str, old: str) -> sql.Composed:
-    return sql.SQL("kafka_ledger.supersedes({})").format(sql.SQL(", ").join(
-        sql.Identifier(alias, name) for alias in (new, old) for name in (*names(COORDINATES), "kafka_timestamp")))
-
-
-def _same_key(a: str, b: str, pipeline: PipelineConfig) -> sql.Composed:
-    return sql.SQL("({}) = ({})").format(_key(pipeline, a), _key(pipeline, b))
-
-
-def merge_entities(pipeline: PipelineConfig) -> list[tuple[str, sql.Composed]]:
-    """The statements that merge a batch's incoming rows into an entity table, in order, each named by what its row
-    count says: the newest incoming row per key (in a partition the highest offset; across partitions the rule of
-    kafka_ledger.supersedes), then rows upserted and tombstones recorded where they supersede what the table and the
-    tombstones hold. An older record never replaces a newer one, whatever order batches commit in."""
-    key = _key(pipeline)
-    values = [sql.Identifier(name) for name in output_columns(pipeline)]
-    trailer = [sql.Identifier(name) for name in (*pipeline.key, *names(OUTPUT_TRAILER))]
-    params = {"output": output_table(pipeline), "tombstones": tombstone_table(pipeline),
-              "incoming": sql.Identifier(INCOMING_TABLE), "newest": sql.Identifier(NEWEST_TABLE), "key": key,
-              "n_o": _same_key("n", "o", pipeline), "n_t": _same_key("n", "t", pipeline),
-              "n_supersedes_o": _supersedes("n", "o"), "n_supersedes_t": _supersedes("n", "t"),
-              "excluded_supersedes_o": _supersedes("excluded", "o"),
-              "excluded_supersedes_t": _supersedes("excluded", "t")}
-
-    def statement(text: str, **more: sql.Composable) -> sql.Composed:
-        return sql.SQL(text).format(**params, **more)
-
-    return [
-        ("newest", statement(
-            """
-            CREATE TEMP TABLE {newest} ON COMMIT DROP AS
-            SELECT DISTINCT ON ({key}) * FROM (
-                SELECT DISTINCT ON ({key}, kafka_topic, kafka_partition) * FROM {incoming}
-                ORDER BY {key}, kafka_topic, kafka_partition, kafka_offset DESC) AS newest_per_partition
-            ORDER BY {key}, coalesce(kafka_timestamp, '-infinity') DESC, kafka_topic DESC, kafka_partition DESC
-            """)),
-        ("revived", statement(
-            "DELETE FROM {tombstones} t USING {newest} n WHERE NOT n.kafka_tombstone AND {n_t} AND {n_supersedes_t}")),
-        ("upserted", statement(
-            """
-            INSERT INTO {output} AS o ({values})
-            SELECT {values} FROM {newest} n
-            WHERE NOT n.kafka_tombstone AND NOT EXISTS (SELECT FROM {tombstones} t WHERE {n_t})
-            ON CONFLICT ({key}) DO UPDATE SET {updates} WHERE {excluded_supersedes_o}
-            """,
-            values=sql.SQL(", ").join(values),
-            updates=sql.SQL(", ").join(sql.SQL("{0} = excluded.{0}").format(v) for v in values))),
-        ("deleted", statement(
-            "DELETE FROM {output} o USING {newest} n WHERE n.kafka_tombstone AND {n_o} AND {n_supersedes_o}")),
-        ("buried", statement(
-            """
-            INSERT INTO {tombstones} AS t ({trailer})
-            SELECT {trailer} FROM {newest} n
-            WHERE n.kafka_tombstone AND NOT EXISTS (SELECT FROM {output} o WHERE {n_o})
-            ON CONFLICT ({key}) DO UPDATE SET {updates} WHERE {excluded_supersedes_t}
-            """,
-            trailer=sql.SQL(", ").join(trailer),
-            updates=sql.SQL(", ").join(sql.SQL("{0} = excluded.{0}").format(sql.Identifier(name))
-                                       for name in names(OUTPUT_TRAILER)))),
-    ]
 
 
 # --- the ledger page and its API --------------------------------------------------------------------------------

@@ -9,29 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The Postgres type each kind of value is stored as: the declared column types, and the ledger's own bytes.
-POSTGRES_TYPES: dict[str, str] = {
-    "string": "text",
-    "long": "bigint",
-    "int": "integer",
-    "double": "double precision",
-    "boolean": "boolean",
-    "timestamp": "timestamptz",
-}
-_LEDGER_TYPES = {**POSTGRES_TYPES, "bytes": "bytea"}
+from kafka_ledger.model.kinds import BOOLEAN, BYTES, INT, LONG, STRING, TIMESTAMP, ColumnKind
 
 
 @dataclass(frozen=True)
 class Column:
-    """A column the ledger adds to the rows it writes, of a kind (string, int, long, timestamp, bytes)."""
+    """A column the ledger adds to the rows it writes, of a kind (model.kinds)."""
 
     name: str
-    kind: str
+    kind: ColumnKind
     required: bool = False
 
     @property
     def postgres_type(self) -> str:
-        return _LEDGER_TYPES[self.kind]
+        return self.kind.postgres_type
 
     @property
     def ddl(self) -> str:
@@ -39,18 +30,18 @@ class Column:
         return f"{self.name} {self.postgres_type}" + (" NOT NULL" if self.required else "")
 
 
-KAFKA_TOPIC = Column("kafka_topic", "string", required=True)
-KAFKA_PARTITION = Column("kafka_partition", "int", required=True)
-KAFKA_OFFSET = Column("kafka_offset", "long", required=True)
-KAFKA_TIMESTAMP = Column("kafka_timestamp", "timestamp")
-KAFKA_KEY = Column("kafka_key", "bytes")
-KAFKA_VALUE = Column("kafka_value", "bytes")
-BATCH_ID = Column("batch_id", "long", required=True)
-ATTEMPT = Column("attempt", "int", required=True)
-ERROR = Column("error", "string")
-PIPELINE = Column("pipeline", "string", required=True)
+KAFKA_TOPIC = Column("kafka_topic", STRING, required=True)
+KAFKA_PARTITION = Column("kafka_partition", INT, required=True)
+KAFKA_OFFSET = Column("kafka_offset", LONG, required=True)
+KAFKA_TIMESTAMP = Column("kafka_timestamp", TIMESTAMP)
+KAFKA_KEY = Column("kafka_key", BYTES)
+KAFKA_VALUE = Column("kafka_value", BYTES)
+BATCH_ID = Column("batch_id", LONG, required=True)
+ATTEMPT = Column("attempt", INT, required=True)
+ERROR = Column("error", STRING)
+PIPELINE = Column("pipeline", STRING, required=True)
 # An entity table's incoming rows (write: upsert): whether the record is a tombstone, deleting its key.
-TOMBSTONE = Column("kafka_tombstone", "boolean", required=True)
+TOMBSTONE = Column("kafka_tombstone", BOOLEAN, required=True)
 
 # A record's place in Kafka: the key of every output row (unless at_least_once) and of every dead letter.
 COORDINATES: tuple[Column, ...] = (KAFKA_TOPIC, KAFKA_PARTITION, KAFKA_OFFSET)
@@ -58,7 +49,7 @@ COORDINATES: tuple[Column, ...] = (KAFKA_TOPIC, KAFKA_PARTITION, KAFKA_OFFSET)
 OUTPUT_TRAILER: tuple[Column, ...] = (*COORDINATES, KAFKA_TIMESTAMP, BATCH_ID)
 # A dead letter as written (the table adds dead_lettered_at itself): the raw record and why it was refused.
 DEAD_LETTER: tuple[Column, ...] = (PIPELINE, *COORDINATES, KAFKA_TIMESTAMP, KAFKA_KEY, KAFKA_VALUE,
-                                   Column("error", "string", required=True), BATCH_ID)
+                                   Column("error", STRING, required=True), BATCH_ID)
 # A staged row (runtime submit): the attempt that staged it and the raw record with its error, then the
 # declared columns.
 STAGING_HEAD: tuple[Column, ...] = (BATCH_ID, ATTEMPT, *COORDINATES, KAFKA_TIMESTAMP, KAFKA_KEY, KAFKA_VALUE, ERROR)
@@ -70,3 +61,8 @@ RESERVED_COLUMNS = frozenset(c.name for c in (*OUTPUT_TRAILER, *DEAD_LETTER, *ST
 
 def names(columns: tuple[Column, ...] | list[Column]) -> list[str]:
     return [c.name for c in columns]
+
+# Columns of a publish frame (batch/publish.publish_frame) beside the coordinates and the output's values. Not
+# identifiers (they have spaces), so no declared column can take their names.
+PUBLISHED = "is published"  # false for a dead letter
+DEAD_LETTER_LINE = "dead letter line"  # a dead letter's COPY line (ledger.sql.COPY_DEAD_LETTERS), NULL for others

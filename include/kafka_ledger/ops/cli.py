@@ -25,7 +25,7 @@ from kafka_ledger.batch import plan as planner
 from kafka_ledger.batch.commit import CommitError
 from kafka_ledger.batch.requests import BatchRequest, RequestError, as_utc, parse_request
 from kafka_ledger.config import settings
-from kafka_ledger.config.pipeline import ConfigError, IcebergSinkSpec, PipelineConfig, get_pipeline, read_pipelines
+from kafka_ledger.config.pipeline import ConfigError, PipelineConfig, get_pipeline, read_pipelines
 from kafka_ledger.config.services import java_client_properties
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.kafka.headroom import duration, headroom_text
@@ -35,15 +35,14 @@ from kafka_ledger.ops import overview
 from kafka_ledger.ops.resets import reset_positions
 from kafka_ledger.ops.verify import DEADLINE_FLOOR_SECONDS, DEADLINE_OFFSETS_PER_SECOND, VerifyReport, verify_pipeline
 from kafka_ledger.runtimes import runtime_for
-from kafka_ledger.runtimes.connect.batch import (
+from kafka_ledger.runtimes.connect.warm_up import (
     WARM_UP_PIPELINE_PARTITIONS,
     WARM_UP_PIPELINE_RECORDS,
     WARM_UP_RECORDS,
-    SparkServerError,
     warm_up,
-    without_secrets,
 )
-from kafka_ledger.sinks.iceberg import maintenance as lake_maintenance
+from kafka_ledger.sinks import ArtifactSink, sink_for
+from kafka_ledger.spark.connect import SparkServerError, without_secrets
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REFUSED, EXIT_FAILED, EXIT_UNVERIFIED = 0, 1, 2, 3, 4, 5
 
@@ -153,8 +152,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     for pipeline in pipelines:
         entry = overview.pipeline_status(dsn, servers, pipeline)
         report.append(entry)
-        entity = f", one row per {', '.join(pipeline.key)}" if pipeline.is_entity_table else ""
-        lines.append(f"pipeline {pipeline.name} ({pipeline.delivery_mode}{entity}, {pipeline.subscription}): "
+        holds = sink_for(pipeline).describe()
+        lines.append(f"pipeline {pipeline.name} ({pipeline.delivery_mode}{', ' + holds if holds else ''}, "
+                     f"{pipeline.subscription}): "
                      f"total lag {entry['lag']}, {duration(entry['lag_seconds'])} behind")
         lines.append(_table(
             ["TOPIC", "PARTITION", "POSITION", "LOG-START", "END-OFFSET", "LAG", "LAG-TIME", "NEWEST PUBLISHED",
@@ -195,13 +195,14 @@ def cmd_batches(args: argparse.Namespace) -> int:
         )
         _emit(args, d, text)
     else:
-        snapshots = isinstance(pipeline.sink, IcebergSinkSpec)  # an Iceberg sink's batches name their snapshot
+        sink = sink_for(pipeline)
+        artifact = sink.artifact_noun.upper() if isinstance(sink, ArtifactSink) else None  # what batches record
         _emit(args, data, _table(
             ["BATCH", "KIND", "STATUS", "ATTEMPTS", "OFFSETS", "READ", "WRITTEN", "DEAD", "PLANNED", "REWRITES",
-             "RUN / REQUESTED BY", *(["SNAPSHOT"] if snapshots else [])],
+             "RUN / REQUESTED BY", *([artifact] if artifact else [])],
             [[d["batch_id"], d["kind"], d["status"], d["attempts"], d["offsets"], d["records_read"],
               d["records_written"], d["records_dead_lettered"], f"{d['planned_at']:%Y-%m-%d %H:%M:%S}",
-              d["rewrites"], d["run_id"] or d["requested_by"], *([d["snapshot_id"]] if snapshots else [])]
+              d["rewrites"], d["run_id"] or d["requested_by"], *([d["snapshot_id"]] if artifact else [])]
              for d in data],
         ))
     return EXIT_OK
@@ -338,16 +339,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_maintain(args: argparse.Namespace) -> int:
     pipeline = get_pipeline(args.pipeline)
-    if not isinstance(pipeline.sink, IcebergSinkSpec):
+    sink = sink_for(pipeline)
+    if sink.maintenance() is None:
         raise RequestError(f"pipeline {pipeline.name!r} publishes into {pipeline.sink.type}, not Iceberg: it has "
                            "no lake table to maintain")
-    result = lake_maintenance.maintain(settings.ledger_dsn(), pipeline)
-    kept = (f"; kept every snapshot since that of unfinished batch(es) {', '.join(map(str, result.kept_for_batches))}"
-            if result.kept_for_batches else "")
-    _emit(args, result.as_dict(),
-          f"maintained {result.table} in {result.seconds:.1f} s: {result.data_files_before} -> "
-          f"{result.data_files_after} data files, {result.snapshots_before} -> {result.snapshots_after} snapshots "
-          f"(expired those before {result.expired_before}{kept})")
+    result = sink.maintain(settings.ledger_dsn(), runtime_for(pipeline).spark_sessions())
+    unfinished = ", ".join(map(str, result["kept_for_batches"]))
+    kept = f"; kept every snapshot since that of unfinished batch(es) {unfinished}" if unfinished else ""
+    _emit(args, result,
+          f"maintained {result['table']} in {result['seconds']:.1f} s: {result['data_files_before']} -> "
+          f"{result['data_files_after']} data files, {result['snapshots_before']} -> {result['snapshots_after']} "
+          f"snapshots (expired those before {result['expired_before']}{kept})")
     return EXIT_OK
 
 

@@ -434,7 +434,7 @@ def verify_pipeline(
                 report.checked_after_batch = after
                 report.checked_batches = len({row[0] for row in committed_after})
             _ledger_checks(report, positions, coverage)
-            if pipeline.is_entity_table:
+            if not output.holds_every_record:
                 # Records superseded by a newer one of their key are rightly absent: a record-by-record comparison
                 # would call them missing. The verified point stays where it is.
                 report.warnings.append("entity table (write: upsert): its rows were not compared with Kafka, only "
@@ -444,7 +444,7 @@ def verify_pipeline(
                             read_topic_ids, committed_after, stored_partitions, has_output)
             _check_mirror(report, pipeline, bootstrap_servers, positions)
         conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_DEFAULT, readonly=False)
-        if report.ok and not pipeline.is_entity_table:
+        if report.ok and output.holds_every_record:
             with conn, conn.cursor() as cur:
                 cur.execute(sql.ADVANCE_VERIFIED_POINT,
                             {"pipeline": pipeline.name, "batch_id": finished_through, "mode": report.mode})

@@ -1,9 +1,10 @@
 """The Spark runtimes a batch can run in, behind one interface (base.Runtime); runtime_for() picks a pipeline's.
 
-- `connect` (connect.py): a warm Spark Connect server; the task reads there and commits the batch itself.
-- `submit` (submit.py): one spark-submit per batch stages the rows; a commit task publishes them.
+- `connect` (connect/): a warm Spark Connect server; the task reads there and commits the batch itself.
+- `submit` (submit/): one spark-submit per batch stages the rows; a commit task publishes them.
 
 A pipeline picks one with `spark_runtime`; the deployment's default is $KAFKA_LEDGER_SPARK_RUNTIME (else submit).
+Each runtime makes its own Airflow tasks (Runtime.build_tasks) and its pipelines' other Spark sessions.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 from kafka_ledger.batch.commit import CommitResult
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.settings import runtime_name
-from kafka_ledger.runtimes.base import AirflowTasks, Runtime
-from kafka_ledger.runtimes.connect.batch import ConnectRuntime
+from kafka_ledger.runtimes.base import Runtime
+from kafka_ledger.runtimes.connect.runtime import ConnectRuntime
 from kafka_ledger.runtimes.submit.runtime import SubmitRuntime
 
-__all__ = ["RUNTIMES", "AirflowTasks", "Runtime", "run_batch", "runtime_for"]
+__all__ = ["RUNTIMES", "Runtime", "run_batch", "runtime_for"]
 
 RUNTIMES: dict[str, Runtime] = {runtime.name: runtime for runtime in (ConnectRuntime(), SubmitRuntime())}
 

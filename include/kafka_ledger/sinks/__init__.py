@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from kafka_ledger.config.pipeline import IcebergSinkSpec, PipelineConfig
-from kafka_ledger.sinks.base import Sink
+from kafka_ledger.ledger import db as ledger
+from kafka_ledger.sinks.base import Artifact, ArtifactSink, OutputView, Sink, TransactionalSink
 from kafka_ledger.sinks.iceberg.sink import IcebergSink
 from kafka_ledger.sinks.postgres.sink import PostgresEntitySink, PostgresSink
 
-__all__ = ["IcebergSink", "PostgresEntitySink", "PostgresSink", "Sink", "sink_for"]
+__all__ = ["Artifact", "ArtifactSink", "OutputView", "Sink", "TransactionalSink", "remove_pipeline", "sink_for"]
 
 
 def sink_for(pipeline: PipelineConfig) -> Sink:
@@ -16,3 +17,10 @@ def sink_for(pipeline: PipelineConfig) -> Sink:
     if isinstance(pipeline.sink, IcebergSinkSpec):
         return IcebergSink(pipeline)
     return PostgresEntitySink(pipeline) if pipeline.is_entity_table else PostgresSink(pipeline)
+
+
+def remove_pipeline(cur: ledger.Cursor, pipeline: PipelineConfig) -> None:
+    """Remove every trace of a pipeline in the ledger's database: its ledger rows, staging table and its sink's
+    tables there (a test's, a benchmark's or a campaign's pipeline at its end)."""
+    ledger.delete_pipeline(cur, pipeline)
+    sink_for(pipeline).drop(cur)

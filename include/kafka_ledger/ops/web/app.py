@@ -13,12 +13,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
 from kafka_ledger.config import settings
-from kafka_ledger.config.pipeline import ConfigError, IcebergSinkSpec, PipelineConfig, read_pipelines
+from kafka_ledger.config.pipeline import ConfigError, PipelineConfig, read_pipelines
 from kafka_ledger.kafka.headroom import duration, headroom_text
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ops import overview
 from kafka_ledger.ops.verify import VerifyReport, verify_pipeline
 from kafka_ledger.ops.web.charts import Point, bar_chart
+from kafka_ledger.sinks import ArtifactSink, sink_for
 
 URL_PREFIX = "/kafka-ledger"
 RECENT_BATCHES = 20
@@ -164,7 +165,8 @@ def _pipeline_page(request: Request, pipeline: PipelineConfig, verify: VerifyRep
     return templates.TemplateResponse(request, "pipeline.html", {
         "root": _to_app_root(request), "pipeline": pipeline, "status": _status(pipeline), **view,
         "charts": _charts(view["history"]), "verify": verify,
-        "snapshots": isinstance(pipeline.sink, IcebergSinkSpec),  # an Iceberg sink's batches name their snapshot
+        # An artifact sink's batches name their artifact (an Iceberg snapshot).
+        "snapshots": isinstance(sink_for(pipeline), ArtifactSink),
     })
 
 

@@ -13,18 +13,29 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from kafka_ledger.config.pipeline import IcebergSinkSpec, PipelineConfig
 from kafka_ledger.ledger import db as ledger
-from kafka_ledger.runtimes.connect.batch import client_session, close_session
-from kafka_ledger.sinks.iceberg.sink import BATCH_KEY, IcebergSink
+from kafka_ledger.sinks.iceberg.snapshots import BATCH_KEY
+from kafka_ledger.spark.sessions import SparkSessions
 
 log = logging.getLogger(__name__)
+
+
+class MaintainedTable(Protocol):
+    """What the upkeep needs of its sink (sink.IcebergSink): the table read without Spark, and its declaration."""
+
+    pipeline: PipelineConfig
+    spec: IcebergSinkSpec
+
+    @property
+    def target(self) -> str: ...
+
+    def table(self) -> Any: ...
 
 # Finished batches: their snapshots are recorded in the ledger (or the batch was given up by a reset).
 FINISHED = ("committed", "abandoned")
@@ -84,7 +95,7 @@ class MaintenanceResult:
         return asdict(self)
 
 
-def history(sink: IcebergSink) -> list[HistorySnapshot]:
+def history(sink: MaintainedTable) -> list[HistorySnapshot]:
     """The table's current history, newest first, read without Spark."""
     from pyiceberg.table.snapshots import ancestors_of
 
@@ -98,7 +109,7 @@ def history(sink: IcebergSink) -> list[HistorySnapshot]:
     return found
 
 
-def _counts(sink: IcebergSink) -> tuple[int, int]:
+def _counts(sink: MaintainedTable) -> tuple[int, int]:
     """(snapshots, live data files) of the table now."""
     table = sink.table()
     current = table.current_snapshot()
@@ -113,21 +124,18 @@ def _timestamp_literal(ms: int) -> str:
     return f"TIMESTAMP '{moment.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]}+00:00'"
 
 
-def maintain(dsn: str, pipeline: PipelineConfig, now: datetime | None = None) -> MaintenanceResult:
-    """Compact the pipeline's Iceberg table and expire its old snapshots, on the Spark Connect server, in a session
-    of its own (released at the end); logs what it did. Changes no row: a reader sees the same rows before, during
-    and after."""
-    if not isinstance(pipeline.sink, IcebergSinkSpec):
-        raise ValueError(f"pipeline {pipeline.name!r} does not publish into Iceberg: it has no lake table to maintain")
-    spec = pipeline.sink.maintenance
-    sink = IcebergSink(pipeline)
+def maintain(dsn: str, sink: MaintainedTable, sessions: SparkSessions, now: datetime | None = None
+             ) -> MaintenanceResult:
+    """Compact the sink's Iceberg table and expire its old snapshots, in a Spark session of its own from `sessions`
+    (the pipeline's runtime's: a Spark Connect session, or a local one); logs what it did. Changes no row: a reader
+    sees the same rows before, during and after."""
+    pipeline, spec = sink.pipeline, sink.spec.maintenance
     started = time.monotonic()
     result = MaintenanceResult(pipeline.name, sink.target)
     result.snapshots_before, result.data_files_before = _counts(sink)
-    target = f"{pipeline.sink.namespace}.{pipeline.sink.table}"
-    procedures = f"{pipeline.sink.catalog}.system"
-    spark = client_session(str(uuid.uuid4()))
-    try:
+    target = f"{sink.spec.namespace}.{sink.spec.table}"
+    procedures = f"{sink.spec.catalog}.system"
+    with sessions.session(f"maintenance of {sink.target}") as spark:
         if spec.compact:
             log.info("compacting %s: small files rewritten in groups of at least %d", sink.target,
                      spec.min_input_files)
@@ -152,8 +160,6 @@ def maintain(dsn: str, pipeline: PipelineConfig, now: datetime | None = None) ->
         result.expiry = {k: int(v) for k, v in row.asDict().items() if v is not None}
         log.info("expired snapshots of %s older than %s (keeping the newest %d): %s", sink.target,
                  result.expired_before, spec.retain_last, result.expiry)
-    finally:
-        close_session(spark, release_session=True)
     result.snapshots_after, result.data_files_after = _counts(sink)
     result.seconds = round(time.monotonic() - started, 3)
     log.info("maintained %s in %.1f s: %d -> %d snapshots, %d -> %d data files", sink.target, result.seconds,

@@ -10,27 +10,24 @@ one MERGE on the records' coordinates, idempotent: its rows replace the ranges' 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
-from kafka_ledger.config.pipeline import IcebergSinkSpec, PipelineConfig
+from kafka_ledger.config.pipeline import IcebergSinkSpec, LakeMaintenanceSpec, PipelineConfig
 from kafka_ledger.ledger import db as ledger
-from kafka_ledger.ledger import sql
 from kafka_ledger.model import columns
-from kafka_ledger.model.ranges import OffsetRange, PartitionReadStats, TopicPartition
-from kafka_ledger.sinks.base import OutputView, Sink
+from kafka_ledger.model.ranges import PartitionReadStats, TopicPartition
+from kafka_ledger.sinks.base import ArtifactSink, OutputView
+from kafka_ledger.sinks.iceberg import maintenance, write
+from kafka_ledger.sinks.iceberg.snapshots import ATTEMPT_KEY, BATCH_KEY, BatchSnapshot, IcebergSinkError
 
 if TYPE_CHECKING:
     from psycopg2.extensions import connection
     from pyiceberg.table import Table
     from pyspark.sql import DataFrame
 
-# The keys of a snapshot's summary that say which batch (and attempt) wrote it, and what it read.
-SUMMARY = "kafka-ledger."
-BATCH_KEY, ATTEMPT_KEY, PIPELINE_KEY, RANGES_KEY = (f"{SUMMARY}{k}" for k in ("batch-id", "attempt", "pipeline",
-                                                                              "ranges"))
+    from kafka_ledger.ledger.db import Batch
+    from kafka_ledger.spark.sessions import SparkSessions
 
 # The table's properties kafka-ledger sets at creation (the pipeline's own come on top).
 TABLE_PROPERTIES = {
@@ -44,37 +41,9 @@ TABLE_PROPERTIES = {
 }
 
 
-class IcebergSinkError(RuntimeError):
-    """The Iceberg table cannot take the pipeline's rows (unreachable catalog, conflicting schema); nothing was
-    published and no offset moved."""
-
-
-@dataclass(frozen=True)
-class BatchSnapshot:
-    """A snapshot in the table's current history that a batch committed, as its summary says."""
-
-    snapshot_id: int
-    batch_id: int
-    attempt: int
-
-
 def _first_line(exc: BaseException) -> str:
     # SQLAlchemy wraps the driver's error, whose own first line says what failed (never the connection's password).
     return (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def _iceberg_types() -> dict[str, Any]:
-    # The Iceberg type each kind of value is stored as (columns.POSTGRES_TYPES is the Postgres sink's).
-    from pyiceberg import types
-
-    return {"string": types.StringType(), "long": types.LongType(), "int": types.IntegerType(),
-            "double": types.DoubleType(), "boolean": types.BooleanType(), "timestamp": types.TimestamptzType()}
-
-
-def output_kinds(pipeline: PipelineConfig) -> dict[str, str]:
-    """Each output column (sql.output_columns) and the kind of its values."""
-    kinds = {**{c.name: c.type for c in pipeline.columns}, **{c.name: c.kind for c in columns.OUTPUT_TRAILER}}
-    return {name: kinds[name] for name in sql.output_columns(pipeline)}
 
 
 class _SnapshotView(OutputView):
@@ -148,7 +117,7 @@ class _SnapshotView(OutputView):
         return iter(np.sort(rows[offset].to_numpy()).tolist())
 
 
-class IcebergSink(Sink):
+class IcebergSink(ArtifactSink):
     """The pipeline's Iceberg table: Spark writes a batch's rows as one snapshot before the ledger's commit, which
     records that snapshot in the same transaction that moves the offsets."""
 
@@ -158,6 +127,8 @@ class IcebergSink(Sink):
     # straddle it and that batch could never be written. Rewrites planned while no catch-up batch is unfinished
     # only make files below every later catch-up batch's id (ids come from one sequence).
     rewrites_wait_for_catch_up = True
+    rewrites_stamp_the_session = True
+    artifact_noun = "snapshot"
 
     def __init__(self, pipeline: PipelineConfig):
         super().__init__(pipeline)
@@ -172,6 +143,19 @@ class IcebergSink(Sink):
     @property
     def identifier(self) -> tuple[str, str]:
         return self.spec.namespace, self.spec.table
+
+    @property
+    def asset_uri(self) -> str:
+        return f"iceberg://{self.spec.catalog}/{self.spec.namespace}/{self.spec.table}"
+
+    def maintenance(self) -> LakeMaintenanceSpec:
+        return self.spec.maintenance
+
+    def maintain(self, dsn: str, sessions: SparkSessions) -> dict[str, Any]:
+        return maintenance.maintain(dsn, self, sessions).as_dict()
+
+    def drop(self, cur: ledger.Cursor) -> None:
+        """Nothing in the ledger's database (the table is the catalog's: dropping it is the lake's owner's call)."""
 
     # --- the table, without Spark ------------------------------------------------------------------------------
 
@@ -203,7 +187,7 @@ class IcebergSink(Sink):
         declaration. (The ledger's staging table too: attempts clear it whatever their sink.)"""
         from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
 
-        ledger.ensure_staging_table(cur, self.pipeline)
+        ledger.ensure_staging_table(cur, self.pipeline, self.staged_extra())
 
         catalog = self.catalog()
         try:
@@ -224,10 +208,9 @@ class IcebergSink(Sink):
         from pyiceberg.schema import Schema
         from pyiceberg.types import NestedField
 
-        types = _iceberg_types()
         # Optional fields: Spark's columns are nullable, and Iceberg refuses nullable data for a required field.
-        return Schema(*[NestedField(i, name, types[kind], required=False)
-                        for i, (name, kind) in enumerate(output_kinds(self.pipeline).items(), start=1)])
+        return Schema(*[NestedField(i, name, kind.iceberg_type(), required=False)
+                        for i, (name, kind) in enumerate(self.output_columns().items(), start=1)])
 
     def _partition_spec(self) -> Any:
         from pyiceberg.partitioning import PartitionField, PartitionSpec
@@ -243,7 +226,7 @@ class IcebergSink(Sink):
 
         from kafka_ledger.config.pipeline import PARTITION_TRANSFORM
 
-        ids = {name: i for i, name in enumerate(output_kinds(self.pipeline), start=1)}
+        ids = {name: i for i, name in enumerate(self.output_columns(), start=1)}
         by_time = {"years": YearTransform, "months": MonthTransform, "days": DayTransform, "hours": HourTransform}
         fields = []
         for n, text in enumerate(self.spec.partition_by):
@@ -271,15 +254,14 @@ class IcebergSink(Sink):
         return {**TABLE_PROPERTIES, **layout, **size, **self.spec.properties}
 
     def _check_schema(self, table: Table) -> None:
-        types = _iceberg_types()
         fields = {f.name: f for f in table.schema().fields}
         problems = []
-        for name, kind in output_kinds(self.pipeline).items():
+        for name, kind in self.output_columns().items():
             field = fields.get(name)
             if field is None:
                 problems.append(f"column {name} is missing")
-            elif field.field_type != types[kind]:
-                problems.append(f"column {name} is {field.field_type}, not {types[kind]} ({kind})")
+            elif field.field_type != kind.iceberg_type():
+                problems.append(f"column {name} is {field.field_type}, not {kind.iceberg_type()} ({kind})")
         if problems:
             raise IcebergSinkError(f"pipeline {self.pipeline.name!r}: table {self.target} does not fit the declared "
                                    f"columns: {'; '.join(problems)}. Nothing was read or published")
@@ -336,68 +318,14 @@ class IcebergSink(Sink):
         rows = table.scan(selected_fields=tuple(columns.names(columns.COORDINATES))).to_arrow()
         return list(zip(*(rows.column(c).to_pylist() for c in columns.names(columns.COORDINATES)), strict=True))
 
-    # --- the write, in Spark -----------------------------------------------------------------------------------
+    # --- the artifact: written in Spark, adopted by the commit -------------------------------------------------
 
-    def write(self, rows: DataFrame, batch_id: int, attempt: int, ranges: Iterable[OffsetRange],
-              validate_from: int | None) -> None:
-        """Commit `rows` (the output columns but the batch id) as ONE snapshot replacing the batch's earlier rows,
-        stamped with the batch; refused (Iceberg's ValidationException) if another attempt committed rows of the
-        batch after `validate_from`, the snapshot the attempt began at."""
-        from pyspark.sql import functions as F
+    def write_attempt(self, rows: DataFrame, batch: Batch, attempt: int
+                      ) -> tuple[BatchSnapshot, list[tuple[str, int, int, str]]]:
+        return write.write_attempt(self, rows, batch, attempt)
 
-        batch = columns.BATCH_ID.name
-        writer = rows.select(*[F.col(c) for c in sql.output_columns(self.pipeline) if c != batch],
-                             F.lit(batch_id).cast("long").alias(batch)).writeTo(self.target)
-        for key, value in self.stamp(batch_id, attempt, ranges).items():
-            writer = writer.option(f"snapshot-property.{key}", value)
-        writer = writer.option("isolation-level", "serializable")
-        if validate_from is not None:
-            writer = writer.option("validate-from-snapshot-id", str(validate_from))
-        writer.overwrite(F.col(batch) == F.lit(batch_id).cast("long"))
+    def current_artifact(self, batch_id: int) -> BatchSnapshot | None:
+        return self.batch_snapshot(batch_id)
 
-    def merge(self, rows: DataFrame, batch_id: int, attempt: int, ranges: list[OffsetRange]) -> None:
-        """A rewrite's snapshot (a replay, a time window, a backfill, offset ranges): ONE MERGE that replaces exactly
-        the ranges' rows with `rows` (the output columns but the batch id): a record read again updates its row, a
-        new one is inserted, a row of the ranges whose record is not among `rows` (a dead letter now) is deleted. A
-        reader never sees the ranges twice or not at all. Stamped through the session's settings (a MERGE takes no
-        write options): the session must be the batch's own (runtimes/connect.py)."""
-        from pyspark.sql import functions as F
-
-        spark = rows.sparkSession
-        batch = columns.BATCH_ID.name
-        view = f"kafka_ledger_rewrite_{batch_id}_{attempt}"
-        rows.select(*[F.col(c) for c in sql.output_columns(self.pipeline) if c != batch],
-                    F.lit(batch_id).cast("long").alias(batch)).createOrReplaceTempView(view)
-        topic, partition, offset = columns.names(columns.COORDINATES)
-        same_record = " AND ".join(f"t.{c} = s.{c}" for c in (topic, partition, offset))
-        # Topic names are [A-Za-z0-9._-] (config.TOPIC_NAME), partitions and offsets integers: nothing to escape.
-        in_ranges = " OR ".join(f"(t.{topic} = '{r.topic}' AND t.{partition} = {r.partition} AND t.{offset} >= "
-                                f"{r.from_offset} AND t.{offset} < {r.until_offset})" for r in ranges)
-        stamp = {f"spark.sql.iceberg.snapshot-property.{key}": value
-                 for key, value in self.stamp(batch_id, attempt, ranges).items()}
-        try:
-            for key, value in stamp.items():
-                spark.conf.set(key, value)
-            spark.sql(f"MERGE INTO {self.target} t USING {view} s ON {same_record} "
-                      "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT * "
-                      f"WHEN NOT MATCHED BY SOURCE AND ({in_ranges}) THEN DELETE")
-        finally:
-            for key in stamp:
-                spark.conf.unset(key)
-            spark.catalog.dropTempView(view)
-
-    def stamp(self, batch_id: int, attempt: int, ranges: Iterable[OffsetRange]) -> dict[str, str]:
-        """The summary properties of the batch's snapshot."""
-        return {BATCH_KEY: str(batch_id), ATTEMPT_KEY: str(attempt), PIPELINE_KEY: self.pipeline.name,
-                RANGES_KEY: json.dumps([[r.topic, r.partition, r.from_offset, r.until_offset] for r in ranges])}
-
-    # --- what the ledger's transaction would do for a Postgres table ------------------------------------------
-
-    def remove(self, cur: ledger.Cursor, ranges: Iterable[OffsetRange]) -> int:
-        return 0  # the batch's snapshot replaces the rows (in Spark), never the ledger's transaction
-
-    def copy_rows(self, cur: ledger.Cursor, data: IO[bytes]) -> int:
-        raise IcebergSinkError("an Iceberg table's rows are written by Spark, not copied by the commit")
-
-    def publish_staged(self, cur: ledger.Cursor, batch_id: int, attempt: int) -> int:
-        raise IcebergSinkError("an Iceberg table's rows are written by Spark, not copied by the commit")
+    def record(self, cur: ledger.Cursor, artifact: BatchSnapshot) -> None:  # type: ignore[override]
+        ledger.record_snapshot(cur, artifact.batch_id, artifact.snapshot_id)

@@ -1,27 +1,28 @@
-"""The Postgres sink: rows go into the pipeline's output table in the ledger database."""
+"""The Postgres sink: rows go into the pipeline's output table in the ledger database, inside the commit's
+transaction; an entity table (write: upsert) merges them by key."""
 
 from __future__ import annotations
 
 import logging
 import uuid
 from collections.abc import Iterable, Iterator
-from typing import IO
+from typing import IO, ClassVar
 
 from psycopg2.extensions import connection
 
-from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.pipeline import ConfigError, PipelineConfig
+from kafka_ledger.formats.envelope import Envelope, KeyedChanges
 from kafka_ledger.ledger import db as ledger
-from kafka_ledger.ledger import sql
+from kafka_ledger.ledger import sql as ledger_sql
 from kafka_ledger.ledger.db import Cursor
 from kafka_ledger.model.ranges import OffsetRange, TopicPartition
-from kafka_ledger.sinks.base import OutputView, Sink
+from kafka_ledger.sinks.base import OutputView, TransactionalSink
+from kafka_ledger.sinks.postgres import sql
 
 log = logging.getLogger(__name__)
 
 # Bytes handed to COPY per read of the row stream.
 COPY_CHUNK_BYTES = 1 << 20
-
-
 # Rows fetched per round trip of a server-side cursor.
 FETCH_ROWS = 50_000
 
@@ -34,8 +35,8 @@ class _TableView(OutputView):
 
     def exists(self) -> bool:
         with self._conn.cursor() as cur:
-            cur.execute(sql.SELECT_TABLE_COLUMNS, {"schema": self._pipeline.output_schema,
-                                                   "table": self._pipeline.output_table})
+            cur.execute(ledger_sql.SELECT_TABLE_COLUMNS, {"schema": self._pipeline.output_schema,
+                                                          "table": self._pipeline.output_table})
             return cur.fetchone() is not None
 
     def partitions(self) -> set[TopicPartition]:
@@ -54,16 +55,49 @@ class _TableView(OutputView):
                 yield offset
 
 
-class PostgresSink(Sink):
+class _EntityView(_TableView):
+    """An entity table holds one row per key, not one per record: verify checks its ledger only."""
+
+    holds_every_record = False
+
+
+def _table_columns(cur: Cursor, schema: str, table: str) -> list[str]:
+    cur.execute(ledger_sql.SELECT_TABLE_COLUMNS, {"schema": schema, "table": table})
+    return [row[0] for row in cur.fetchall()]
+
+
+class PostgresSink(TransactionalSink):
     """The output table `output_schema.output_table`, written in the same transaction as the offsets."""
 
     @property
     def target(self) -> str:
         return self.pipeline.qualified_output_table
 
+    @property
+    def asset_uri(self) -> str:
+        return f"kafka-ledger://{self.pipeline.output_schema}/{self.pipeline.output_table}"
+
+    @property
+    def jdbc_table(self) -> str:
+        return self.pipeline.qualified_output_table
+
+    def _create(self, cur: Cursor) -> None:
+        cur.execute(sql.create_output_table(self.pipeline, entity=False))
+
     def prepare(self, cur: Cursor) -> None:
-        ledger.ensure_output_table(cur, self.pipeline)
-        ledger.ensure_staging_table(cur, self.pipeline)
+        """Create the output and staging tables if missing; refuse an output table lacking declared columns."""
+        self._create(cur)
+        existing = set(_table_columns(cur, self.pipeline.output_schema, self.pipeline.output_table))
+        missing = [c.name for c in self.pipeline.columns if c.name not in existing]
+        if missing:
+            raise ConfigError(
+                f"pipeline {self.pipeline.name!r}: output table {self.target} lacks declared column(s) "
+                f"{', '.join(missing)}; add them with ALTER TABLE before running the pipeline"
+            )
+        ledger.ensure_staging_table(cur, self.pipeline, self.staged_extra())
+
+    def drop(self, cur: Cursor) -> None:
+        cur.execute(sql.drop_output_tables(self.pipeline))
 
     def output_view(self, conn: connection) -> OutputView:
         return _TableView(conn, self.pipeline)
@@ -73,15 +107,17 @@ class PostgresSink(Sink):
         return [tuple(row) for row in cur.fetchall()]
 
     def remove(self, cur: Cursor, ranges: Iterable[OffsetRange]) -> int:
-        cur.execute(sql.delete_output_ranges(self.pipeline), sql.ranges_params(ranges))
+        cur.execute(sql.delete_output_ranges(self.pipeline), ledger_sql.ranges_params(ranges))
         return cur.rowcount
 
     def copy_rows(self, cur: Cursor, data: IO[bytes]) -> int:
-        cur.copy_expert(sql.copy_output(self.pipeline), data, size=COPY_CHUNK_BYTES)
+        cur.copy_expert(sql.copy_rows(sql.output_table(self.pipeline), list(self.published_columns())), data,
+                        size=COPY_CHUNK_BYTES)
         return cur.rowcount
 
     def publish_staged(self, cur: Cursor, batch_id: int, attempt: int) -> int:
-        cur.execute(sql.publish_output(self.pipeline), {"batch_id": batch_id, "attempt": attempt})
+        cur.execute(sql.publish_staged(self.pipeline, sql.output_table(self.pipeline), list(self.published_columns())),
+                    {"batch_id": batch_id, "attempt": attempt})
         return cur.rowcount
 
 
@@ -93,22 +129,45 @@ class PostgresEntitySink(PostgresSink):
     so an older range read again never moves an entity backwards.
     """
 
-    def prepare(self, cur: Cursor) -> None:
-        super().prepare(cur)
+    envelope: ClassVar[Envelope] = KeyedChanges()
+
+    def describe(self) -> str:
+        return f"one row per {', '.join(self.pipeline.key)}"
+
+    def _create(self, cur: Cursor) -> None:
+        cur.execute(sql.create_output_table(self.pipeline, entity=True))
         cur.execute(sql.create_tombstone_table(self.pipeline))
+
+    def prepare(self, cur: Cursor) -> None:
+        """As the append table's, and refuse a table whose primary key is not the declared key."""
+        super().prepare(cur)
+        cur.execute(ledger_sql.SELECT_PRIMARY_KEY_COLUMNS, {"table": sql.output_table(self.pipeline).as_string(cur)})
+        primary_key = [name for (name,) in cur.fetchall()]
+        if set(primary_key) != set(self.pipeline.key):
+            raise ConfigError(
+                f"pipeline {self.pipeline.name!r} (write: upsert, key {', '.join(self.pipeline.key)}): output table "
+                f"{self.target} has primary key ({', '.join(primary_key) or 'none'}); an entity table's primary key "
+                "is its key: publish into a new table, or change the table's key"
+            )
+
+    def output_view(self, conn: connection) -> OutputView:
+        return _EntityView(conn, self.pipeline)
 
     def remove(self, cur: Cursor, ranges: Iterable[OffsetRange]) -> int:
         return 0
 
     def copy_rows(self, cur: Cursor, data: IO[bytes]) -> int:
         cur.execute(sql.create_incoming_table(self.pipeline))
-        written = super().copy_rows(cur, data)
+        cur.copy_expert(sql.copy_rows(sql.INCOMING, list(self.published_columns())), data, size=COPY_CHUNK_BYTES)
+        written = cur.rowcount
         self._merge(cur, written)
         return written
 
     def publish_staged(self, cur: Cursor, batch_id: int, attempt: int) -> int:
         cur.execute(sql.create_incoming_table(self.pipeline))
-        written = super().publish_staged(cur, batch_id, attempt)
+        cur.execute(sql.publish_staged(self.pipeline, sql.INCOMING, list(self.published_columns())),
+                    {"batch_id": batch_id, "attempt": attempt})
+        written = cur.rowcount
         self._merge(cur, written)
         return written
 

@@ -1,0 +1,275 @@
+"""The JSON format: the record's value (and its key or headers, where columns read them) as JSON documents.
+
+Lean by design: every record pays for one JSON parse of each document its columns read (Spark's `from_json` with the
+declared fields' schema) and a few cheap checks; only the records that fail them get their exact reason worked out,
+which parses them again. A column's `path` names its field inside the document (`user.address.city`); a column of the
+key or a header without a path reads the whole key or header as text. Numbers, booleans and strings are typed by
+`from_json`; the kinds read as text (timestamps, dates) take the token's text; decimals and jsonb values come from a
+Spark variant of the document, which keeps a JSON number of up to 38 digits exactly where `from_json` would go
+through a binary float.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kafka_ledger.formats.base import FieldRead, Reading, ValueFormat
+from kafka_ledger.model.kinds import DecimalKind, JsonbKind, StringKind, TimestampKind
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import StructType
+
+    from kafka_ledger.config.pipeline import ColumnSpec, PipelineConfig
+
+CORRUPT_COLUMN = "_corrupt_record"
+# Jackson, Spark's JSON parser, refuses documents nested deeper than this.
+MAX_JSON_DEPTH = 1000
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The types a Spark variant holds an exact JSON number in (a number in exponent notation, or of more than 38 digits,
+# becomes a DOUBLE).
+_EXACT_NUMBERS = ("BIGINT", "INT", "SMALLINT", "TINYINT")
+
+
+def json_path(path: tuple[str, ...]) -> str:
+    """A field's path as Spark's JSON path functions take it: `$.user.id`, `$['first name']`."""
+    return "$" + "".join(f".{key}" if _IDENTIFIER.match(key) else f"['{key}']" for key in path)
+
+
+def _from_variant(column: ColumnSpec) -> bool:
+    """Whether the column's value is read from the document's variant (exactly) rather than by from_json."""
+    return isinstance(column.type, DecimalKind | JsonbKind)
+
+
+@dataclass(frozen=True)
+class _Document:
+    """One JSON document the pipeline's columns read fields of: the value, the Kafka key or a header. Names its
+    columns in the parsed frame (not identifiers: no declared column can take them)."""
+
+    source: str
+    columns: tuple[ColumnSpec, ...]
+
+    @property
+    def is_value(self) -> bool:
+        return self.source == "value"
+
+    @property
+    def what(self) -> str:
+        """The document in reasons (the value's problems keep their historic wording: `malformed JSON ...`)."""
+        if self.source == "key":
+            return "the Kafka key"
+        return f"header '{self.source.partition(':')[2]}'" if self.source != "value" else "value"
+
+    @property
+    def parsed(self) -> str:
+        return "parsed" if self.is_value else f"parsed {self.source}"
+
+    @property
+    def variant(self) -> str:
+        return f"variant of {self.source}"
+
+    @property
+    def needs_variant(self) -> bool:
+        return any(_from_variant(c) for c in self.columns)
+
+    def schema(self) -> StructType:
+        """from_json's schema: every field a column reads, nested along its path, and the corrupt-record column."""
+        from pyspark.sql import types as T
+
+        tree: dict[str, object] = {}
+        for column in self.columns:
+            if _from_variant(column):
+                continue
+            node = tree
+            for key in column.field_path[:-1]:
+                node = node.setdefault(key, {})  # type: ignore[assignment]
+            node[column.field_path[-1]] = T.StringType() if column.type.read_as_text else column.type.spark_type()
+
+        def struct(node: dict[str, object]) -> StructType:
+            return T.StructType([T.StructField(key, struct(sub) if isinstance(sub, dict) else sub)  # type: ignore[arg-type]
+                                 for key, sub in node.items()])
+
+        top = struct(tree)
+        return T.StructType([*top.fields, T.StructField(CORRUPT_COLUMN, T.StringType())])
+
+
+def _raw(source: str) -> Column:
+    """A source's bytes: the value, the key, or the first header of that name."""
+    from pyspark.sql import functions as F
+
+    if source in ("value", "key"):
+        return F.col(source)
+    name = source.partition(":")[2]
+    matching = F.filter(F.col("headers"), lambda header: header["key"] == F.lit(name))
+    return F.try_element_at(matching, F.lit(1))["value"]
+
+
+def _prefixed(prefix: str) -> Callable[[Column], Column]:
+    """A function of a key giving `prefix` + key (for F.transform, which reads its lambda's signature)."""
+    from pyspark.sql import functions as F
+
+    return lambda key: F.concat(F.lit(prefix), key)
+
+
+def _text_column(column: ColumnSpec, how: str) -> str:
+    return f"parsed timestamp {how} of {column.name}"
+
+
+class JsonFormat(ValueFormat):
+    """JSON documents: the record's value must be a JSON object; a key or header a column reads by path too."""
+
+    name = "json"
+
+    def _documents(self, pipeline: PipelineConfig) -> list[_Document]:
+        by_source: dict[str, list[ColumnSpec]] = {"value": []}
+        for column in pipeline.columns:
+            if column.field_path:
+                by_source.setdefault(column.source, []).append(column)
+        return [_Document(source, tuple(columns)) for source, columns in by_source.items()]
+
+    def parse(self, records: DataFrame, pipeline: PipelineConfig, keep: list[str]) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        documents = self._documents(pipeline)
+        parsed = records.select(*keep, *[
+            F.from_json(_raw(d.source).cast("string"), d.schema(),
+                        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}).alias(d.parsed)
+            for d in documents], *[
+            F.try_parse_json(_raw(d.source).cast("string")).alias(d.variant) for d in documents if d.needs_variant])
+        timestamps = [(d, c) for d in documents for c in d.columns if isinstance(c.type, TimestampKind)]
+        if timestamps:
+            parsed = parsed.select("*", *[
+                parse.alias(_text_column(c, how)) for d, c in timestamps
+                for parse, how in zip(TimestampKind.parses(self._token(d, c)), ("text", "number"), strict=True)])
+        return parsed
+
+    @staticmethod
+    def _token(document: _Document, column: ColumnSpec) -> Column:
+        from pyspark.sql import functions as F
+
+        value = F.col(document.parsed)
+        for key in column.field_path:
+            value = value.getField(key)
+        return value
+
+    def read(self, pipeline: PipelineConfig) -> Reading:
+        from pyspark.sql import functions as F
+
+        documents = self._documents(pipeline)
+        first: list[Column] = []
+        last: list[Column] = []
+        cheap: list[Column] = []
+        reads: dict[str, FieldRead] = {}
+        for document in documents:
+            raw = _raw(document.source)
+            text = raw.cast("string")
+            parsed = F.col(document.parsed)
+            if document.is_value:
+                keys = F.json_object_keys(text)
+                opening_brackets = F.length(text) - F.length(F.regexp_replace(text, r"[\[{]", ""))
+                first += [
+                    F.when(~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
+                    F.when(keys.isNull() & (opening_brackets > MAX_JSON_DEPTH),
+                           F.lit(f"JSON nested too deeply to parse (over {MAX_JSON_DEPTH} levels)")),
+                    F.when(keys.isNull(), F.lit("malformed JSON (not a JSON object)")),
+                ]
+                last.append(F.when(parsed[CORRUPT_COLUMN].isNotNull(),
+                                   F.lit("value does not match the declared schema")))
+                # A document from_json parsed in full, every present field of its declared type, is a JSON object
+                # whose declared fields are all valid.
+                cheap += [F.is_valid_utf8(raw), parsed.isNotNull(), parsed[CORRUPT_COLUMN].isNull()]
+            else:
+                present = raw.isNotNull()
+                first += [
+                    F.when(present & ~F.is_valid_utf8(text), F.lit(f"{document.what} is not valid UTF-8")),
+                    F.when(present & F.json_object_keys(text).isNull(),
+                           F.lit(f"{document.what} is not a JSON object")),
+                ]
+                last.append(F.when(present & parsed[CORRUPT_COLUMN].isNotNull(),
+                                   F.lit(f"{document.what} does not match the declared schema")))
+                cheap.append(~present | (F.is_valid_utf8(raw) & parsed.isNotNull() & parsed[CORRUPT_COLUMN].isNull()))
+            for column in document.columns:
+                reads[column.name] = self._field(document, column, text)
+        for column in pipeline.columns:
+            if not column.field_path:
+                reads[column.name] = self._whole(column)
+        unexpected = self._unexpected(pipeline, documents[0]) if pipeline.extra_fields == "dead_letter" else None
+        return Reading(first, [reads[c.name] for c in pipeline.columns], last, cheap, unexpected)
+
+    def _field(self, document: _Document, column: ColumnSpec, text: Column) -> FieldRead:
+        from pyspark.sql import functions as F
+
+        kind, label, path = column.type, column.label, json_path(column.field_path)
+        if _from_variant(column):
+            variant = F.variant_get(F.col(document.variant), path, "variant")
+            if isinstance(kind, JsonbKind):
+                read = kind.from_variant(variant, variant.isNotNull() & ~F.is_variant_null(variant), label)
+                return FieldRead(column, read.value, [read.problem])
+            shape = F.schema_of_variant(variant)
+            exact = (shape == F.lit("STRING")) | shape.startswith("DECIMAL") | shape.isin(*_EXACT_NUMBERS)
+            token = F.when(exact, F.variant_get(variant, "$", "string"))
+            read = kind.from_text(token, column, label)
+            shaped = F.when(variant.isNotNull() & ~F.is_variant_null(variant) & ~exact, F.when(
+                shape.isin("DOUBLE", "FLOAT"), F.lit(f"{label} is not a valid {kind} (a number in exponent notation "
+                                                     "or of more than 38 digits cannot be kept exactly)"))
+                .otherwise(F.lit(f"{label} is not a valid {kind}")))
+            return FieldRead(column, read.value, [shaped, read.problem])
+        token = self._token(document, column)
+        if isinstance(kind, TimestampKind):
+            read = kind.from_parsed(token, F.col(_text_column(column, "text")), F.col(_text_column(column, "number")),
+                                    column, label)
+            return FieldRead(column, read.value, [read.problem])
+        if kind.read_as_text:
+            read = kind.from_text(token, column, label)
+            return FieldRead(column, read.value, [read.problem])
+        present = F.get_json_object(text, path).isNotNull()
+        problems = [F.when(present & token.isNull(), F.lit(f"{label} is not a valid {kind}"))]
+        cheap_ok = F.lit(True)
+        if isinstance(kind, StringKind):
+            # from_json turns an object or array into its JSON text for a string column: refuse that. What looks
+            # like JSON text may be a string holding it: only the variant tells (computed for failing records only).
+            shape = F.schema_of_variant(F.variant_get(F.try_parse_json(text), path, "variant"))
+            looks_nested = token.startswith("{") | token.startswith("[")
+            problems.append(F.when(looks_nested, F.when(shape.startswith("OBJECT") | shape.startswith("ARRAY"),
+                                                        F.lit(f"{label} is not a valid string (a JSON object or "
+                                                              "array)"))))
+            cheap_ok = F.coalesce(~looks_nested, F.lit(True))
+        return FieldRead(column, token, problems, cheap_ok)
+
+    @staticmethod
+    def _whole(column: ColumnSpec) -> FieldRead:
+        """A column of the whole Kafka key or header: its text, read as the column's kind."""
+        from pyspark.sql import functions as F
+
+        raw = _raw(column.source)
+        utf8 = F.is_valid_utf8(raw)
+        read = column.type.from_text(F.when(utf8, raw.cast("string")), column, column.label)
+        return FieldRead(column, read.value, [F.when(raw.isNotNull() & ~utf8, F.lit(f"{column.label} is not valid "
+                                                                                    "UTF-8")), read.problem])
+
+    @staticmethod
+    def _unexpected(pipeline: PipelineConfig, value: _Document) -> Column:
+        """The value's fields no column reads, as sorted paths: at its top level, and inside every object a declared
+        path goes through."""
+        from pyspark.sql import functions as F
+
+        text = _raw("value").cast("string")
+        declared: dict[tuple[str, ...], set[str]] = {(): set()}
+        for column in value.columns:
+            for depth in range(len(column.field_path)):
+                declared.setdefault(column.field_path[:depth], set()).add(column.field_path[depth])
+        found = []
+        for parent, children in sorted(declared.items()):
+            inside = text if not parent else F.get_json_object(text, json_path(parent))
+            keys = F.json_object_keys(inside)
+            extra = F.array_except(keys, F.array(*[F.lit(child) for child in sorted(children)]))
+            if parent:
+                prefix = ".".join(parent) + "."
+                extra = F.coalesce(F.transform(extra, _prefixed(prefix)),
+                                   F.array().cast("array<string>"))
+            found.append(extra)
+        return F.array_sort(F.concat(*found)) if len(found) > 1 else found[0]
+

@@ -1,0 +1,573 @@
+"""Column kinds: one class per kind of value a column holds, owning its type in every target and its decode rules.
+
+A kind answers its Postgres, Spark, Arrow and Iceberg types, its COPY encodings (binary through pgpq, CSV for the
+dead letters' lines), whether it can name an entity (an entity table's key), and how a value carried as text (a JSON
+token, a Kafka key or header) becomes a value of the kind, or a reason why it cannot. Parameterised kinds
+(`decimal(p,s)`) are instances with their parameters; `parse_kind("decimal(12,2)")` reads a declaration.
+Spark, Arrow, Iceberg and pgpq are imported only where a method needs them: the declaration (a DAG file) does not.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import Column
+    from pyspark.sql.types import DataType
+
+# How a timestamp's text may be written: ISO-8601 text, or a number of seconds, milliseconds or microseconds since
+# 1970-01-01 UTC. A number's unit cannot be told from the number, so a column declares one.
+TimestampFormat = Literal["iso8601", "epoch_seconds", "epoch_millis", "epoch_micros"]
+DEFAULT_TIMESTAMP_FORMATS: tuple[TimestampFormat, ...] = ("iso8601", "epoch_seconds")
+EPOCH_MICROS_PER_UNIT: dict[str, int] = {"epoch_seconds": 1_000_000, "epoch_millis": 1_000, "epoch_micros": 1}
+# Decoded timestamps and dates must fall in these years (first and last, inclusive) unless a column narrows them: an
+# epoch number in the wrong unit lands outside them (milliseconds read as seconds give the year 58000) and is
+# dead-lettered instead of published.
+DEFAULT_YEARS = (1900, 2199)
+# Spark's decimals (and Postgres's numeric as Iceberg and Arrow hold it) have at most this many digits.
+MAX_DECIMAL_PRECISION = 38
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class DeclaredColumn(Protocol):
+    """What a kind's decode rules read of a declared column (config.pipeline.ColumnSpec)."""
+
+    @property
+    def timestamp_formats(self) -> tuple[TimestampFormat, ...]: ...
+
+    @property
+    def value_years(self) -> tuple[int, int]: ...
+
+    @property
+    def epoch_unit(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class TextValue:
+    """A value read from text: the value (NULL when it cannot be read) and why it cannot be published (NULL when it
+    can). `label` names where the text came from in reasons, e.g. `field 'amount'`."""
+
+    value: Column
+    problem: Column
+
+
+def _years_micros(years: tuple[int, int]) -> tuple[int, int]:
+    """[first year's start, the year after last's start) in epoch microseconds."""
+    first, last = years
+    return tuple(int((datetime(year, 1, 1, tzinfo=UTC) - _EPOCH).total_seconds()) * 1_000_000
+                 for year in (first, last + 1))  # type: ignore[return-value]
+
+
+class ColumnKind(ABC):
+    """One kind of column value. Instances compare (and hash) by their declaration, e.g. `decimal(12,2)`."""
+
+    # The kind's word in a declaration (`type: long`); a parameterised kind adds its parameters.
+    word: ClassVar[str]
+    # Whether a pipeline may declare columns of this kind (`bytes` is the ledger's own: raw Kafka keys and values).
+    declarable: ClassVar[bool] = True
+    # Whether the kind can name an entity (write: upsert): values compared exactly, and read from a Kafka key's text.
+    key_capable: ClassVar[bool] = False
+    # What the kind holds, in words, for the configuration reference.
+    description: ClassVar[str] = ""
+    # How a text-carrying format (JSON) hands its token to `from_text`: as the token's text (True), or parsed into
+    # `spark_type()` by the format itself (False: numbers, booleans, strings).
+    read_as_text: ClassVar[bool] = False
+
+    @property
+    def declared(self) -> str:
+        """The kind as a declaration writes it."""
+        return self.word
+
+    def __str__(self) -> str:
+        return self.declared
+
+    def __repr__(self) -> str:
+        return f"<kind {self.declared}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ColumnKind) and other.declared == self.declared
+
+    def __hash__(self) -> int:
+        return hash(self.declared)
+
+    # --- where the values are stored ------------------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def postgres_type(self) -> str:
+        """The Postgres column type."""
+
+    @abstractmethod
+    def spark_type(self) -> DataType:
+        """The Spark SQL type of a decoded value."""
+
+    @abstractmethod
+    def arrow_type(self) -> pa.DataType:
+        """The Arrow type a value travels in to the binary COPY (its Postgres wire form) and to pyiceberg."""
+
+    @abstractmethod
+    def iceberg_type(self) -> Any:
+        """The Iceberg type of the column."""
+
+    def copy_encoder(self, field: pa.Field) -> Any | None:
+        """pgpq's encoder of the column for binary COPY, when the Arrow type alone does not say which (else None)."""
+        return None
+
+    def csv_field(self, value: Column) -> Column:
+        """The value as one field of a COPY CSV line (NULL stays NULL: an unquoted empty field). Spark's text form of
+        numbers and booleans is Postgres input syntax (doubles round-trip exactly)."""
+        return value.cast("string")
+
+    # --- how values are decoded -----------------------------------------------------------------------------
+
+    def from_text(self, text: Column, column: DeclaredColumn, label: str) -> TextValue:
+        """A value of the kind read from text (a JSON token's, a Kafka key's or header's), and why it cannot be
+        published; NULL text is a NULL value with no problem (a missing field: `required` deals with it)."""
+        from pyspark.sql import functions as F
+
+        value = F.trim(text).try_cast(self.spark_type())
+        return TextValue(value, F.when(text.isNotNull() & value.isNull(), F.lit(f"{label} is not a valid {self}")))
+
+    def value_problems(self, value: Column, label: str) -> list[Column]:
+        """Why a decoded value cannot be stored, whatever format it came in (NULL each when it can)."""
+        return []
+
+
+class StringKind(ColumnKind):
+    word = "string"
+    key_capable = True
+    description = "text (no NUL character: Postgres text cannot hold it)"
+    postgres_type = "text"
+
+    def spark_type(self) -> DataType:
+        from pyspark.sql import types as T
+
+        return T.StringType()
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.string()
+
+    def iceberg_type(self) -> Any:
+        from pyiceberg import types
+
+        return types.StringType()
+
+    def csv_field(self, value: Column) -> Column:
+        from pyspark.sql import functions as F
+
+        # Always quoted, so an empty string is "" and never NULL; quotes doubled, the CSV way.
+        return F.concat(F.lit('"'), F.replace(value, F.lit('"'), F.lit('""')), F.lit('"'))
+
+    def from_text(self, text: Column, column: DeclaredColumn, label: str) -> TextValue:
+        from pyspark.sql import functions as F
+
+        return TextValue(text, F.lit(None).cast("string"))
+
+    def value_problems(self, value: Column, label: str) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        # Postgres text cannot hold the NUL character (JSON "\u0000").
+        return [F.when(value.contains("\x00"), F.lit(f"{label} contains a NUL character, which Postgres text cannot "
+                                                     "store"))]
+
+
+class _Integral(ColumnKind):
+    key_capable = True
+
+
+class LongKind(_Integral):
+    word = "long"
+    description = "a 64-bit integer"
+    postgres_type = "bigint"
+
+    def spark_type(self) -> DataType:
+        from pyspark.sql import types as T
+
+        return T.LongType()
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.int64()
+
+    def iceberg_type(self) -> Any:
+        from pyiceberg import types
+
+        return types.LongType()
+
+
+class IntKind(_Integral):
+    word = "int"
+    description = "a 32-bit integer"
+    postgres_type = "integer"
+
+    def spark_type(self) -> DataType:
+        from pyspark.sql import types as T
+
+        return T.IntegerType()
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.int32()
+
+    def iceberg_type(self) -> Any:
+        from pyiceberg import types
+
+        return types.IntegerType()
+
+
+class DoubleKind(ColumnKind):
+    word = "double"
+    description = "a binary floating-point number"
+    postgres_type = "double precision"
+
+    def spark_type(self) -> DataType:
+        from pyspark.sql import types as T
+
+        return T.DoubleType()
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.float64()
+
+    def iceberg_type(self) -> Any:
+        from pyiceberg import types
+
+        return types.DoubleType()
+
+
+class BooleanKind(ColumnKind):
+    word = "boolean"
+    description = "true or false"
+    postgres_type = "boolean"
+
+    def spark_type(self) -> DataType:
+        from pyspark.sql import types as T
+
+        return T.BooleanType()
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.bool_()
+
+    def iceberg_type(self) -> Any:
+        from pyiceberg import types
+
+        return types.BooleanType()
+
+    def from_text(self, text: Column, column: DeclaredColumn, label: str) -> TextValue:
+        from pyspark.sql import functions as F
+
+        word = F.lower(F.trim(text))
+        value = F.when(word == "true", F.lit(True)).when(word == "false", F.lit(False))
+        return TextValue(value, F.when(text.isNotNull() & value.isNull(), F.lit(f"{label} is not a valid {self}")))
+
+
+class TimestampKind(ColumnKind):
+    word = "timestamp"
+    description = "an instant, from ISO-8601 text or an epoch number ([Timestamps](#timestamps)), in `years`"
+    postgres_type = "timestamptz"
+    read_as_text = True
+
+    def spark_type(self) -> DataType:
+        from pyspark.sql import types as T
+
+        return T.TimestampType()
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        # Binary COPY takes a timestamptz as microseconds since 2000 in UTC.
+        return pa.timestamp("us", tz="UTC")
+
+    def iceberg_type(self) -> Any:
+        from pyiceberg import types
+
+        return types.TimestamptzType()
+
+    def csv_field(self, value: Column) -> Column:
+        from pyspark.sql import functions as F
+
+        # Explicit UTC offset: every session's time zone is UTC (spark.connect.SESSION_CONF, the Spark job's conf).
+        return F.date_format(value, "yyyy-MM-dd HH:mm:ss.SSSSSSXXX")
+
+    @staticmethod
+    def iso_like(text: Column) -> Column:
+        """Text whose fifth character is "-" (a year, then a dash) is read as ISO-8601; anything else as a number."""
+        from pyspark.sql import functions as F
+
+        return F.substring(text, 5, 1) == F.lit("-")
+
+    @classmethod
+    def parses(cls, text: Column) -> tuple[Column, Column]:
+        """The text parsed as an ISO-8601 timestamp (when it looks like one) and as a number (else).
+
+        A format computes them once per record in a projection of their own and hands them to `from_parsed`: the
+        checks and the value refer to each several times, and Spark would otherwise parse the text again for every
+        reference (measured: about a tenth of W1's Spark CPU time)."""
+        from pyspark.sql import functions as F
+
+        return (F.when(cls.iso_like(text), text.try_cast("timestamp")),
+                F.when(~cls.iso_like(text), text.try_cast("decimal(38,9)")))
+
+    def from_text(self, text: Column, column: DeclaredColumn, label: str) -> TextValue:
+        return self.from_parsed(text, *self.parses(text), column, label)
+
+    def from_parsed(self, text: Column, parsed_text: Column, parsed_number: Column, column: DeclaredColumn,
+                    label: str) -> TextValue:
+        """The value and its problem from the text and its two parses (`parses`). The result must lie in the column's
+        years whichever way the text was read."""
+        from pyspark.sql import functions as F
+
+        formats = column.timestamp_formats
+        declared = ", ".join(formats)
+        first, last = column.value_years
+        years = f"{first}-{last}"
+        micros_range = _years_micros(column.value_years)
+        invalid = F.lit(f"{label} is not a valid timestamp")
+        iso_like = self.iso_like(text)
+
+        value_text = parsed_text
+        if "iso8601" in formats:
+            # Compared as epoch microseconds: a datetime literal would ask the session for its settings.
+            text_problem = F.when(value_text.isNull(), invalid).when(
+                (F.unix_micros(value_text) < F.lit(micros_range[0]))
+                | (F.unix_micros(value_text) >= F.lit(micros_range[1])),
+                F.lit(f"{label} is not a valid timestamp (a date outside {years})"),
+            )
+        else:
+            text_problem = F.when(value_text.isNull(), invalid).otherwise(
+                F.lit(f"{label} is not a valid timestamp (ISO-8601 text; declared formats: {declared})"))
+            value_text = F.lit(None).cast("timestamp")
+
+        number = parsed_number
+        unit = column.epoch_unit
+        if unit is not None:
+            per_unit = EPOCH_MICROS_PER_UNIT[unit]
+            # Compared in the declared unit first, so that scaling to microseconds cannot overflow.
+            in_range = (number >= F.lit(micros_range[0] // per_unit)) & (number < F.lit(micros_range[1] // per_unit))
+            from_number = F.when(in_range, F.timestamp_micros(F.round(F.try_multiply(number, F.lit(per_unit)), 0)
+                                                              .cast("long")))
+            number_problem = F.when(number.isNull(), invalid).when(
+                ~in_range, F.lit(f"{label} is not a valid timestamp (a number outside {years} read as {unit})"))
+        else:
+            from_number = F.lit(None).cast("timestamp")
+            number_problem = F.when(number.isNull(), invalid).otherwise(
+                F.lit(f"{label} is not a valid timestamp (a number; declared formats: {declared})"))
+
+        # A missing field (or JSON null) is NULL with no problem: the required check deals with it.
+        return TextValue(F.when(iso_like, value_text).otherwise(from_number),
+                         F.when(text.isNotNull(), F.when(iso_like, text_problem).otherwise(number_problem)))
+
+
+class DateKind(ColumnKind):
+    word = "date"
+    description = "a calendar date written `YYYY-MM-DD`, in `years`"
+    postgres_type = "date"
+    read_as_text = True
+
+    def spark_type(self) -> DataType:
+        from pyspark.sql import types as T
+
+        return T.DateType()
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.date32()
+
+    def iceberg_type(self) -> Any:
+        from pyiceberg import types
+
+        return types.DateType()
+
+    def from_text(self, text: Column, column: DeclaredColumn, label: str) -> TextValue:
+        from pyspark.sql import functions as F
+
+        # Exactly YYYY-MM-DD: Spark's cast would also take "2026-11" or a date followed by a time (dropping it).
+        shaped = text.rlike(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
+        value = F.when(shaped, text.try_cast("date"))
+        first, last = column.value_years
+        in_years = (F.year(value) >= F.lit(first)) & (F.year(value) <= F.lit(last))
+        problem = F.when(text.isNotNull(), F.when(value.isNull(), F.lit(f"{label} is not a valid date (YYYY-MM-DD)"))
+                         .when(~in_years, F.lit(f"{label} is not a valid date (outside {first}-{last})")))
+        return TextValue(F.when(in_years, value), problem)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class DecimalKind(ColumnKind):
+    """An exact decimal number of `precision` digits, `scale` of them after the point: Postgres `numeric(p,s)`,
+    Iceberg's and Spark's `decimal(p,s)`. Never through a binary float: a value with more digits after the point than
+    the scale, or too many before it, is a dead letter, never rounded."""
+
+    precision: int
+    scale: int
+
+    word: ClassVar[str] = "decimal"
+    description: ClassVar[str] = ("an exact number of p digits (1 to 38), s of them after the point: a value that "
+                                  "does not fit exactly is a dead letter, never rounded")
+    read_as_text: ClassVar[bool] = True
+    key_capable: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.precision <= MAX_DECIMAL_PRECISION or not 0 <= self.scale <= self.precision:
+            raise ValueError(f"decimal({self.precision},{self.scale}): the precision must be 1 to "
+                             f"{MAX_DECIMAL_PRECISION} and the scale 0 to the precision")
+
+    @property
+    def declared(self) -> str:
+        return f"decimal({self.precision},{self.scale})"
+
+    @property
+    def postgres_type(self) -> str:
+        return f"numeric({self.precision},{self.scale})"
+
+    def spark_type(self) -> DataType:
+        from pyspark.sql import types as T
+
+        return T.DecimalType(self.precision, self.scale)
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.decimal128(self.precision, self.scale)
+
+    def iceberg_type(self) -> Any:
+        from pyiceberg import types
+
+        return types.DecimalType(self.precision, self.scale)
+
+    def from_text(self, text: Column, column: DeclaredColumn, label: str) -> TextValue:
+        """Plain decimal text (`-12.50`, no exponent): exact if its digits after the point, trailing zeros aside, are
+        at most the scale and its value fits the precision (Spark's cast would round the rest away)."""
+        from pyspark.sql import functions as F
+
+        plain = text.rlike(r"^-?[0-9]+(\.[0-9]+)?$")
+        fraction = F.regexp_extract(text, r"\.([0-9]*?)0*$", 1)
+        value = F.when(plain & (F.length(fraction) <= F.lit(self.scale)), text.try_cast(self.spark_type()))
+        problem = F.when(text.isNotNull(), F.when(~plain, F.lit(f"{label} is not a valid {self}"))
+                         .when(value.isNull(), F.lit(f"{label} is not a valid {self} (it does not fit exactly: more "
+                                                     f"than {self.scale} digit(s) after the point or "
+                                                     f"{self.precision - self.scale} before it)")))
+        return TextValue(value, problem)
+
+
+class JsonbKind(ColumnKind):
+    word = "jsonb"
+    description = ("a JSON object or array kept whole (its JSON text in Iceberg); one holding a number Spark cannot "
+                   "keep exactly (in exponent notation, over 38 digits) is a dead letter")
+    postgres_type = "jsonb"
+    read_as_text = True
+
+    def spark_type(self) -> DataType:
+        from pyspark.sql import types as T
+
+        return T.StringType()
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.string()
+
+    def iceberg_type(self) -> Any:
+        from pyiceberg import types
+
+        return types.StringType()
+
+    def copy_encoder(self, field: pa.Field) -> Any:
+        from pgpq.encoders import StringEncoderBuilder
+        from pgpq.schema import Jsonb
+
+        return StringEncoderBuilder.new_with_output(field, Jsonb())
+
+    def from_text(self, text: Column, column: DeclaredColumn, label: str) -> TextValue:
+        """Text holding a JSON object or array (a Kafka key's, a header's), kept as its JSON text."""
+        from pyspark.sql import functions as F
+
+        return self.from_variant(F.try_parse_json(text), text.isNotNull(), label)
+
+    def from_variant(self, variant: Column, present: Column, label: str) -> TextValue:
+        """A value parsed as a Spark variant: exact as long as every number in it is (Spark keeps a JSON number of up
+        to 38 digits in plain notation exactly, and turns any other into a binary float)."""
+        from pyspark.sql import functions as F
+
+        shape = F.schema_of_variant(variant)
+        whole = shape.startswith("OBJECT") | shape.startswith("ARRAY")
+        inexact = shape.rlike(r"(<|, |: )(DOUBLE|FLOAT)(>|,|$)")
+        text = F.to_json(variant)
+        problem = F.when(present, F.when(~whole | variant.isNull(), F.lit(f"{label} is not a valid jsonb (a JSON "
+                                                                          "object or array)"))
+                         .when(inexact, F.lit(f"{label} holds a number that cannot be kept exactly (in exponent "
+                                              "notation, or of more than 38 digits)")))
+        return TextValue(F.when(present & whole & ~inexact, text), problem)
+
+    def value_problems(self, value: Column, label: str) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        # Postgres jsonb refuses the escaped NUL character in its strings (`\u0000`, not an escaped backslash
+        # followed by `u0000`).
+        return [F.when(value.rlike(r"(^|[^\\])(\\\\)*\\u0000"),
+                       F.lit(f"{label} contains a NUL character, which Postgres jsonb cannot store"))]
+
+
+class BytesKind(ColumnKind):
+    """Raw bytes: the ledger's own columns (a record's Kafka key and value in its dead letter)."""
+
+    word = "bytes"
+    declarable = False
+    postgres_type = "bytea"
+
+    def spark_type(self) -> DataType:
+        from pyspark.sql import types as T
+
+        return T.BinaryType()
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.binary()
+
+    def iceberg_type(self) -> Any:
+        from pyiceberg import types
+
+        return types.BinaryType()
+
+    def csv_field(self, value: Column) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.concat(F.lit("\\x"), F.hex(value))
+
+
+# One instance per kind without parameters; `decimal(p,s)` is made by parse_kind.
+STRING, LONG, INT, DOUBLE, BOOLEAN, TIMESTAMP, DATE, JSONB, BYTES = (
+    StringKind(), LongKind(), IntKind(), DoubleKind(), BooleanKind(), TimestampKind(), DateKind(), JsonbKind(),
+    BytesKind())
+SIMPLE_KINDS: dict[str, ColumnKind] = {k.word: k for k in (STRING, LONG, INT, DOUBLE, BOOLEAN, TIMESTAMP, DATE,
+                                                            JSONB, BYTES)}
+# Every kind a pipeline may declare, one example of each parameterised one (the docs and the mapping test use it).
+DECLARABLE: tuple[ColumnKind, ...] = (*(k for k in SIMPLE_KINDS.values() if k.declarable), DecimalKind(18, 2))
+
+_DECIMAL = re.compile(r"^decimal\(\s*([0-9]+)\s*,\s*([0-9]+)\s*\)$")
+
+
+def parse_kind(text: str) -> ColumnKind:
+    """A declared kind (`long`, `decimal(12,2)`, ...), or ValueError saying which are known."""
+    kind = SIMPLE_KINDS.get(text.strip())
+    if kind is not None and kind.declarable:
+        return kind
+    match = _DECIMAL.match(text.strip())
+    if match:
+        return DecimalKind(int(match[1]), int(match[2]))
+    known = ", ".join(k.word for k in SIMPLE_KINDS.values() if k.declarable)
+    raise ValueError(f"unknown type {text!r}: one of {known}, decimal(p,s)")

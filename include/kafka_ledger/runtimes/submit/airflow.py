@@ -1,0 +1,75 @@
+"""The `submit` runtime's Airflow tasks: spark-submit of the batch's job, then the task that commits what it staged."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import task
+
+from kafka_ledger.batch import commit
+from kafka_ledger.batch.commit import Written
+from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
+from kafka_ledger.config.settings import (
+    KAFKA_CONN_ID,
+    LEDGER_DB_CONN_ID,
+    SPARK_SUBMIT_CONN_ID,
+    bootstrap_servers,
+    deployment_settings,
+    ledger_dsn,
+)
+from kafka_ledger.runtimes.airflow_tasks import PLAN_TASK, committed, mask_secrets, output_asset, spark_task_args
+from kafka_ledger.runtimes.submit.spark_submit import (
+    SPARK_APPLICATION,
+    check_master,
+    spark_conf,
+    spark_jars,
+    spark_job_environment,
+)
+
+
+class SubmitBatchOperator(SparkSubmitOperator):
+    """spark-submit of a batch's job, its settings (secrets among them) in the environment spark-submit inherits.
+
+    Resolved in the worker when the task runs (environment first, then Airflow connections) and registered
+    with the secret masker; never env_vars, which the Spark provider puts on the command line on YARN and
+    Kubernetes, and never a rendered template field, which the UI shows. The connector jars are found then too.
+    """
+
+    def execute(self, context: Any) -> None:
+        self.jars = spark_jars()
+        check_master(self._get_hook())
+        settings = deployment_settings(LEDGER_DB_CONN_ID, KAFKA_CONN_ID)
+        mask_secrets(settings)
+        os.environ.update(spark_job_environment(settings.ledger_dsn(), settings.kafka_servers(),
+                                                settings.kafka_client_settings()))
+        super().execute(context)
+
+
+def commit_task(pipeline_name: str, plan: dict[str, Any], **context: Any) -> dict[str, Any]:
+    """Publish the staged batch and advance its offsets in one Postgres transaction."""
+    pipeline = get_pipeline(pipeline_name)
+    result = commit.commit(ledger_dsn(), bootstrap_servers(), pipeline, plan["batch_id"], Written())
+    return committed(context, pipeline, result)
+
+
+def build_tasks(spark_task_id: str, commit_task_id: str, pipeline: PipelineConfig, plan: Any) -> tuple[Any, Any]:
+    """spark-submit's task after `plan`, then the commit task."""
+    spark = SubmitBatchOperator(
+        task_id=spark_task_id,
+        application=str(SPARK_APPLICATION),
+        conn_id=SPARK_SUBMIT_CONN_ID,
+        name=f"kafka-ledger-{pipeline.name}",
+        application_args=[
+            "--pipeline", pipeline.name,
+            "--batch-id", f"{{{{ ti.xcom_pull(task_ids='{PLAN_TASK}')['batch_id'] }}}}",
+        ],
+        conf=spark_conf(pipeline),
+        **spark_task_args(pipeline),
+    )
+    committing = task(commit_task, task_id=commit_task_id, execution_timeout=timedelta(minutes=30),
+                      outlets=[output_asset(pipeline)])(pipeline.name, plan).operator
+    plan >> spark >> committing
+    return spark, committing

@@ -1,0 +1,1 @@
+"""Spark sessions: the Spark Connect client, and a session for either runtime."""
