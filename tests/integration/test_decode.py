@@ -163,12 +163,11 @@ def test_nested_fields_decimals_dates_jsonb_keys_and_headers_decode_exactly_on_b
     assert {o: (lean[o], full[o]) for o in lean if lean[o] != full[o]} == {}
     reasons = {offset: lean[offset]["error"] for offset in lean}
     assert reasons == {offset: case[3] for offset, case in enumerate(RICH_CASES)}
-    first = lean[0]
+    first = dict(lean[0])
+    assert first.pop("at").replace(tzinfo=None) == datetime(2026, 11, 21, 10)  # the session's zone is UTC
     assert first == {"kafka_offset": 0, "error": None, "id": "a", "city": "Lyon", "customer_id": 7,
                      "amount": Decimal("12.50"), "ordered_on": datetime(2026, 11, 26).date(),
-                     "doc": '{"x":[1,2.5,{"y":null}]}', "at": datetime(2026, 11, 21, 10, tzinfo=UTC).replace(tzinfo=None)
-                     if first["at"].tzinfo is None else datetime(2026, 11, 21, 10, tzinfo=UTC),
-                     "order_key": "order-1", "tenant": 42, "trace": "t-1"}
+                     "doc": '{"x":[1,2.5,{"y":null}]}', "order_key": "order-1", "tenant": 42, "trace": "t-1"}
     assert (lean[1]["amount"], lean[2]["amount"], lean[2]["tenant"], lean[2]["order_key"]) == (
         Decimal("12.50"), Decimal("-0.01"), 5, None)
     assert lean[13]["doc"] == '{"s":"nul \\\\u0000"}'
