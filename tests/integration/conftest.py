@@ -21,6 +21,7 @@ pytest.register_assert_rewrite("integration_support")
 from integration_support import (  # noqa: E402
     COLUMNS,
     LAKE_NAMESPACE,
+    RICH_COLUMNS,
     RUN,
     RecordedProducer,
     pipeline_name,
@@ -111,6 +112,10 @@ PIPELINES = {
         {"name": "micros", "type": "timestamp", "formats": ["iso8601", "epoch_micros"]},
         {"name": "either", "type": "timestamp"},
     ]},
+    # Nested fields, decimals, dates, jsonb, key and header columns end to end, each runtime and sink (test_decode.py).
+    **{f"rich_{runtime}": {"spark_runtime": runtime, "columns": RICH_COLUMNS} for runtime in ("connect", "submit")},
+    "rich_iceberg": {"spark_runtime": "connect", "columns": RICH_COLUMNS, "output_table": None, "sink": {
+        "type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name("rich_iceberg")}},
     # Edge values of every type, end to end in each Spark runtime (test_decode.py).
     "edge_values_connect": {"spark_runtime": "connect"},
     "edge_values_submit": {"spark_runtime": "submit"},

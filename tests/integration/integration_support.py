@@ -71,10 +71,10 @@ class RecordedProducer:
 
     def send(
         self, topic: str, values: list[bytes | None], partition: int | None = None, timestamp_ms: int | None = None,
-        keys: list[str] | None = None,
+        keys: list[str | bytes | None] | None = None, headers: list[list[tuple[str, bytes]]] | None = None,
     ) -> list[tuple[str, int, int]]:
-        """Produce `values` in order (optionally with one Kafka timestamp, and keys; by default key i is "k{i}");
-        element i says where value i landed."""
+        """Produce `values` in order (optionally with one Kafka timestamp, keys and headers; by default key i is
+        "k{i}"); element i says where value i landed."""
         landed: dict[int, tuple[str, int, int]] = {}
         errors: list[str] = []
 
@@ -90,8 +90,11 @@ class RecordedProducer:
             kwargs = {"partition": partition} if partition is not None else {}
             if timestamp_ms is not None:
                 kwargs["timestamp"] = timestamp_ms
+            if headers is not None and headers[i]:
+                kwargs["headers"] = headers[i]
             key = keys[i] if keys is not None else f"k{i}"
-            self.producer.produce(topic, key=key.encode(), value=value, on_delivery=on_delivery(i), **kwargs)
+            self.producer.produce(topic, key=key.encode() if isinstance(key, str) else key, value=value,
+                                  on_delivery=on_delivery(i), **kwargs)
             self.producer.poll(0)
         self.producer.flush(30)
         assert not errors, errors
@@ -310,6 +313,21 @@ def nested(depth: int) -> str:
 
 
 # (value, key, expected dead-letter reason or None when the record must be published)
+# A pipeline of the newer kinds and sources: nested fields, a decimal, a date, a jsonb object, the Kafka key (whole and
+# a field of a JSON key) and a header.
+RICH_COLUMNS = [
+    {"name": "id", "type": "string", "required": True},
+    {"name": "city", "type": "string", "path": "customer.address.city"},
+    {"name": "customer_id", "type": "long", "path": "customer.id"},
+    {"name": "amount", "type": "decimal(12,2)"},
+    {"name": "ordered_on", "type": "date"},
+    {"name": "doc", "type": "jsonb"},
+    {"name": "at", "type": "timestamp", "path": "meta.at"},
+    {"name": "order_key", "type": "string", "source": "key"},
+    {"name": "tenant", "type": "long", "source": "header:tenant"},
+    {"name": "trace", "type": "string", "source": "header:trace", "path": "id"},
+]
+
 CASES: dict[str, tuple[bytes | None, bytes | None, str | None]] = {
     "malformed JSON": (b'{"event_id": "x", "amount": 1', b"k", "malformed JSON (not a JSON object)"),
     "non-UTF-8 bytes": (b'{"event_id": "\xff\xfe"}', b"k", "value is not valid UTF-8"),

@@ -7,7 +7,16 @@ from datetime import UTC, datetime
 
 import psycopg2
 import pytest
-from integration_support import CASES, COLUMNS, assert_exactly_once, good_value, nested
+from integration_support import (
+    CASES,
+    COLUMNS,
+    RICH_COLUMNS,
+    assert_exactly_once,
+    catch_up,
+    good_value,
+    nested,
+    query,
+)
 
 from kafka_ledger.airflow.dags import run_pipeline_dag
 from kafka_ledger.config.pipeline import parse_pipelines
@@ -85,20 +94,6 @@ def test_lean_decoding_gives_every_record_the_reason_and_values_of_the_full_one(
     assert lean[TRICKY.index(good_value(7))][0] == "None"  # a good record is published
 
 
-# A pipeline of the newer kinds and sources: nested fields, a decimal, a date, a jsonb object, the Kafka key (whole and
-# a field of a JSON key) and a header.
-RICH_COLUMNS = [
-    {"name": "id", "type": "string", "required": True},
-    {"name": "city", "type": "string", "path": "customer.address.city"},
-    {"name": "customer_id", "type": "long", "path": "customer.id"},
-    {"name": "amount", "type": "decimal(12,2)"},
-    {"name": "ordered_on", "type": "date"},
-    {"name": "doc", "type": "jsonb"},
-    {"name": "at", "type": "timestamp", "path": "meta.at"},
-    {"name": "order_key", "type": "string", "source": "key"},
-    {"name": "tenant", "type": "long", "source": "header:tenant"},
-    {"name": "trace", "type": "string", "source": "header:trace", "path": "id"},
-]
 GOOD = {"id": "a", "customer": {"id": 7, "address": {"city": "Lyon"}}, "amount": 12.5, "ordered_on": "2026-11-26",
         "doc": {"x": [1, 2.50, {"y": None}]}, "meta": {"at": "2026-11-21T10:00:00Z"}}
 # (value, key, headers) -> the reason (None: published).
@@ -301,3 +296,46 @@ def test_every_type_edge_value_is_published_exactly(dsn, servers, pipeline_facto
         expected = value["price"]
         assert (math.isnan(price) if math.isnan(expected)
                 else price == expected and math.copysign(1, price) == math.copysign(1, expected)), (value, price)
+
+
+@pytest.mark.parametrize("key", ["rich_connect", "rich_submit", "rich_iceberg"])
+def test_nested_fields_decimals_dates_jsonb_keys_and_headers_are_published_exactly(
+        dsn, servers, pipeline_factory, producer, key):
+    """Each runtime and sink publishes the newer kinds and sources exactly (binary COPY, the submit runtime's staging,
+    an Iceberg snapshot), and dead-letters what does not fit with its reason."""
+    from decimal import Decimal
+
+    from kafka_ledger.sinks import sink_for
+
+    pipeline = pipeline_factory(key, partitions=2)
+    values = [value if isinstance(value, bytes | None) else json.dumps(value).encode()
+              for value, _, _, _ in RICH_CASES]
+    landed = producer.send(pipeline.topics[0], values, keys=[k for _, k, _, _ in RICH_CASES],
+                           headers=[h for _, _, h, _ in RICH_CASES])
+    catch_up(dsn, servers, pipeline)
+    assert_exactly_once(dsn, servers, pipeline, {landed[i]: reason for i, (*_, reason) in enumerate(RICH_CASES)
+                                                 if reason is not None})
+    names = [c["name"] for c in RICH_COLUMNS]
+    sink = sink_for(pipeline)
+    if pipeline.sink.type == "iceberg":
+        table = sink.table().scan().to_arrow().to_pylist()
+        rows = {(r["kafka_partition"], r["kafka_offset"]): {n: r[n] for n in names} for r in table}
+    else:
+        rows = {(p, o): dict(zip(names, rest, strict=True)) for p, o, *rest in query(
+            dsn, f"SELECT kafka_partition, kafka_offset, {', '.join(names)} FROM {pipeline.qualified_output_table}")}
+    first = rows[landed[0][1:]]
+    at = first.pop("at")
+    assert at == datetime(2026, 11, 21, 10, tzinfo=UTC)
+    doc = first.pop("doc")
+    # jsonb in Postgres comes back parsed; the lake keeps the JSON text.
+    assert (json.loads(doc) if isinstance(doc, str) else doc) == {"x": [1, 2.5, {"y": None}]}
+    assert first == {"id": "a", "city": "Lyon", "customer_id": 7, "amount": Decimal("12.50"),
+                     "ordered_on": datetime(2026, 11, 26).date(), "order_key": "order-1", "tenant": 42, "trace": "t-1"}
+    assert [rows[landed[i][1:]]["amount"] for i in (1, 2)] == [Decimal("12.50"), Decimal("-0.01")]
+    assert (rows[landed[2][1:]]["tenant"], rows[landed[2][1:]]["order_key"]) == (5, None)
+    if pipeline.sink.type == "postgres":
+        [(column_types,)] = query(dsn, "SELECT string_agg(column_name || ' ' || data_type, ', ' ORDER BY "
+                                       "ordinal_position) FROM information_schema.columns WHERE table_schema = %s "
+                                       "AND table_name = %s AND column_name IN ('amount', 'ordered_on', 'doc')",
+                                  pipeline.output_schema, pipeline.output_table)
+        assert column_types == "amount numeric, ordered_on date, doc jsonb"

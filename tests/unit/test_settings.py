@@ -117,7 +117,7 @@ def test_sqlalchemy_url_rejects_other_schemes(dsn):
 
 def test_jdbc_target_splits_credentials_out_of_the_url():
     assert jdbc_target("postgresql://ledger:secret@db.local:6543/kafka_ledger") == JdbcTarget(
-        url="jdbc:postgresql://db.local:6543/kafka_ledger?reWriteBatchedInserts=true",
+        url="jdbc:postgresql://db.local:6543/kafka_ledger?reWriteBatchedInserts=true&stringtype=unspecified",
         user="ledger",
         password="secret",
     )
@@ -127,20 +127,20 @@ def test_jdbc_target_decodes_percent_encoded_credentials():
     target = jdbc_target("postgres://us%40er:p%40ss%3Aw%2Ford%25@h:5432/db")
     assert target.user == "us@er"
     assert target.password == "p@ss:w/ord%"
-    assert target.url == "jdbc:postgresql://h:5432/db?reWriteBatchedInserts=true"
+    assert target.url == "jdbc:postgresql://h:5432/db?reWriteBatchedInserts=true&stringtype=unspecified"
     assert "p@ss" not in target.url and "p%40ss" not in target.url
 
 
 def test_jdbc_target_translates_libpq_settings_to_the_jdbc_driver():
     target = jdbc_target("postgresql://u:p@h:5432/db?sslmode=verify-full&sslrootcert=/ca/root.crt&connect_timeout=5")
     assert target.url == ("jdbc:postgresql://h:5432/db?connectTimeout=5&sslmode=verify-full"
-                          "&sslrootcert=%2Fca%2Froot.crt&reWriteBatchedInserts=true")
+                          "&sslrootcert=%2Fca%2Froot.crt&reWriteBatchedInserts=true&stringtype=unspecified")
 
 
 def test_a_key_value_dsn_gives_the_same_targets_as_its_url():
     dsn = "host=db.local port=6543 dbname=kafka_ledger user=ledger password='s3 cr=t' sslmode=require"
     assert jdbc_target(dsn) == JdbcTarget(
-        url="jdbc:postgresql://db.local:6543/kafka_ledger?sslmode=require&reWriteBatchedInserts=true",
+        url="jdbc:postgresql://db.local:6543/kafka_ledger?sslmode=require&reWriteBatchedInserts=true&stringtype=unspecified",
         user="ledger", password="s3 cr=t")
     from sqlalchemy.engine import make_url
 
@@ -164,14 +164,14 @@ def test_jdbc_target_lists_every_host():
 
 def test_jdbc_target_defaults_host_port_database_and_empty_credentials():
     assert jdbc_target("postgresql://") == JdbcTarget(
-        url="jdbc:postgresql://127.0.0.1:5432/postgres?reWriteBatchedInserts=true", user="", password=""
-    )
+        url="jdbc:postgresql://127.0.0.1:5432/postgres?reWriteBatchedInserts=true&stringtype=unspecified", user="",
+        password="")
 
 
 def test_jdbc_target_user_without_password():
     target = jdbc_target("postgresql://alice@h/db")
     assert (target.user, target.password) == ("alice", "")
-    assert target.url == "jdbc:postgresql://h:5432/db?reWriteBatchedInserts=true"
+    assert target.url == "jdbc:postgresql://h:5432/db?reWriteBatchedInserts=true&stringtype=unspecified"
 
 
 def test_spark_runtime_pipeline_first_then_deployment_then_submit(monkeypatch):

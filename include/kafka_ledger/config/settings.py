@@ -449,6 +449,9 @@ def jdbc_target(dsn: str) -> JdbcTarget:
                             f"JDBC writer (supported: {', '.join(JDBC_PROPERTIES)})")
     properties = {JDBC_PROPERTIES[key]: value for key, value in parts.items()}
     properties["reWriteBatchedInserts"] = "true"
+    # Strings go untyped, so that Postgres reads each into its column's type: Spark writes a jsonb column's text as
+    # a string, which Postgres would refuse as `character varying` for a jsonb column.
+    properties["stringtype"] = "unspecified"
     return JdbcTarget(
         url=f"jdbc:postgresql://{','.join(addresses)}/{quote(database, safe='')}?{urlencode(properties)}",
         user=user,
