@@ -17,6 +17,7 @@ import logging
 import sys
 
 from kafka_ledger.config.settings import bootstrap_servers, ledger_dsn
+from kafka_ledger.model.refusals import EXIT_REFUSED, Refusal
 from kafka_ledger.runtimes.submit.job import run_job
 
 
@@ -27,7 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="pipelines file (default: $KAFKA_LEDGER_PIPELINES, as everywhere)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
-    print(json.dumps(run_job(args.pipeline, args.batch_id, args.config, ledger_dsn(), bootstrap_servers())))
+    try:
+        print(json.dumps(run_job(args.pipeline, args.batch_id, args.config, ledger_dsn(), bootstrap_servers())))
+    except Refusal as exc:
+        # A distinct exit code: the Airflow task fails at once instead of retrying what no retry can change.
+        print(f"refused, not retried: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     return 0
 
 

@@ -161,8 +161,9 @@ def test_a_recreated_and_refilled_topic_is_refused_until_reset_re_anchors_it(
         plan_next_batch(dsn, servers, pipeline)
     assert f"topic {topic}: the ledger's positions refer to topic id {old_id}" in str(refused.value)
     assert f"has id {new_id}" in str(refused.value) and "Nothing was planned" in str(refused.value)
-    outcome = run_pipeline_dag(pipeline)  # the DAG's plan task refuses the same way
+    outcome = run_pipeline_dag(pipeline)  # the DAG's plan task refuses the same way, at once: no retry can help
     assert outcome.state == "failed" and outcome.tasks["plan_batch"] == "failed"
+    assert outcome.tries["plan_batch"] == 1
     assert positions(dsn, pipeline) == {(topic, 0): 100}
     assert len(batches(dsn, pipeline)) == 1
 

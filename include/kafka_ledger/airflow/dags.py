@@ -26,7 +26,7 @@ from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
 from kafka_ledger.config.settings import bootstrap_servers, ledger_dsn
 from kafka_ledger.kafka import headroom
 from kafka_ledger.runtimes import RUNTIMES, runtime_for
-from kafka_ledger.runtimes.airflow_tasks import PLAN_TASK, SPARK_POOL, output_asset
+from kafka_ledger.runtimes.airflow_tasks import PLAN_TASK, SPARK_POOL, output_asset, refusals_fail_at_once
 from kafka_ledger.sinks import sink_for
 
 __all__ = ["SPARK_POOL", "SPARK_TASK", "build_lake_maintenance_dag", "build_pipeline_dag", "doorbell_asset",
@@ -62,31 +62,34 @@ def plan_task(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any]
     """Plan (or resume) this run's batch; skip the rest of the run when there is nothing to read.
 
     Reads the run's form (params) and type: a backfill run rewrites its data interval. The ledger
-    records which DAG run owns the batch, and who asked.
+    records which DAG run owns the batch, and who asked. A refusal (a bad request or declaration, a recreated topic,
+    lost data) fails the task at once, without retries.
     """
     dag_run = context.get("dag_run")
-    run_id = context.get("run_id")
     conf = dict(context.get("params") or {})
     backfill_window = None
-    try:
-        request = parse_request(conf)
-        run_type = getattr(dag_run, "run_type", None)
-        if getattr(run_type, "value", run_type) == "backfill":
-            if request.mode != "catch_up":
-                raise RequestError("a backfill run always rewrites its own data interval: leave mode at catch_up")
-            backfill_window = (context["data_interval_start"], context["data_interval_end"])
-        run_kind = getattr(run_type, "value", run_type)
+    with refusals_fail_at_once():
+        try:
+            request = parse_request(conf)
+            run_kind = getattr(getattr(dag_run, "run_type", None), "value", getattr(dag_run, "run_type", None))
+            if run_kind == "backfill":
+                if request.mode != "catch_up":
+                    raise RequestError("a backfill run always rewrites its own data interval: leave mode at catch_up")
+                backfill_window = (context["data_interval_start"], context["data_interval_end"])
+        except RequestError as exc:
+            # The reason in the task log as one sentence (not chained to the validation error's traceback, which
+            # says the same less clearly).
+            raise AirflowFailException(f"refused, nothing was written: {exc}") from None
         # The only asset a pipeline's DAG is scheduled on is its doorbell's.
         requested_by = (getattr(dag_run, "triggering_user_name", None)
                         or ("doorbell" if run_kind == "asset_triggered" else run_kind))
         pipeline = get_pipeline(pipeline_name)
-        planned = planner.plan_batch(ledger_dsn(), bootstrap_servers(), pipeline, request,
-                                     dag_id=dag_id, run_id=run_id, requested_by=requested_by,
-                                     backfill_window=backfill_window)
-    except RequestError as exc:
-        # Retrying cannot fix a bad request: fail the run at once, with the reason in the task log as one
-        # sentence (not chained to the validation error's traceback, which says the same less clearly).
-        raise AirflowFailException(f"refused, nothing was written: {exc}") from None
+        try:
+            planned = planner.plan_batch(ledger_dsn(), bootstrap_servers(), pipeline, request, dag_id=dag_id,
+                                         run_id=context.get("run_id"), requested_by=requested_by,
+                                         backfill_window=backfill_window)
+        except RequestError as exc:
+            raise AirflowFailException(f"refused, nothing was written: {exc}") from None
     if planned.batch_id is None:
         raise AirflowSkipException(f"nothing to read for this {planned.kind} run: no Spark job launched")
     return {
@@ -210,8 +213,9 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
 def maintain_lake_task(pipeline_name: str) -> dict[str, Any]:
     """Compact the pipeline's Iceberg table and expire its old snapshots (sinks/iceberg/maintenance.py), in a Spark
     session of the pipeline's runtime."""
-    pipeline = get_pipeline(pipeline_name)
-    return sink_for(pipeline).maintain(ledger_dsn(), runtime_for(pipeline).spark_sessions())
+    with refusals_fail_at_once():
+        pipeline = get_pipeline(pipeline_name)
+        return sink_for(pipeline).maintain(ledger_dsn(), runtime_for(pipeline).spark_sessions())
 
 
 def build_lake_maintenance_dag(pipeline: PipelineConfig) -> DAG:
@@ -249,6 +253,8 @@ class DagRunOutcome:
     run_id: str
     state: str
     tasks: dict[str, str]
+    # How many times each task ran (its retries included).
+    tries: dict[str, int]
 
 
 def run_pipeline_dag(pipeline: PipelineConfig, conf: dict[str, Any] | None = None) -> DagRunOutcome:
@@ -259,5 +265,7 @@ def run_pipeline_dag(pipeline: PipelineConfig, conf: dict[str, Any] | None = Non
     """
     dag = build_pipeline_dag(pipeline)
     run = dag.test(run_conf=conf)
-    tasks = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
-    return DagRunOutcome(run_id=run.run_id, state=str(run.state), tasks=tasks)
+    instances = run.get_task_instances()
+    tasks = {ti.task_id: str(ti.state) for ti in instances}
+    return DagRunOutcome(run_id=run.run_id, state=str(run.state), tasks=tasks,
+                         tries={ti.task_id: ti.try_number for ti in instances})

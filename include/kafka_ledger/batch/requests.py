@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kafka_ledger.model.ranges import OffsetRange
+from kafka_ledger.model.refusals import Refusal
 
 Mode = Literal["catch_up", "offset_ranges", "time_window", "replay_batch"]
 # Where the trigger form shows a pipeline's first topic (an example in a field's description).
@@ -24,7 +25,7 @@ def as_utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
-class RequestError(ValueError):
+class RequestError(ValueError, Refusal):
     """The request is invalid; nothing was written. The message is the reason alone: callers say "refused"."""
 
 

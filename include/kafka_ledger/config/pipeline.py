@@ -35,6 +35,7 @@ from kafka_ledger.model.kinds import (
     TimestampKind,
     parse_kind,
 )
+from kafka_ledger.model.refusals import Refusal
 
 # Names end up in SQL identifiers, DAG ids and pool names: keep them to a safe, portable alphabet.
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -60,7 +61,7 @@ Identifier = Annotated[str, AfterValidator(_identifier)]
 DAG_ID_PREFIX = "kafka_ledger__"
 
 
-class ConfigError(ValueError):
+class ConfigError(ValueError, Refusal):
     """The pipelines file is missing, unreadable or does not validate."""
 
 

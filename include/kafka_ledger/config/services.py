@@ -6,6 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from kafka_ledger.model.refusals import Refusal
+
 # The environment variable of settings.Settings.kafka_config, for callers that set it (a test, a Spark job's
 # environment); tests/unit/test_settings.py checks that it is the model's.
 KAFKA_CONFIG_ENV = "KAFKA_LEDGER_KAFKA_CONFIG"
@@ -19,7 +21,7 @@ SASL_LOGIN_MODULES = {
 }
 
 
-class KafkaConfigError(ValueError):
+class KafkaConfigError(ValueError, Refusal):
     """The Kafka client settings cannot be given to one of the clients."""
 
 

@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 
 from kafka_ledger.config import services as kafka_security
 from kafka_ledger.config.services import KafkaClientConfig
+from kafka_ledger.model.refusals import Refusal
 
 LEDGER_DB_CONN_ID = "kafka_ledger_db"
 KAFKA_CONN_ID = "kafka_ledger_kafka"
@@ -35,7 +36,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "pipelines.yaml"
 
 
-class SettingsError(RuntimeError):
+class SettingsError(RuntimeError, Refusal):
     """A setting is missing or invalid; the message names the variable."""
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Literal
 
+from kafka_ledger.model.refusals import Refusal
+
 
 @dataclass(frozen=True, order=True)
 class TopicPartition:
@@ -83,7 +85,7 @@ class PlanError(RuntimeError):
     """A batch cannot be planned safely; nothing was written."""
 
 
-class LostDataError(PlanError):
+class LostDataError(PlanError, Refusal):
     """Retention (or a topic reset) deleted offsets the pipeline had not read yet."""
 
     def __init__(self, lost: list[OffsetRange]):
@@ -99,7 +101,7 @@ class LostDataError(PlanError):
 NOTHING_PLANNED = "Nothing was planned and no position moved."
 
 
-class TopicIdentityError(PlanError):
+class TopicIdentityError(PlanError, Refusal):
     """A topic's Kafka id is not the one the pipeline's positions refer to (recreated, or another cluster's)."""
 
     def __init__(self, pipeline: str, changed: Mapping[str, tuple[str, str | None]], outcome: str = NOTHING_PLANNED):

@@ -4,11 +4,14 @@ and what a failed Spark task records. Imported where a DAG is built or a task ru
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import Asset
 from airflow.sdk import log as task_log
+from airflow.sdk.exceptions import AirflowFailException
 from pydantic import BaseModel
 
 from kafka_ledger.batch import commit
@@ -16,12 +19,23 @@ from kafka_ledger.batch.commit import CommitResult
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.settings import bootstrap_servers, ledger_dsn, secret_values
 from kafka_ledger.ledger import db as ledger
+from kafka_ledger.model.refusals import Refusal
 from kafka_ledger.sinks import sink_for
 
 log = logging.getLogger(__name__)
 
 SPARK_POOL = "kafka_ledger_spark"
 PLAN_TASK = "plan_batch"
+
+
+@contextmanager
+def refusals_fail_at_once() -> Iterator[None]:
+    """A refusal (model/refusals.py) fails the task at once, its retries skipped (no retry can change it), with its
+    own message; any other error is retried as the task declares."""
+    try:
+        yield
+    except Refusal as exc:
+        raise AirflowFailException(f"refused, not retried: {exc}") from exc
 
 
 def mask_secrets(settings: BaseModel) -> None:

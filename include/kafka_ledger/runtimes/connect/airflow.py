@@ -8,7 +8,13 @@ from airflow.sdk import BaseOperator
 
 from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
 from kafka_ledger.config.settings import bootstrap_servers, ledger_dsn
-from kafka_ledger.runtimes.airflow_tasks import PLAN_TASK, committed, output_asset, spark_task_args
+from kafka_ledger.runtimes.airflow_tasks import (
+    PLAN_TASK,
+    committed,
+    output_asset,
+    refusals_fail_at_once,
+    spark_task_args,
+)
 from kafka_ledger.runtimes.connect.batch import ConnectBatch
 
 
@@ -29,9 +35,10 @@ class ReadAndCommitOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         plan = context["ti"].xcom_pull(task_ids=PLAN_TASK)
-        pipeline = get_pipeline(self.pipeline_name)
-        self._batch = ConnectBatch(pipeline, plan["batch_id"])
-        return committed(context, pipeline, self._batch.run(ledger_dsn(), bootstrap_servers()))
+        with refusals_fail_at_once():
+            pipeline = get_pipeline(self.pipeline_name)
+            self._batch = ConnectBatch(pipeline, plan["batch_id"])
+            return committed(context, pipeline, self._batch.run(ledger_dsn(), bootstrap_servers()))
 
     def on_kill(self) -> None:
         if self._batch is not None:

@@ -6,8 +6,10 @@ import os
 from datetime import timedelta
 from typing import Any
 
+from airflow.exceptions import AirflowException
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import task
+from airflow.sdk.exceptions import AirflowFailException
 
 from kafka_ledger.batch import commit
 from kafka_ledger.batch.commit import Written
@@ -20,7 +22,15 @@ from kafka_ledger.config.settings import (
     deployment_settings,
     ledger_dsn,
 )
-from kafka_ledger.runtimes.airflow_tasks import PLAN_TASK, committed, mask_secrets, output_asset, spark_task_args
+from kafka_ledger.model.refusals import EXIT_REFUSED
+from kafka_ledger.runtimes.airflow_tasks import (
+    PLAN_TASK,
+    committed,
+    mask_secrets,
+    output_asset,
+    refusals_fail_at_once,
+    spark_task_args,
+)
 from kafka_ledger.runtimes.submit.spark_submit import (
     SPARK_APPLICATION,
     check_master,
@@ -39,20 +49,29 @@ class SubmitBatchOperator(SparkSubmitOperator):
     """
 
     def execute(self, context: Any) -> None:
-        self.jars = spark_jars()
-        check_master(self._get_hook())
-        settings = deployment_settings(LEDGER_DB_CONN_ID, KAFKA_CONN_ID)
-        mask_secrets(settings)
-        os.environ.update(spark_job_environment(settings.ledger_dsn(), settings.kafka_servers(),
-                                                settings.kafka_client_settings()))
-        super().execute(context)
+        with refusals_fail_at_once():
+            self.jars = spark_jars()
+            check_master(self._get_hook())
+            settings = deployment_settings(LEDGER_DB_CONN_ID, KAFKA_CONN_ID)
+            mask_secrets(settings)
+            os.environ.update(spark_job_environment(settings.ledger_dsn(), settings.kafka_servers(),
+                                                    settings.kafka_client_settings()))
+        try:
+            super().execute(context)
+        except AirflowException as exc:
+            process = getattr(self._hook, "_submit_sp", None)
+            if process is not None and process.returncode == EXIT_REFUSED:
+                raise AirflowFailException("refused, not retried: the batch's Spark job refused it (exit code "
+                                           f"{EXIT_REFUSED}); its reason is in the job's output above") from exc
+            raise
 
 
 def commit_task(pipeline_name: str, plan: dict[str, Any], **context: Any) -> dict[str, Any]:
     """Publish the staged batch and advance its offsets in one Postgres transaction."""
-    pipeline = get_pipeline(pipeline_name)
-    result = commit.commit(ledger_dsn(), bootstrap_servers(), pipeline, plan["batch_id"], Written())
-    return committed(context, pipeline, result)
+    with refusals_fail_at_once():
+        pipeline = get_pipeline(pipeline_name)
+        result = commit.commit(ledger_dsn(), bootstrap_servers(), pipeline, plan["batch_id"], Written())
+        return committed(context, pipeline, result)
 
 
 def build_tasks(spark_task_id: str, commit_task_id: str, pipeline: PipelineConfig, plan: Any) -> tuple[Any, Any]:

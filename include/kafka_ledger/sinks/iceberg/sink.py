@@ -19,7 +19,13 @@ from kafka_ledger.model import columns
 from kafka_ledger.model.ranges import PartitionReadStats, TopicPartition
 from kafka_ledger.sinks.base import ArtifactSink, OutputView
 from kafka_ledger.sinks.iceberg import maintenance, write
-from kafka_ledger.sinks.iceberg.snapshots import ATTEMPT_KEY, BATCH_KEY, BatchSnapshot, IcebergSinkError
+from kafka_ledger.sinks.iceberg.snapshots import (
+    ATTEMPT_KEY,
+    BATCH_KEY,
+    BatchSnapshot,
+    IcebergSchemaError,
+    IcebergSinkError,
+)
 
 if TYPE_CHECKING:
     from psycopg2.extensions import connection
@@ -263,7 +269,7 @@ class IcebergSink(ArtifactSink):
             elif field.field_type != kind.iceberg_type():
                 problems.append(f"column {name} is {field.field_type}, not {kind.iceberg_type()} ({kind})")
         if problems:
-            raise IcebergSinkError(f"pipeline {self.pipeline.name!r}: table {self.target} does not fit the declared "
+            raise IcebergSchemaError(f"pipeline {self.pipeline.name!r}: table {self.target} does not fit the declared "
                                    f"columns: {'; '.join(problems)}. Nothing was read or published")
 
     def current_snapshot_id(self, table: Table | None = None) -> int | None:

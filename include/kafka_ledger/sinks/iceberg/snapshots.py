@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kafka_ledger.model.ranges import OffsetRange
+from kafka_ledger.model.refusals import Refusal
 from kafka_ledger.sinks.base import Artifact
 
 # The keys of a snapshot's summary that say which batch (and attempt) wrote it, and what it read.
@@ -19,6 +20,10 @@ BATCH_KEY, ATTEMPT_KEY, PIPELINE_KEY, RANGES_KEY = (f"{SUMMARY}{k}" for k in ("b
 class IcebergSinkError(RuntimeError):
     """The Iceberg table cannot take the pipeline's rows (unreachable catalog, conflicting schema); nothing was
     published and no offset moved."""
+
+
+class IcebergSchemaError(IcebergSinkError, Refusal):
+    """The table's columns conflict with the declaration: only changing one of them can make it take the rows."""
 
 
 @dataclass(frozen=True)
