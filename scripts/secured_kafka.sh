@@ -3,7 +3,7 @@
 # ledger's URL is checked to verify Postgres's certificate (sslmode=verify-full, the local stack's default).
 python - <<'PY' || return 1
 import os, sys
-from kafka_ledger.config.settings import libpq_settings
+from kafka_ledger.config.services import libpq_settings
 if libpq_settings(os.environ["KAFKA_LEDGER_DB_URL"]).get("sslmode") != "verify-full":
     sys.exit("--secure: KAFKA_LEDGER_DB_URL does not say sslmode=verify-full")
 PY

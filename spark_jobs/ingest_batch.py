@@ -5,7 +5,8 @@ Launched by the pipeline DAG's Spark task (or `kafka-ledger replay`):
     spark-submit ... spark_jobs/ingest_batch.py --pipeline impressions --batch-id 42
 
 The ledger is the only source of truth for what to read: the job takes a batch id, never offsets.
-It needs KAFKA_LEDGER_DB_URL and KAFKA_LEDGER_BOOTSTRAP_SERVERS in its environment. The work itself is
+It needs KAFKA_LEDGER_DB_URL and KAFKA_LEDGER_BOOTSTRAP_SERVERS in its environment (runtimes/submit/spark_submit.py
+spark_job_environment). The work itself is
 kafka_ledger.runtimes.submit.job.run_job.
 """
 
@@ -16,7 +17,7 @@ import json
 import logging
 import sys
 
-from kafka_ledger.config.settings import bootstrap_servers, ledger_dsn
+from kafka_ledger.config.settings import deployment_services
 from kafka_ledger.model.refusals import EXIT_REFUSED, Refusal
 from kafka_ledger.runtimes.submit.job import run_job
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     try:
-        print(json.dumps(run_job(args.pipeline, args.batch_id, args.config, ledger_dsn(), bootstrap_servers())))
+        print(json.dumps(run_job(args.pipeline, args.batch_id, args.config, deployment_services())))
     except Refusal as exc:
         # A distinct exit code: the Airflow task fails at once instead of retrying what no retry can change.
         print(f"refused, not retried: {exc}", file=sys.stderr)

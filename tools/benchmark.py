@@ -46,14 +46,15 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_ledger.batch.plan import plan_next_batch
 from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
+from kafka_ledger.config.services import LedgerDatabase, jdbc_target
 from kafka_ledger.config.settings import (
-    bootstrap_servers,
     deployment_settings,
     deployment_spark_runtime,
     env_name,
-    jdbc_target,
-    kafka_config,
-    ledger_dsn,
+    kafka_client,
+    kafka_for,
+    ledger_database,
+    services_for,
 )
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.observe.stages import until_first_rows
@@ -74,7 +75,7 @@ SMALL_BATCH = 1_000
 def produce(servers: str, topic: str, records: int, partitions: int, users: int = 5000) -> float:
     """Produce `records` JSON events round-robin over the partitions, `users` distinct user ids; returns records per
     second."""
-    producer = Producer(kafka_config(servers, **{"enable.idempotence": True, "linger.ms": 50,
+    producer = Producer(kafka_for(servers).confluent(**{"enable.idempotence": True, "linger.ms": 50,
                                                  "batch.size": 1_000_000, "compression.type": "lz4"}))
     started = time.monotonic()
     for i in range(records):
@@ -171,7 +172,7 @@ def round_pipeline(setup: Setup, delivery_mode: str, sink: str | None = None, wr
 
 def _remove_pipeline(setup: Setup, pipeline: PipelineConfig) -> None:
     """A pipeline's table (in Postgres, or the lake's), ledger rows and positions."""
-    with ledger.transaction(setup.dsn) as cur:
+    with ledger.transaction(LedgerDatabase(setup.dsn)) as cur:
         remove_pipeline(cur, pipeline)
     sink = sink_for(pipeline)
     if isinstance(sink, IcebergSink):
@@ -196,14 +197,14 @@ def run_kafka_ledger(setup: Setup, pipeline: PipelineConfig) -> dict[str, Any]:
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     with PeakRss(pids) as rss:
         started = time.monotonic()
-        planned = plan_next_batch(setup.dsn, setup.servers, pipeline)
+        planned = plan_next_batch(services_for(setup.dsn, setup.servers), pipeline)
         plan_seconds = time.monotonic() - started
-        result = run_batch(pipeline, planned.batch_id, setup.dsn, setup.servers)
+        result = run_batch(pipeline, planned.batch_id, services_for(setup.dsn, setup.servers))
         seconds = time.monotonic() - started
     peaks = dict(rss.peak_mib)
     if setup.runtime == "submit":  # the spark-submit driver JVM, a child that has exited
         peaks["spark_submit"] = max(children_before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) >> 10
-    with ledger.transaction(setup.dsn) as cur:
+    with ledger.transaction(LedgerDatabase(setup.dsn)) as cur:
         batch = ledger.get_batch(cur, planned.batch_id)
     rows = output_rows(setup, pipeline)
     return {
@@ -238,7 +239,7 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
 
     pipeline = get_pipeline(contender["pipeline"])
     sink = sink_for(pipeline)
-    with ledger.transaction(setup.dsn) as cur:
+    with ledger.transaction(LedgerDatabase(setup.dsn)) as cur:
         attempt = read.Attempt(ledger.get_batch(cur, contender["batch_id"]), 0)
 
     def rows() -> Any:
@@ -266,7 +267,8 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
             raise RuntimeError(f"a stage query counted {counted} records, not {setup.records}")
         return time.monotonic() - started
 
-    with ledger.transaction(setup.dsn) as cur:  # the pipeline's own, where its batch's code is compiled already
+    # The pipeline's own session, where its batch's code is compiled already.
+    with ledger.transaction(LedgerDatabase(setup.dsn)) as cur:
         spark = client_session(pipeline_session(cur, pipeline.name))
     try:
         configure(spark)
@@ -399,8 +401,8 @@ def run_verify(setup: Setup, partitions: int, extra: int) -> list[dict[str, Any]
 
     def ingest() -> int:
         batches = 0
-        while (planned := plan_next_batch(setup.dsn, setup.servers, pipeline)).batch_id is not None:
-            run_batch(pipeline, planned.batch_id, setup.dsn, setup.servers)
+        while (planned := plan_next_batch(services_for(setup.dsn, setup.servers), pipeline)).batch_id is not None:
+            run_batch(pipeline, planned.batch_id, services_for(setup.dsn, setup.servers))
             batches += 1
         return batches
 
@@ -461,7 +463,7 @@ def summarise(setup: Setup, rounds: list[dict[str, Any]], partitions: int) -> di
 def _clean_up(setup: Setup, admin: AdminClient) -> None:
     for pipeline in list(setup.pipelines):
         _remove_pipeline(setup, pipeline)
-    with ledger.transaction(setup.dsn) as cur:
+    with ledger.transaction(LedgerDatabase(setup.dsn)) as cur:
         for table in setup.tables:
             cur.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{table}")
     if setup.lake_tables:
@@ -523,18 +525,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.freshness:
         from tools.freshness import run_freshness
 
-        summary = run_freshness(bootstrap_servers(), ledger_dsn(), args.rate, args.minutes, args.partitions,
+        summary = run_freshness(kafka_client().servers, ledger_database().url, args.rate, args.minutes, args.partitions,
                                 peer=not args.no_peer)
         report(summary)
         return 0 if summary["exact"] else 1
     records = SMALL_BATCH if args.small else args.records
-    servers, dsn = bootstrap_servers(), ledger_dsn()
+    servers, dsn = kafka_client().servers, ledger_database().url
     run_id = uuid.uuid4().hex[:8]
     topic = f"bench-{run_id}"
     runtime = args.runtime or deployment_spark_runtime()
     setup = Setup(servers, dsn, topic, records, args.cap, runtime, Path(tempfile.mkdtemp(prefix="kl-benchmark-")),
                   sink=args.sink, entity_keys=args.entity_keys)
-    admin = AdminClient(kafka_config(servers))
+    admin = AdminClient(kafka_for(servers).confluent())
     admin.create_topics([NewTopic(topic, num_partitions=args.partitions, replication_factor=1)])[topic].result(30)
     # Warm, as a worker is: the Airflow connection look-up imported once (the runtimes are imported above), and
     # the Spark Connect client started once, so that the first round times the server, not this process's

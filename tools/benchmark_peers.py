@@ -32,6 +32,8 @@ from datetime import UTC, datetime
 import psycopg2
 from psycopg2 import sql
 
+from kafka_ledger.config.settings import kafka_client, kafka_for
+
 # The benchmark's records (tools/benchmark.py's produce): one JSON object per record with these fields.
 COLUMNS = [
     {"name": "event_id", "type": "string", "required": True},
@@ -91,9 +93,9 @@ def python_peer(servers: str, dsn: str, topic: str, schema: str, table: str) -> 
     CHUNK_ROWS at a time while the next chunk is read (a reader thread; librdkafka and the COPY release the GIL)."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    from kafka_ledger.config.settings import kafka_config
 
-    consumer = Consumer(kafka_config(servers, **{"group.id": f"benchmark-python-peer-{table}",
+
+    consumer = Consumer(kafka_for(servers).confluent(**{"group.id": f"benchmark-python-peer-{table}",
                                                  "enable.auto.commit": False, "isolation.level": "read_committed",
                                                  "enable.partition.eof": True}))
     partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
@@ -171,7 +173,7 @@ def _spark_peer(args: argparse.Namespace) -> None:
     from pyspark.sql import types as T
 
     from kafka_ledger.config.services import spark_options
-    from kafka_ledger.config.settings import kafka_settings
+
 
     os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     spark = SparkSession.builder.appName(f"benchmark spark peer {args.table}").getOrCreate()
@@ -180,7 +182,7 @@ def _spark_peer(args: argparse.Namespace) -> None:
     stream = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", args.servers)
-        .options(**spark_options(kafka_settings()))
+        .options(**spark_options(dict(kafka_client().settings)))
         .option("subscribe", args.topic)
         .option("startingOffsets", "earliest")
         .option("kafka.isolation.level", "read_committed")

@@ -23,7 +23,7 @@ import time
 import psycopg2
 from psycopg2 import sql
 
-from kafka_ledger.config.settings import ledger_dsn
+from kafka_ledger.config.settings import ledger_database
 from tools.benchmark_peers import TABLE_COLUMNS, create_table
 
 SCHEMA = "copy_probe"
@@ -46,7 +46,7 @@ def superuser_password() -> str:
 def connect(tls: bool) -> psycopg2.extensions.connection:
     """The ledger database as the stack's superuser, with or without TLS (the DSN's own host, port and CA)."""
     options = {} if tls else {"sslmode": "disable"}
-    conn = psycopg2.connect(ledger_dsn(), user="postgres", password=superuser_password(), **options)
+    conn = psycopg2.connect(ledger_database().url, user="postgres", password=superuser_password(), **options)
     with conn.cursor() as cur:
         cur.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
         if cur.fetchone()[0] != tls:
@@ -68,7 +68,7 @@ def copy_into(table: str, data: bytes, tls: bool = True) -> float:
 
 def made_up_rows(records: int) -> tuple[bytes, list[bytes]]:
     """W1-shaped rows as binary COPY data: all of them, and each half of the Kafka partitions apart."""
-    dsn = ledger_dsn()
+    dsn = ledger_database().url
     create_table(dsn, SCHEMA, "source")
     conn = connect(True)
     with conn, conn.cursor() as cur:
@@ -94,7 +94,7 @@ def parallel_then_attach(halves: list[bytes]) -> tuple[float, float]:
     with conn, conn.cursor() as cur:
         cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(SCHEMA, "partitioned")))
     for i in range(len(bounds)):
-        create_table(ledger_dsn(), SCHEMA, f"half_{i}")
+        create_table(ledger_database().url, SCHEMA, f"half_{i}")
     with conn, conn.cursor() as cur:
         cur.execute(sql.SQL("CREATE TABLE {} (LIKE {}) PARTITION BY RANGE (kafka_partition)").format(
             sql.Identifier(SCHEMA, "partitioned"), sql.Identifier(SCHEMA, "source")))
@@ -138,7 +138,7 @@ def main() -> None:
     try:
         for _ in range(args.rounds):
             for name, tls in (("copy_tls", True), ("copy_without_tls", False)):
-                create_table(ledger_dsn(), SCHEMA, name)
+                create_table(ledger_database().url, SCHEMA, name)
                 seconds.setdefault(name, []).append(copy_into(name, whole, tls))
             parallel, attach = parallel_then_attach(halves)
             seconds.setdefault("two_parallel_copies", []).append(parallel)

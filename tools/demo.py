@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
-from kafka_ledger.config.settings import bootstrap_servers, kafka_config, ledger_dsn
+from kafka_ledger.config.settings import kafka_client, kafka_for, ledger_database, services_for
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ops.readback import kafka_record_ids, lag
 from kafka_ledger.ops.verify import verify_pipeline
@@ -38,7 +38,7 @@ DEVICES = ["android", "ios", "desktop", "tablet"]
 
 def ensure_topic(servers: str, topic: str, partitions: int) -> None:
     """Create the topic if it does not exist (idempotent)."""
-    admin = AdminClient(kafka_config(servers))
+    admin = AdminClient(kafka_for(servers).confluent())
     if topic in admin.list_topics(timeout=10).topics:
         return
     admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result()
@@ -84,7 +84,7 @@ def impression_events(count: int, rng: random.Random, malformed_ratio: float = 0
 
 def produce_impressions(servers: str, topic: str, count: int, seed: int) -> None:
     """Produce `count` impressions with an idempotent producer (no duplicates from producer retries)."""
-    producer = Producer(kafka_config(servers, **{"enable.idempotence": True, "linger.ms": 20}))
+    producer = Producer(kafka_for(servers).confluent(**{"enable.idempotence": True, "linger.ms": 20}))
     failures: list[str] = []
 
     def on_delivery(err, _msg) -> None:  # noqa: ANN001 - confluent-kafka callback
@@ -109,7 +109,7 @@ def run_until_caught_up(pipeline: PipelineConfig, max_runs: int = 20) -> int:
     """Run the pipeline's DAG (dag.test: real tasks, real Spark) until its lag is 0; returns runs made."""
     from kafka_ledger.airflow.dags import run_pipeline_dag  # Airflow is heavy: imported when the demo runs
 
-    dsn, servers = ledger_dsn(), bootstrap_servers()
+    dsn, servers = ledger_database().url, kafka_client().servers
     for run in range(1, max_runs + 1):
         outcome = run_pipeline_dag(pipeline)
         if outcome.state != "success":
@@ -136,7 +136,7 @@ def ring_the_doorbell(pipeline: PipelineConfig, records: int, seed: int) -> dict
             # Unpaused, the hourly schedule's latest run starts at once: let it end before the impressions come.
             time.sleep(3)
             airflow.wait_until_idle(pipeline.dag_id, timeout=300)
-            produce_impressions(bootstrap_servers(), pipeline.topics[0], records, seed)
+            produce_impressions(kafka_client().servers, pipeline.topics[0], records, seed)
             produced_at = time.monotonic()
             log.info("produced %d impressions: waiting for the doorbell's run (the first ring after unpausing waits "
                      "for the DAG's next parse, which registers its watcher with the triggerer)", records)
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     pipeline = get_pipeline(DEMO_PIPELINES[args.sink])
-    servers, dsn = bootstrap_servers(), ledger_dsn()
+    servers, dsn = kafka_client().servers, ledger_database().url
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     topic = pipeline.topics[0]
     ensure_topic(servers, topic, DEMO_PARTITIONS)
@@ -201,9 +201,9 @@ def accounting(dsn: str, servers: str, pipeline: PipelineConfig) -> dict[str, ob
     with the output and the dead letters. Exact: verify found nothing, nothing is left to read, and every record
     produced is a row or a dead letter.
     """
-    topics = sorted({tp.topic for tp in kafka_offsets.subscribed_offsets(servers, pipeline)})
-    produced = len(kafka_record_ids(servers, topics))
-    report = verify_pipeline(dsn, servers, pipeline, full=True)
+    topics = sorted({tp.topic for tp in kafka_offsets.subscribed_offsets(kafka_for(servers), pipeline)})
+    produced = len(kafka_record_ids(kafka_for(servers), topics))
+    report = verify_pipeline(services_for(dsn, servers), pipeline, full=True)
     remaining = lag(dsn, servers, pipeline)
     return {
         "produced": produced, "output_rows": report.output_rows, "dead_letters": report.dead_letters,

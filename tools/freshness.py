@@ -35,7 +35,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_ledger.airflow.dags import PLAN_TASK, SPARK_TASK
 from kafka_ledger.config.pipeline import get_pipeline
-from kafka_ledger.config.settings import deployment_settings, env_name, jdbc_target, kafka_config
+from kafka_ledger.config.services import LedgerDatabase, jdbc_target
+from kafka_ledger.config.settings import deployment_settings, env_name, kafka_for
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.runtimes.submit.spark_submit import BASE_SPARK_CONF, spark_jars
 from kafka_ledger.sinks import remove_pipeline
@@ -59,7 +60,7 @@ WARM_UP_RECORDS = 1_000
 def produce_steadily(servers: str, topic: str, rate: float, seconds: float, partitions: int) -> dict[str, Any]:
     """`rate` records per second for `seconds`, in ticks of a tenth of a second; Kafka stamps each with the
     producer's clock (CreateTime). Returns what was produced and the rate achieved."""
-    producer = Producer(kafka_config(servers, **{"enable.idempotence": True, "linger.ms": 5}))
+    producer = Producer(kafka_for(servers).confluent(**{"enable.idempotence": True, "linger.ms": 5}))
     started = time.monotonic()
     sent = 0
     while (elapsed := time.monotonic() - started) < seconds:
@@ -203,7 +204,7 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
     tag = uuid.uuid4().hex[:8]
     topic, name = f"fresh-{tag}", f"fresh_{tag}"
     workdir = Path(tempfile.mkdtemp(prefix="kl-freshness-"))
-    admin = AdminClient(kafka_config(servers))
+    admin = AdminClient(kafka_for(servers).confluent())
     admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
     config = workdir / "pipelines.yaml"
     config.write_text(yaml.safe_dump({"pipelines": {name: {
@@ -228,7 +229,7 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
             def caught_up(total: int) -> dict[str, float]:
                 """Wait until both have published `total` records; returns how long each took."""
                 def ledger_has() -> bool:
-                    with ledger.transaction(dsn) as cur:
+                    with ledger.transaction(LedgerDatabase(dsn)) as cur:
                         return sum(ledger.positions(cur, name).values()) >= total
 
                 took = {"kafka_ledger": round(_wait("kafka-ledger's catch-up", ledger_has, CATCH_UP_SECONDS), 1)}
@@ -261,7 +262,7 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
         if peer_process is not None and peer_process.poll() is None:
             os.killpg(peer_process.pid, 15)
             peer_process.wait(60)
-        with ledger.transaction(dsn) as cur:
+        with ledger.transaction(LedgerDatabase(dsn)) as cur:
             remove_pipeline(cur, pipeline)
             cur.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{peer_table}, {SCHEMA}.{peer_table}_batches")
         admin.delete_topics([topic])[topic].result(30)

@@ -193,6 +193,14 @@ def dsn() -> str:
     return value
 
 
+@pytest.fixture(scope="session")
+def services(dsn: str, servers: str):
+    """The package's services for the stack's ledger and Kafka (config/services.py)."""
+    from kafka_ledger.config.settings import services_for
+
+    return services_for(dsn, servers)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def test_pipelines_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The pipelines file of this test session, in force before any DAG is parsed."""

@@ -23,6 +23,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_ledger.airflow.dags import SPARK_TASK
 from kafka_ledger.batch.plan import plan_next_batch
+from kafka_ledger.config.services import LedgerDatabase
+from kafka_ledger.config.settings import kafka_for, services_for
 from kafka_ledger.config.settings import runtime_name as spark_runtime
 from kafka_ledger.kafka import consumer_group
 from kafka_ledger.kafka import offsets as kafka_offsets
@@ -225,7 +227,7 @@ def spark_task(pipeline) -> str:
 
 def stored(dsn: str, pipeline) -> tuple[Counter, dict[tuple[str, int, int], str]]:
     """Output rows as a multiset of Kafka coordinates, and dead letters with their reasons."""
-    records = audit.postgres_record_ids(dsn, pipeline)
+    records = audit.postgres_record_ids(LedgerDatabase(dsn), pipeline)
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute(
             "SELECT kafka_topic, kafka_partition, kafka_offset, error FROM kafka_ledger.dead_letters "
@@ -237,7 +239,7 @@ def stored(dsn: str, pipeline) -> tuple[Counter, dict[tuple[str, int, int], str]
 
 
 def positions_equal_end_offsets(dsn: str, servers: str, pipeline) -> None:
-    ends = {tp: o.end for tp, o in kafka_offsets.partition_offsets(servers, pipeline.topics).items()}
+    ends = {tp: o.end for tp, o in kafka_offsets.partition_offsets(kafka_for(servers), pipeline.topics).items()}
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         assert ledger.positions(cur, pipeline.name) == ends
 
@@ -250,7 +252,7 @@ def batches(dsn: str, pipeline) -> list[ledger.Batch]:
 
 def assert_exactly_once(dsn: str, servers: str, pipeline, expected_dead: dict[tuple[str, int, int], str]) -> None:
     """Kafka's records == output ∪ dead letters as sets, nothing twice, dead letters with their exact reasons."""
-    produced = audit.kafka_record_ids(servers, pipeline.topics)
+    produced = audit.kafka_record_ids(kafka_for(servers), pipeline.topics)
     output, dead = stored(dsn, pipeline)
     assert max(output.values(), default=1) == 1, "an output row is duplicated"
     assert not set(output) & set(dead), "a record is both in the output and in the dead letters"
@@ -260,8 +262,8 @@ def assert_exactly_once(dsn: str, servers: str, pipeline, expected_dead: dict[tu
 
 
 def catch_up(dsn, servers, pipeline):
-    planned = plan_next_batch(dsn, servers, pipeline)
-    run_batch(pipeline, planned.batch_id, dsn, servers)
+    planned = plan_next_batch(services_for(dsn, servers), pipeline)
+    run_batch(pipeline, planned.batch_id, services_for(dsn, servers))
     return batches(dsn, pipeline)[-1]
 
 
@@ -352,7 +354,7 @@ CASES: dict[str, tuple[bytes | None, bytes | None, str | None]] = {
 
 def consumer_groups(servers: str) -> list[str]:
     """The ids of the consumer groups Kafka knows."""
-    admin = kafka_offsets.admin_client(servers)
+    admin = kafka_offsets.admin_client(kafka_for(servers))
     # librdkafka sends ListGroups to the brokers it knows when asked: asked before its first metadata reply, about one
     # call in 60 waited out its whole timeout (none in 300 after it). So the metadata first.
     admin.topics(servers, timeout=30)
@@ -363,7 +365,7 @@ def committed_group_offsets(servers: str, topic: str) -> dict[str, list[int]]:
     """Every consumer group with an offset committed for `topic`, and the partitions it committed."""
     found = {}
     for group in consumer_groups(servers):
-        committed = consumer_group.read_positions(servers, group)
+        committed = consumer_group.read_positions(kafka_for(servers), group)
         if partitions := sorted(tp.partition for tp in committed if tp.topic == topic):
             found[group] = partitions
     return found
@@ -419,7 +421,7 @@ def produce_versions(producer, topic: str, keys: list[str], first: int) -> list[
 def wait_until_compacted(servers: str, topic: str, gone: list[tuple[str, int, int]], timeout: float = 90) -> set:
     deadline = time.monotonic() + timeout
     while True:
-        held = audit.kafka_record_ids(servers, [topic])
+        held = audit.kafka_record_ids(kafka_for(servers), [topic])
         if not held & set(gone):
             return held
         assert time.monotonic() < deadline, f"the log cleaner did not remove {sorted(held & set(gone))}"

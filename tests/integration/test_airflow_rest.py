@@ -38,6 +38,8 @@ from integration_support import (
 from psycopg2 import sql
 
 from kafka_ledger.config.pipeline import PipelineConfig, read_pipelines
+from kafka_ledger.config.services import LedgerDatabase
+from kafka_ledger.config.settings import kafka_for
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ops import readback as audit
@@ -192,10 +194,10 @@ def ensure_caught_up(airflow: AirflowClient, case: RestCase, dsn: str, servers: 
         # Unpausing an hourly DAG with catchup=False makes the scheduler create one scheduled run.
         airflow.wait_for_runs(case.dag_id, "scheduled")
     airflow.wait_until_idle(case.dag_id)
-    if audit.lag(dsn, servers, case.pipeline) > 0:
+    if audit.lag(LedgerDatabase(dsn), kafka_for(servers), case.pipeline) > 0:
         airflow.trigger(case.dag_id, {"mode": "catch_up", "reason": "rest e2e: catch up first"})
         assert_all_succeeded(airflow, case.dag_id, airflow.wait_until_idle(case.dag_id))
-    assert audit.lag(dsn, servers, case.pipeline) == 0
+    assert audit.lag(LedgerDatabase(dsn), kafka_for(servers), case.pipeline) == 0
 
 
 def test_trigger_with_conf_catches_up_exactly_once(airflow: AirflowClient, rest: RestCase, dsn: str, servers: str):
@@ -405,8 +407,8 @@ def test_three_pipelines_run_their_spark_work_at_once_each_exactly_once(
         spark_spans.append((_parse(spark["start_date"]), _parse(spark["end_date"])))
         airflow.set_paused(pipeline.dag_id, True)
 
-        produced = audit.kafka_record_ids(servers, pipeline.topics)
-        stored = audit.postgres_record_ids(dsn, pipeline)
+        produced = audit.kafka_record_ids(kafka_for(servers), pipeline.topics)
+        stored = audit.postgres_record_ids(LedgerDatabase(dsn), pipeline)
         output, dead = Counter(stored.output), Counter(stored.dead_letters)
         assert max(output.values()) == 1 and max(dead.values()) == 1, "a record is stored twice"
         assert set(output) | set(dead) == produced and not set(output) & set(dead)
@@ -455,7 +457,7 @@ def test_a_doorbell_starts_a_run_within_seconds_of_new_data_and_none_without(
         airflow.set_paused(pipeline.dag_id, True)
 
     assert_exactly_once(dsn, servers, pipeline, expected_dead)
-    with ledger.transaction(dsn) as cur:
+    with ledger.transaction(LedgerDatabase(dsn)) as cur:
         assert {b.requested_by for b in ledger.list_batches(cur, pipeline.name)} == {"doorbell"}
     assert committed_group_offsets(servers, topic) == {}
 
@@ -488,7 +490,7 @@ def test_the_ledger_page_and_its_api_answer_only_behind_airflow_authentication(
 
     # The API: every pipeline with its partitions, positions and lag, as Kafka and the ledger say.
     (entry,) = [e for e in airflow.request("GET", f"{PAGE}/api/pipelines").json() if e["pipeline"] == name]
-    ends = kafka_offsets.partition_offsets(servers, rest.pipeline.topics)
+    ends = kafka_offsets.partition_offsets(kafka_for(servers), rest.pipeline.topics)
     assert {(p["topic"], p["partition"]): (p["position"], p["end_offset"], p["lag"]) for p in entry["partitions"]} \
         == {(tp.topic, tp.partition): (o.end, o.end, 0) for tp, o in ends.items()}
     assert entry["lag"] == 0 and entry["dag_id"] == rest.dag_id and entry["kafka_error"] is None
@@ -577,7 +579,7 @@ def test_the_ledger_page_in_a_real_browser(airflow: AirflowClient, rest: RestCas
         wait.until(shown.frame_to_be_available_and_switch_to_it((By.CSS_SELECTOR, "iframe[title='Kafka Ledger']")))
         wait.until(shown.element_to_be_clickable((By.LINK_TEXT, rest.pipeline.name))).click()
         partitions = cells(wait.until(shown.visibility_of_element_located((By.ID, "partitions"))))
-        ends = kafka_offsets.partition_offsets(servers, rest.pipeline.topics)
+        ends = kafka_offsets.partition_offsets(kafka_for(servers), rest.pipeline.topics)
         assert {tuple(row[:3]) for row in partitions} \
             == {(tp.topic, str(tp.partition), str(o.end)) for tp, o in ends.items()}
         driver.switch_to.default_content()
@@ -617,7 +619,7 @@ def test_kafkas_own_consumer_groups_tool_shows_the_mirrored_positions_and_lag(
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         positions = ledger.positions(cur, rest.pipeline.name)
     conn.close()
-    ends = kafka_offsets.partition_offsets(servers, rest.pipeline.topics)
+    ends = kafka_offsets.partition_offsets(kafka_for(servers), rest.pipeline.topics)
     assert described == {(tp.topic, tp.partition): (position, ends[tp].end, 0) for tp, position in positions.items()}, \
         tool.stdout
 
@@ -687,6 +689,6 @@ def test_the_doorbell_loses_and_doubles_nothing_when_its_triggerer_and_scheduler
     assert report["records_produced"] == 10 + 4 * 1000
     assert report["output_rows"] + report["dead_letters"] == report["records_produced"]
     assert report["verify_ok"]
-    with ledger.transaction(dsn) as cur:
+    with ledger.transaction(LedgerDatabase(dsn)) as cur:
         assert {b.requested_by for b in ledger.list_batches(cur, pipeline.name)} == {"doorbell"}
     assert committed_group_offsets(servers, pipeline.topics[0]) == {}

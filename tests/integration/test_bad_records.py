@@ -7,6 +7,7 @@ import pytest
 from integration_support import CASES, NEAR_MAX, assert_exactly_once, good_value, verify_ok
 
 from kafka_ledger.airflow.dags import run_pipeline_dag
+from kafka_ledger.config.services import LedgerDatabase
 from kafka_ledger.ops import readback as audit
 
 pytestmark = pytest.mark.integration
@@ -34,7 +35,7 @@ def test_each_bad_record_is_dead_lettered_with_its_reason_and_its_raw_bytes(dsn,
     assert run_pipeline_dag(pipeline).state == "success"
     expected_dead = {landed[name]: reason for name, (_, _, reason) in CASES.items() if reason}
     assert_exactly_once(dsn, servers, pipeline, expected_dead)
-    published = set(audit.postgres_record_ids(dsn, pipeline).output)
+    published = set(audit.postgres_record_ids(LedgerDatabase(dsn), pipeline).output)
     assert {landed[name] for name in ("good before", "good after", "null key",
                                       "value near the max message size")} == published
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:

@@ -21,6 +21,7 @@ import pytest
 from integration_support import assert_exactly_once, batches, finish, good_value, query, start_task, stored
 
 from kafka_ledger.batch.plan import plan_next_batch
+from kafka_ledger.config.settings import services_for
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.runtimes.connect.batch import (
     ConnectBatch,
@@ -76,7 +77,7 @@ def nothing_published(dsn: str, pipeline) -> None:
 
 def produce_and_plan(dsn: str, servers: str, pipeline, producer, records: int, bad: bool = True) -> tuple[int, dict]:
     sent = producer.send(pipeline.topics[0], [good_value(i) for i in range(records)] + ([b"not json"] if bad else []))
-    planned = plan_next_batch(dsn, servers, pipeline)
+    planned = plan_next_batch(services_for(dsn, servers), pipeline)
     expected_dead = {sent[-1]: "malformed JSON (not a JSON object)"} if bad else {}
     return planned.batch_id, expected_dead
 
@@ -180,7 +181,8 @@ def test_no_server_fails_with_a_clear_message_and_writes_nothing(dsn, servers, p
     nothing_published(dsn, pipeline)
 
 
-def test_interrupting_the_attempt_stops_its_query_and_publishes_nothing(dsn, servers, pipeline_factory, producer):
+def test_interrupting_the_attempt_stops_its_query_and_publishes_nothing(
+        dsn, servers, pipeline_factory, producer, services):
     # What Airflow's on_kill does for the read_and_commit task (a timeout, a run marked failed).
     pipeline = pipeline_factory("connect_interrupt", partitions=3)
     batch_id, expected_dead = produce_and_plan(dsn, servers, pipeline, producer, 200_000)
@@ -189,7 +191,7 @@ def test_interrupting_the_attempt_stops_its_query_and_publishes_nothing(dsn, ser
 
     def run() -> None:
         try:
-            batch.run(dsn, servers)
+            batch.run(services)
         except BaseException as exc:  # noqa: BLE001 - the interruption is what this test wants to see
             outcome["error"] = exc
 
@@ -207,11 +209,11 @@ def test_interrupting_the_attempt_stops_its_query_and_publishes_nothing(dsn, ser
     assert_exactly_once(dsn, servers, pipeline, expected_dead)
 
 
-def test_the_attempt_says_where_its_time_went(dsn, servers, pipeline_factory, producer, caplog):
+def test_the_attempt_says_where_its_time_went(dsn, servers, pipeline_factory, producer, caplog, services):
     pipeline = pipeline_factory("connect_stages", partitions=2)
     batch_id, expected_dead = produce_and_plan(dsn, servers, pipeline, producer, 5_000)
     with caplog.at_level(logging.INFO, logger="kafka_ledger.batch.commit"):
-        result = ConnectBatch(pipeline, batch_id).run(dsn, servers)
+        result = ConnectBatch(pipeline, batch_id).run(services)
     assert_exactly_once(dsn, servers, pipeline, expected_dead)
     stages = result.stages
     assert list(stages) == ["begin", "session", "to_first_rows", "waiting_for_spark", "copying", "stream", "commit"]
@@ -256,14 +258,14 @@ def test_the_warm_up_runs_a_made_up_batch_then_reads_the_pipelines_newest_record
 
 
 def test_a_pipelines_batches_work_in_its_session_and_one_the_server_closed_is_replaced(
-        dsn, servers, pipeline_factory, producer, caplog):
+        dsn, servers, pipeline_factory, producer, caplog, services):
     pipeline = pipeline_factory("connect_session", partitions=2)
     expected_dead: dict = {}
 
     def next_batch(first: int) -> None:
         batch_id, dead = produce_and_plan(dsn, servers, pipeline, producer, 200, bad=first == 0)
         expected_dead.update(dead)
-        ConnectBatch(pipeline, batch_id).run(dsn, servers)
+        ConnectBatch(pipeline, batch_id).run(services)
 
     def replacement() -> list[tuple]:
         return query(dsn, "SELECT session_id::text FROM kafka_ledger.spark_sessions WHERE pipeline = %s",

@@ -26,6 +26,8 @@ from psycopg2.extras import execute_values
 
 from kafka_ledger.batch.plan import plan_batch, plan_next_batch
 from kafka_ledger.config.pipeline import get_pipeline
+from kafka_ledger.config.services import LedgerDatabase
+from kafka_ledger.config.settings import kafka_for, services_for
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ops import readback as audit
 from kafka_ledger.runtimes import run_batch
@@ -84,7 +86,7 @@ def stored(dsn: str, pipeline) -> tuple[dict, dict, dict]:
 
 
 def assert_matches_kafka(dsn: str, servers: str, pipeline) -> dict:
-    expected = model(audit.read_back(servers, pipeline.topics))
+    expected = model(audit.read_back(kafka_for(servers), pipeline.topics))
     assert stored(dsn, pipeline) == expected
     positions_equal_end_offsets(dsn, servers, pipeline)
     return expected[0]
@@ -93,10 +95,10 @@ def assert_matches_kafka(dsn: str, servers: str, pipeline) -> dict:
 def drain(dsn: str, servers: str, pipeline) -> None:
     """Catch-up batches until the positions reach Kafka's ends (batches are capped at 7 offsets per partition)."""
     for _ in range(20):
-        planned = plan_next_batch(dsn, servers, pipeline)
+        planned = plan_next_batch(services_for(dsn, servers), pipeline)
         if planned.batch_id is None:
             return
-        run_batch(pipeline, planned.batch_id, dsn, servers)
+        run_batch(pipeline, planned.batch_id, services_for(dsn, servers))
     raise AssertionError("the pipeline did not catch up in 20 batches")
 
 
@@ -111,7 +113,8 @@ def produce(servers: str, topic: str, records: list[tuple[str | None, bytes | No
 
 
 @pytest.mark.parametrize("key", ["entity_connect", "entity_submit"])
-def test_an_entity_table_holds_the_newest_record_per_key_whatever_is_replayed(dsn, servers, pipeline_factory, key):
+def test_an_entity_table_holds_the_newest_record_per_key_whatever_is_replayed(
+        dsn, servers, pipeline_factory, key, services):
     pipeline = pipeline_factory(key, partitions=3)
     topic = pipeline.topics[0]
     started = datetime.now(UTC) - timedelta(seconds=1)
@@ -142,10 +145,10 @@ def test_an_entity_table_holds_the_newest_record_per_key_whatever_is_replayed(ds
     code, data, err = cli("replay", pipeline.name, "--from", started.isoformat(), "--to", middle.isoformat())
     assert code == 0, (data, err)
     # An Airflow backfill run of the first hour, as its plan task plans one (its data interval), then its Spark work.
-    backfill = plan_batch(dsn, servers, pipeline, dag_id=pipeline.dag_id, run_id="backfill__entity",
+    backfill = plan_batch(services, pipeline, dag_id=pipeline.dag_id, run_id="backfill__entity",
                           requested_by="backfill", backfill_window=(started, middle))
     assert backfill.batch_id is not None and not backfill.resumed
-    run_batch(pipeline, backfill.batch_id, dsn, servers)
+    run_batch(pipeline, backfill.batch_id, services)
     assert [b.kind for b in batches(dsn, pipeline)][-3:] == ["offset_ranges", "time_window", "backfill"]
     assert all(b.status == "committed" for b in batches(dsn, pipeline))
     assert_matches_kafka(dsn, servers, pipeline)
@@ -186,7 +189,7 @@ def test_the_merge_keeps_the_newest_record_whatever_order_batches_commit_in(dsn)
     replays between them; timestamps never go back within a partition, ties across partitions included."""
     pipeline = get_pipeline(pipeline_name("entity_merge"))
     sink = sink_for(pipeline)
-    with ledger.transaction(dsn) as cur:
+    with ledger.transaction(LedgerDatabase(dsn)) as cur:
         sink.prepare(cur)
     rng = random.Random(20261125)
     columns = list(sink.published_columns())

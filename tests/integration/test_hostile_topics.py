@@ -25,6 +25,8 @@ from integration_support import (
 )
 
 from kafka_ledger.airflow.dags import PLAN_TASK, run_pipeline_dag
+from kafka_ledger.config.services import LedgerDatabase
+from kafka_ledger.config.settings import kafka_for
 from kafka_ledger.ops import readback as audit
 
 pytestmark = pytest.mark.integration
@@ -60,7 +62,7 @@ def test_aborted_transactions_and_markers_leave_gaps_that_batches_tile_exactly(
     assert [(r.from_offset, r.until_offset) for b in done for r in b.ranges] == [(0, 4), (4, 8), (8, 11)]
     assert [(b.status, b.records_read, b.records_written) for b in done] == [
         ("committed", 3, 3), ("committed", 0, 0), ("committed", 2, 2)]
-    output = audit.postgres_record_ids(dsn, pipeline).output
+    output = audit.postgres_record_ids(LedgerDatabase(dsn), pipeline).output
     assert sorted(output) == [(topic, 0, o) for o in (0, 1, 2, 8, 9)]
     assert positions(dsn, pipeline) == {(topic, 0): 11}
     assert_exactly_once(dsn, servers, pipeline, {})
@@ -97,7 +99,7 @@ def test_retention_loss_with_skip_policy_is_recorded_and_shown(dsn, servers, pip
 
     delete_before(35)  # offsets 20..34 were never read
     assert run_pipeline_dag(pipeline).state == "success"
-    assert sorted(audit.postgres_record_ids(dsn, pipeline).output) == sorted(first + later[15:])
+    assert sorted(audit.postgres_record_ids(LedgerDatabase(dsn), pipeline).output) == sorted(first + later[15:])
     assert coverage(dsn, pipeline) == [(topic, 0, 0, 20, "read"), (topic, 0, 20, 35, "skipped"),
                                        (topic, 0, 35, 50, "read")]
 
@@ -115,7 +117,7 @@ def test_retention_loss_with_skip_policy_is_recorded_and_shown(dsn, servers, pip
     assert report["skipped_offsets"] == 25 and report["unverifiable_offsets"] == 35
 
 
-def test_a_deleted_topic_fails_the_plan_by_name_and_moves_nothing(dsn, servers, pipeline_factory, producer):
+def test_a_deleted_topic_fails_the_plan_by_name_and_moves_nothing(dsn, servers, pipeline_factory, producer, services):
     from confluent_kafka.admin import AdminClient
 
     from kafka_ledger.batch.plan import plan_next_batch
@@ -124,7 +126,7 @@ def test_a_deleted_topic_fails_the_plan_by_name_and_moves_nothing(dsn, servers, 
     pipeline = pipeline_factory("deleted", partitions=1)
     topic = pipeline.topics[0]
     producer.send(topic, [good_value(i) for i in range(10)])
-    planned = plan_next_batch(dsn, servers, pipeline)
+    planned = plan_next_batch(services, pipeline)
     admin = AdminClient({"bootstrap.servers": servers})  # keep a reference until the future resolves
     admin.delete_topics([topic])[topic].result(timeout=30)
     for _ in range(60):  # metadata catches up with the deletion
@@ -132,13 +134,13 @@ def test_a_deleted_topic_fails_the_plan_by_name_and_moves_nothing(dsn, servers, 
             break
         time.sleep(0.5)
     with pytest.raises(PlanError, match=f"topic\\(s\\) not found in Kafka at {servers}: {topic}"):
-        plan_next_batch(dsn, servers, pipeline)
+        plan_next_batch(services, pipeline)
     assert positions(dsn, pipeline) == {(topic, 0): 0}
     assert [(b.batch_id, b.status) for b in batches(dsn, pipeline)] == [(planned.batch_id, "planned")]
 
 
 def test_a_recreated_and_refilled_topic_is_refused_until_reset_re_anchors_it(
-    dsn, servers, pipeline_factory, producer
+    dsn, servers, pipeline_factory, producer, services
 ):
     """The case of issue 21: 100 records read, the topic recreated and refilled with 300; positions (100) lie
     inside the new topic, so only its id tells that offsets 0-99 now name other records."""
@@ -150,15 +152,15 @@ def test_a_recreated_and_refilled_topic_is_refused_until_reset_re_anchors_it(
     topic = pipeline.topics[0]
     producer.send(topic, [good_value(i) for i in range(100)])
     assert run_pipeline_dag(pipeline).state == "success"
-    (old_id,) = kafka_offsets.topic_ids(servers, [topic]).values()
+    (old_id,) = kafka_offsets.topic_ids(kafka_for(servers), [topic]).values()
 
     recreate_topic(servers, topic)
     landed = producer.send(topic, [good_value(1000 + i) for i in range(300)])
-    (new_id,) = kafka_offsets.topic_ids(servers, [topic]).values()
+    (new_id,) = kafka_offsets.topic_ids(kafka_for(servers), [topic]).values()
     assert new_id != old_id and landed == [(topic, 0, offset) for offset in range(300)]
 
     with pytest.raises(TopicIdentityError) as refused:
-        plan_next_batch(dsn, servers, pipeline)
+        plan_next_batch(services, pipeline)
     assert f"topic {topic}: the ledger's positions refer to topic id {old_id}" in str(refused.value)
     assert f"has id {new_id}" in str(refused.value) and "Nothing was planned" in str(refused.value)
     outcome = run_pipeline_dag(pipeline)  # the DAG's plan task refuses the same way, at once: no retry can help
@@ -170,7 +172,7 @@ def test_a_recreated_and_refilled_topic_is_refused_until_reset_re_anchors_it(
     code, dry_run, _ = cli("reset", pipeline.name, "--to-earliest")
     assert code == 0 and dry_run["dry_run"] and dry_run["reanchored"] == {topic: {"before": old_id, "after": new_id}}
     with pytest.raises(TopicIdentityError):  # a dry run changes nothing
-        plan_next_batch(dsn, servers, pipeline)
+        plan_next_batch(services, pipeline)
     code, applied, stderr = cli("reset", pipeline.name, "--to-earliest", "--execute", "--reason", "topic recreated")
     assert code == 0, stderr
     assert applied["reanchored"] == {topic: {"before": old_id, "after": new_id}}
@@ -179,7 +181,7 @@ def test_a_recreated_and_refilled_topic_is_refused_until_reset_re_anchors_it(
 
     assert run_pipeline_dag(pipeline).state == "success"
     assert positions(dsn, pipeline) == {(topic, 0): 300}
-    stored = audit.postgres_record_ids(dsn, pipeline)
+    stored = audit.postgres_record_ids(LedgerDatabase(dsn), pipeline)
     assert sorted(stored.output) == landed and not stored.dead_letters
     # The old topic's rows under offsets 0-99 were replaced by the new topic's records.
     assert query(dsn, f"SELECT min(amount), max(amount) FROM it_output.{pipeline.output_table}") == [(1000, 1299)]
@@ -187,7 +189,7 @@ def test_a_recreated_and_refilled_topic_is_refused_until_reset_re_anchors_it(
 
 
 def test_a_topic_recreated_while_its_batch_is_read_is_refused_at_commit_and_its_old_rows_fail_verify(
-    dsn, servers, pipeline_factory, producer
+    dsn, servers, pipeline_factory, producer, services
 ):
     """Planning saw the topic it anchored; the topic was recreated before the batch committed. The commit refuses
     (nothing published, no position moved). Re-anchored by latest, the earlier topic's rows stay under offsets that
@@ -202,23 +204,23 @@ def test_a_topic_recreated_while_its_batch_is_read_is_refused_at_commit_and_its_
     topic = pipeline.topics[0]
     producer.send(topic, [good_value(i) for i in range(100)])
     assert run_pipeline_dag(pipeline).state == "success"
-    (old_id,) = kafka_offsets.topic_ids(servers, [topic]).values()
+    (old_id,) = kafka_offsets.topic_ids(kafka_for(servers), [topic]).values()
     producer.send(topic, [good_value(100 + i) for i in range(20)])
-    planned = plan_next_batch(dsn, servers, pipeline)
+    planned = plan_next_batch(services, pipeline)
     assert planned.ranges == [OffsetRange(topic, 0, 100, 120)]
     assert query(dsn, "SELECT topic_id FROM kafka_ledger.batch_ranges WHERE batch_id = %s",
                  planned.batch_id) == [(old_id,)]
-    with ledger.connect(dsn) as conn, conn.cursor() as cur:  # read by the old topic's attempt
+    with ledger.connect(LedgerDatabase(dsn)) as conn, conn.cursor() as cur:  # read by the old topic's attempt
         stage_rows(cur, pipeline, planned.batch_id, ledger.begin_attempt(cur, planned.batch_id), planned.ranges)
 
     recreate_topic(servers, topic)
     landed = producer.send(topic, [good_value(1000 + i) for i in range(300)])
-    (new_id,) = kafka_offsets.topic_ids(servers, [topic]).values()
+    (new_id,) = kafka_offsets.topic_ids(kafka_for(servers), [topic]).values()
     with pytest.raises(TopicIdentityError) as refused:
-        commit(dsn, servers, pipeline, planned.batch_id, Written())
+        commit(services, pipeline, planned.batch_id, Written())
     assert f"refer to topic id {old_id}, Kafka's {topic} has id {new_id}" in str(refused.value)
     assert f"Batch {planned.batch_id} read from it: nothing was published" in str(refused.value)
-    with ledger.connect(dsn) as conn, conn.cursor() as cur:
+    with ledger.connect(LedgerDatabase(dsn)) as conn, conn.cursor() as cur:
         assert output_count(cur, pipeline) == 100
         assert ledger.get_batch(cur, planned.batch_id).status == "written"
     assert positions(dsn, pipeline) == {(topic, 0): 100}
@@ -241,7 +243,7 @@ def test_a_topic_recreated_while_its_batch_is_read_is_refused_at_commit_and_its_
     assert code == 0, stderr
     report = verify_ok(pipeline)
     assert report["earlier_topic_offsets"] == 0 and report["unrecorded_topic_id_offsets"] == 0
-    stored = audit.postgres_record_ids(dsn, pipeline)
+    stored = audit.postgres_record_ids(LedgerDatabase(dsn), pipeline)
     assert sorted(stored.output) == landed[:100] and not stored.dead_letters
     assert query(dsn, f"SELECT min(amount), max(amount) FROM it_output.{pipeline.output_table}") == [(1000, 1099)]
 
@@ -271,7 +273,7 @@ def test_retention_headroom_warns_before_retention_deletes_unread_offsets_and_th
     outcome = run_pipeline_dag(pipeline)
     assert outcome.tasks["check_retention_headroom"] == "failed", outcome
     assert outcome.tasks[PLAN_TASK] == "success" and outcome.tasks[spark_task(pipeline)] == "success", outcome
-    assert sorted(audit.postgres_record_ids(dsn, pipeline).output) == first
+    assert sorted(audit.postgres_record_ids(LedgerDatabase(dsn), pipeline).output) == first
     partition, warning = partition_status(pipeline)
     assert partition["headroom"]["basis"] == "nothing unread" and warning is None
 
@@ -318,7 +320,7 @@ def test_a_compacted_topic_is_read_with_its_gaps_and_verifies_after_more_compact
     done = batches(dsn, pipeline)
     assert [(r.from_offset, r.until_offset) for b in done for r in b.ranges] == [(0, 5), (5, 10), (10, 15), (15, 16)]
     assert [b.records_read for b in done] == [5, 0, 5, 1]
-    assert sorted(audit.postgres_record_ids(dsn, pipeline).output) == sorted(early + newer + filler)
+    assert sorted(audit.postgres_record_ids(LedgerDatabase(dsn), pipeline).output) == sorted(early + newer + filler)
     assert positions(dsn, pipeline) == {(topic, 0): 16}
     assert verify_ok(pipeline)["kafka_records"] == 11
 
@@ -328,7 +330,8 @@ def test_a_compacted_topic_is_read_with_its_gaps_and_verifies_after_more_compact
     wait_until_compacted(servers, topic, early)
     for _ in range(2):  # [16,21) and [21,22)
         assert run_pipeline_dag(pipeline).state == "success"
-    assert sorted(audit.postgres_record_ids(dsn, pipeline).output) == sorted(early + newer + filler + latest + last)
+    stored = audit.postgres_record_ids(LedgerDatabase(dsn), pipeline).output
+    assert sorted(stored) == sorted(early + newer + filler + latest + last)
     report = verify_ok(pipeline)
     assert (report["compacted_away"], report["kafka_records"]) == (5, 12)
     assert any("compaction has removed" in w for w in report["warnings"])

@@ -50,13 +50,13 @@ def rows_by_offset(sink: IcebergSink) -> dict[tuple[str, int, int], dict]:
 
 
 def test_each_batch_commits_one_stamped_snapshot_and_the_table_holds_each_record_once(
-        dsn, servers, pipeline_factory, producer):
+        dsn, servers, pipeline_factory, producer, services):
     pipeline = pipeline_factory("iceberg", partitions=3)
     sink = IcebergSink(pipeline)
     first = produce(producer, pipeline, [good_value(i) for i in range(300)] + [b"not json", b'{"amount": 1}'])
-    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    ConnectBatch(pipeline, plan_next_batch(services, pipeline).batch_id).run(services)
     produce(producer, pipeline, [good_value(i) for i in range(300, 400)])
-    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    ConnectBatch(pipeline, plan_next_batch(services, pipeline).batch_id).run(services)
 
     expected_dead = {first[300]: "malformed JSON (not a JSON object)",
                      first[301]: "required field 'event_id' is missing or null"}
@@ -81,11 +81,11 @@ def test_each_batch_commits_one_stamped_snapshot_and_the_table_holds_each_record
 
 
 def test_a_crash_between_the_snapshot_and_the_ledgers_commit_is_adopted_not_written_again(
-        dsn, servers, pipeline_factory, producer, tmp_path):
+        dsn, servers, pipeline_factory, producer, tmp_path, services):
     pipeline = pipeline_factory("iceberg_adopt", partitions=2)
     sink = IcebergSink(pipeline)
     sent = produce(producer, pipeline, [good_value(i) for i in range(500)] + [b"not json"])
-    batch_id = plan_next_batch(dsn, servers, pipeline).batch_id
+    batch_id = plan_next_batch(services, pipeline).batch_id
 
     code, _, _ = finish(start_task(pipeline, batch_id, "after_snapshot=kill", tmp_path))
     assert code == -signal.SIGKILL and (tmp_path / "after_snapshot").exists()
@@ -103,11 +103,11 @@ def test_a_crash_between_the_snapshot_and_the_ledgers_commit_is_adopted_not_writ
 
 
 def test_racing_attempts_on_the_same_batch_leave_its_rows_in_the_table_once(
-        dsn, servers, pipeline_factory, producer):
+        dsn, servers, pipeline_factory, producer, services):
     pipeline = pipeline_factory("iceberg_race", partitions=3)
     sink = IcebergSink(pipeline)
     produce(producer, pipeline, [good_value(i) for i in range(20_000)])
-    batch_id = plan_next_batch(dsn, servers, pipeline).batch_id
+    batch_id = plan_next_batch(services, pipeline).batch_id
 
     first = start_task(pipeline, batch_id)
     second = start_task(pipeline, batch_id)  # a zombie and its replacement, both alive at once
@@ -123,10 +123,10 @@ def test_racing_attempts_on_the_same_batch_leave_its_rows_in_the_table_once(
     assert max(Counter(sink.output_record_ids(None)).values()) == 1
 
 
-def test_a_partition_spec_and_file_size_are_the_tables(dsn, servers, pipeline_factory, producer):
+def test_a_partition_spec_and_file_size_are_the_tables(dsn, servers, pipeline_factory, producer, services):
     pipeline = pipeline_factory("iceberg_days", partitions=2)
     produce(producer, pipeline, [good_value(i) for i in range(1000)])
-    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    ConnectBatch(pipeline, plan_next_batch(services, pipeline).batch_id).run(services)
     assert_exactly_once(dsn, servers, pipeline, {})
     table = IcebergSink(pipeline).table()
     assert [(f.name, str(f.transform)) for f in table.spec().fields] == [
@@ -134,7 +134,8 @@ def test_a_partition_spec_and_file_size_are_the_tables(dsn, servers, pipeline_fa
     assert table.properties["write.target-file-size-bytes"] == str(8 << 20)
 
 
-def test_what_the_sink_cannot_take_is_refused_before_anything_is_recorded(dsn, servers, pipeline_factory, producer):
+def test_what_the_sink_cannot_take_is_refused_before_anything_is_recorded(
+        dsn, servers, pipeline_factory, producer, services):
     def nothing_recorded(pipeline) -> None:
         assert batches(dsn, pipeline) == []
 
@@ -149,29 +150,29 @@ def test_what_the_sink_cannot_take_is_refused_before_anything_is_recorded(dsn, s
     sink.catalog().create_table(sink.identifier, schema=Schema(NestedField(1, "amount", StringType())))
     with pytest.raises(IcebergSinkError, match=r"does not fit the declared columns: column event_id is missing;.*"
                                                r"column amount is string, not long \(long\)"):
-        plan_next_batch(dsn, servers, conflict)
+        plan_next_batch(services, conflict)
     nothing_recorded(conflict)
 
     # A catalog Spark's settings do not declare.
     no_catalog = pipeline_factory("iceberg_no_catalog", partitions=1)
     with pytest.raises(IcebergSinkError, match="catalog 'elsewhere' is not declared in .*spark-defaults.conf"):
-        plan_next_batch(dsn, servers, no_catalog)
+        plan_next_batch(services, no_catalog)
     nothing_recorded(no_catalog)
 
 
-def test_a_replay_replaces_exactly_its_ranges_rows_in_one_snapshot(dsn, servers, pipeline_factory, producer):
+def test_a_replay_replaces_exactly_its_ranges_rows_in_one_snapshot(dsn, servers, pipeline_factory, producer, services):
     pipeline = pipeline_factory("iceberg_replay", partitions=2)
     sink = IcebergSink(pipeline)
     sent = produce(producer, pipeline, [good_value(i) for i in range(400)] + [b"not json"])
-    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    ConnectBatch(pipeline, plan_next_batch(services, pipeline).batch_id).run(services)
     produce(producer, pipeline, [good_value(i) for i in range(400, 500)])
-    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    ConnectBatch(pipeline, plan_next_batch(services, pipeline).batch_id).run(services)
     first, second = batches(dsn, pipeline)
     before = rows_by_offset(sink)
 
-    replay = plan_batch(dsn, servers, pipeline, BatchRequest(mode="replay_batch", batch_id=first.batch_id,
+    replay = plan_batch(services, pipeline, BatchRequest(mode="replay_batch", batch_id=first.batch_id,
                                                              reason="test"), requested_by="test")
-    ConnectBatch(pipeline, replay.batch_id).run(dsn, servers)
+    ConnectBatch(pipeline, replay.batch_id).run(services)
     replayed = batches(dsn, pipeline)[-1]
     assert (replayed.kind, replayed.status, replayed.replay_of) == ("replay", "committed", first.batch_id)
     # One more snapshot, stamped with the replay; the first batch's rows now the replay's, the second's untouched.
@@ -188,21 +189,21 @@ def test_a_replay_replaces_exactly_its_ranges_rows_in_one_snapshot(dsn, servers,
 
 
 def test_verify_reads_the_table_back_and_finds_a_row_removed_behind_the_ledgers_back(
-        dsn, servers, pipeline_factory, producer):
+        dsn, servers, pipeline_factory, producer, services):
     from pyiceberg.expressions import And, EqualTo
 
     from kafka_ledger.ops.verify import verify_pipeline
 
     pipeline = pipeline_factory("iceberg_verify", partitions=2)
     sent = produce(producer, pipeline, [good_value(i) for i in range(300)])
-    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
-    report = verify_pipeline(dsn, servers, pipeline)
+    ConnectBatch(pipeline, plan_next_batch(services, pipeline).batch_id).run(services)
+    report = verify_pipeline(services, pipeline)
     assert report.ok and (report.output_rows, report.missing) == (300, 0)
 
     topic, partition, offset = sent[17]
     IcebergSink(pipeline).table().delete(And(EqualTo("kafka_topic", topic), EqualTo("kafka_partition", partition),
                                              EqualTo("kafka_offset", offset)))
-    report = verify_pipeline(dsn, servers, pipeline, full=True)
+    report = verify_pipeline(services, pipeline, full=True)
     assert not report.ok and (report.output_rows, report.missing) == (299, 1)
 
     # A row written behind the ledger's back for a partition it never read, in a file of its own: verify learns
@@ -211,39 +212,40 @@ def test_verify_reads_the_table_back_and_finds_a_row_removed_behind_the_ledgers_
     row = table.scan(limit=1).to_arrow()
     index = row.schema.get_field_index("kafka_partition")
     table.append(row.set_column(index, row.schema.field(index), pa.array([7], row.schema.field(index).type)))
-    report = verify_pipeline(dsn, servers, pipeline)
+    report = verify_pipeline(services, pipeline)
     assert not report.ok and report.outside_committed == 1, report.problems
 
 
-def test_a_rewrite_waits_until_the_unfinished_catch_up_batch_has_committed(dsn, servers, pipeline_factory, producer):
+def test_a_rewrite_waits_until_the_unfinished_catch_up_batch_has_committed(
+        dsn, servers, pipeline_factory, producer, services):
     # A rewrite's MERGE would leave files whose batch ids straddle the unfinished batch's, which its overwrite of
     # whole files could then never replace (IcebergSink.rewrites_wait_for_catch_up).
     pipeline = pipeline_factory("iceberg_rewrite_waits", partitions=2)
     produce(producer, pipeline, [good_value(i) for i in range(200)])
-    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    ConnectBatch(pipeline, plan_next_batch(services, pipeline).batch_id).run(services)
     produce(producer, pipeline, [good_value(i) for i in range(200, 300)])
-    first, unfinished = batches(dsn, pipeline)[0], plan_next_batch(dsn, servers, pipeline)
+    first, unfinished = batches(dsn, pipeline)[0], plan_next_batch(services, pipeline)
     replay = BatchRequest(mode="replay_batch", batch_id=first.batch_id, reason="test")
     with pytest.raises(RequestError, match=f"catch-up batch {unfinished.batch_id} of .* is planned: its iceberg "
                                            "sink takes a rewrite only once that batch has committed"):
-        plan_batch(dsn, servers, pipeline, replay, requested_by="test")
+        plan_batch(services, pipeline, replay, requested_by="test")
     assert len(batches(dsn, pipeline)) == 2  # nothing recorded
 
-    ConnectBatch(pipeline, unfinished.batch_id).run(dsn, servers)
-    ConnectBatch(pipeline, plan_batch(dsn, servers, pipeline, replay, requested_by="test").batch_id).run(dsn, servers)
+    ConnectBatch(pipeline, unfinished.batch_id).run(services)
+    ConnectBatch(pipeline, plan_batch(services, pipeline, replay, requested_by="test").batch_id).run(services)
     assert [b.status for b in batches(dsn, pipeline)] == ["committed"] * 3
     assert_exactly_once(dsn, servers, pipeline, {})
 
 
 def test_maintenance_compacts_and_expires_but_keeps_the_snapshot_an_unfinished_batch_adopts(
-        dsn, servers, pipeline_factory, producer, tmp_path):
+        dsn, servers, pipeline_factory, producer, tmp_path, services):
     pipeline = pipeline_factory("iceberg_upkeep", partitions=3)  # expire_after_hours 0, retain_last 1
     sink = IcebergSink(pipeline)
     for n in range(3):
         produce(producer, pipeline, [good_value(i) for i in range(n * 300, (n + 1) * 300)])
-        ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+        ConnectBatch(pipeline, plan_next_batch(services, pipeline).batch_id).run(services)
     sent = produce(producer, pipeline, [good_value(i) for i in range(900, 1200)] + [b"not json"])
-    batch_id = plan_next_batch(dsn, servers, pipeline).batch_id
+    batch_id = plan_next_batch(services, pipeline).batch_id
     code, _, _ = finish(start_task(pipeline, batch_id, "after_snapshot=kill", tmp_path))
     assert code == -signal.SIGKILL  # its snapshot landed; the ledger has not recorded it
     [landed] = [s for s, summary in snapshots(sink) if summary[BATCH_KEY] == str(batch_id)]
@@ -272,18 +274,18 @@ def test_maintenance_compacts_and_expires_but_keeps_the_snapshot_an_unfinished_b
 
 
 def test_the_submit_runtime_publishes_one_snapshot_per_batch_adopts_after_a_crash_and_replays(
-        dsn, servers, pipeline_factory, producer, tmp_path, monkeypatch):
+        dsn, servers, pipeline_factory, producer, tmp_path, monkeypatch, services):
     pipeline = pipeline_factory("iceberg_submit", partitions=2)
     sink = IcebergSink(pipeline)
     sent = produce(producer, pipeline, [good_value(i) for i in range(300)] + [b"not json"])
     dead = {sent[-1]: "malformed JSON (not a JSON object)"}
-    first = SubmitRuntime().run_batch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id, dsn, servers)
+    first = SubmitRuntime().run_batch(pipeline, plan_next_batch(services, pipeline).batch_id, dsn, servers)
     assert first.already_committed  # the Spark job committed it; the commit task found it so
     assert_exactly_once(dsn, servers, pipeline, dead)
 
     # The Spark job killed between its snapshot and the ledger's commit: the next attempt adopts the snapshot.
     produce(producer, pipeline, [good_value(i) for i in range(300, 500)])
-    batch_id = plan_next_batch(dsn, servers, pipeline).batch_id
+    batch_id = plan_next_batch(services, pipeline).batch_id
     monkeypatch.setenv("KAFKA_LEDGER_FAILPOINTS", "after_snapshot=kill")
     monkeypatch.setenv("KAFKA_LEDGER_FAILPOINTS_ONCE_DIR", str(tmp_path))
     with pytest.raises(Exception, match="spark-submit"):
@@ -291,15 +293,15 @@ def test_the_submit_runtime_publishes_one_snapshot_per_batch_adopts_after_a_cras
     assert (tmp_path / "after_snapshot").exists()
     [landed] = [s for s, summary in snapshots(sink) if summary[BATCH_KEY] == str(batch_id)]
     assert batches(dsn, pipeline)[-1].status == "planned"
-    SubmitRuntime().run_batch(pipeline, batch_id, dsn, servers)  # the fail point fired once: the retry runs clean
+    SubmitRuntime().run_batch(pipeline, batch_id, services)  # the fail point fired once: the retry runs clean
     assert [(b.status, b.snapshot_id) for b in batches(dsn, pipeline)][-1] == ("committed", landed)
     assert len(snapshots(sink)) == 2
     assert_exactly_once(dsn, servers, pipeline, dead)
 
     # A replay: the job's MERGE, stamped through its own session.
-    replay = plan_batch(dsn, servers, pipeline, BatchRequest(mode="replay_batch", batch_id=batch_id, reason="test"),
+    replay = plan_batch(services, pipeline, BatchRequest(mode="replay_batch", batch_id=batch_id, reason="test"),
                         requested_by="test")
-    SubmitRuntime().run_batch(pipeline, replay.batch_id, dsn, servers)
+    SubmitRuntime().run_batch(pipeline, replay.batch_id, services)
     history = snapshots(sink)
     assert len(history) == 3 and history[-1][1][BATCH_KEY] == str(replay.batch_id)
     assert batches(dsn, pipeline)[-1].snapshot_id == history[-1][0]
@@ -307,14 +309,14 @@ def test_the_submit_runtime_publishes_one_snapshot_per_batch_adopts_after_a_cras
 
 
 def test_a_warehouse_that_cannot_take_the_files_fails_the_batch_and_publishes_nothing(
-        dsn, servers, pipeline_factory, producer):
+        dsn, servers, pipeline_factory, producer, services):
     import shutil
     from pathlib import Path
 
     pipeline = pipeline_factory("iceberg_unwritable", partitions=2)
     sink = IcebergSink(pipeline)
     produce(producer, pipeline, [good_value(i) for i in range(100)])
-    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    ConnectBatch(pipeline, plan_next_batch(services, pipeline).batch_id).run(services)
     before, moved = snapshots(sink), positions(dsn, pipeline)
 
     # The table's data folder becomes a file: no data file can be written there (as on a full disk, a write fails).
@@ -322,28 +324,29 @@ def test_a_warehouse_that_cannot_take_the_files_fails_the_batch_and_publishes_no
     shutil.move(data, data.with_name("data.kept"))
     data.write_text("not a folder")
     produce(producer, pipeline, [good_value(i) for i in range(100, 200)])
-    batch_id = plan_next_batch(dsn, servers, pipeline).batch_id
+    batch_id = plan_next_batch(services, pipeline).batch_id
     try:
         with pytest.raises(SparkReadError, match=f"Spark failed attempt 1 of batch {batch_id} .*nothing was published"):
-            ConnectBatch(pipeline, batch_id).run(dsn, servers)
+            ConnectBatch(pipeline, batch_id).run(services)
         assert snapshots(sink) == before and positions(dsn, pipeline) == moved  # nothing landed, nothing moved
         assert batches(dsn, pipeline)[-1].status == "planned"
     finally:
         data.unlink()
         shutil.move(data.with_name("data.kept"), data)
-    ConnectBatch(pipeline, batch_id).run(dsn, servers)  # the retry, with the warehouse back
+    ConnectBatch(pipeline, batch_id).run(services)  # the retry, with the warehouse back
     assert [b.status for b in batches(dsn, pipeline)] == ["committed", "committed"]
     assert_exactly_once(dsn, servers, pipeline, {})
 
 
-def test_the_ledger_page_and_its_api_name_each_batchs_snapshot(dsn, servers, pipeline_factory, producer, monkeypatch):
+def test_the_ledger_page_and_its_api_name_each_batchs_snapshot(
+        dsn, servers, pipeline_factory, producer, monkeypatch, services):
     from fastapi.testclient import TestClient
 
     from kafka_ledger.ops.web import app as web_app
 
     pipeline = pipeline_factory("iceberg_page", partitions=2)
     produce(producer, pipeline, [good_value(i) for i in range(50)])
-    ConnectBatch(pipeline, plan_next_batch(dsn, servers, pipeline).batch_id).run(dsn, servers)
+    ConnectBatch(pipeline, plan_next_batch(services, pipeline).batch_id).run(services)
     (batch,) = batches(dsn, pipeline)
     monkeypatch.setattr(web_app, "_pipelines", lambda: ({pipeline.name: pipeline}, {}))
     client = TestClient(web_app.create_app())

@@ -13,6 +13,7 @@ from integration_support import RecordedProducer, good_value, output_count, stag
 
 from kafka_ledger.batch.commit import CommitError, Written, commit
 from kafka_ledger.batch.plan import plan_next_batch
+from kafka_ledger.config.services import LedgerDatabase
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ledger import sql
 from kafka_ledger.model.ranges import LostDataError, OffsetRange
@@ -20,12 +21,13 @@ from kafka_ledger.model.ranges import LostDataError, OffsetRange
 pytestmark = pytest.mark.integration
 
 
-def test_plan_fails_naming_the_lost_ranges_when_retention_deleted_unread_data(dsn, servers, pipeline_factory, producer):
+def test_plan_fails_naming_the_lost_ranges_when_retention_deleted_unread_data(
+        dsn, servers, pipeline_factory, producer, services):
     pipeline = pipeline_factory("lost", partitions=2)
     topic = pipeline.topics[0]
     producer.send(topic, [good_value(i) for i in range(100)], partition=0)
     producer.send(topic, [good_value(i) for i in range(10)], partition=1)
-    planned = plan_next_batch(dsn, servers, pipeline)
+    planned = plan_next_batch(services, pipeline)
     assert planned.ranges == [OffsetRange(topic, 0, 0, 100), OffsetRange(topic, 1, 0, 10)]
     # Retention deletes offsets 0..39 of partition 0 before the batch is read.
     deleted = KafkaTopicPartition(topic, 0, 40)
@@ -33,60 +35,61 @@ def test_plan_fails_naming_the_lost_ranges_when_retention_deleted_unread_data(ds
     admin.delete_records([deleted])[deleted].result(timeout=30)
 
     with pytest.raises(LostDataError) as raised:
-        plan_next_batch(dsn, servers, pipeline)
+        plan_next_batch(services, pipeline)
 
     assert raised.value.lost == [OffsetRange(topic, 0, 0, 40)]
     assert f"{topic}-0 [0, 40)" in str(raised.value)
-    with ledger.connect(dsn) as conn, conn.cursor() as cur:
+    with ledger.connect(LedgerDatabase(dsn)) as conn, conn.cursor() as cur:
         assert set(ledger.positions(cur, pipeline.name).values()) == {0}  # no offset moved
 
 
-def test_latest_start_position_skips_history_and_reads_what_follows(dsn, servers, pipeline_factory, producer):
+def test_latest_start_position_skips_history_and_reads_what_follows(dsn, servers, pipeline_factory, producer, services):
     pipeline = pipeline_factory("latest", partitions=2)
     topic = pipeline.topics[0]
     producer.send(topic, [good_value(i) for i in range(20)], partition=0)
 
-    assert plan_next_batch(dsn, servers, pipeline).batch_id is None
-    with ledger.connect(dsn) as conn, conn.cursor() as cur:
+    assert plan_next_batch(services, pipeline).batch_id is None
+    with ledger.connect(LedgerDatabase(dsn)) as conn, conn.cursor() as cur:
         assert {tp.partition: pos for tp, pos in ledger.positions(cur, pipeline.name).items()} == {0: 20, 1: 0}
 
     producer.send(topic, [good_value(i) for i in range(5)], partition=0)
-    planned = plan_next_batch(dsn, servers, pipeline)
+    planned = plan_next_batch(services, pipeline)
     assert planned.ranges == [OffsetRange(topic, 0, 20, 25)]
 
 
-def test_partitions_added_between_runs_start_at_the_log_start(dsn, servers, pipeline_factory, producer):
+def test_partitions_added_between_runs_start_at_the_log_start(dsn, servers, pipeline_factory, producer, services):
     pipeline = pipeline_factory("partitions", partitions=1)
     topic = pipeline.topics[0]
     producer.send(topic, [good_value(i) for i in range(3)], partition=0)
-    first = plan_next_batch(dsn, servers, pipeline)
+    first = plan_next_batch(services, pipeline)
     assert first.ranges == [OffsetRange(topic, 0, 0, 3)]
-    with ledger.connect(dsn) as conn, conn.cursor() as cur:  # forget it: this test is about planning only
+    # Forget it: this test is about planning only.
+    with ledger.connect(LedgerDatabase(dsn)) as conn, conn.cursor() as cur:
         cur.execute("DELETE FROM kafka_ledger.batches WHERE batch_id = %s", (first.batch_id,))
 
     admin = AdminClient({"bootstrap.servers": servers})  # keep a reference until the future resolves
     admin.create_partitions([NewPartitions(topic, 3)])[topic].result(timeout=30)
     RecordedProducer(servers).send(topic, [good_value(i) for i in range(4)], partition=2)  # fresh metadata
 
-    planned = plan_next_batch(dsn, servers, pipeline)
+    planned = plan_next_batch(services, pipeline)
     assert planned.ranges == [OffsetRange(topic, 0, 0, 3), OffsetRange(topic, 2, 0, 4)]
 
 
-def test_commit_refuses_a_moved_position_and_writes_nothing(dsn, servers, pipeline_factory, producer):
+def test_commit_refuses_a_moved_position_and_writes_nothing(dsn, servers, pipeline_factory, producer, services):
     pipeline = pipeline_factory("cas", partitions=1)
     topic = pipeline.topics[0]
     producer.send(topic, [good_value(i) for i in range(10)])
-    planned = plan_next_batch(dsn, servers, pipeline)
-    with ledger.connect(dsn) as conn, conn.cursor() as cur:
+    planned = plan_next_batch(services, pipeline)
+    with ledger.connect(LedgerDatabase(dsn)) as conn, conn.cursor() as cur:
         attempt = ledger.begin_attempt(cur, planned.batch_id)
         stage_rows(cur, pipeline, planned.batch_id, attempt, planned.ranges)
         # Someone else (a zombie run, a hand-made fix) moved the position since the batch was planned.
         cur.execute("UPDATE kafka_ledger.positions SET position = 4 WHERE pipeline = %s", (pipeline.name,))
 
     with pytest.raises(CommitError, match=rf"compare-and-set.*{topic}-0: ledger position 4, batch starts at 0"):
-        commit(dsn, servers, pipeline, planned.batch_id, Written())
+        commit(services, pipeline, planned.batch_id, Written())
 
-    with ledger.connect(dsn) as conn, conn.cursor() as cur:
+    with ledger.connect(LedgerDatabase(dsn)) as conn, conn.cursor() as cur:
         assert output_count(cur, pipeline) == 0
         batch = ledger.get_batch(cur, planned.batch_id)
         assert batch.status == "written" and "compare-and-set" in batch.last_error
@@ -94,19 +97,19 @@ def test_commit_refuses_a_moved_position_and_writes_nothing(dsn, servers, pipeli
         assert cur.fetchone()[0] == 0
         cur.execute("UPDATE kafka_ledger.positions SET position = 0 WHERE pipeline = %s", (pipeline.name,))
 
-    result = commit(dsn, servers, pipeline, planned.batch_id, Written())  # with the position restored, it commits
+    result = commit(services, pipeline, planned.batch_id, Written())  # with the position restored, it commits
     assert (result.already_committed, result.records_written) == (False, 10)
-    with ledger.connect(dsn) as conn, conn.cursor() as cur:
+    with ledger.connect(LedgerDatabase(dsn)) as conn, conn.cursor() as cur:
         assert output_count(cur, pipeline) == 10
         assert ledger.positions(cur, pipeline.name)[planned.ranges[0].topic_partition] == 10
 
 
-def test_commit_refuses_a_batch_that_was_not_written(dsn, servers, pipeline_factory, producer):
+def test_commit_refuses_a_batch_that_was_not_written(dsn, servers, pipeline_factory, producer, services):
     pipeline = pipeline_factory("unwritten", partitions=1)
     producer.send(pipeline.topics[0], [good_value(0)])
-    planned = plan_next_batch(dsn, servers, pipeline)
+    planned = plan_next_batch(services, pipeline)
     with pytest.raises(CommitError, match="is planned, not written"):
-        commit(dsn, servers, pipeline, planned.batch_id, Written())
+        commit(services, pipeline, planned.batch_id, Written())
 
 
 @pytest.fixture
@@ -147,7 +150,7 @@ def test_database_allows_one_unfinished_batch_per_pipeline(ledger_cursor):
 
 
 def test_a_held_pipeline_lock_fails_the_plan_after_its_bound_naming_the_holder(
-    dsn, servers, pipeline_factory, producer, monkeypatch
+    dsn, servers, pipeline_factory, producer, monkeypatch, services
 ):
     pipeline = pipeline_factory("locked", partitions=1)
     topic = pipeline.topics[0]
@@ -159,7 +162,7 @@ def test_a_held_pipeline_lock_fails_the_plan_after_its_bound_naming_the_holder(
         monkeypatch.setenv("KAFKA_LEDGER_DB_LOCK_TIMEOUT", "2")
         started = time.monotonic()
         with pytest.raises(ledger.LedgerError) as raised:
-            plan_next_batch(dsn, servers, pipeline)
+            plan_next_batch(services, pipeline)
         assert 1.5 < time.monotonic() - started < 30
         message = str(raised.value)
         assert f"pipeline {pipeline.name!r}: waited 2 s for its ledger lock" in message
@@ -168,11 +171,11 @@ def test_a_held_pipeline_lock_fails_the_plan_after_its_bound_naming_the_holder(
     finally:
         hung.close()
     monkeypatch.delenv("KAFKA_LEDGER_DB_LOCK_TIMEOUT")
-    with ledger.connect(dsn) as conn, conn.cursor() as cur:
+    with ledger.connect(LedgerDatabase(dsn)) as conn, conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM kafka_ledger.batches WHERE pipeline = %s", (pipeline.name,))
         assert cur.fetchone() == (0,)
         cur.execute("SELECT current_setting('statement_timeout'), current_setting('lock_timeout')")
         assert cur.fetchone() == ("10min", "10min")  # every ledger connection's defaults
     conn.close()
     # The holder gone, the same plan goes through.
-    assert plan_next_batch(dsn, servers, pipeline).ranges == [OffsetRange(topic, 0, 0, 5)]
+    assert plan_next_batch(services, pipeline).ranges == [OffsetRange(topic, 0, 0, 5)]

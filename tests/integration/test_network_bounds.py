@@ -87,7 +87,7 @@ PLAN_REASONS = {"kafka": "cannot reach Kafka", POSTGRES: "timeout expired"}
 
 @pytest.mark.parametrize("service", ["kafka", POSTGRES])
 def test_a_blackholed_service_fails_planning_within_its_bound_and_records_nothing(
-    dsn, servers, pipeline_factory, producer, proxies, service
+    dsn, servers, pipeline_factory, producer, proxies, service, services
 ):
     pipeline = pipeline_factory(f"blackholed_plan_{service}", partitions=2)
     sent = producer.send(pipeline.topics[0], [good_value(i) for i in range(500)])
@@ -108,7 +108,7 @@ def test_a_blackholed_service_fails_planning_within_its_bound_and_records_nothin
     assert took <= PLAN_BOUNDS[service] + 30, f"planning failed {took:.0f} s into the blackhole"
     assert batches(dsn, pipeline) == []
 
-    planned = plan_next_batch(dsn, servers, pipeline)  # the task's retry, direct
+    planned = plan_next_batch(services, pipeline)  # the task's retry, direct
     code, _, err = finish(start_task(pipeline, planned.batch_id))
     assert code == 0, err[-3000:]
     assert_exactly_once(dsn, servers, pipeline, {})

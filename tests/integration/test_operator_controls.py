@@ -26,6 +26,7 @@ from integration_support import (
 from kafka_ledger.airflow.dags import run_pipeline_dag
 from kafka_ledger.batch.plan import plan_batch
 from kafka_ledger.batch.requests import parse_request
+from kafka_ledger.config.services import LedgerDatabase
 from kafka_ledger.ops import readback as audit
 
 pytestmark = pytest.mark.integration
@@ -37,7 +38,8 @@ def output_batch_ids(dsn: str, pipeline) -> dict[tuple[str, int, int], int]:
     return {(t, p, o): b for t, p, o, b in rows}
 
 
-def test_replay_of_a_committed_batch_replaces_its_rows_and_keeps_positions(dsn, servers, pipeline_factory, producer):
+def test_replay_of_a_committed_batch_replaces_its_rows_and_keeps_positions(
+        dsn, servers, pipeline_factory, producer, services):
     pipeline = pipeline_factory("replay", partitions=2)
     first = producer.send(pipeline.topics[0], [good_value(i) for i in range(100)] + [b"not json"])
     assert run_pipeline_dag(pipeline).state == "success"
@@ -63,14 +65,14 @@ def test_replay_of_a_committed_batch_replaces_its_rows_and_keeps_positions(dsn, 
 
     # Replaying the pipeline's own unfinished catch-up batch completes it: only then do positions move.
     producer.send(pipeline.topics[0], [good_value(i) for i in range(100, 120)])
-    unfinished = plan_batch(dsn, servers, pipeline)
+    unfinished = plan_batch(services, pipeline)
     assert positions(dsn, pipeline) == before
     code, data, err = cli("replay", pipeline.name, "--batch", str(unfinished.batch_id))
     assert code == 0 and data["plan"]["resumed"] and data["plan"]["kind"] == "catch_up", err
     assert_exactly_once(dsn, servers, pipeline, {first[-1]: "malformed JSON (not a JSON object)"})
 
 
-def test_offset_ranges_are_validated_then_replaced_through_the_cli(dsn, servers, pipeline_factory, producer):
+def test_offset_ranges_are_validated_then_replaced_through_the_cli(dsn, servers, pipeline_factory, producer, services):
     pipeline = pipeline_factory("ranges", partitions=2)
     topic = pipeline.topics[0]
     producer.send(topic, [good_value(i) for i in range(60)], partition=0)
@@ -99,7 +101,7 @@ def test_offset_ranges_are_validated_then_replaced_through_the_cli(dsn, servers,
     assert [b.batch_id for b in batches(dsn, pipeline)] == [first.batch_id]
 
     # An in-flight rewrite blocks overlapping requests until it is finished (by replaying it).
-    in_flight = plan_batch(dsn, servers, pipeline, parse_request(
+    in_flight = plan_batch(services, pipeline, parse_request(
         {"mode": "offset_ranges", "ranges": [{"topic": topic, "partition": 1, "from": 0, "until": 20}]}))
     code, _, err = cli("replay", pipeline.name, "--range", f"{topic}:1:10:30")
     assert code == 3 and f"overlaps {topic}-1 [0, 20) of batch {in_flight.batch_id}" in err, err
@@ -152,7 +154,7 @@ def test_time_window_resolves_kafka_timestamps_to_offsets(dsn, servers, pipeline
     verify_ok(pipeline)
 
 
-def test_resets_dry_run_audit_reread_skip_and_abandon(dsn, servers, pipeline_factory, producer):
+def test_resets_dry_run_audit_reread_skip_and_abandon(dsn, servers, pipeline_factory, producer, services):
     pipeline = pipeline_factory("reset", partitions=2)
     topic = pipeline.topics[0]
     producer.send(topic, [good_value(i) for i in range(50)], partition=0)
@@ -194,12 +196,12 @@ def test_resets_dry_run_audit_reread_skip_and_abandon(dsn, servers, pipeline_fac
     assert (topic, 1, 50, 80, "skipped") in coverage(dsn, pipeline)
     code, data, _ = cli("status", pipeline.name)
     assert [p["skipped_offsets"] for p in data["partitions"]] == [0, 30]
-    assert not set(skipped) & set(audit.postgres_record_ids(dsn, pipeline).output)
+    assert not set(skipped) & set(audit.postgres_record_ids(LedgerDatabase(dsn), pipeline).output)
     verify_ok(pipeline)
 
     # An unfinished batch blocks a reset until it is abandoned explicitly.
     producer.send(topic, [good_value(i) for i in range(5)], partition=0)
-    blocked = plan_batch(dsn, servers, pipeline)
+    blocked = plan_batch(services, pipeline)
     code, _, err = cli("reset", pipeline.name, "--to-earliest", "--execute", "--reason", "full reload")
     assert code == 3 and f"batch(es) {blocked.batch_id}" in err, err
     code, data, err = cli("reset", pipeline.name, "--to-earliest", "--execute", "--reason", "full reload",

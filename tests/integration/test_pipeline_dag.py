@@ -11,6 +11,8 @@ from integration_support import BAD_VALUES, assert_exactly_once, batches, good_v
 
 from kafka_ledger.airflow.dags import run_pipeline_dag
 from kafka_ledger.batch.commit import Written, commit
+from kafka_ledger.config.services import LedgerDatabase
+from kafka_ledger.config.settings import kafka_for
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ops import readback as audit
@@ -41,7 +43,7 @@ def test_two_runs_publish_every_record_exactly_once(dsn, servers, pipeline_facto
     assert [b.records_read for b in done] == [305, 201]
     assert [(b.records_written, b.records_dead_lettered) for b in done] == [(300, 5), (200, 1)]
     # The two batches' ranges tile each partition from 0 to its end offset.
-    ends = kafka_offsets.partition_offsets(servers, pipeline.topics)
+    ends = kafka_offsets.partition_offsets(kafka_for(servers), pipeline.topics)
     for tp, offsets in ends.items():
         spans = sorted((r.from_offset, r.until_offset) for b in done for r in b.ranges if r.topic_partition == tp)
         assert spans[0][0] == 0 and spans[-1][1] == offsets.end
@@ -74,7 +76,7 @@ def test_backlog_over_the_cap_drains_in_capped_batches(dsn, servers, pipeline_fa
     assert first.state == "success"
     assert first.tasks["drain_backlog"] == "success"  # the next run was triggered, no operator needed
     runs = 1
-    while audit.lag(dsn, servers, pipeline) > 0:
+    while audit.lag(LedgerDatabase(dsn), kafka_for(servers), pipeline) > 0:
         # dag.test() does not run the triggered run itself; run it as the scheduler would.
         assert run_pipeline_dag(pipeline).state == "success"
         runs += 1
@@ -106,7 +108,7 @@ def test_spark_killed_after_staging_is_retried_without_duplicates(
     assert outcome.state == "success", outcome
     (batch,) = batches(dsn, pipeline)
     assert (batch.status, batch.attempts, batch.staged_attempt) == ("committed", 2, 2)
-    dead_offset = audit.postgres_record_ids(dsn, pipeline).dead_letters
+    dead_offset = audit.postgres_record_ids(LedgerDatabase(dsn), pipeline).dead_letters
     assert len(dead_offset) == 1
     assert_exactly_once(dsn, servers, pipeline, {dead_offset[0]: "malformed JSON (not a JSON object)"})
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
@@ -144,7 +146,7 @@ def test_failed_batch_is_resumed_with_its_recorded_ranges(dsn, servers, pipeline
     assert_exactly_once(dsn, servers, pipeline, {})
 
 
-def test_second_commit_of_a_batch_is_a_no_op(dsn, servers, pipeline_factory, producer):
+def test_second_commit_of_a_batch_is_a_no_op(dsn, servers, pipeline_factory, producer, services):
     pipeline = pipeline_factory("grow", partitions=2)
     producer.send(pipeline.topics[0], [good_value(i) for i in range(50)] + [None])
     assert run_pipeline_dag(pipeline).state == "success"
@@ -153,7 +155,7 @@ def test_second_commit_of_a_batch_is_a_no_op(dsn, servers, pipeline_factory, pro
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         positions_before = ledger.positions(cur, pipeline.name)
 
-    again = commit(dsn, servers, pipeline, batch.batch_id, Written())
+    again = commit(services, pipeline, batch.batch_id, Written())
 
     assert again.already_committed
     assert (again.records_written, again.records_dead_lettered) == (50, 1)

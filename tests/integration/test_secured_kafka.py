@@ -13,7 +13,8 @@ from integration_support import BAD_VALUES, SECURED_SERVERS, good_value, other_c
 
 from kafka_ledger.airflow.dags import run_pipeline_dag
 from kafka_ledger.batch.plan import plan_next_batch
-from kafka_ledger.config.services import KAFKA_CONFIG_ENV
+from kafka_ledger.config.services import KAFKA_CONFIG_ENV, LedgerDatabase
+from kafka_ledger.config.settings import kafka_for
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ops import readback as audit
 from kafka_ledger.ops.verify import verify_pipeline
@@ -43,8 +44,8 @@ def test_a_pipeline_runs_exactly_once_over_sasl_ssl(
     over_sasl_ssl(secured_kafka_settings())
     outcome = run_pipeline_dag(pipeline)
     assert outcome.state == "success", outcome
-    produced = audit.kafka_record_ids(SECURED_SERVERS, pipeline.topics)
-    stored = audit.postgres_record_ids(dsn, pipeline)
+    produced = audit.kafka_record_ids(kafka_for(SECURED_SERVERS), pipeline.topics)
+    stored = audit.postgres_record_ids(LedgerDatabase(dsn), pipeline)
     assert max(Counter(stored.output).values()) == 1
     assert set(stored.output) | set(stored.dead_letters) == produced == set(landed)
     assert set(stored.dead_letters) == {landed[-1]}
@@ -62,7 +63,7 @@ def test_a_pipeline_runs_exactly_once_over_sasl_ssl(
     monkeypatch.setenv(KAFKA_CONFIG_ENV, "{}")
     outcome = run_pipeline_dag(pipeline)
     assert outcome.state == "success", outcome
-    stored = audit.postgres_record_ids(dsn, pipeline)
+    stored = audit.postgres_record_ids(LedgerDatabase(dsn), pipeline)
     assert max(Counter(stored.output).values()) == 1
     assert set(stored.output) | set(stored.dead_letters) == set(landed) | set(more)
 

@@ -23,7 +23,8 @@ from integration_support import (
 )
 
 from kafka_ledger.airflow.dags import run_pipeline_dag
-from kafka_ledger.config.settings import libpq_settings
+from kafka_ledger.config.services import LedgerDatabase, libpq_settings
+from kafka_ledger.config.settings import kafka_for
 from kafka_ledger.ops import readback as audit
 from tools.stack import service_pids
 
@@ -62,9 +63,9 @@ def submit_on_cluster(monkeypatch, cluster):
 
 def assert_exact(dsn: str, servers: str, pipeline, landed: list[tuple[str, int, int]]) -> None:
     """Kafka's records == output ∪ dead letters as sets of (topic, partition, offset), nothing twice."""
-    stored = audit.postgres_record_ids(dsn, pipeline)
+    stored = audit.postgres_record_ids(LedgerDatabase(dsn), pipeline)
     assert max(Counter(stored.output + stored.dead_letters).values()) == 1, "a record is stored twice"
-    assert set(stored.output) | set(stored.dead_letters) == audit.kafka_record_ids(servers, pipeline.topics)
+    assert set(stored.output) | set(stored.dead_letters) == audit.kafka_record_ids(kafka_for(servers), pipeline.topics)
     assert set(stored.output) | set(stored.dead_letters) == set(landed)
     assert set(stored.dead_letters) == {landed[-1]}
 

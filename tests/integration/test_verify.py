@@ -39,7 +39,8 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_incremental_verify_checks_what_changed_since_the_verified_point(dsn, servers, pipeline_factory, producer):
+def test_incremental_verify_checks_what_changed_since_the_verified_point(
+        dsn, servers, pipeline_factory, producer, services):
     pipeline = pipeline_factory("verify", partitions=2)
     topic = pipeline.topics[0]
     table = f"{pipeline.output_schema}.{pipeline.output_table}"
@@ -76,13 +77,13 @@ def test_incremental_verify_checks_what_changed_since_the_verified_point(dsn, se
     assert report["kafka_records"] == 40 and report["verified_point"]["after"] == replay.batch_id
 
     # A replay still running when a newer batch commits holds the point below it: its commit is checked next.
-    pending = plan_batch(dsn, servers, pipeline, parse_request({"mode": "replay_batch", "batch_id": second.batch_id}))
+    pending = plan_batch(services, pipeline, parse_request({"mode": "replay_batch", "batch_id": second.batch_id}))
     producer.send(topic, [good_value(i) for i in range(52, 60)])
     third = catch_up(dsn, servers, pipeline)
     code, report = verify(pipeline)
     assert code == 0 and report["checked_ranges"] == ranges_of(third)
     assert report["verified_point"]["after"] == pending.batch_id - 1
-    run_batch(pipeline, pending.batch_id, dsn, servers)
+    run_batch(pipeline, pending.batch_id, services)
     code, report = verify(pipeline)
     assert code == 0 and report["checked_batches"] == 2 and report["kafka_records"] == 12 + 8
     assert report["verified_point"]["after"] == third.batch_id

@@ -29,11 +29,11 @@ def test_verify_exit_codes_tell_a_problem_from_a_check_that_could_not_run(monkey
 
     calls = []
 
-    def fake_verify(dsn, servers, pipeline, *, full, timeout):
+    def fake_verify(services, pipeline, *, full, timeout):
         calls.append((pipeline, full, timeout))
         return VerifyReport(pipeline, **reports[len(calls) - 1])
 
-    monkeypatch.setattr(cli, "_services", lambda: ("dsn", "servers"))
+    monkeypatch.setattr(cli, "_services", lambda: "services")
     monkeypatch.setattr(cli, "_pipelines", lambda names: names)
     monkeypatch.setattr(cli, "verify_pipeline", fake_verify)
     names = [f"p{i}" for i in range(len(reports))]

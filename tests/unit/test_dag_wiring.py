@@ -106,7 +106,7 @@ def test_no_secret_reaches_the_spark_submit_command_line_on_any_master(dag, monk
 
 
 def test_a_master_exported_after_the_connection_was_made_is_refused_not_ignored(dag, monkeypatch):
-    from kafka_ledger.config.settings import SettingsError
+    from kafka_ledger.config.services import SettingsError
     from kafka_ledger.runtimes.submit.spark_submit import check_master
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
@@ -218,15 +218,16 @@ def test_a_pipeline_can_keep_spark_submit_in_a_connect_deployment(monkeypatch):
 def test_the_ledger_password_is_registered_as_a_secret_whatever_the_dsn_form(monkeypatch, dsn):
     import airflow.sdk.log
 
-    from kafka_ledger.config.settings import deployment_settings
+    from kafka_ledger.config.settings import deployment_services
     from kafka_ledger.runtimes import airflow_tasks
 
     masked: list[str] = []
     monkeypatch.setattr(airflow.sdk.log, "mask_secret", masked.append)
     monkeypatch.setenv("KAFKA_LEDGER_DB_URL", dsn)
-    settings = deployment_settings()
-    airflow_tasks.mask_secrets(settings)
-    assert settings.ledger_dsn() == dsn
+    monkeypatch.setenv("KAFKA_LEDGER_BOOTSTRAP_SERVERS", "k:9092")
+    services = deployment_services()
+    airflow_tasks.mask_secrets(services)
+    assert services.ledger.libpq() == dsn and "s3cr" not in str(services.ledger)
     assert masked == [dsn, "s3cr/t"]
 
 

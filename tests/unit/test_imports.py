@@ -1,4 +1,4 @@
-"""The package's import graph: no module imports (directly or through others) a module that imports it back."""
+"""The package's import graph: no cycle, and folders by role on floors, each importing only lower ones."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def import_graph() -> dict[str, set[str]]:
                     base = ".".join([*anchor, base] if base else anchor)
                 targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
             for target in targets:
-                # `from kafka_ledger import ledger` imports the module kafka_ledger.ledger.db.
+                # `from kafka_ledger.ledger import db` imports the module kafka_ledger.ledger.db.
                 while target and target not in modules:
                     target = target.rpartition(".")[0]
                 if target and target != name and target.startswith("kafka_ledger"):
@@ -89,3 +89,75 @@ def test_the_walk_sees_imports_inside_functions() -> None:
     graph = import_graph()
     assert "kafka_ledger.ledger.db" in graph["kafka_ledger.ops.cli"]
     assert len(graph) > 20
+
+
+# The package's folders by role, each on its floor: a module may import its own folder's modules and those of lower
+# floors, never a folder on its own floor or above (docs: the README's Layout).
+FLOORS: dict[str, int] = {
+    "model": 1, "observe": 1,
+    "config": 2,
+    "formats": 3, "ledger": 3, "kafka": 3, "spark": 3,
+    "sinks": 4,
+    "batch": 5,
+    "runtimes": 6,
+    "airflow": 7, "ops": 7,
+}
+# Modules outside the folders: the package itself, and the doorbell trigger's former home (kept for one release:
+# Airflow's trigger table names it).
+OUTSIDE = {"kafka_ledger", "kafka_ledger.doorbell"}
+
+
+def room(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_every_module_lives_in_a_folder_of_a_floor():
+    assert {room(m) for m in import_graph() if m not in OUTSIDE} == set(FLOORS)
+
+
+def test_no_import_runs_back_up_or_across_a_floor():
+    upward = [f"{module} -> {target}" for module, targets in import_graph().items() if module not in OUTSIDE
+              for target in targets if target not in OUTSIDE and room(target) != room(module)
+              and FLOORS[room(target)] >= FLOORS[room(module)]]
+    assert upward == []
+
+
+def test_the_floors_are_the_longest_chain_of_folders_and_fewer_than_before():
+    """12 floors before the folders (2a48b79); the chain of folder imports is as long as FLOORS says, no longer."""
+    graph = import_graph()
+    edges = {(room(m), room(t)) for m, targets in graph.items() if m not in OUTSIDE
+             for t in targets if t not in OUTSIDE and room(t) != room(m)}
+    depth: dict[str, int] = {}
+
+    def floor(folder: str) -> int:
+        if folder not in depth:
+            depth[folder] = 1 + max((floor(b) for a, b in edges if a == folder), default=0)
+        return depth[folder]
+
+    assert max(floor(f) for f in FLOORS) == max(FLOORS.values()) == 7
+    assert all(floor(f) <= FLOORS[f] for f in FLOORS)
+
+
+def test_the_readme_layout_names_every_folder_on_its_floor():
+    readme = (PACKAGE.parents[1] / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    import re
+
+    shown = {m.group(2): int(m.group(1)) for m in re.finditer(r"^\|\s*(\d)\s*\|\s*`(\w+)/`", layout, re.M)}
+    assert shown == FLOORS
+
+
+def test_no_module_outside_the_sinks_and_the_declaration_asks_which_sink_it_is():
+    """Code outside sinks/ asks a sink what it can do (sinks/base.py), never whether it is an Iceberg table or an
+    entity table: a new sink is a new class, not one more branch across the package."""
+    import re
+
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE)
+        if relative.parts[0] in ("sinks", "config"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"isinstance\([^)]*Iceberg|is_entity_table|IcebergSink|PostgresSink|PostgresEntitySink", line):
+                found.append(f"{relative}:{number}: {line.strip()}")
+    assert found == []

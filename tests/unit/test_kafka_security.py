@@ -7,8 +7,7 @@ import pytest
 
 from kafka_ledger.config import services as kafka_security
 from kafka_ledger.config import settings
-from kafka_ledger.config.services import KafkaClientConfig, KafkaConfigError, spark_options
-from kafka_ledger.config.settings import SettingsError, secret_values
+from kafka_ledger.config.services import KafkaClient, KafkaClientConfig, KafkaConfigError, SettingsError, spark_options
 
 SCRAM = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "ingest",
          "sasl.password": 'p"a\\ss', "ssl.ca.location": "/etc/kafka/ca.pem"}
@@ -19,29 +18,29 @@ def test_settings_come_from_the_environment_first_without_bootstrap_servers(monk
                                  host=None, port=None)
     monkeypatch.setattr(settings, "_airflow_connection", lambda conn_id: connection)
     monkeypatch.setenv(kafka_security.KAFKA_CONFIG_ENV, json.dumps({**SCRAM, "bootstrap.servers": "x:1"}))
-    assert settings.kafka_settings() == SCRAM
+    assert dict(settings.kafka_client().settings) == SCRAM
     monkeypatch.delenv(kafka_security.KAFKA_CONFIG_ENV)
     connection.extra_dejson = {"security.protocol": "SSL", "bootstrap.servers": "x:1"}
-    assert settings.kafka_settings() == {"security.protocol": "SSL"}
+    assert dict(settings.kafka_client().settings) == {"security.protocol": "SSL"}
     # Servers from the environment never get a connection's settings: none but the environment's.
     monkeypatch.setenv("KAFKA_LEDGER_BOOTSTRAP_SERVERS", "k:1")
-    assert settings.kafka_settings() == {}
+    assert dict(settings.kafka_client().settings) == {}
 
 
 def test_malformed_environment_settings_are_a_clear_error_that_shows_no_value(monkeypatch):
     monkeypatch.setenv(kafka_security.KAFKA_CONFIG_ENV, "{security.protocol: SSL}")
     with pytest.raises(SettingsError, match=r"^KAFKA_LEDGER_KAFKA_CONFIG: not a JSON object: ") as exc_info:
-        settings.kafka_settings()
+        dict(settings.kafka_client().settings)
     assert "SSL" not in str(exc_info.value)  # the value may hold a password
     monkeypatch.setenv(kafka_security.KAFKA_CONFIG_ENV, '["SSL"]')
     with pytest.raises(SettingsError, match="must be a JSON object, not list"):
-        settings.kafka_settings()
+        dict(settings.kafka_client().settings)
 
 
 def test_deployment_settings_follow_the_servers_environment(monkeypatch):
     monkeypatch.setenv("KAFKA_LEDGER_BOOTSTRAP_SERVERS", "k:9093")
     monkeypatch.setenv(kafka_security.KAFKA_CONFIG_ENV, json.dumps(SCRAM))
-    config = settings.kafka_config("k:9093", **{"group.id": "g"})
+    config = settings.kafka_client().confluent(**{"group.id": "g"})
     assert config == {"bootstrap.servers": "k:9093", "log_level": 4, **SCRAM, "group.id": "g"}
 
 
@@ -89,7 +88,7 @@ def test_what_spark_cannot_be_given_is_refused_by_name():
 def test_the_passwords_are_the_secrets_and_every_setting_is_kept_as_text():
     config = KafkaClientConfig.model_validate({**SCRAM, "ssl.key.password": "k", "ssl.keystore.password": "",
                                                "socket.timeout.ms": 5000})
-    assert secret_values(config) == ['p"a\\ss', "k"]
+    assert KafkaClient("k:1", config.client_settings()).secrets() == ['p"a\\ss', "k"]
     assert config.client_settings() == {**SCRAM, "ssl.key.password": "k", "ssl.keystore.password": "",
                                         "socket.timeout.ms": "5000"}
     assert 'p"a' not in repr(config)

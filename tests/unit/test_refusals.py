@@ -7,8 +7,7 @@ import pytest
 from kafka_ledger.batch.commit import CommitError
 from kafka_ledger.batch.requests import RequestError
 from kafka_ledger.config.pipeline import ConfigError
-from kafka_ledger.config.services import KafkaConfigError
-from kafka_ledger.config.settings import SettingsError
+from kafka_ledger.config.services import KafkaConfigError, SettingsError
 from kafka_ledger.kafka.offsets import KafkaUnavailable
 from kafka_ledger.model.ranges import LostDataError, OffsetRange, PlanError, TopicIdentityError
 from kafka_ledger.model.refusals import EXIT_REFUSED, Refusal

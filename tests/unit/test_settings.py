@@ -6,13 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from kafka_ledger.config import settings
-from kafka_ledger.config.settings import (
-    JdbcTarget,
-    SettingsError,
-    jdbc_target,
-    ledger_timeouts,
-    sqlalchemy_url,
-)
+from kafka_ledger.config.services import JdbcTarget, SettingsError, jdbc_target, sqlalchemy_url
 
 
 @pytest.fixture
@@ -36,58 +30,58 @@ def airflow_returns(monkeypatch, conn):
     return calls
 
 
-# --- ledger_dsn / bootstrap_servers -----------------------------------------------------------------------------
+# --- the ledger database and Kafka --------------------------------------------------------------------------------
 
 
 def test_ledger_dsn_from_environment(monkeypatch, no_airflow):
     monkeypatch.setenv("KAFKA_LEDGER_DB_URL", "postgresql://u:p@db:5432/ledger")
-    assert settings.ledger_dsn() == "postgresql://u:p@db:5432/ledger"
+    assert settings.ledger_database().url == "postgresql://u:p@db:5432/ledger"
 
 
 def test_ledger_dsn_falls_back_to_airflow_connection(monkeypatch):
     calls = airflow_returns(monkeypatch, SimpleNamespace(get_uri=lambda: "postgres://a:b@h:1/d"))
-    assert settings.ledger_dsn() == "postgres://a:b@h:1/d"
+    assert settings.ledger_database().url == "postgres://a:b@h:1/d"
     assert calls == [settings.LEDGER_DB_CONN_ID]
 
 
 def test_ledger_dsn_empty_env_falls_back_to_airflow(monkeypatch):
     monkeypatch.setenv("KAFKA_LEDGER_DB_URL", "")
     airflow_returns(monkeypatch, SimpleNamespace(get_uri=lambda: "postgres://x@h/d"))
-    assert settings.ledger_dsn() == "postgres://x@h/d"
+    assert settings.ledger_database().url == "postgres://x@h/d"
 
 
 def test_ledger_dsn_unconfigured_raises_settings_error(no_airflow):
     with pytest.raises(SettingsError, match="KAFKA_LEDGER_DB_URL") as exc_info:
-        settings.ledger_dsn()
+        settings.ledger_database()
     assert "kafka_ledger_db" in str(exc_info.value)
 
 
 def test_bootstrap_servers_from_environment(monkeypatch, no_airflow):
     monkeypatch.setenv("KAFKA_LEDGER_BOOTSTRAP_SERVERS", "k1:9092,k2:9092")
-    assert settings.bootstrap_servers() == "k1:9092,k2:9092"
+    assert settings.kafka_client().servers == "k1:9092,k2:9092"
 
 
 def test_bootstrap_servers_from_airflow_connection_extra(monkeypatch):
     conn = SimpleNamespace(extra_dejson={"bootstrap.servers": "k:9094"}, host="ignored", port=1)
     calls = airflow_returns(monkeypatch, conn)
-    assert settings.bootstrap_servers() == "k:9094"
+    assert settings.kafka_client().servers == "k:9094"
     assert calls == [settings.KAFKA_CONN_ID]
 
 
 def test_bootstrap_servers_from_airflow_connection_host_and_port(monkeypatch):
     airflow_returns(monkeypatch, SimpleNamespace(extra_dejson={}, host="kafka", port=29092))
-    assert settings.bootstrap_servers() == "kafka:29092"
+    assert settings.kafka_client().servers == "kafka:29092"
 
 
 def test_bootstrap_servers_connection_without_address_raises(monkeypatch):
     airflow_returns(monkeypatch, SimpleNamespace(extra_dejson={}, host=None, port=None))
     with pytest.raises(SettingsError, match="has no bootstrap.servers"):
-        settings.bootstrap_servers()
+        settings.kafka_client()
 
 
 def test_bootstrap_servers_unconfigured_raises_settings_error(no_airflow):
     with pytest.raises(SettingsError, match="KAFKA_LEDGER_BOOTSTRAP_SERVERS"):
-        settings.bootstrap_servers()
+        settings.kafka_client()
 
 
 # --- sqlalchemy_url -----------------------------------------------------------------------------------------------
@@ -200,13 +194,14 @@ def test_spark_connect_url_names_the_batch_session(monkeypatch):
 
 
 def test_ledger_timeouts_default_and_come_from_the_environment(monkeypatch):
-    timeouts = ledger_timeouts()
-    assert (timeouts.db_statement_timeout, timeouts.db_lock_timeout) == (600, 600)
+    monkeypatch.setenv("KAFKA_LEDGER_DB_URL", "postgresql://u@h/d")
+    db = settings.ledger_database()
+    assert (db.statement_timeout, db.lock_timeout) == (600, 600)
     monkeypatch.setenv("KAFKA_LEDGER_DB_LOCK_TIMEOUT", "5")
-    assert ledger_timeouts().db_lock_timeout == 5
+    assert settings.ledger_database().lock_timeout == 5
     monkeypatch.setenv("KAFKA_LEDGER_DB_LOCK_TIMEOUT", "0")
     with pytest.raises(SettingsError, match="KAFKA_LEDGER_DB_LOCK_TIMEOUT='0': Input should be greater than"):
-        ledger_timeouts()
+        settings.ledger_database()
 
 
 # --- the Settings model ---------------------------------------------------------------------------------------
@@ -225,7 +220,7 @@ def test_every_setting_is_described_and_named_kafka_ledger_field():
 def test_the_environment_wins_and_no_connection_is_looked_up_for_what_it_gives(monkeypatch):
     calls = airflow_returns(monkeypatch, SimpleNamespace(get_uri=lambda: "postgres://conn@h/d"))
     monkeypatch.setenv("KAFKA_LEDGER_DB_URL", "postgresql://env@h/d")
-    assert settings.ledger_dsn() == "postgresql://env@h/d"
+    assert settings.ledger_database().url == "postgresql://env@h/d"
     assert calls == []
 
 
@@ -261,10 +256,10 @@ def test_why_a_connection_could_not_be_read_is_the_errors_cause(monkeypatch):
 
     monkeypatch.setattr(settings, "_airflow_connection", broken)
     with pytest.raises(SettingsError, match="no ledger database configured") as exc_info:
-        settings.ledger_dsn()
+        settings.ledger_database()
     assert isinstance(exc_info.value.__cause__, LookupError)
     with pytest.raises(SettingsError, match="no Kafka configured") as exc_info:
-        settings.kafka_settings()
+        dict(settings.kafka_client().settings)
     assert isinstance(exc_info.value.__cause__, LookupError)
 
 
@@ -274,7 +269,7 @@ def test_kafka_settings_from_the_connection_are_secrets_too(monkeypatch):
     loaded = settings.deployment_settings(settings.KAFKA_CONN_ID)
     assert (loaded.kafka_servers(), loaded.kafka_client_settings()) == (
         "k:9094", {"security.protocol": "SASL_SSL", "sasl.password": "c0nn"})
-    assert settings.secret_values(loaded) == ["c0nn"]
+    assert settings.kafka_client().secrets() == ["c0nn"]
     assert "c0nn" not in repr(loaded)
 
 
@@ -301,12 +296,15 @@ def test_spark_jars_need_their_folder_named(monkeypatch, tmp_path):
 
 
 def test_the_spark_job_gets_the_settings_under_their_variables(monkeypatch):
+    from kafka_ledger.config.services import KafkaClient, LedgerDatabase, Services
     from kafka_ledger.runtimes.submit.spark_submit import spark_job_environment
 
     monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", "/etc/pipelines.yaml")
-    assert spark_job_environment("postgresql://h/d", "k:1", {"security.protocol": "SSL"}) == {
+    services = Services(LedgerDatabase("postgresql://h/d", 30, 20), KafkaClient("k:1", {"security.protocol": "SSL"}))
+    assert spark_job_environment(services) == {
         "KAFKA_LEDGER_DB_URL": "postgresql://h/d", "KAFKA_LEDGER_BOOTSTRAP_SERVERS": "k:1",
-        "KAFKA_LEDGER_KAFKA_CONFIG": '{"security.protocol": "SSL"}', "KAFKA_LEDGER_PIPELINES": "/etc/pipelines.yaml"}
+        "KAFKA_LEDGER_KAFKA_CONFIG": '{"security.protocol": "SSL"}', "KAFKA_LEDGER_DB_STATEMENT_TIMEOUT": "30",
+        "KAFKA_LEDGER_DB_LOCK_TIMEOUT": "20", "KAFKA_LEDGER_PIPELINES": "/etc/pipelines.yaml"}
 
 
 def test_no_kafka_ledger_variable_is_read_outside_the_settings_models():

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kafka_ledger.batch import read as ingest
+from kafka_ledger.config.settings import kafka_for
 from kafka_ledger.model.ranges import OffsetRange
 
 JOB_PATH = Path(__file__).resolve().parents[2] / "spark_jobs" / "ingest_batch.py"
@@ -43,7 +44,7 @@ def test_read_options_exact_offsets_for_two_topics(ingest_batch):
         OffsetRange("views", 1, 7, 9),
         OffsetRange("views", 3, 0, 40),
     ]
-    options = ingest_batch.kafka_read_options(ranges, "k1:9092,k2:9092", "clicks")
+    options = ingest_batch.kafka_read_options(ranges, kafka_for("k1:9092,k2:9092"), "clicks")
     assert set(options) == {
         "kafka.bootstrap.servers",
         "assign",
@@ -70,7 +71,7 @@ def test_read_options_exact_offsets_for_two_topics(ingest_batch):
 
 
 def test_read_options_commit_only_and_fail_on_data_loss(ingest_batch):
-    options = ingest_batch.kafka_read_options([OffsetRange("t", 0, 1, 2)], "k:9092", "p")
+    options = ingest_batch.kafka_read_options([OffsetRange("t", 0, 1, 2)], kafka_for("k:9092"), "p")
     assert options["kafka.isolation.level"] == "read_committed"
     assert options["failOnDataLoss"] == "true"
     assert options["includeHeaders"] == "false"
@@ -79,7 +80,7 @@ def test_read_options_commit_only_and_fail_on_data_loss(ingest_batch):
 
 def test_read_options_ending_offsets_are_the_exclusive_until_offsets(ingest_batch):
     r = OffsetRange("t", 4, 10, 20)
-    options = ingest_batch.kafka_read_options([r], "k:9092", "p")
+    options = ingest_batch.kafka_read_options([r], kafka_for("k:9092"), "p")
     assert json.loads(options["startingOffsets"]) == {"t": {"4": r.from_offset}}
     assert json.loads(options["endingOffsets"]) == {"t": {"4": r.until_offset}}
     assert json.loads(options["assign"]) == {"t": [4]}
@@ -87,15 +88,15 @@ def test_read_options_ending_offsets_are_the_exclusive_until_offsets(ingest_batc
 
 def test_read_options_unsorted_ranges_give_same_offsets(ingest_batch):
     ranges = [OffsetRange("b", 1, 0, 3), OffsetRange("a", 0, 5, 6), OffsetRange("b", 0, 2, 4)]
-    forward = ingest_batch.kafka_read_options(ranges, "k:9092", "p")
-    backward = ingest_batch.kafka_read_options(list(reversed(ranges)), "k:9092", "p")
+    forward = ingest_batch.kafka_read_options(ranges, kafka_for("k:9092"), "p")
+    backward = ingest_batch.kafka_read_options(list(reversed(ranges)), kafka_for("k:9092"), "p")
     for key in ("startingOffsets", "endingOffsets"):
         assert json.loads(forward[key]) == json.loads(backward[key])
     assert {t: sorted(ps) for t, ps in json.loads(forward["assign"]).items()} == {"a": [0], "b": [0, 1]}
 
 
 def test_read_options_tune_the_fetch_without_changing_what_is_read(ingest_batch):
-    options = ingest_batch.kafka_read_options([OffsetRange("t", 0, 1, 2)], "k:9092", "p")
+    options = ingest_batch.kafka_read_options([OffsetRange("t", 0, 1, 2)], kafka_for("k:9092"), "p")
     # The end-of-partition fetch must not stall each task for the broker's default 500 ms.
     assert options["kafka.fetch.max.wait.ms"] == "0"
     assert int(options["kafka.max.poll.records"]) >= 500
@@ -118,7 +119,7 @@ def test_the_consumer_group_changes_with_the_kafka_client_settings_only(ingest_b
             {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "ingest",
              "sasl.password": password}))
         read = [OffsetRange("clicks", 0, 0, until)]
-        return ingest_batch.kafka_read_options(read, servers, "clicks")["kafka.group.id"]
+        return ingest_batch.kafka_read_options(read, kafka_for(servers), "clicks")["kafka.group.id"]
 
     first = group("k1:9092", "old-secret")
     assert group("k1:9092", "old-secret", until=500) == first  # other ranges, same settings: pooled consumers

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import tools.fault_campaign
+from kafka_ledger.config.settings import kafka_client, kafka_for, ledger_database
 from tools import git_commit
 from tools.fault_campaign import PROJECT_ROOT, CampaignFailure
 from tools.fault_campaign.report import write_docs
@@ -74,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from kafka_ledger.config.pipeline import get_pipeline
-    from kafka_ledger.config.settings import bootstrap_servers, deployment_spark_runtime, kafka_config, ledger_dsn
+    from kafka_ledger.config.settings import deployment_spark_runtime
     from kafka_ledger.sinks import IcebergSink, remove_pipeline
 
-    dsn, servers = ledger_dsn(), bootstrap_servers()
+    dsn, servers = ledger_database().url, kafka_client().servers
     if args.resume:
         workdir = args.resume.resolve()
         if not (workdir / "state.json").exists():
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
     name, topic, config = settings["pipeline"], settings["topic"], workdir / "pipelines.yaml"
     os.environ["KAFKA_LEDGER_PIPELINES"] = str(config)
-    admin = AdminClient(kafka_config(servers))
+    admin = AdminClient(kafka_for(servers).confluent())
     if args.resume:
         pipeline = get_pipeline(name)
         campaign = Campaign.resume(pipeline, dsn, servers, workdir)

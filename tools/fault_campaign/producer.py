@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter
 
+from kafka_ledger.config.settings import kafka_for
 from tools.fault_campaign import CampaignFailure
 from tools.records import BAD_VALUES
 
@@ -60,7 +61,7 @@ class SequenceProducer:
                  entity_partitions: int | None = None):
         from confluent_kafka import Producer
 
-        from kafka_ledger.config.settings import kafka_config
+
 
         self.topic = topic
         self.rate = rate
@@ -69,8 +70,8 @@ class SequenceProducer:
         self.entity_partitions = entity_partitions
         # With the deployment's Kafka settings (security), as every client of the project; log_level 2: no
         # connection errors while a broker restarts.
-        self.producer = Producer(kafka_config(servers, **{"enable.idempotence": True, "acks": "all", "linger.ms": 20,
-                                                          "log_level": 2}))
+        self.producer = Producer(kafka_for(servers).confluent(**{"enable.idempotence": True, "acks": "all",
+                                                                 "linger.ms": 20, "log_level": 2}))
         # (partition, offset) -> seq; a resumed campaign starts from what earlier sessions produced.
         self.landed: dict[tuple[int, int], int] = dict(landed or {})
         self.delivered: Counter = Counter(p for p, _ in self.landed)  # partition -> records delivered
@@ -170,5 +171,6 @@ def records_by_key(servers: str, topic: str, timeout: float = 300) -> dict[tuple
     """Every record of `topic` read back from Kafka: (partition, offset) -> the sequence number in its key."""
     from kafka_ledger.ops.readback import read_back
 
-    return {(m.partition(), m.offset()): sequence_number(m.key()) for m in read_back(servers, [topic], timeout)}
+    records = read_back(kafka_for(servers), [topic], timeout)
+    return {(m.partition(), m.offset()): sequence_number(m.key()) for m in records}
 

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kafka_ledger.config.settings import kafka_for, services_for, task_services
 from tools.fault_campaign import CampaignFailure
 from tools.fault_campaign.network import Toxiproxy, proxied_environment
 from tools.fault_campaign.producer import (
@@ -198,14 +199,14 @@ class Campaign(FaultStrikes):
                          timeout: float = 600) -> tuple[bool, str]:
         """The submit runtime's Spark task: spark-submit of the batch's job, driven from a thread. `failpoints`
         (an Iceberg sink's commit faults: its job commits) reach the job's environment alone."""
-        from kafka_ledger.config.settings import kafka_settings
+
         from kafka_ledger.runtimes.submit.spark_submit import (
             SPARK_APPLICATION,
             spark_job_environment,
             spark_submit_hook,
         )
 
-        os.environ.update(spark_job_environment(self.dsn, self.servers, kafka_settings()))
+        os.environ.update(spark_job_environment(services_for(self.dsn, self.servers)))
         hook = spark_submit_hook(self.pipeline, batch_id)
         once_dir = self.workdir / "failpoints" / uuid.uuid4().hex[:8]
         if failpoints:
@@ -572,7 +573,7 @@ class Campaign(FaultStrikes):
         if any(o >= positions.get(p, 0) for p, o in produced):
             raise CampaignFailure(f"final check: records produced past the positions {positions}")
         model, state = self._entity_model(positions), self._entity_state()
-        report = verify_pipeline(self.dsn, self.servers, self.pipeline, full=True)
+        report = verify_pipeline(services_for(self.dsn, self.servers), self.pipeline, full=True)
         figures = {"records_produced": len(produced), "entities": sum(k == "row" for k, _ in model),
                    "output_rows": sum(k == "row" for k, _ in state),
                    "tombstones": sum(k == "tombstone" for k, _ in state),
@@ -611,7 +612,7 @@ class Campaign(FaultStrikes):
             seq = produced.get((p, o))
             if seq is not None and expected_reason(seq) != error:
                 wrong.append(f"{p}/{o}: dead letter {error!r} for record {seq}")
-        report = verify_pipeline(self.dsn, self.servers, self.pipeline, full=True)
+        report = verify_pipeline(services_for(self.dsn, self.servers), self.pipeline, full=True)
         figures = {"records_produced": len(produced), "output_rows": len(output), "dead_letters": len(dead),
                    "lost": len(lost), "duplicated": len(duplicated), "unexpected": len(unexpected),
                    "wrong_content": len(wrong), "verify_ok": report.ok}
@@ -687,7 +688,7 @@ class Campaign(FaultStrikes):
         if self.entity:
             from kafka_ledger.kafka.offsets import partition_offsets
 
-            partitions = len(partition_offsets(self.servers, [self.topic]))
+            partitions = len(partition_offsets(kafka_for(self.servers), [self.topic]))
         self.producer = SequenceProducer(self.servers, self.topic, self.rate, landed=self.resumed_landed,
                                          entity_partitions=partitions)
         try:
@@ -798,19 +799,19 @@ def task_main(argv: list[str]) -> int:
     from kafka_ledger.batch import commit
     from kafka_ledger.batch import plan as planner
     from kafka_ledger.config.pipeline import get_pipeline
-    from kafka_ledger.config.settings import bootstrap_servers, ledger_dsn
+
 
     pipeline = get_pipeline(args.pipeline)
     if args.task == "plan":
-        planned = planner.plan_batch(ledger_dsn(), bootstrap_servers(), pipeline, dag_id=args.dag_id,
+        planned = planner.plan_batch(task_services(), pipeline, dag_id=args.dag_id,
                                      run_id=args.run_id)
         _print_result({"batch_id": planned.batch_id, "resumed": planned.resumed, "offsets": planned.offsets})
     elif args.task == "read_and_commit":
         from kafka_ledger.runtimes.connect.batch import ConnectBatch
 
-        result = ConnectBatch(pipeline, args.batch_id).run(ledger_dsn(), bootstrap_servers())
+        result = ConnectBatch(pipeline, args.batch_id).run(task_services())
         _print_result({"batch_id": result.batch_id, "already_committed": result.already_committed})
     else:
-        result = commit.commit(ledger_dsn(), bootstrap_servers(), pipeline, args.batch_id, commit.Written())
+        result = commit.commit(task_services(), pipeline, args.batch_id, commit.Written())
         _print_result({"batch_id": result.batch_id, "already_committed": result.already_committed})
     return 0

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kafka_ledger.config.settings import kafka_client, ledger_database
 from tools.fault_campaign import CampaignFailure
 from tools.fault_campaign.network import POSTGRES, SPARK_CONNECT, kafka_proxy
 from tools.stack import stack_command
@@ -74,10 +75,10 @@ def campaign_shape(runtime: str, on_cluster: bool, network: bool = False, secure
 
 def secured() -> bool:
     """Whether the deployment reaches Kafka over SASL_SSL and the ledger over TLS that verifies its server."""
-    from kafka_ledger.config.settings import kafka_settings, ledger_dsn, libpq_settings
+    from kafka_ledger.config.services import libpq_settings
 
-    return (kafka_settings().get("security.protocol", "").upper() == "SASL_SSL"
-            and libpq_settings(ledger_dsn()).get("sslmode") == "verify-full")
+    return (dict(kafka_client().settings).get("security.protocol", "").upper() == "SASL_SSL"
+            and libpq_settings(ledger_database().url).get("sslmode") == "verify-full")
 
 
 def fault_kinds(shape: str) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ from kafka_ledger.airflow.doorbell import DoorbellTrigger
 from kafka_ledger.batch import plan as planner
 from kafka_ledger.batch.requests import RequestError, parse_request, trigger_form_fields
 from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
-from kafka_ledger.config.settings import bootstrap_servers, ledger_dsn
+from kafka_ledger.config.settings import task_services
 from kafka_ledger.kafka import headroom
 from kafka_ledger.runtimes import RUNTIMES, runtime_for
 from kafka_ledger.runtimes.airflow_tasks import PLAN_TASK, SPARK_POOL, output_asset, refusals_fail_at_once
@@ -85,7 +85,7 @@ def plan_task(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any]
                         or ("doorbell" if run_kind == "asset_triggered" else run_kind))
         pipeline = get_pipeline(pipeline_name)
         try:
-            planned = planner.plan_batch(ledger_dsn(), bootstrap_servers(), pipeline, request, dag_id=dag_id,
+            planned = planner.plan_batch(task_services(), pipeline, request, dag_id=dag_id,
                                          run_id=context.get("run_id"), requested_by=requested_by,
                                          backfill_window=backfill_window)
         except RequestError as exc:
@@ -215,7 +215,7 @@ def maintain_lake_task(pipeline_name: str) -> dict[str, Any]:
     session of the pipeline's runtime."""
     with refusals_fail_at_once():
         pipeline = get_pipeline(pipeline_name)
-        return sink_for(pipeline).maintain(ledger_dsn(), runtime_for(pipeline).spark_sessions())
+        return sink_for(pipeline).maintain(task_services().ledger, runtime_for(pipeline).spark_sessions())
 
 
 def build_lake_maintenance_dag(pipeline: PipelineConfig) -> DAG:

@@ -22,7 +22,8 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from confluent_kafka.admin import OffsetSpec
 
 from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
-from kafka_ledger.config.settings import KAFKA_CONN_ID, LEDGER_DB_CONN_ID, deployment_settings
+from kafka_ledger.config.services import Services
+from kafka_ledger.config.settings import task_services
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.model.ranges import PartitionOffsets, TopicPartition, partition_lag
@@ -79,8 +80,8 @@ class Look:
 class Probe:
     """The look-ups of one doorbell, on connections it keeps between polls (closed on an error, opened again)."""
 
-    def __init__(self, pipeline: PipelineConfig, dsn: str, servers: str):
-        self.pipeline, self.dsn, self.servers = pipeline, dsn, servers
+    def __init__(self, pipeline: PipelineConfig, services: Services):
+        self.pipeline, self.services = pipeline, services
         self._conn: psycopg2.extensions.connection | None = None
         self._admin: kafka_offsets.ReportingAdminClient | None = None
         self._log_starts: dict[TopicPartition, int] = {}
@@ -88,17 +89,17 @@ class Probe:
 
     def look(self, now: float) -> Look:
         if self._conn is None:
-            self._conn = ledger.connect(self.dsn)
+            self._conn = ledger.connect(self.services.ledger)
         with self._conn, self._conn.cursor() as cur:
             rows = ledger.position_rows(cur, self.pipeline.name)
         positions = {row.topic_partition: row.position for row in rows}
         if now - self._refreshed_at >= PARTITIONS_REFRESH_SECONDS:
-            offsets = kafka_offsets.subscribed_offsets(self.servers, self.pipeline, KAFKA_TIMEOUT_SECONDS)
+            offsets = kafka_offsets.subscribed_offsets(self.services.kafka, self.pipeline, KAFKA_TIMEOUT_SECONDS)
             self._log_starts = {tp: o.log_start for tp, o in offsets.items()}
             self._refreshed_at = now
         elif self._log_starts:
             if self._admin is None:
-                self._admin = kafka_offsets.admin_client(self.servers)
+                self._admin = kafka_offsets.admin_client(self.services.kafka)
             ends = kafka_offsets.list_offsets(self._admin, sorted(self._log_starts), OffsetSpec.latest(),
                                               KAFKA_TIMEOUT_SECONDS)
             offsets = {tp: PartitionOffsets(log_start=start, end=ends[tp]) for tp, start in self._log_starts.items()}
@@ -161,5 +162,4 @@ class DoorbellTrigger(BaseEventTrigger):
 
 def _probe(pipeline_name: str) -> Probe:
     # In the triggerer, from the environment or the Airflow connections, as a task finds them.
-    settings = deployment_settings(LEDGER_DB_CONN_ID, KAFKA_CONN_ID)
-    return Probe(get_pipeline(pipeline_name), settings.ledger_dsn(), settings.kafka_servers())
+    return Probe(get_pipeline(pipeline_name), task_services())

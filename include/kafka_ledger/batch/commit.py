@@ -27,6 +27,7 @@ from typing import Any
 import psycopg2
 
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import Services
 from kafka_ledger.kafka import consumer_group
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
@@ -39,7 +40,9 @@ from kafka_ledger.model.ranges import (
     identity_changes,
 )
 from kafka_ledger.observe import failpoints
-from kafka_ledger.observe.stages import Stopwatch, describe
+from kafka_ledger.observe.events import BatchCommitted, BatchFailed, BatchRead
+from kafka_ledger.observe.observer import Observer
+from kafka_ledger.observe.stages import Stopwatch
 from kafka_ledger.sinks import Artifact, ArtifactSink, Sink, TransactionalSink, sink_for
 
 log = logging.getLogger(__name__)
@@ -76,17 +79,13 @@ def writes_output_directly(pipeline: PipelineConfig, batch: ledger.Batch) -> boo
 
 
 def log_read(
-    batch: ledger.Batch, attempt: int, stats: list[PartitionReadStats], read_seconds: float
+    observer: Observer, batch: ledger.Batch, attempt: int, stats: list[PartitionReadStats], read_seconds: float
 ) -> dict[str, object]:
-    """Log what an attempt read (records, rate, dead letters, offset gaps); returns the same as a dict."""
+    """Tell `observer` what an attempt read (records, dead letters, offset gaps); returns the same as a dict."""
     total = sum(s.records for s in stats)
     dead = sum(s.dead_letters for s in stats)
     gaps = sum(r.span for r in batch.ranges) - total
-    log.info(
-        "batch %s read: %d records in %.1fs (%.0f records/s), %d to dead letters, %d offset gap(s) "
-        "(transaction markers, aborted or compacted records)",
-        batch.batch_id, total, read_seconds, total / read_seconds if read_seconds else 0.0, dead, gaps,
-    )
+    observer.notify(BatchRead(batch.pipeline, batch.batch_id, attempt, total, dead, gaps, read_seconds))
     return {"batch_id": batch.batch_id, "attempt": attempt, "records_read": total,
             "read_seconds": round(read_seconds, 3), "offset_gaps": gaps}
 
@@ -100,7 +99,7 @@ class _Publishing:
     batch: ledger.Batch
     pipeline: PipelineConfig
     sink: Sink
-    servers: str
+    services: Services
     started: float
 
     def remove_published(self) -> int:
@@ -160,7 +159,6 @@ class Written(Publication):
     def publish(self, p: _Publishing) -> Published | CommitResult:
         batch, pipeline = p.batch, p.pipeline
         if batch.status == "committed":
-            log.info("batch %s was already committed at %s: nothing to do", batch.batch_id, batch.committed_at)
             return CommitResult(batch.batch_id, True, batch.records_written or 0, batch.records_dead_lettered or 0,
                                 0.0)
         if batch.status != "written":
@@ -230,7 +228,7 @@ class Streamed(Publication):
         if problems:
             raise ledger.LedgerError(f"batch {batch.batch_id} was not read completely: " + "; ".join(problems))
         ledger.mark_written(p.cur, batch.batch_id, self.attempt, stats, read_seconds)
-        log_read(batch, self.attempt, stats, read_seconds)
+        log_read(p.services.observer, batch, self.attempt, stats, read_seconds)
         failpoints.hit("commit_after_publish")
         return Published(ledger.get_batch(p.cur, batch.batch_id), written, dead, replaced, self.attempt,
                          self.started, clock)
@@ -269,52 +267,57 @@ class Adopted(Publication):
                               "letters do not cover its ranges: " + "; ".join(problems))
         read_seconds = time.monotonic() - self.started
         ledger.mark_written(p.cur, batch.batch_id, self.attempt, stats, read_seconds)
-        log_read(batch, self.attempt, stats, read_seconds)
+        log_read(p.services.observer, batch, self.attempt, stats, read_seconds)
         sink.record(p.cur, self.artifact)
         failpoints.hit("commit_after_publish")
         written = sum(s.records - s.dead_letters for s in stats)
         return Published(ledger.get_batch(p.cur, batch.batch_id), written, dead, replaced, self.attempt,
-                         self.started, self.clock, f" ({sink.artifact_noun} {self.artifact.artifact_id})")
+                         self.started, self.clock, f"{sink.artifact_noun} {self.artifact.artifact_id}")
 
 
 @contextmanager
-def _publishing(dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int) -> Iterator[_Publishing]:
+def _publishing(services: Services, pipeline: PipelineConfig, batch_id: int) -> Iterator[_Publishing]:
     """The one transaction every commit runs in: the pipeline's lock, the batch locked, statements allowed as
     long as the batch's Spark task. Rolled back (nothing published, no offset moved) unless the block ends."""
     started = time.monotonic()
-    with ledger.session(dsn) as conn, ledger.pipeline_transaction(conn, pipeline.name) as cur:
+    with ledger.session(services.ledger) as conn, ledger.pipeline_transaction(conn, pipeline.name) as cur:
         ledger.allow_batch_duration(cur, pipeline)
         try:
             batch = ledger.pipeline_batch(cur, pipeline.name, batch_id, for_update=True)
         except ledger.LedgerError as exc:
             raise CommitError(str(exc)) from None
-        yield _Publishing(cur, batch, pipeline, sink_for(pipeline), servers, started)
+        yield _Publishing(cur, batch, pipeline, sink_for(pipeline), services, started)
 
 
-def commit(dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int, publication: Publication) -> CommitResult:
+def commit(services: Services, pipeline: PipelineConfig, batch_id: int, publication: Publication) -> CommitResult:
     """In ONE transaction: publish the batch's rows and dead letters as `publication` says, record its ranges,
     advance the positions (compare-and-set: a position not at the batch's start fails the commit and nothing is
     written). Rewrite batches (replays, windows, backfills, explicit ranges) replace rows behind the positions and
     never move them. A refusal of a batch staged before is recorded on the batch."""
     try:
-        with _publishing(dsn, servers, pipeline, batch_id) as p:
+        with _publishing(services, pipeline, batch_id) as p:
             published = publication.publish(p)
             if isinstance(published, CommitResult):
+                services.observer.notify(BatchCommitted(
+                    pipeline.name, batch_id, p.batch.kind, p.sink.target, published.records_written,
+                    published.records_dead_lettered, 0, None, 0.0, already_committed=True))
                 return published
             result = _finish(p, published)
     except CommitError as exc:
         if isinstance(publication, Written):
-            with ledger.transaction(dsn) as cur:
+            with ledger.transaction(services.ledger) as cur:
                 cur.execute(sql.RECORD_ERROR, {"batch_id": batch_id, "error": str(exc)[:4000]})
         raise
     clock = published.clock
     if clock is not None:
         clock.lap("commit")
-    _log_commit(p.sink, published, result)
-    if clock is not None:
-        log.info("batch %s attempt %d took %.2f s%s: %s", batch_id, published.attempt,
-                 time.monotonic() - clock.started, published.note, describe(clock.stages))
-        return dataclasses.replace(result, stages=dict(clock.stages))
+        result = dataclasses.replace(result, stages=dict(clock.stages))
+    batch = published.batch
+    services.observer.notify(BatchCommitted(
+        pipeline.name, batch_id, batch.kind, p.sink.target, result.records_written, result.records_dead_lettered,
+        published.replaced, len(batch.ranges) if batch.moves_positions else None, result.seconds,
+        attempt=published.attempt, stages=dict(result.stages),
+        attempt_seconds=None if clock is None else time.monotonic() - clock.started, artifact=published.note))
     return result
 
 
@@ -348,7 +351,7 @@ def _check_topic_ids(p: _Publishing, batch: ledger.Batch) -> None:
     throughout (a topic id is never reused). The commit's transaction rolls back: nothing published.
     """
     planned = ledger.batch_topic_ids(p.cur, batch.batch_id)
-    changed = identity_changes(planned, kafka_offsets.topic_ids(p.servers, sorted(planned)))
+    changed = identity_changes(planned, kafka_offsets.topic_ids(p.services.kafka, sorted(planned)))
     if changed:
         raise TopicIdentityError(
             p.pipeline.name, changed,
@@ -356,17 +359,6 @@ def _check_topic_ids(p: _Publishing, batch: ledger.Batch) -> None:
                     "name other records now, so it cannot be resumed: abandon it with the reset "
                     "(--abandon-open-batches).",
         )
-
-
-def _log_commit(sink: Sink, published: Published, result: CommitResult) -> None:
-    batch = published.batch
-    log.info(
-        "committed %s batch %s of %s: %d rows into %s (%d rows of earlier runs replaced), %d dead letters, "
-        "%s in %.2fs", batch.kind, batch.batch_id, sink.pipeline.name, result.records_written,
-        sink.target, published.replaced, result.records_dead_lettered,
-        f"{len(batch.ranges)} partition position(s) advanced" if batch.moves_positions else "positions unchanged",
-        result.seconds,
-    )
 
 
 def _advance(cur: ledger.Cursor, batch: ledger.Batch, params: dict[str, Any]) -> None:
@@ -395,23 +387,24 @@ def _cover_rewrite(cur: ledger.Cursor, pipeline: PipelineConfig, batch: ledger.B
         ledger.replace_coverage(cur, pipeline.name, r.topic_partition, removed, added)
 
 
-def fail_batch(dsn: str, batch_id: int, error: str) -> None:
+def fail_batch(services: Services, pipeline: str, batch_id: int, error: str) -> None:
     """Record that reading the batch failed for good this run; the next run resumes the same ranges."""
-    with ledger.transaction(dsn) as cur:
+    with ledger.transaction(services.ledger) as cur:
         ledger.mark_failed(cur, batch_id, error)
+    services.observer.notify(BatchFailed(pipeline, batch_id, error))
 
 
-def mirror_positions(dsn: str, servers: str, pipeline: PipelineConfig) -> bool:
+def mirror_positions(services: Services, pipeline: PipelineConfig) -> bool:
     """The ledger's positions written to the pipeline's mirror consumer group, if it has one (never raises: see
     kafka/consumer_group.py)."""
     def positions() -> list[consumer_group.LedgerPosition]:
-        with ledger.transaction(dsn) as cur:
+        with ledger.transaction(services.ledger) as cur:
             return [(r.topic_partition, r.position, r.last_batch_id) for r in ledger.position_rows(cur, pipeline.name)]
 
-    return consumer_group.mirror_positions(servers, pipeline, positions)
+    return consumer_group.mirror_positions(services.kafka, pipeline, positions)
 
 
-def after_commit(dsn: str, servers: str, pipeline: PipelineConfig, result: CommitResult) -> dict[str, Any]:
+def after_commit(services: Services, pipeline: PipelineConfig, result: CommitResult) -> dict[str, Any]:
     """What follows every commit, wherever it ran (a DAG task, `kafka-ledger replay`): the positions mirrored into
     the pipeline's consumer group (never failing the commit), and the result as the task returns it."""
-    return {**result.as_dict(), "mirrored": mirror_positions(dsn, servers, pipeline)}
+    return {**result.as_dict(), "mirrored": mirror_positions(services, pipeline)}

@@ -9,6 +9,7 @@ from typing import Any
 
 from kafka_ledger.batch.requests import BatchRequest, RequestError
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import KafkaClient, Services
 from kafka_ledger.kafka import headroom
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
@@ -28,6 +29,7 @@ from kafka_ledger.model.ranges import (
     window_ranges,
 )
 from kafka_ledger.observe import failpoints
+from kafka_ledger.observe.events import BatchPlanned
 from kafka_ledger.sinks import sink_for
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ class PlannedBatch:
     dry_run: bool = False
     # Each partition's margin before retention deletes its oldest unread offset (None: could not be looked up).
     headroom: list[headroom.Headroom] | None = None
+    # What the plan decided, in words (the window, the batch replayed, a resumed batch's status).
+    detail: str = ""
 
     @property
     def offsets(self) -> int:
@@ -69,19 +73,17 @@ def _format_ranges(ranges: list[OffsetRange]) -> str:
 
 
 def plan_next_batch(
-    dsn: str,
-    bootstrap_servers: str,
+    services: Services,
     pipeline: PipelineConfig,
     dag_id: str | None = None,
     run_id: str | None = None,
 ) -> PlannedBatch:
     """Resume the pipeline's unfinished batch, or record the next capped batch before anything is read."""
-    return plan_batch(dsn, bootstrap_servers, pipeline, BatchRequest(), dag_id=dag_id, run_id=run_id)
+    return plan_batch(services, pipeline, BatchRequest(), dag_id=dag_id, run_id=run_id)
 
 
 def plan_batch(
-    dsn: str,
-    bootstrap_servers: str,
+    services: Services,
     pipeline: PipelineConfig,
     request: BatchRequest | None = None,
     *,
@@ -98,24 +100,29 @@ def plan_batch(
     Invalid requests raise RequestError and write nothing.
     """
     request = request or BatchRequest()
-    with ledger.session(dsn) as conn:
+    kafka = services.kafka
+    with ledger.session(services.ledger) as conn:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
             sink_for(pipeline).prepare(cur)
-            offsets = kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)
-            planned = _plan(cur, bootstrap_servers, pipeline, offsets, request, dag_id, run_id, requested_by,
-                            backfill_window)
+            offsets = kafka_offsets.subscribed_offsets(kafka, pipeline)
+            planned = _plan(cur, kafka, pipeline, offsets, request, dag_id, run_id, requested_by, backfill_window)
             ledger.observe_log_starts(cur, pipeline.name, {tp: o.log_start for tp, o in offsets.items()})
             positions = ledger.positions(cur, pipeline.name)
             rates = ledger.log_start_rates(cur, pipeline.name)
             if dry_run:
                 conn.rollback()
                 planned = replace(planned, dry_run=True, batch_id=None if not planned.resumed else planned.batch_id)
+        if planned.batch_id is not None:
+            services.observer.notify(BatchPlanned(
+                pipeline.name, planned.batch_id, planned.kind, planned.resumed, len(planned.ranges), planned.offsets,
+                planned.backlog_after, tuple(r.describe() for r in planned.ranges),
+                planned.detail + (" (dry run: nothing recorded)" if planned.dry_run else "")))
         failpoints.hit("after_plan")
-    return replace(planned, headroom=_headroom(bootstrap_servers, pipeline, positions, offsets, rates))
+    return replace(planned, headroom=_headroom(kafka, pipeline, positions, offsets, rates))
 
 
 def _headroom(
-    bootstrap_servers: str,
+    kafka: KafkaClient,
     pipeline: PipelineConfig,
     positions: dict[TopicPartition, int],
     offsets: dict[TopicPartition, PartitionOffsets],
@@ -123,7 +130,7 @@ def _headroom(
 ) -> list[headroom.Headroom] | None:
     """Retention headroom as of this plan, logged; after the plan is recorded and its lock released, and never
     failing it (the headroom only warns)."""
-    found, error = headroom.look_up(bootstrap_servers, pipeline, positions, offsets, rates)
+    found, error = headroom.look_up(kafka, pipeline, positions, offsets, rates)
     if error:
         log.warning(error)
     else:
@@ -136,16 +143,16 @@ def _ms(moment: datetime) -> int:
 
 
 def compare_topic_ids(
-    cur: ledger.Cursor, bootstrap_servers: str, pipeline: PipelineConfig, topics: set[str]
+    cur: ledger.Cursor, kafka: KafkaClient, pipeline: PipelineConfig, topics: set[str]
 ) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
     """Kafka's ids of `topics` against the ledger's anchors: (unseen topics' ids, {topic: (anchored, current)})."""
-    current = kafka_offsets.topic_ids(bootstrap_servers, sorted(topics))
+    current = kafka_offsets.topic_ids(kafka, sorted(topics))
     return topic_identity(ledger.topic_anchors(cur, pipeline.name), current)
 
 
 def _check_topic_identity(
     cur: ledger.Cursor,
-    bootstrap_servers: str,
+    kafka: KafkaClient,
     pipeline: PipelineConfig,
     offsets: dict[TopicPartition, PartitionOffsets],
 ) -> None:
@@ -154,7 +161,7 @@ def _check_topic_identity(
     Before positions are read or a batch resumed: offsets of a recreated topic name other records, so neither
     the next ranges nor an unfinished batch's recorded ones may be read from it.
     """
-    unseen, changed = compare_topic_ids(cur, bootstrap_servers, pipeline, {tp.topic for tp in offsets})
+    unseen, changed = compare_topic_ids(cur, kafka, pipeline, {tp.topic for tp in offsets})
     if changed:
         raise TopicIdentityError(pipeline.name, changed)
     if unseen:
@@ -200,12 +207,9 @@ def _resume(
         raise LostDataError(lost)
     ledger.set_batch_owner(cur, batch.batch_id, dag_id, run_id)
     remaining = _backlog_after(positions, offsets, batch.ranges) if batch.moves_positions else 0
-    log.info(
-        "resuming %s batch %s of %s (status %s, %s attempt(s) so far%s) with its recorded ranges:\n%s",
-        batch.kind, batch.batch_id, batch.pipeline, batch.status, batch.attempts,
-        f", last error: {batch.last_error}" if batch.last_error else "", _format_ranges(batch.ranges),
-    )
-    return PlannedBatch(batch.batch_id, True, batch.ranges, backlog_after=remaining, kind=batch.kind)
+    detail = (f"status {batch.status}, {batch.attempts} attempt(s) so far"
+              + (f", last error: {batch.last_error}" if batch.last_error else ""))
+    return PlannedBatch(batch.batch_id, True, batch.ranges, backlog_after=remaining, kind=batch.kind, detail=detail)
 
 
 def _refuse(problems: list[str]) -> None:
@@ -228,7 +232,7 @@ def _refuse_rewrite_beside_catch_up(cur: ledger.Cursor, pipeline: PipelineConfig
 
 def _plan(
     cur: ledger.Cursor,
-    bootstrap_servers: str,
+    kafka: KafkaClient,
     pipeline: PipelineConfig,
     offsets: dict[TopicPartition, PartitionOffsets],
     request: BatchRequest,
@@ -237,7 +241,7 @@ def _plan(
     requested_by: str | None,
     backfill_window: tuple[datetime, datetime] | None,
 ) -> PlannedBatch:
-    _check_topic_identity(cur, bootstrap_servers, pipeline, offsets)
+    _check_topic_identity(cur, kafka, pipeline, offsets)
     positions = _subscribed_positions(cur, pipeline, offsets)
     mine = ledger.run_open_batch(cur, pipeline.name, dag_id, run_id)
     if mine is not None:
@@ -263,8 +267,8 @@ def _plan(
         window = backfill_window or (request.window_from, request.window_to)
         tps = sorted(offsets)
         behind, pending = window_ranges(
-            kafka_offsets.offsets_for_time(bootstrap_servers, tps, _ms(window[0])),
-            kafka_offsets.offsets_for_time(bootstrap_servers, tps, _ms(window[1])),
+            kafka_offsets.offsets_for_time(kafka, tps, _ms(window[0])),
+            kafka_offsets.offsets_for_time(kafka, tps, _ms(window[1])),
             offsets, positions,
         )
         if pending:
@@ -276,18 +280,14 @@ def _plan(
         _refuse(check_rewrite_ranges(behind, offsets, positions, in_flight))
         _refuse_rewrite_beside_catch_up(cur, pipeline)
         batch = record(behind, kind, window=window)
-        log.info("planned %s batch %s of %s for [%s, %s): %d offsets to re-read and replace:\n%s", kind,
-                 batch.batch_id, pipeline.name, window[0], window[1], sum(r.span for r in behind),
-                 _format_ranges(behind))
-        return PlannedBatch(batch.batch_id, False, behind, 0, kind=kind, pending=pending)
+        return PlannedBatch(batch.batch_id, False, behind, 0, kind=kind, pending=pending,
+                            detail=f"for [{window[0]}, {window[1]})")
 
     if request.mode == "offset_ranges":
         ranges = sorted(request.offset_ranges)
         _refuse(check_rewrite_ranges(ranges, offsets, positions, in_flight))
         _refuse_rewrite_beside_catch_up(cur, pipeline)
         batch = record(ranges, "offset_ranges")
-        log.info("planned offset_ranges batch %s of %s: %d offsets to re-read and replace:\n%s",
-                 batch.batch_id, pipeline.name, sum(r.span for r in ranges), _format_ranges(ranges))
         return PlannedBatch(batch.batch_id, False, ranges, 0, kind="offset_ranges")
 
     if request.mode == "replay_batch":
@@ -306,10 +306,8 @@ def _plan(
         _refuse(check_rewrite_ranges(ranges, offsets, positions, in_flight))
         _refuse_rewrite_beside_catch_up(cur, pipeline)
         batch = record(ranges, "replay", replay_of=target.batch_id)
-        log.info("planned replay batch %s of %s batch %s (%s): %d offsets to re-read and replace:\n%s",
-                 batch.batch_id, target.kind, target.batch_id, pipeline.name, sum(r.span for r in ranges),
-                 _format_ranges(ranges))
-        return PlannedBatch(batch.batch_id, False, ranges, 0, kind="replay")
+        return PlannedBatch(batch.batch_id, False, ranges, 0, kind="replay",
+                            detail=f"of {target.kind} batch {target.batch_id}")
 
     unfinished = ledger.open_batch(cur, pipeline.name)
     if unfinished is not None:
@@ -331,13 +329,8 @@ def _plan(
         log.info("no new data in %s for %s: nothing planned, no Spark job", pipeline.subscription, pipeline.name)
         return PlannedBatch(None, False, [], backlog_after=0)
     batch = record(ranges, "catch_up")
-    log.info(
-        "planned batch %s of %s (%s): %d partition(s), %d offsets (cap %d per partition), "
-        "%d offsets left for later batches:\n%s",
-        batch.batch_id, pipeline.name, pipeline.delivery_mode, len(ranges), sum(r.span for r in ranges),
-        pipeline.max_records_per_partition, remaining, _format_ranges(ranges),
-    )
-    planned = PlannedBatch(batch.batch_id, False, ranges, backlog_after=remaining)
+    planned = PlannedBatch(batch.batch_id, False, ranges, backlog_after=remaining,
+                           detail=f"{pipeline.delivery_mode}, cap {pipeline.max_records_per_partition} per partition")
     if planned.skipped:
         log.warning("latest_only: %d older offsets skipped on purpose and recorded as skipped in the ledger",
                     planned.skipped)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 from kafka_ledger.batch import commit
 from kafka_ledger.batch.commit import Adopted, CommitResult
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import Services
 from kafka_ledger.formats.decode import decode_records
 from kafka_ledger.ledger import sql
 from kafka_ledger.model import columns
@@ -72,7 +73,7 @@ def output_values(sink: Sink) -> list[str]:
     return [name for name in sink.published_columns() if name not in {*COORDINATES, columns.BATCH_ID.name}]
 
 
-def publish_attempt(records: DataFrame, attempt: Attempt, sink: Sink, dsn: str, servers: str, *,
+def publish_attempt(records: DataFrame, attempt: Attempt, sink: Sink, services: Services, *,
                     in_transaction: Callable[[TransactionalSink], T], started: float, clock: Stopwatch,
                     check_interrupted: Callable[[], None] | None = None) -> T | CommitResult:
     """Publish an attempt's records (Spark's Kafka source rows) by what its sink can do: an artifact sink's written in
@@ -80,14 +81,14 @@ def publish_attempt(records: DataFrame, attempt: Attempt, sink: Sink, dsn: str, 
     streamed into the commit, or staged for it)."""
     if isinstance(sink, ArtifactSink):
         rows = publish_frame(records, sink.pipeline, sink, attempt.batch.batch_id)
-        return publish_artifact(sink, rows, attempt, dsn, servers, started=started, clock=clock,
+        return publish_artifact(sink, rows, attempt, services, started=started, clock=clock,
                                 check_interrupted=check_interrupted)
     if isinstance(sink, TransactionalSink):
         return in_transaction(sink)
     raise TypeError(f"{sink.target}: a sink is either written by the commit or by the engine")
 
 
-def publish_artifact(sink: ArtifactSink, rows: DataFrame, attempt: Attempt, dsn: str, servers: str, *,
+def publish_artifact(sink: ArtifactSink, rows: DataFrame, attempt: Attempt, services: Services, *,
                      started: float, clock: Stopwatch, check_interrupted: Callable[[], None] | None = None
                      ) -> CommitResult:
     """An artifact sink's publish of an attempt's rows: Spark writes them as the batch's artifact (or adopts the one an
@@ -98,5 +99,5 @@ def publish_artifact(sink: ArtifactSink, rows: DataFrame, attempt: Attempt, dsn:
     failpoints.hit("after_snapshot")
     if check_interrupted is not None:
         check_interrupted()
-    return commit.commit(dsn, servers, sink.pipeline, attempt.batch.batch_id,
+    return commit.commit(services, sink.pipeline, attempt.batch.batch_id,
                          Adopted(attempt.number, artifact, dead, started, clock))

@@ -12,13 +12,13 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kafka_ledger.config import services as kafka_security
 from kafka_ledger.config.pipeline import PipelineConfig
-from kafka_ledger.config.settings import kafka_settings
+from kafka_ledger.config.services import KafkaClient, LedgerDatabase, Services
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.model.ranges import LostDataError, OffsetRange, lost_ranges
 from kafka_ledger.observe import failpoints
+from kafka_ledger.observe.events import AttemptStarted
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -47,7 +47,7 @@ KAFKA_READER_TUNING = {
 KAFKA_POLL_TIMEOUT_MS = 60_000
 
 
-def kafka_read_options(ranges: list[OffsetRange], servers: str, pipeline: str, headers: bool = False
+def kafka_read_options(ranges: list[OffsetRange], kafka: KafkaClient, pipeline: str, headers: bool = False
                        ) -> dict[str, str]:
     """Options of a bounded Kafka read of exactly `ranges` (ends exclusive), committed records only; with the
     records' headers if `headers` (a column reads one)."""
@@ -58,8 +58,7 @@ def kafka_read_options(ranges: list[OffsetRange], servers: str, pipeline: str, h
         assign.setdefault(r.topic, []).append(r.partition)
         starting.setdefault(r.topic, {})[str(r.partition)] = r.from_offset
         ending.setdefault(r.topic, {})[str(r.partition)] = r.until_offset
-    client = {"kafka.bootstrap.servers": servers, **kafka_security.spark_options(kafka_settings()),
-              "kafka.isolation.level": "read_committed", **KAFKA_READER_TUNING}
+    client = {**kafka.spark_options(), "kafka.isolation.level": "read_committed", **KAFKA_READER_TUNING}
     return {
         **client,
         "assign": json.dumps(assign),
@@ -85,9 +84,9 @@ def read_group_id(pipeline: str, client: dict[str, str]) -> str:
     return f"kafka-ledger-{pipeline}-{fingerprint}"
 
 
-def check_not_deleted(servers: str, ranges: list[OffsetRange]) -> None:
+def check_not_deleted(kafka: KafkaClient, ranges: list[OffsetRange]) -> None:
     """Fail if retention deleted any offset of the ranges (the log start moved past a from-offset)."""
-    lost = lost_ranges(ranges, kafka_offsets.partition_offsets(servers, sorted({r.topic for r in ranges})))
+    lost = lost_ranges(ranges, kafka_offsets.partition_offsets(kafka, sorted({r.topic for r in ranges})))
     if lost:
         raise LostDataError(lost)
 
@@ -107,12 +106,12 @@ class Attempt:
         return [r for r in self.batch.ranges if r.span > 0]
 
 
-def begin(dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int) -> Attempt | None:
+def begin(services: Services, pipeline: PipelineConfig, batch_id: int) -> Attempt | None:
     """Start the next attempt of a batch (None if it is already written or committed: nothing to read).
 
     Rows staged by earlier attempts are deleted first.
     """
-    with ledger.session(dsn) as conn:
+    with ledger.session(services.ledger) as conn:
         with conn, conn.cursor() as cur:
             batch = ledger.pipeline_batch(cur, pipeline.name, batch_id)
         if batch.status in ("committed", "written"):
@@ -130,12 +129,9 @@ def begin(dsn: str, servers: str, pipeline: PipelineConfig, batch_id: int) -> At
                 log.info("batch %s was %s by another attempt meanwhile: nothing to read", batch_id, batch.status)
                 return None
             raise
-    log.info(
-        "batch %s of %s, attempt %d: reading %d range(s), %d offsets%s",
-        batch_id, pipeline.name, number, len(batch.ranges), sum(r.span for r in batch.ranges),
-        f" (removed {removed} rows staged by earlier attempts)" if removed else "",
-    )
-    check_not_deleted(servers, batch.ranges)
+    services.observer.notify(AttemptStarted(pipeline.name, batch_id, number, len(batch.ranges),
+                                            sum(r.span for r in batch.ranges), removed))
+    check_not_deleted(services.kafka, batch.ranges)
     failpoints.hit("before_read")
     return Attempt(batch, number, pipeline.reads_headers)
 
@@ -152,22 +148,22 @@ def read_tasks(ranges: list[OffsetRange]) -> int | None:
     return tasks if tasks < len(ranges) else None
 
 
-def read_records(spark: SparkSession, attempt: Attempt, servers: str) -> DataFrame:
+def read_records(spark: SparkSession, attempt: Attempt, kafka: KafkaClient) -> DataFrame:
     """The attempt's records, as Spark's Kafka source reads them (a bounded read of exactly its ranges)."""
-    return read_ranges(spark, attempt.readable, servers, attempt.batch.pipeline, attempt.headers)
+    return read_ranges(spark, attempt.readable, kafka, attempt.batch.pipeline, attempt.headers)
 
 
-def read_ranges(spark: SparkSession, ranges: list[OffsetRange], servers: str, pipeline: str,
+def read_ranges(spark: SparkSession, ranges: list[OffsetRange], kafka: KafkaClient, pipeline: str,
                 headers: bool = False) -> DataFrame:
     """A bounded read of exactly `ranges` as the pipeline's batches read them (its consumer group, its tuning)."""
-    records = spark.read.format("kafka").options(**kafka_read_options(ranges, servers, pipeline, headers)).load()
+    records = spark.read.format("kafka").options(**kafka_read_options(ranges, kafka, pipeline, headers)).load()
     tasks = read_tasks(ranges)
     return records.coalesce(tasks) if tasks else records
 
 
-def mark_nothing_to_read(dsn: str, attempt: Attempt) -> None:
+def mark_nothing_to_read(db: LedgerDatabase, attempt: Attempt) -> None:
     """A batch whose ranges are all empty (skipped over deleted offsets) is written with 0 records; its commit
-    (commit.commit_batch) then commits it like any other, in either runtime."""
-    with ledger.transaction(dsn) as cur:
+    (batch/commit.Written) then commits it like any other, in either runtime."""
+    with ledger.transaction(db) as cur:
         ledger.mark_written(cur, attempt.batch.batch_id, attempt.number, [], 0.0)
     log.info("batch %s has no offsets to read (all skipped): marked written with 0 records", attempt.batch.batch_id)

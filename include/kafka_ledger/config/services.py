@@ -1,12 +1,24 @@
-"""The deployment's Kafka client settings (security and the like) for the Python clients and Spark's Java client."""
+"""The services kafka-ledger uses, as values: the ledger database and Kafka, each in every client's form, and the
+observer of its events, carried together (`Services`) from the entry points (a task, the CLI, the page) instead of
+connection strings looked up wherever one is needed.
+
+`LedgerDatabase` gives its libpq, SQLAlchemy and JDBC forms; `KafkaClient` its confluent-kafka and Spark forms. Both
+hold secrets: their `str` shows none (a password is `***`), so either can be logged.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from kafka_ledger.model.refusals import Refusal
+from kafka_ledger.observe.observer import LogObserver, Observer
 
 # The environment variable of settings.Settings.kafka_config, for callers that set it (a test, a Spark job's
 # environment); tests/unit/test_settings.py checks that it is the model's.
@@ -19,6 +31,10 @@ SASL_LOGIN_MODULES = {
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
     "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
 }
+
+
+class SettingsError(RuntimeError, Refusal):
+    """A setting is missing or invalid; the message names the variable."""
 
 
 class KafkaConfigError(ValueError, Refusal):
@@ -125,3 +141,193 @@ def spark_options(settings: dict[str, str]) -> dict[str, str]:
                                "ssl.key.password, ssl.endpoint.identification.algorithm")
     return options
 
+
+def libpq_settings(dsn: str) -> dict[str, str]:
+    """The settings of a libpq connection string, URL (postgresql://...) or key=value, parsed by libpq itself."""
+    from psycopg2.extensions import parse_dsn
+
+    try:
+        return parse_dsn(dsn)
+    except Exception as exc:  # psycopg2.ProgrammingError: libpq's own message says what is wrong
+        raise SettingsError(f"the ledger database setting is not a valid Postgres connection string: {exc}") from None
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    """The same database as a SQLAlchemy URL with the psycopg2 driver (from a URL or a key=value DSN)."""
+    if "://" in dsn:
+        scheme, _, rest = dsn.partition("://")
+        if scheme not in ("postgres", "postgresql", "postgresql+psycopg2"):
+            raise SettingsError(f"unsupported ledger database URL scheme {scheme!r} (expected postgresql://)")
+        return f"postgresql+psycopg2://{rest}"
+    from sqlalchemy.engine import URL
+
+    parts = libpq_settings(dsn)
+    port = parts.pop("port", None)
+    url = URL.create(
+        "postgresql+psycopg2", username=parts.pop("user", None), password=parts.pop("password", None),
+        host=parts.pop("host", None), port=int(port) if port else None, database=parts.pop("dbname", None),
+        query=parts,
+    )
+    return url.render_as_string(hide_password=False)
+
+
+@dataclass(frozen=True)
+class JdbcTarget:
+    """A Postgres connection string split the way Spark's JDBC writer wants it."""
+
+    url: str
+    user: str
+    password: str
+
+
+# libpq settings and the Postgres JDBC driver's name for each; any other setting has no JDBC equivalent
+# here and is refused rather than dropped (a dropped sslmode would silently connect without TLS).
+JDBC_PROPERTIES = {
+    "sslmode": "sslmode",
+    "sslrootcert": "sslrootcert",
+    "sslcert": "sslcert",
+    "sslkey": "sslkey",
+    "sslpassword": "sslpassword",
+    "connect_timeout": "connectTimeout",
+    "application_name": "ApplicationName",
+    "options": "options",
+}
+
+
+def jdbc_target(dsn: str) -> JdbcTarget:
+    """Split a libpq connection string (URL or key=value) into a JDBC URL plus credentials kept out of it."""
+    parts = libpq_settings(dsn)
+    user = parts.pop("user", "")
+    password = parts.pop("password", "")
+    hosts = (parts.pop("host", None) or "127.0.0.1").split(",")
+    ports = (parts.pop("port", None) or "5432").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    if len(ports) != len(hosts):
+        raise SettingsError(f"the ledger database names {len(hosts)} host(s) but {len(ports)} port(s)")
+    addresses = []
+    for host, port in zip(hosts, ports, strict=True):
+        if host.startswith("/"):
+            raise SettingsError(f"the ledger database host {host!r} is a Unix socket folder: Spark's JDBC "
+                                "writer needs a TCP host name or address")
+        addresses.append(f"[{host}]:{port or 5432}" if ":" in host else f"{host}:{port or 5432}")
+    database = parts.pop("dbname", None) or user or "postgres"
+    unsupported = sorted(set(parts) - set(JDBC_PROPERTIES))
+    if unsupported:
+        raise SettingsError(f"ledger database setting(s) {', '.join(unsupported)} have no equivalent for Spark's "
+                            f"JDBC writer (supported: {', '.join(JDBC_PROPERTIES)})")
+    properties = {JDBC_PROPERTIES[key]: value for key, value in parts.items()}
+    properties["reWriteBatchedInserts"] = "true"
+    # Strings go untyped, so that Postgres reads each into its column's type: Spark writes a jsonb column's text as
+    # a string, which Postgres would refuse as `character varying` for a jsonb column.
+    properties["stringtype"] = "unspecified"
+    return JdbcTarget(
+        url=f"jdbc:postgresql://{','.join(addresses)}/{quote(database, safe='')}?{urlencode(properties)}",
+        user=user,
+        password=password,
+    )
+
+
+def _masked_dsn(dsn: str) -> str:
+    """A libpq connection string with its password as `***`: a URL's user info and `password` parameter, a key=value
+    string's `password` (quoted or not)."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hosts = netloc.rpartition("@")
+            if ":" in userinfo:
+                netloc = f"{userinfo.partition(':')[0]}:***@{hosts}"
+        query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", parts.query)
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    return re.sub(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
+
+
+@dataclass(frozen=True, repr=False)
+class LedgerDatabase:
+    """The ledger's Postgres database: one libpq connection string (URL or key=value, a secret as a whole) and the
+    bounds of its statements and lock waits, in seconds (settings.Settings.db_statement_timeout, db_lock_timeout)."""
+
+    url: str
+    statement_timeout: int = 600
+    lock_timeout: int = 600
+
+    def libpq(self) -> str:
+        """The connection string as psycopg2 takes it."""
+        return self.url
+
+    def settings(self) -> dict[str, str]:
+        """Its settings, parsed by libpq."""
+        return libpq_settings(self.url)
+
+    def sqlalchemy(self) -> str:
+        """The same database as a SQLAlchemy URL (psycopg2 driver)."""
+        return sqlalchemy_url(self.url)
+
+    def jdbc(self) -> JdbcTarget:
+        """The same database as Spark's JDBC writer takes it: a URL, and the credentials apart."""
+        return jdbc_target(self.url)
+
+    def password(self) -> str | None:
+        return self.settings().get("password")
+
+    def __str__(self) -> str:
+        return _masked_dsn(self.url)
+
+    __repr__ = __str__
+
+
+@dataclass(frozen=True, repr=False)
+class KafkaClient:
+    """Kafka: its bootstrap servers and the client settings beside them (security and the like, secrets among them),
+    in librdkafka's names."""
+
+    servers: str
+    settings: Mapping[str, str] = field(default_factory=dict)
+
+    def confluent(self, **overrides: object) -> dict[str, object]:
+        """A confluent-kafka client configuration: the servers, the settings, then `overrides`."""
+        return confluent_config(self.servers, dict(self.settings), **overrides)
+
+    def spark_options(self) -> dict[str, str]:
+        """The same as options of Spark's Kafka source (`kafka.`-prefixed Java client properties)."""
+        return {"kafka.bootstrap.servers": self.servers, **spark_options(dict(self.settings))}
+
+    def java_properties(self) -> str:
+        """The settings as a Java client properties file (Kafka's own command-line tools)."""
+        return java_client_properties(dict(self.settings))
+
+    def secrets(self) -> list[str]:
+        """The secret values among the settings."""
+        return [value for key, value in self.settings.items() if key in _SECRET_KEYS and value]
+
+    def __str__(self) -> str:
+        return self.servers
+
+    __repr__ = __str__
+
+
+_SECRET_KEYS = {f.alias for f in KafkaClientConfig.model_fields.values()}
+
+
+@dataclass(frozen=True)
+class Services:
+    """What a piece of kafka-ledger work talks to: the ledger database and Kafka, and who hears of its events."""
+
+    ledger: LedgerDatabase
+    kafka: KafkaClient
+    observer: Observer = field(default_factory=LogObserver)
+
+    def secrets(self) -> list[str]:
+        """Every secret the services hold: the ledger's connection string and its password (a log may show either),
+        Kafka's passwords."""
+        password = self.ledger.password()
+        return [self.ledger.url, *([password] if password else []), *self.kafka.secrets()]
+
+    def with_observer(self, observer: Observer) -> Services:
+        """The same services, their events told to `observer` instead."""
+        return Services(self.ledger, self.kafka, observer)
+
+    def describe(self) -> dict[str, Any]:
+        """The services in words, secrets masked (a log line, the CLI)."""
+        return {"ledger": str(self.ledger), "kafka": str(self.kafka)}

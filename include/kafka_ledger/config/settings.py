@@ -1,8 +1,9 @@
 """The deployment's settings, one typed model: the environment first, then Airflow connections.
 
 Settings declares every KAFKA_LEDGER_* variable the package reads (type, default, description; secrets as
-SecretStr). deployment_settings() reads them; the functions below (ledger_dsn(), bootstrap_servers(), ...)
-are its readers for the rest of the package, each raising SettingsError in one sentence naming the variable.
+SecretStr). deployment_settings() reads them; the entry points (a task, the CLI, the page) turn them into the
+services they hand down (deployment_services(), task_services(): config/services.py), raising SettingsError in one
+sentence naming the variable.
 """
 
 from __future__ import annotations
@@ -10,18 +11,21 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 from contextvars import ContextVar
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol, get_args
-from urllib.parse import quote, urlencode
 
 from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from kafka_ledger.config import services as kafka_security
-from kafka_ledger.config.services import KafkaClientConfig
-from kafka_ledger.model.refusals import Refusal
+from kafka_ledger.config.services import (
+    KafkaClient,
+    KafkaClientConfig,
+    LedgerDatabase,
+    Services,
+    SettingsError,
+)
+from kafka_ledger.observe.observer import Observer
 
 LEDGER_DB_CONN_ID = "kafka_ledger_db"
 KAFKA_CONN_ID = "kafka_ledger_kafka"
@@ -34,10 +38,6 @@ SparkRuntime = Literal["connect", "submit"]
 DEFAULT_SPARK_RUNTIME: SparkRuntime = "submit"
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "pipelines.yaml"
-
-
-class SettingsError(RuntimeError, Refusal):
-    """A setting is missing or invalid; the message names the variable."""
 
 
 class ConnectionString(SecretStr):
@@ -293,49 +293,50 @@ def deployment_settings(*conn_ids: str) -> Settings:
     return settings
 
 
-def secret_values(model: BaseModel) -> list[str]:
-    """Every secret `model` holds, to mask in logs and the UI: each SecretStr value (in nested models too), and
-    a connection string's password on its own as well (a log may show either)."""
-    found: list[str] = []
-    for _, value in model:
-        if isinstance(value, BaseModel):
-            found += secret_values(value)
-        elif isinstance(value, SecretStr) and value.get_secret_value():
-            found.append(value.get_secret_value())
-            if isinstance(value, ConnectionString):
-                password = libpq_settings(value.get_secret_value()).get("password")  # a URL's or a key=value's
-                if password:
-                    found.append(password)
-    return found
+def _ledger_database(settings: Settings) -> LedgerDatabase:
+    return LedgerDatabase(settings.ledger_dsn(), settings.db_statement_timeout, settings.db_lock_timeout)
 
 
-def ledger_timeouts() -> Settings:
-    """The ledger connection's timeouts (db_statement_timeout, db_lock_timeout), from the environment."""
-    return deployment_settings()
+def deployment_services(*conn_ids: str, observer: Observer | None = None) -> Services:
+    """The deployment's ledger database and Kafka (the environment first, then the Airflow connections `conn_ids`)
+    as one value, with `observer` (default: the log) hearing of every event."""
+    settings = deployment_settings(*conn_ids)
+    kafka = KafkaClient(settings.kafka_servers(), settings.kafka_client_settings())
+    ledger = _ledger_database(settings)
+    return Services(ledger, kafka) if observer is None else Services(ledger, kafka, observer)
 
 
-def ledger_dsn() -> str:
-    """The ledger database URL: $KAFKA_LEDGER_DB_URL, else the Airflow connection `kafka_ledger_db`."""
-    return deployment_settings(LEDGER_DB_CONN_ID).ledger_dsn()
+def task_services() -> Services:
+    """The services of a task (and of the CLI and the page): the environment first, then the Airflow connections
+    `kafka_ledger_db` and `kafka_ledger_kafka`."""
+    return deployment_services(LEDGER_DB_CONN_ID, KAFKA_CONN_ID)
 
 
-def bootstrap_servers() -> str:
-    """Kafka bootstrap servers: $KAFKA_LEDGER_BOOTSTRAP_SERVERS, else the `kafka_ledger_kafka` connection."""
-    return deployment_settings(KAFKA_CONN_ID).kafka_servers()
+def kafka_for(servers: str) -> KafkaClient:
+    """Kafka at `servers` with the deployment's client settings from the environment (a tool's, a test's own Kafka)."""
+    settings = deployment_settings()
+    return KafkaClient(servers, settings.kafka_config.client_settings() if settings.kafka_config else {})
 
 
-def kafka_settings() -> dict[str, str]:
-    """The deployment's Kafka client settings beyond the servers (security and the like), in librdkafka's names.
+def services_for(dsn: str, servers: str, observer: Observer | None = None) -> Services:
+    """The services of a ledger database and a Kafka given by the caller (a tool's, a test's), with the
+    deployment's ledger timeouts and Kafka client settings from the environment."""
+    settings = deployment_settings()
+    ledger = LedgerDatabase(dsn, settings.db_statement_timeout, settings.db_lock_timeout)
+    kafka = kafka_for(servers)
+    return Services(ledger, kafka) if observer is None else Services(ledger, kafka, observer)
 
-    They come from where the servers come from: $KAFKA_LEDGER_KAFKA_CONFIG (a JSON object) beside
-    $KAFKA_LEDGER_BOOTSTRAP_SERVERS, else the extra of the Airflow connection `kafka_ledger_kafka`.
-    """
-    return deployment_settings(KAFKA_CONN_ID).kafka_client_settings()
+
+def ledger_database() -> LedgerDatabase:
+    """The ledger database alone, for work that needs no Kafka: the environment first, then the Airflow connection
+    `kafka_ledger_db`."""
+    return _ledger_database(deployment_settings(LEDGER_DB_CONN_ID))
 
 
-def kafka_config(servers: str, **overrides: object) -> dict[str, object]:
-    """A confluent-kafka client configuration for `servers` with the deployment's settings, then `overrides`."""
-    return kafka_security.confluent_config(servers, kafka_settings(), **overrides)
+def kafka_client() -> KafkaClient:
+    """Kafka alone: the environment first, then the Airflow connection `kafka_ledger_kafka`."""
+    settings = deployment_settings(KAFKA_CONN_ID)
+    return KafkaClient(settings.kafka_servers(), settings.kafka_client_settings())
 
 
 def deployment_spark_runtime() -> str:
@@ -372,89 +373,3 @@ def spark_connect_url(session_id: str | None = None) -> str:
             f"\"host\": \"sc://127.0.0.1\", \"port\": 19002}}'), or run the pipeline with spark_runtime: submit"
         ) from exc
     return f"{url};session_id={session_id}" if session_id else url
-
-
-def libpq_settings(dsn: str) -> dict[str, str]:
-    """The settings of a libpq connection string, URL (postgresql://...) or key=value, parsed by libpq itself."""
-    from psycopg2.extensions import parse_dsn
-
-    try:
-        return parse_dsn(dsn)
-    except Exception as exc:  # psycopg2.ProgrammingError: libpq's own message says what is wrong
-        raise SettingsError(f"the ledger database setting is not a valid Postgres connection string: {exc}") from None
-
-
-def sqlalchemy_url(dsn: str) -> str:
-    """The same database as a SQLAlchemy URL with the psycopg2 driver (from a URL or a key=value DSN)."""
-    if "://" in dsn:
-        scheme, _, rest = dsn.partition("://")
-        if scheme not in ("postgres", "postgresql", "postgresql+psycopg2"):
-            raise SettingsError(f"unsupported ledger database URL scheme {scheme!r} (expected postgresql://)")
-        return f"postgresql+psycopg2://{rest}"
-    from sqlalchemy.engine import URL
-
-    parts = libpq_settings(dsn)
-    port = parts.pop("port", None)
-    url = URL.create(
-        "postgresql+psycopg2", username=parts.pop("user", None), password=parts.pop("password", None),
-        host=parts.pop("host", None), port=int(port) if port else None, database=parts.pop("dbname", None),
-        query=parts,
-    )
-    return url.render_as_string(hide_password=False)
-
-
-@dataclass(frozen=True)
-class JdbcTarget:
-    """A Postgres connection string split the way Spark's JDBC writer wants it."""
-
-    url: str
-    user: str
-    password: str
-
-
-# libpq settings and the Postgres JDBC driver's name for each; any other setting has no JDBC equivalent
-# here and is refused rather than dropped (a dropped sslmode would silently connect without TLS).
-JDBC_PROPERTIES = {
-    "sslmode": "sslmode",
-    "sslrootcert": "sslrootcert",
-    "sslcert": "sslcert",
-    "sslkey": "sslkey",
-    "sslpassword": "sslpassword",
-    "connect_timeout": "connectTimeout",
-    "application_name": "ApplicationName",
-    "options": "options",
-}
-
-
-def jdbc_target(dsn: str) -> JdbcTarget:
-    """Split a libpq connection string (URL or key=value) into a JDBC URL plus credentials kept out of it."""
-    parts = libpq_settings(dsn)
-    user = parts.pop("user", "")
-    password = parts.pop("password", "")
-    hosts = (parts.pop("host", None) or "127.0.0.1").split(",")
-    ports = (parts.pop("port", None) or "5432").split(",")
-    if len(ports) == 1:
-        ports = ports * len(hosts)
-    if len(ports) != len(hosts):
-        raise SettingsError(f"the ledger database names {len(hosts)} host(s) but {len(ports)} port(s)")
-    addresses = []
-    for host, port in zip(hosts, ports, strict=True):
-        if host.startswith("/"):
-            raise SettingsError(f"the ledger database host {host!r} is a Unix socket folder: Spark's JDBC "
-                                "writer needs a TCP host name or address")
-        addresses.append(f"[{host}]:{port or 5432}" if ":" in host else f"{host}:{port or 5432}")
-    database = parts.pop("dbname", None) or user or "postgres"
-    unsupported = sorted(set(parts) - set(JDBC_PROPERTIES))
-    if unsupported:
-        raise SettingsError(f"ledger database setting(s) {', '.join(unsupported)} have no equivalent for Spark's "
-                            f"JDBC writer (supported: {', '.join(JDBC_PROPERTIES)})")
-    properties = {JDBC_PROPERTIES[key]: value for key, value in parts.items()}
-    properties["reWriteBatchedInserts"] = "true"
-    # Strings go untyped, so that Postgres reads each into its column's type: Spark writes a jsonb column's text as
-    # a string, which Postgres would refuse as `character varying` for a jsonb column.
-    properties["stringtype"] = "unspecified"
-    return JdbcTarget(
-        url=f"jdbc:postgresql://{','.join(addresses)}/{quote(database, safe='')}?{urlencode(properties)}",
-        user=user,
-        password=password,
-    )

@@ -15,6 +15,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import KafkaClient
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.model.ranges import TopicPartition
 
@@ -43,11 +44,11 @@ def offset_metadata(pipeline: PipelineConfig, last_batch_id: int | None) -> str:
 
 @retry(retry=retry_if_exception_type(_CoordinatorMoving), stop=stop_after_attempt(5),
        wait=wait_exponential(multiplier=0.5, max=5), reraise=True)
-def write_positions(servers: str, group: str, positions: dict[TopicPartition, tuple[int, str]]) -> None:
+def write_positions(kafka: KafkaClient, group: str, positions: dict[TopicPartition, tuple[int, str]]) -> None:
     """Commit each partition's (offset, metadata) to `group`: Kafka reads them as the group's positions."""
     if not positions:
         return
-    admin = kafka_offsets.admin_client(servers)
+    admin = kafka_offsets.admin_client(kafka)
     request = ConsumerGroupTopicPartitions(group, [
         KafkaTopicPartition(tp.topic, tp.partition, offset, metadata=metadata)
         for tp, (offset, metadata) in sorted(positions.items())
@@ -63,9 +64,9 @@ def write_positions(servers: str, group: str, positions: dict[TopicPartition, tu
         raise kind(f"consumer group {group!r} refused offsets: {'; '.join(failed)}")
 
 
-def read_positions(servers: str, group: str) -> dict[TopicPartition, int]:
+def read_positions(kafka: KafkaClient, group: str) -> dict[TopicPartition, int]:
     """The offsets committed in `group` (partitions without one are left out)."""
-    admin = kafka_offsets.admin_client(servers)
+    admin = kafka_offsets.admin_client(kafka)
     try:
         result = admin.list_consumer_group_offsets(
             [ConsumerGroupTopicPartitions(group)], request_timeout=TIMEOUT_SECONDS)[group].result()
@@ -78,8 +79,8 @@ def read_positions(servers: str, group: str) -> dict[TopicPartition, int]:
 LedgerPosition = tuple[TopicPartition, int, int | None]
 
 
-def mirror_positions(servers: str, pipeline: PipelineConfig, ledger_positions: Callable[[], Iterable[LedgerPosition]]
-                     ) -> bool:
+def mirror_positions(kafka: KafkaClient, pipeline: PipelineConfig,
+                     ledger_positions: Callable[[], Iterable[LedgerPosition]]) -> bool:
     """After a commit: write the ledger's positions (`ledger_positions` reads them) to the pipeline's mirror group,
     if it has one.
 
@@ -92,7 +93,7 @@ def mirror_positions(servers: str, pipeline: PipelineConfig, ledger_positions: C
     try:
         positions = {tp: (position, offset_metadata(pipeline, last_batch_id))
                      for tp, position, last_batch_id in ledger_positions()}
-        write_positions(servers, group, positions)
+        write_positions(kafka, group, positions)
     except Exception as exc:  # noqa: BLE001 - whatever failed, the ledger's commit must stand
         log.warning("positions of %s NOT mirrored into consumer group %r (the ledger is unaffected; the next "
                     "commit writes them again): %s", pipeline.name, group, exc)
@@ -101,12 +102,12 @@ def mirror_positions(servers: str, pipeline: PipelineConfig, ledger_positions: C
     return True
 
 
-def mirror_differences(servers: str, pipeline: PipelineConfig,
+def mirror_differences(kafka: KafkaClient, pipeline: PipelineConfig,
                        positions: dict[TopicPartition, int]) -> list[str]:
     """Where the mirror group differs from the ledger's positions, in words (empty: same, or no mirror)."""
     group = pipeline.mirror_consumer_group
     if not group:
         return []
-    mirrored = read_positions(servers, group)
+    mirrored = read_positions(kafka, group)
     return [f"{tp}: ledger {positions.get(tp)}, group {mirrored.get(tp)}"
             for tp in sorted(set(positions) | set(mirrored)) if positions.get(tp) != mirrored.get(tp)]

@@ -11,6 +11,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import KafkaClient
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.model.ranges import PartitionOffsets, PlanError, TopicPartition
 
@@ -152,7 +153,7 @@ def assess(
 
 
 def partition_headroom(
-    bootstrap_servers: str,
+    kafka: KafkaClient,
     pipeline: PipelineConfig,
     positions: Mapping[TopicPartition, int],
     offsets: Mapping[TopicPartition, PartitionOffsets],
@@ -164,11 +165,11 @@ def partition_headroom(
     has them already) come from Kafka."""
     tps = sorted(tp for tp in positions if tp in offsets)
     retention = {topic: Retention.from_config(config) for topic, config in
-                 kafka_offsets.topic_configs(bootstrap_servers, sorted({tp.topic for tp in tps})).items()}
+                 kafka_offsets.topic_configs(kafka, sorted({tp.topic for tp in tps})).items()}
     aged = {tp: positions[tp] for tp in tps
             if retention[tp.topic].deletes and retention[tp.topic].ms is not None
             and offsets[tp].log_start <= positions[tp] < offsets[tp].end}
-    stamps = (kafka_offsets.record_timestamps(bootstrap_servers, aged) if oldest_unread_ms is None
+    stamps = (kafka_offsets.record_timestamps(kafka, aged) if oldest_unread_ms is None
               else oldest_unread_ms)
     now_ms = int(time.time() * 1000)
     return [assess(tp, positions[tp], offsets[tp], retention[tp.topic], stamps.get(tp), log_start_rates.get(tp),
@@ -176,7 +177,7 @@ def partition_headroom(
 
 
 def look_up(
-    bootstrap_servers: str,
+    kafka: KafkaClient,
     pipeline: PipelineConfig,
     positions: Mapping[TopicPartition, int],
     offsets: Mapping[TopicPartition, PartitionOffsets],
@@ -186,7 +187,7 @@ def look_up(
     """partition_headroom, never raising for Kafka's sake: (the headroom, None), or (None, why not). The headroom
     only warns: a plan or a report goes on without it."""
     try:
-        return (partition_headroom(bootstrap_servers, pipeline, positions, offsets, log_start_rates, oldest_unread_ms),
+        return (partition_headroom(kafka, pipeline, positions, offsets, log_start_rates, oldest_unread_ms),
                 None)
     except (PlanError, KafkaException) as exc:
         return None, f"retention headroom of {pipeline.name} not computed: {exc}"

@@ -11,7 +11,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, OffsetSpec
 
 from kafka_ledger.config.pipeline import PipelineConfig
-from kafka_ledger.config.settings import kafka_config
+from kafka_ledger.config.services import KafkaClient
 from kafka_ledger.model.ranges import PartitionOffsets, PlanError, TopicPartition
 
 
@@ -45,7 +45,7 @@ class ReportingAdminClient(AdminClient):
         self.errors.append(error.str())
         self.refusals += error.code() in REFUSALS
 
-    def topics(self, bootstrap_servers: str, timeout: float) -> ClusterMetadata:
+    def topics(self, kafka: KafkaClient, timeout: float) -> ClusterMetadata:
         """The cluster's metadata; KafkaUnavailable at the timeout, or as soon as the broker keeps refusing us."""
         deadline = time.monotonic() + timeout
         while True:
@@ -54,17 +54,17 @@ class ReportingAdminClient(AdminClient):
             except KafkaException as exc:
                 self.poll(0)  # serves the error callbacks queued meanwhile
                 if self.refusals >= REFUSALS_TO_STOP or time.monotonic() >= deadline:
-                    raise self.unreachable(bootstrap_servers, exc) from exc
+                    raise self.unreachable(kafka, exc) from exc
 
-    def unreachable(self, bootstrap_servers: str, exc: Exception) -> KafkaUnavailable:
+    def unreachable(self, kafka: KafkaClient, exc: Exception) -> KafkaUnavailable:
         """The error to raise when a request failed: the connection's own reason (TLS, SASL) when known."""
         self.poll(0.5)  # serves the error callbacks queued meanwhile
         reasons = [e for e in dict.fromkeys(self.errors) if "brokers are down" not in e]
-        return KafkaUnavailable(f"cannot reach Kafka at {bootstrap_servers}: {'; '.join(reasons) or exc}")
+        return KafkaUnavailable(f"cannot reach Kafka at {kafka}: {'; '.join(reasons) or exc}")
 
 
-def admin_client(bootstrap_servers: str) -> ReportingAdminClient:
-    return ReportingAdminClient(kafka_config(bootstrap_servers, **{"socket.timeout.ms": 10_000}))
+def admin_client(kafka: KafkaClient) -> ReportingAdminClient:
+    return ReportingAdminClient(kafka.confluent(**{"socket.timeout.ms": 10_000}))
 
 
 def list_offsets(admin: ReportingAdminClient, tps: list[TopicPartition], spec: OffsetSpec,
@@ -79,18 +79,18 @@ def list_offsets(admin: ReportingAdminClient, tps: list[TopicPartition], spec: O
 
 
 def partition_offsets(
-    bootstrap_servers: str, topics: list[str], timeout: float = 30.0
+    kafka: KafkaClient, topics: list[str], timeout: float = 30.0
 ) -> dict[TopicPartition, PartitionOffsets]:
     """Every partition of `topics` with its log start offset and its end offset under read_committed.
 
     The end offset under read_committed is the last stable offset: open transactions are never read
     into a batch, so a range never ends inside a transaction that might still abort.
     """
-    admin = admin_client(bootstrap_servers)
-    metadata = admin.topics(bootstrap_servers, timeout)
+    admin = admin_client(kafka)
+    metadata = admin.topics(kafka, timeout)
     missing = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
     if missing:
-        raise PlanError(f"topic(s) not found in Kafka at {bootstrap_servers}: {', '.join(missing)}")
+        raise PlanError(f"topic(s) not found in Kafka at {kafka}: {', '.join(missing)}")
     tps = sorted(TopicPartition(t, p) for t in topics for p in metadata.topics[t].partitions)
     if not tps:
         return {}
@@ -103,7 +103,7 @@ def partition_offsets(
 
 
 def subscribed_offsets(
-    bootstrap_servers: str, pipeline: PipelineConfig, timeout: float = 30.0
+    kafka: KafkaClient, pipeline: PipelineConfig, timeout: float = 30.0
 ) -> dict[TopicPartition, PartitionOffsets]:
     """Offsets of every partition the pipeline subscribes to, resolved now.
 
@@ -111,28 +111,28 @@ def subscribed_offsets(
     matching topics are picked up at plan time); an assignment must name existing partitions.
     """
     if pipeline.topic_pattern:
-        names = list(admin_client(bootstrap_servers).topics(bootstrap_servers, timeout).topics)
+        names = list(admin_client(kafka).topics(kafka, timeout).topics)
         matching = sorted(t for t in names if pipeline.subscribes(t))
-        return partition_offsets(bootstrap_servers, matching, timeout) if matching else {}
+        return partition_offsets(kafka, matching, timeout) if matching else {}
     if pipeline.assignment:
         topics = sorted({a.topic for a in pipeline.assignment})
-        offsets = partition_offsets(bootstrap_servers, topics, timeout)
+        offsets = partition_offsets(kafka, topics, timeout)
         wanted = [TopicPartition(a.topic, a.partition) for a in pipeline.assignment]
         missing = [str(tp) for tp in wanted if tp not in offsets]
         if missing:
             raise PlanError(f"assigned partition(s) do not exist in Kafka: {', '.join(missing)}")
         return {tp: offsets[tp] for tp in sorted(wanted)}
-    return partition_offsets(bootstrap_servers, pipeline.topics, timeout)
+    return partition_offsets(kafka, pipeline.topics, timeout)
 
 
-def topic_ids(bootstrap_servers: str, topics: list[str], timeout: float = 30.0) -> dict[str, str]:
+def topic_ids(kafka: KafkaClient, topics: list[str], timeout: float = 30.0) -> dict[str, str]:
     """Each topic's Kafka topic id (KIP-516): a new id for every creation of a topic of that name.
 
     A topic Kafka does not have is left out.
     """
     if not topics:
         return {}
-    admin = admin_client(bootstrap_servers)
+    admin = admin_client(kafka)
     ids = {}
     try:
         for topic, future in admin.describe_topics(TopicCollection(sorted(topics)), request_timeout=timeout).items():
@@ -142,12 +142,12 @@ def topic_ids(bootstrap_servers: str, topics: list[str], timeout: float = 30.0) 
                 if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                     raise
     except KafkaException as exc:
-        raise admin.unreachable(bootstrap_servers, exc) from exc
+        raise admin.unreachable(kafka, exc) from exc
     return ids
 
 
 def offsets_for_time(
-    bootstrap_servers: str, tps: list[TopicPartition], timestamp_ms: int, timeout: float = 30.0
+    kafka: KafkaClient, tps: list[TopicPartition], timestamp_ms: int, timeout: float = 30.0
 ) -> dict[TopicPartition, int | None]:
     """For each partition, the first offset whose record timestamp is >= timestamp_ms (None: no such record).
 
@@ -156,19 +156,19 @@ def offsets_for_time(
     """
     if not tps:
         return {}
-    admin = admin_client(bootstrap_servers)
+    admin = admin_client(kafka)
     try:
         found = list_offsets(admin, tps, OffsetSpec.for_timestamp(timestamp_ms), timeout)
     except KafkaException as exc:
-        raise KafkaUnavailable(f"cannot look up offsets by time in Kafka at {bootstrap_servers}: {exc}") from exc
+        raise KafkaUnavailable(f"cannot look up offsets by time in Kafka at {kafka}: {exc}") from exc
     return {tp: (offset if offset >= 0 else None) for tp, offset in found.items()}
 
 
-def topic_configs(bootstrap_servers: str, topics: list[str], timeout: float = 30.0) -> dict[str, dict[str, str | None]]:
+def topic_configs(kafka: KafkaClient, topics: list[str], timeout: float = 30.0) -> dict[str, dict[str, str | None]]:
     """Each topic's effective configuration (its own settings, else the broker's defaults)."""
     if not topics:
         return {}
-    admin = admin_client(bootstrap_servers)
+    admin = admin_client(kafka)
     try:
         futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics],
                                          request_timeout=timeout)
@@ -178,15 +178,15 @@ def topic_configs(bootstrap_servers: str, topics: list[str], timeout: float = 30
         raise KafkaUnavailable(f"cannot describe topics {', '.join(topics)}: {exc}") from exc
 
 
-def compacted_topics(bootstrap_servers: str, topics: list[str], timeout: float = 30.0) -> set[str]:
+def compacted_topics(kafka: KafkaClient, topics: list[str], timeout: float = 30.0) -> set[str]:
     """The topics among `topics` whose cleanup.policy includes compact (Kafka may delete older records
     of a key at any time, leaving offset gaps)."""
-    configs = topic_configs(bootstrap_servers, topics, timeout)
+    configs = topic_configs(kafka, topics, timeout)
     return {topic for topic, config in configs.items() if "compact" in (config.get("cleanup.policy") or "")}
 
 
 def record_timestamps(
-    bootstrap_servers: str, offsets: dict[TopicPartition, int], timeout: float = 10.0
+    kafka: KafkaClient, offsets: dict[TopicPartition, int], timeout: float = 10.0
 ) -> dict[TopicPartition, int]:
     """The Kafka timestamp (ms) of the first committed record at or after each offset, where Kafka has one.
 
@@ -195,7 +195,7 @@ def record_timestamps(
     """
     if not offsets:
         return {}
-    consumer = Consumer(kafka_config(bootstrap_servers, **{
+    consumer = Consumer(kafka.confluent(**{
         "group.id": f"kafka-ledger-timestamps-{uuid.uuid4().hex}", "enable.auto.commit": False,
         "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "error",
         "fetch.wait.max.ms": 0, "max.partition.fetch.bytes": 1, "fetch.max.bytes": 1 << 20,

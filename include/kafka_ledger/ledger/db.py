@@ -13,8 +13,8 @@ import psycopg2.errors
 import psycopg2.extensions
 import psycopg2.extras
 
-from kafka_ledger.config import settings
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import LedgerDatabase
 from kafka_ledger.ledger import replies as db_replies
 from kafka_ledger.ledger import sql
 from kafka_ledger.model.columns import Column
@@ -70,20 +70,20 @@ class Batch:
         return self.kind == "catch_up"
 
 
-def connect(dsn: str) -> db_replies.WatchedConnection:
-    """A connection to the ledger database, its statements and lock waits bounded (settings.LedgerTimeouts), and
+def connect(db: LedgerDatabase) -> db_replies.WatchedConnection:
+    """A connection to the ledger database, its statements and lock waits bounded (the database's timeouts), and
     the client's every wait on the server too (db_replies: a server that stops answering fails the call).
 
     Every `with conn:` block is one transaction.
     """
-    timeouts = settings.ledger_timeouts()
-    conn = db_replies.connect(dsn, application_name="kafka-ledger", connect_timeout=10)
+    conn = db_replies.connect(db.libpq(), application_name="kafka-ledger", connect_timeout=10)
+    conn.lock_timeout = db.lock_timeout
     try:
         conn.autocommit = True  # a session setting, outside any transaction
         with conn.cursor() as cur:
-            cur.execute(sql.SET_SESSION_TIMEOUTS, {"statement_timeout": f"{timeouts.db_statement_timeout}s",
-                                                   "lock_timeout": f"{timeouts.db_lock_timeout}s"})
-        conn.bound_replies(timeouts.db_statement_timeout)
+            cur.execute(sql.SET_SESSION_TIMEOUTS, {"statement_timeout": f"{db.statement_timeout}s",
+                                                   "lock_timeout": f"{db.lock_timeout}s"})
+        conn.bound_replies(db.statement_timeout)
         conn.autocommit = False
     except BaseException:
         conn.close()
@@ -92,9 +92,9 @@ def connect(dsn: str) -> db_replies.WatchedConnection:
 
 
 @contextmanager
-def session(dsn: str) -> Iterator[psycopg2.extensions.connection]:
+def session(db: LedgerDatabase) -> Iterator[db_replies.WatchedConnection]:
     """A ledger connection for the block, closed after it; each `with conn:` inside is one transaction."""
-    conn = connect(dsn)
+    conn = connect(db)
     try:
         yield conn
     finally:
@@ -102,16 +102,15 @@ def session(dsn: str) -> Iterator[psycopg2.extensions.connection]:
 
 
 @contextmanager
-def transaction(dsn: str) -> Iterator[Cursor]:
+def transaction(db: LedgerDatabase) -> Iterator[Cursor]:
     """One ledger transaction on a connection of its own: committed when the block ends, rolled back on error."""
-    with session(dsn) as conn, conn, conn.cursor() as cur:
+    with session(db) as conn, conn, conn.cursor() as cur:
         yield cur
 
 
 @contextmanager
-def pipeline_transaction(conn: psycopg2.extensions.connection, pipeline: str) -> Iterator[Cursor]:
+def pipeline_transaction(conn: db_replies.WatchedConnection, pipeline: str) -> Iterator[Cursor]:
     """One transaction holding the pipeline's lock: no other plan or commit of it runs meanwhile."""
-    timeouts = settings.ledger_timeouts()
     with conn, conn.cursor() as cur:
         try:
             cur.execute(sql.LOCK_PIPELINE, {"pipeline": pipeline})
@@ -121,7 +120,7 @@ def pipeline_transaction(conn: psycopg2.extensions.connection, pipeline: str) ->
             holders = "; ".join(f"pid {pid} ({app or 'no application name'}, {state}, transaction open {age})"
                                 for pid, app, state, age in cur.fetchall()) or "a session that has ended since"
             raise LedgerError(
-                f"pipeline {pipeline!r}: waited {timeouts.db_lock_timeout} s for its ledger lock, held by "
+                f"pipeline {pipeline!r}: waited {conn.lock_timeout} s for its ledger lock, held by "
                 f"{holders}. One plan, commit or reset of a pipeline runs at a time; if that one is hung, end it "
                 "with SELECT pg_terminate_backend(<pid>) (its transaction rolls back); if batches legitimately take "
                 "longer, raise KAFKA_LEDGER_DB_LOCK_TIMEOUT. Nothing was written."

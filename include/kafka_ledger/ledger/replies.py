@@ -104,6 +104,7 @@ class WatchedConnection(psycopg2.extensions.connection):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.session_reply_limit = self.reply_limit = 60.0 + REPLY_GRACE
+        self.lock_timeout = 600  # seconds a lock wait may take (the session's lock_timeout), for messages
         self._watchdog = _Watchdog(self)
 
     def bound_replies(self, statement_seconds: float) -> None:

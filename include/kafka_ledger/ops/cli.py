@@ -26,7 +26,7 @@ from kafka_ledger.batch.commit import CommitError
 from kafka_ledger.batch.requests import BatchRequest, RequestError, as_utc, parse_request
 from kafka_ledger.config import settings
 from kafka_ledger.config.pipeline import ConfigError, PipelineConfig, get_pipeline, read_pipelines
-from kafka_ledger.config.services import java_client_properties
+from kafka_ledger.config.services import Services, SettingsError
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.kafka.headroom import duration, headroom_text
 from kafka_ledger.ledger import db as ledger
@@ -73,8 +73,8 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells)
 
 
-def _services() -> tuple[str, str]:
-    return settings.ledger_dsn(), settings.bootstrap_servers()
+def _services() -> Services:
+    return settings.task_services()
 
 
 def _pipelines(names: list[str]) -> list[PipelineConfig]:
@@ -147,10 +147,10 @@ def _ranges_text(ranges: list[dict[str, Any]]) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     pipelines = _pipelines(args.pipelines)
-    dsn, servers = _services()
+    services = _services()
     report, lines = [], []
     for pipeline in pipelines:
-        entry = overview.pipeline_status(dsn, servers, pipeline)
+        entry = overview.pipeline_status(services, pipeline)
         report.append(entry)
         holds = sink_for(pipeline).describe()
         lines.append(f"pipeline {pipeline.name} ({pipeline.delivery_mode}{', ' + holds if holds else ''}, "
@@ -176,7 +176,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_batches(args: argparse.Namespace) -> int:
     pipeline = get_pipeline(args.pipeline)
-    with ledger.transaction(settings.ledger_dsn()) as cur:
+    with ledger.transaction(settings.ledger_database()) as cur:
         if args.batch_id is not None:
             found = [ledger.pipeline_batch(cur, pipeline.name, args.batch_id)]
         else:
@@ -226,9 +226,8 @@ def _plan_text(planned: dict[str, Any], pipeline: str) -> str:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     pipeline = get_pipeline(args.pipeline)
-    dsn, servers = _services()
     # Always a dry run: batches are recorded by the DAG's plan task (or `replay`).
-    planned = planner.plan_batch(dsn, servers, pipeline, _request(args, "catch_up"), requested_by=getpass.getuser(),
+    planned = planner.plan_batch(_services(), pipeline, _request(args, "catch_up"), requested_by=getpass.getuser(),
                                  dry_run=True)
     _emit(args, planned.as_dict(), _plan_text(planned.as_dict(), pipeline.name))
     return EXIT_OK
@@ -237,8 +236,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     pipeline = get_pipeline(args.pipeline)
     request = _request(args, None)  # refused before anything is looked up
-    dsn, servers = _services()
-    planned = planner.plan_batch(dsn, servers, pipeline, request, requested_by=getpass.getuser(),
+    services = _services()
+    planned = planner.plan_batch(services, pipeline, request, requested_by=getpass.getuser(),
                                  dry_run=args.dry_run)
     out: dict[str, Any] = {"plan": planned.as_dict()}
     if args.dry_run or planned.batch_id is None:
@@ -249,14 +248,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     # Airflow's logging (imported by the Spark hooks) writes to stdout: keep stdout for our own output.
     stdout, sys.stdout = sys.stdout, sys.stderr
     try:
-        result = runtime_for(pipeline).run_batch(pipeline, planned.batch_id, dsn, servers)
+        result = runtime_for(pipeline).run_batch(pipeline, planned.batch_id, services)
     except Exception as exc:
-        commit.fail_batch(dsn, planned.batch_id, f"reading or committing failed (kafka-ledger replay): {exc}")
+        commit.fail_batch(services, pipeline.name, planned.batch_id,
+                          f"reading or committing failed (kafka-ledger replay): {exc}")
         raise Failed(f"batch {planned.batch_id} failed: {exc}. Nothing was published; resume it "
                      f"with `kafka-ledger replay {pipeline.name} --batch {planned.batch_id}`") from exc
     finally:
         sys.stdout = stdout
-    out["commit"] = commit.after_commit(dsn, servers, pipeline, result)
+    out["commit"] = commit.after_commit(services, pipeline, result)
     _emit(args, out, f"committed batch {result.batch_id}: {result.records_written} rows, "
                      f"{result.records_dead_lettered} dead letters")
     return EXIT_OK
@@ -269,8 +269,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
         raise RequestError("choose exactly one of --to-earliest, --to-latest, --to-datetime or --to-offset")
     target = dict(args.to_offset) if args.to_offset else targets[0]
     pipeline = get_pipeline(args.pipeline)
-    dsn, servers = _services()
-    result = reset_positions(dsn, servers, pipeline, target, requested_by=args.requested_by or getpass.getuser(),
+    result = reset_positions(_services(), pipeline, target, requested_by=args.requested_by or getpass.getuser(),
                              reason=args.reason or "", dry_run=not args.execute,
                              abandon_open_batches=args.abandon_open_batches)
     data = result.as_dict()
@@ -325,8 +324,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.full or args.verbose:
         # Per partition: records compared and the rate, on stderr (a full check of a big topic takes minutes).
         logging.getLogger("kafka_ledger.ops.verify").setLevel(logging.INFO)
-    dsn, servers = _services()
-    reports = [verify_pipeline(dsn, servers, p, full=args.full, timeout=args.timeout)
+    services = _services()
+    reports = [verify_pipeline(services, p, full=args.full, timeout=args.timeout)
                for p in _pipelines(args.pipelines)]
     lines = [line for r in reports for line in _verify_text(r)]
     ok = all(r.ok for r in reports)
@@ -343,7 +342,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     if sink.maintenance() is None:
         raise RequestError(f"pipeline {pipeline.name!r} publishes into {pipeline.sink.type}, not Iceberg: it has "
                            "no lake table to maintain")
-    result = sink.maintain(settings.ledger_dsn(), runtime_for(pipeline).spark_sessions())
+    result = sink.maintain(settings.ledger_database(), runtime_for(pipeline).spark_sessions())
     unfinished = ", ".join(map(str, result["kept_for_batches"]))
     kept = f"; kept every snapshot since that of unfinished batch(es) {unfinished}" if unfinished else ""
     _emit(args, result,
@@ -376,9 +375,10 @@ def cmd_kafka(args: argparse.Namespace) -> int:
     tool_class, config_option = KAFKA_TOOLS[args.tool]
     # The deployment's security settings reach the tool in a file only this user can read, never in argv.
     with tempfile.NamedTemporaryFile("w", prefix="kafka-ledger-", suffix=".properties") as properties:
-        properties.write(java_client_properties(settings.kafka_settings()))
+        kafka = settings.kafka_client()
+        properties.write(kafka.java_properties())
         properties.flush()
-        command = ["java", "-cp", f"{libs}/*", tool_class, "--bootstrap-server", settings.bootstrap_servers(),
+        command = ["java", "-cp", f"{libs}/*", tool_class, "--bootstrap-server", kafka.servers,
                    config_option, properties.name, *args.args]
         return subprocess.run(command, check=False).returncode
 
@@ -390,8 +390,7 @@ def cmd_warm_up(args: argparse.Namespace) -> int:
     url = without_secrets(settings.spark_connect_url())
     pipelines = [] if args.no_pipelines else _pipelines(args.pipelines)
     try:
-        done = warm_up(args.records, pipelines, settings.bootstrap_servers() if pipelines else None,
-                       settings.ledger_dsn() if pipelines else None)
+        done = warm_up(args.records, pipelines, _services() if pipelines else None)
     except (PySparkException, SparkServerError) as exc:
         raise Failed(f"could not warm up the Spark Connect server at {url} ({str(exc).splitlines()[0]}): is it "
                      "running (`scripts/stack.sh status` for the local stack)?") from exc
@@ -538,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_FAILED
         print(f"kafka-ledger: refused, nothing was written: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    except (Failed, psycopg2.OperationalError, settings.SettingsError) as exc:
+    except (Failed, psycopg2.OperationalError, SettingsError) as exc:
         print(f"kafka-ledger: failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
 

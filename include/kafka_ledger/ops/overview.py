@@ -8,6 +8,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import Services
 from kafka_ledger.kafka import headroom
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
@@ -73,7 +74,7 @@ def partition_report(
     return partitions
 
 
-def pipeline_status(dsn: str, servers: str, pipeline: PipelineConfig, tolerate_kafka: bool = False) -> dict[str, Any]:
+def pipeline_status(services: Services, pipeline: PipelineConfig, tolerate_kafka: bool = False) -> dict[str, Any]:
     """The pipeline's partitions (position, log start, end offset, lag) and its unfinished batches.
 
     tolerate_kafka: Kafka unreachable (or a topic missing) is reported in `kafka_error`, with the ledger's figures
@@ -81,12 +82,12 @@ def pipeline_status(dsn: str, servers: str, pipeline: PipelineConfig, tolerate_k
     """
     kafka_error = None
     try:
-        offsets = kafka_offsets.subscribed_offsets(servers, pipeline)
+        offsets = kafka_offsets.subscribed_offsets(services.kafka, pipeline)
     except planning.PlanError as exc:  # Kafka unreachable, or a subscribed topic missing
         if not tolerate_kafka:
             raise
         offsets, kafka_error = {}, str(exc)
-    with ledger.transaction(dsn) as cur:
+    with ledger.transaction(services.ledger) as cur:
         rows = {r.topic_partition: r for r in ledger.position_rows(cur, pipeline.name)}
         coverage = ledger.coverage(cur, pipeline.name)
         unfinished = ledger.in_flight_batches(cur, pipeline.name)
@@ -97,11 +98,12 @@ def pipeline_status(dsn: str, servers: str, pipeline: PipelineConfig, tolerate_k
                if tp in rows and o.log_start <= rows[tp].position < o.end}
     stamps, freshness_error = {}, None
     try:
-        stamps = kafka_offsets.record_timestamps(servers, waiting)
+        stamps = kafka_offsets.record_timestamps(services.kafka, waiting)
     except (planning.PlanError, KafkaException) as exc:  # a lag in seconds is worth a report, not a failure
         freshness_error = f"lag in seconds unknown: {exc}"
-    found, headroom_error = (headroom.look_up(servers, pipeline, {tp: r.position for tp, r in rows.items()}, offsets,
-                                              rates, stamps) if offsets else (None, None))
+    positions = {tp: r.position for tp, r in rows.items()}
+    found, headroom_error = (headroom.look_up(services.kafka, pipeline, positions, offsets, rates, stamps) if offsets
+                             else (None, None))
     margins = {TopicPartition(h.topic, h.partition): h for h in found or []}
     partitions = partition_report(pipeline, offsets, rows, coverage, margins,
                                   {tp: datetime.fromtimestamp(ms / 1000, UTC) for tp, ms in stamps.items()})

@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, KafkaError, Message
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from kafka_ledger.config.pipeline import PipelineConfig
-from kafka_ledger.config.settings import kafka_config
+from kafka_ledger.config.services import KafkaClient, LedgerDatabase
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ledger import sql
@@ -32,9 +32,9 @@ ONE_PARTITION_FETCH = {"max.partition.fetch.bytes": 4 << 20, "queued.max.message
                        "fetch.queue.backoff.ms": 0}
 
 
-def readback_consumer(bootstrap_servers: str, **extra: object) -> Consumer:
+def readback_consumer(kafka: KafkaClient, **extra: object) -> Consumer:
     """A read_committed consumer of its own (no group offsets) that reports reaching a partition's end."""
-    return Consumer(kafka_config(bootstrap_servers, **extra, **{
+    return Consumer(kafka.confluent(**extra, **{
         "group.id": f"kafka-ledger-readback-{uuid.uuid4().hex}",
         "enable.auto.commit": False,
         "isolation.level": "read_committed",
@@ -86,7 +86,7 @@ def partition_record_offsets(
 
 
 def read_back(
-    bootstrap_servers: str,
+    kafka: KafkaClient,
     topics: list[str],
     timeout: float = 60.0,
     offsets: dict[TopicPartition, PartitionOffsets] | None = None,
@@ -95,12 +95,12 @@ def read_back(
 
     `offsets`, when the caller already looked them up, saves a second look-up.
     """
-    offsets = offsets if offsets is not None else kafka_offsets.partition_offsets(bootstrap_servers, topics)
+    offsets = offsets if offsets is not None else kafka_offsets.partition_offsets(kafka, topics)
     ends = {(tp.topic, tp.partition): o.end for tp, o in offsets.items()}
     remaining = {(tp.topic, tp.partition) for tp, o in offsets.items() if o.end > o.log_start}
     if not remaining:
         return
-    consumer = readback_consumer(bootstrap_servers)
+    consumer = readback_consumer(kafka)
     deadline = time.monotonic() + timeout
     try:
         consumer.assign([KafkaTopicPartition(t, p, offsets[TopicPartition(t, p)].log_start) for t, p in remaining])
@@ -123,13 +123,13 @@ def read_back(
 
 
 def kafka_record_ids(
-    bootstrap_servers: str,
+    kafka: KafkaClient,
     topics: list[str],
     timeout: float = 60.0,
     offsets: dict[TopicPartition, PartitionOffsets] | None = None,
 ) -> set[RecordId]:
     """The (topic, partition, offset) of every committed record currently in `topics` (see read_back)."""
-    return {(m.topic(), m.partition(), m.offset()) for m in read_back(bootstrap_servers, topics, timeout, offsets)}
+    return {(m.topic(), m.partition(), m.offset()) for m in read_back(kafka, topics, timeout, offsets)}
 
 
 @dataclass(frozen=True)
@@ -147,19 +147,19 @@ def record_ids(cur: ledger.Cursor, pipeline: PipelineConfig) -> PostgresRecords:
     return PostgresRecords(output, [tuple(row) for row in cur.fetchall()])
 
 
-def _lag(cur: ledger.Cursor, bootstrap_servers: str, pipeline: PipelineConfig) -> int:
-    offsets = kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)
+def _lag(cur: ledger.Cursor, kafka: KafkaClient, pipeline: PipelineConfig) -> int:
+    offsets = kafka_offsets.subscribed_offsets(kafka, pipeline)
     known = ledger.positions(cur, pipeline.name)
     # Partitions the ledger has not seen yet count from where the pipeline would start them.
     return sum(partition_lag(known, offsets, pipeline.start_position).values())
 
 
-def postgres_record_ids(dsn: str, pipeline: PipelineConfig) -> PostgresRecords:
-    with ledger.transaction(dsn) as cur:
+def postgres_record_ids(db: LedgerDatabase, pipeline: PipelineConfig) -> PostgresRecords:
+    with ledger.transaction(db) as cur:
         return record_ids(cur, pipeline)
 
 
-def lag(dsn: str, bootstrap_servers: str, pipeline: PipelineConfig) -> int:
+def lag(db: LedgerDatabase, kafka: KafkaClient, pipeline: PipelineConfig) -> int:
     """Offsets between the ledger positions and Kafka's read_committed end offsets, over all partitions."""
-    with ledger.transaction(dsn) as cur:
-        return _lag(cur, bootstrap_servers, pipeline)
+    with ledger.transaction(db) as cur:
+        return _lag(cur, kafka, pipeline)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from kafka_ledger.batch.plan import compare_topic_ids
 from kafka_ledger.batch.requests import RequestError, as_utc
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import KafkaClient, Services
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ledger import sql
@@ -87,7 +88,7 @@ def change_dict(c: PositionChange) -> dict[str, Any]:
 
 
 def resolve_targets(
-    bootstrap_servers: str, target: Target, offsets: dict[TopicPartition, PartitionOffsets]
+    kafka: KafkaClient, target: Target, offsets: dict[TopicPartition, PartitionOffsets]
 ) -> dict[TopicPartition, int]:
     """Target offset of each partition: explicit offsets are taken as given (validated later)."""
     if isinstance(target, dict):
@@ -96,13 +97,12 @@ def resolve_targets(
         return {tp: o.log_start for tp, o in offsets.items()}
     if target == "latest":
         return {tp: o.end for tp, o in offsets.items()}
-    found = kafka_offsets.offsets_for_time(bootstrap_servers, sorted(offsets), int(as_utc(target).timestamp() * 1000))
+    found = kafka_offsets.offsets_for_time(kafka, sorted(offsets), int(as_utc(target).timestamp() * 1000))
     return {tp: offsets[tp].end if offset is None else offset for tp, offset in found.items()}
 
 
 def reset_positions(
-    dsn: str,
-    bootstrap_servers: str,
+    services: Services,
     pipeline: PipelineConfig,
     target: Target,
     *,
@@ -119,14 +119,14 @@ def reset_positions(
     """
     if not dry_run and not reason.strip():
         raise RequestError("a reset needs a reason (it is recorded in the audit table)")
-    with ledger.session(dsn) as conn:
+    with ledger.session(services.ledger) as conn:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
             sink_for(pipeline).prepare(cur)
-            offsets = kafka_offsets.subscribed_offsets(bootstrap_servers, pipeline)
+            offsets = kafka_offsets.subscribed_offsets(services.kafka, pipeline)
             # A reset is how a recreated topic is re-anchored: the new positions refer to the topic Kafka has now.
-            unseen, reanchored = compare_topic_ids(cur, bootstrap_servers, pipeline, {tp.topic for tp in offsets})
+            unseen, reanchored = compare_topic_ids(cur, services.kafka, pipeline, {tp.topic for tp in offsets})
             positions = ledger.positions(cur, pipeline.name)
-            changes = plan_reset(positions, resolve_targets(bootstrap_servers, target, offsets), offsets)
+            changes = plan_reset(positions, resolve_targets(services.kafka, target, offsets), offsets)
             blocking = [b.batch_id for b in ledger.in_flight_batches(cur, pipeline.name)]
             coverage = ledger.coverage(cur, pipeline.name)
             kept = _kept_from_earlier_topic(coverage, changes, set(reanchored))

@@ -42,6 +42,7 @@ import psycopg2.extensions
 from confluent_kafka import KafkaException
 
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import KafkaClient, Services
 from kafka_ledger.kafka import consumer_group
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
@@ -55,6 +56,7 @@ from kafka_ledger.model.ranges import (
     coverage_problems,
     earlier_incarnations,
 )
+from kafka_ledger.observe.events import VerifyFinished
 from kafka_ledger.ops import readback
 from kafka_ledger.sinks import sink_for
 from kafka_ledger.sinks.base import OutputView
@@ -396,7 +398,7 @@ def deadline_seconds(offsets_to_read: int, timeout: float | None = None) -> floa
 
 
 def verify_pipeline(
-    dsn: str, bootstrap_servers: str, pipeline: PipelineConfig, *, full: bool = False, timeout: float | None = None
+    services: Services, pipeline: PipelineConfig, *, full: bool = False, timeout: float | None = None
 ) -> VerifyReport:
     """Check the ledger and the published data of one pipeline (incremental unless `full`; see the module).
 
@@ -409,7 +411,8 @@ def verify_pipeline(
     """
     started = time.monotonic()
     report = VerifyReport(pipeline.name, mode="full" if full else "incremental")
-    with ledger.session(dsn) as conn:
+    kafka = services.kafka
+    with ledger.session(services.ledger) as conn:
         # One snapshot for everything read from Postgres, the streamed rows included.
         conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_REPEATABLE_READ, readonly=True)
         with conn:
@@ -440,9 +443,9 @@ def verify_pipeline(
                 report.warnings.append("entity table (write: upsert): its rows were not compared with Kafka, only "
                                        "the ledger was checked")
             else:
-                _check_data(conn, report, pipeline, output, bootstrap_servers, full, timeout, positions, coverage,
+                _check_data(conn, report, pipeline, output, kafka, full, timeout, positions, coverage,
                             read_topic_ids, committed_after, stored_partitions, has_output)
-            _check_mirror(report, pipeline, bootstrap_servers, positions)
+            _check_mirror(report, pipeline, kafka, positions)
         conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_DEFAULT, readonly=False)
         if report.ok and output.holds_every_record:
             with conn, conn.cursor() as cur:
@@ -451,17 +454,19 @@ def verify_pipeline(
                 point = cur.fetchone()[0]
             report.verified_point = {"before": before, "after": point, "advanced": before is None or point > before}
     report.seconds = round(time.monotonic() - started, 3)
+    services.observer.notify(VerifyFinished(pipeline.name, report.ok, report.mode, report.partitions,
+                                            report.kafka_records, len(report.problems), report.seconds))
     return report
 
 
-def _check_mirror(report: VerifyReport, pipeline: PipelineConfig, bootstrap_servers: str,
+def _check_mirror(report: VerifyReport, pipeline: PipelineConfig, kafka: KafkaClient,
                   positions: dict[TopicPartition, ledger.PositionRow]) -> None:
     group = pipeline.mirror_consumer_group
     if not group:
         return
     try:
         report.mirror_differences = consumer_group.mirror_differences(
-            bootstrap_servers, pipeline, {tp: r.position for tp, r in positions.items()})
+            kafka, pipeline, {tp: r.position for tp, r in positions.items()})
     except consumer_group.MirrorError as exc:
         report.warnings.append(f"mirror consumer group not checked: {exc}")
         return
@@ -475,7 +480,7 @@ def _check_data(
     report: VerifyReport,
     pipeline: PipelineConfig,
     output: OutputView,
-    bootstrap_servers: str,
+    kafka: KafkaClient,
     full: bool,
     timeout: float | None,
     positions: dict[TopicPartition, ledger.PositionRow],
@@ -490,9 +495,9 @@ def _check_data(
     # A deadline given bounds the look-ups too (an unreachable Kafka is otherwise waited for 30 s).
     bound = {"timeout": timeout} if timeout is not None else {}
     try:
-        offsets = kafka_offsets.partition_offsets(bootstrap_servers, topics, **bound) if topics else {}
-        compacted = kafka_offsets.compacted_topics(bootstrap_servers, topics, **bound)
-        current_ids = kafka_offsets.topic_ids(bootstrap_servers, topics, **bound)
+        offsets = kafka_offsets.partition_offsets(kafka, topics, **bound) if topics else {}
+        compacted = kafka_offsets.compacted_topics(kafka, topics, **bound)
+        current_ids = kafka_offsets.topic_ids(kafka, topics, **bound)
     except (PlanError, KafkaException) as exc:
         report.unverified = f"cannot read the committed topics back from Kafka: {exc}"
         return
@@ -516,7 +521,7 @@ def _check_data(
     to_read = sum(hi - lo for w in work for lo, hi in w.kafka_spans)
     deadline = time.monotonic() + deadline_seconds(to_read, timeout)
     tally = Tally()
-    consumer = readback.readback_consumer(bootstrap_servers, **readback.ONE_PARTITION_FETCH) if to_read else None
+    consumer = readback.readback_consumer(kafka, **readback.ONE_PARTITION_FETCH) if to_read else None
     try:
         for w in work:
             began, rows_before = time.monotonic(), tally.output_rows + tally.dead_letters

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from kafka_ledger.batch.commit import CommitResult
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import Services
 from kafka_ledger.config.settings import runtime_name
 from kafka_ledger.runtimes.base import Runtime
 from kafka_ledger.runtimes.connect.runtime import ConnectRuntime
@@ -26,6 +27,6 @@ def runtime_for(pipeline: PipelineConfig) -> Runtime:
     return RUNTIMES[runtime_name(pipeline)]
 
 
-def run_batch(pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> CommitResult:
+def run_batch(pipeline: PipelineConfig, batch_id: int, services: Services) -> CommitResult:
     """Read, publish and commit one planned batch here and now, in the pipeline's runtime (CLI, benchmark)."""
-    return runtime_for(pipeline).run_batch(pipeline, batch_id, dsn, servers)
+    return runtime_for(pipeline).run_batch(pipeline, batch_id, services)

@@ -12,12 +12,12 @@ from typing import Any
 from airflow.sdk import Asset
 from airflow.sdk import log as task_log
 from airflow.sdk.exceptions import AirflowFailException
-from pydantic import BaseModel
 
 from kafka_ledger.batch import commit
 from kafka_ledger.batch.commit import CommitResult
-from kafka_ledger.config.pipeline import PipelineConfig
-from kafka_ledger.config.settings import bootstrap_servers, ledger_dsn, secret_values
+from kafka_ledger.config.pipeline import DAG_ID_PREFIX, PipelineConfig
+from kafka_ledger.config.services import Services
+from kafka_ledger.config.settings import task_services
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.model.refusals import Refusal
 from kafka_ledger.sinks import sink_for
@@ -38,10 +38,10 @@ def refusals_fail_at_once() -> Iterator[None]:
         raise AirflowFailException(f"refused, not retried: {exc}") from exc
 
 
-def mask_secrets(settings: BaseModel) -> None:
-    """Register every secret the settings hold (settings.secret_values: the SecretStr values, a connection
-    string's password too) with Airflow's masker, so that task logs and the UI show *** in their place."""
-    for secret in secret_values(settings):
+def mask_secrets(services: Services) -> None:
+    """Register every secret the services hold (the ledger's connection string and its password on its own, Kafka's
+    passwords) with Airflow's masker, so that task logs and the UI show *** in their place."""
+    for secret in services.secrets():
         task_log.mask_secret(secret)
 
 
@@ -67,10 +67,10 @@ def spark_task_args(pipeline: PipelineConfig) -> dict[str, Any]:
     }
 
 
-def committed(context: Any, pipeline: PipelineConfig, result: CommitResult) -> dict[str, Any]:
+def committed(context: Any, services: Services, pipeline: PipelineConfig, result: CommitResult) -> dict[str, Any]:
     """The epilogue of every committing task: the commit's after-effects (commit.after_commit), and the output
     table's asset event describing the batch: its id, kind, ranges and counts. Returns the task's result."""
-    with ledger.transaction(ledger_dsn()) as cur:
+    with ledger.transaction(services.ledger) as cur:
         batch = ledger.get_batch(cur, result.batch_id)
     context["outlet_events"][output_asset(pipeline)].extra = {
         "pipeline": pipeline.name, "batch_id": batch.batch_id, "kind": batch.kind,
@@ -80,7 +80,7 @@ def committed(context: Any, pipeline: PipelineConfig, result: CommitResult) -> d
                    for r in batch.ranges],
         **({"snapshot_id": batch.snapshot_id} if batch.snapshot_id is not None else {}),
     }
-    return commit.after_commit(ledger_dsn(), bootstrap_servers(), pipeline, result)
+    return commit.after_commit(services, pipeline, result)
 
 
 def record_spark_failure(context: dict[str, Any]) -> None:
@@ -88,5 +88,5 @@ def record_spark_failure(context: dict[str, Any]) -> None:
     plan = context["ti"].xcom_pull(task_ids=PLAN_TASK) or {}
     if plan.get("batch_id") is not None:
         error = f"Spark task failed after {context['ti'].try_number} tries: {context.get('exception')}"
-        commit.fail_batch(ledger_dsn(), plan["batch_id"], error)
-        log.error("batch %s marked failed; the next run resumes it with the same ranges", plan["batch_id"])
+        pipeline = context["ti"].dag_id.removeprefix(DAG_ID_PREFIX)
+        commit.fail_batch(task_services(), pipeline, plan["batch_id"], error)

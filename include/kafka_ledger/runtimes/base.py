@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from kafka_ledger.batch.commit import CommitResult
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import Services
 from kafka_ledger.spark.sessions import SparkSessions
 
 
@@ -26,7 +27,7 @@ class Runtime(ABC):
     commit_task_id: ClassVar[str | None]
 
     @abstractmethod
-    def run_batch(self, pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> CommitResult:
+    def run_batch(self, pipeline: PipelineConfig, batch_id: int, services: Services) -> CommitResult:
         """Read, publish and commit one planned batch here and now (the CLI, the benchmark, the fault campaign)."""
 
     @abstractmethod

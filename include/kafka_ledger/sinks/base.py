@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import LedgerDatabase
 from kafka_ledger.formats.envelope import AppendRecords, Envelope
 from kafka_ledger.ledger.db import Cursor
 from kafka_ledger.model import columns
@@ -115,7 +116,7 @@ class Sink(ABC):
         """The upkeep the output needs on a schedule (compaction, expiry), if any."""
         return None
 
-    def maintain(self, dsn: str, sessions: SparkSessions) -> dict[str, Any]:
+    def maintain(self, db: LedgerDatabase, sessions: SparkSessions) -> dict[str, Any]:
         """Run that upkeep now, in a Spark session from `sessions` (the pipeline's runtime's); only for a sink whose
         `maintenance` is set."""
         raise NotImplementedError(f"{self.target} needs no maintenance")

@@ -57,7 +57,7 @@ def _jsonable(data: Any) -> Any:
 
 
 def _status(pipeline: PipelineConfig) -> dict[str, Any]:
-    return overview.pipeline_status(settings.ledger_dsn(), settings.bootstrap_servers(), pipeline, tolerate_kafka=True)
+    return overview.pipeline_status(settings.task_services(), pipeline, tolerate_kafka=True)
 
 
 def _statuses(pipelines: list[PipelineConfig]) -> list[dict[str, Any]]:
@@ -68,7 +68,7 @@ def _statuses(pipelines: list[PipelineConfig]) -> list[dict[str, Any]]:
 
 def _ledger_view(pipeline: PipelineConfig) -> dict[str, Any]:
     """Everything the pipeline page shows from the ledger."""
-    with ledger.transaction(settings.ledger_dsn()) as cur:
+    with ledger.transaction(settings.ledger_database()) as cur:
         return {
             "batches": [overview.batch_summary(b) for b in ledger.list_batches(cur, pipeline.name, RECENT_BATCHES)],
             "history": overview.batch_history(cur, pipeline.name, CHARTED_BATCHES),
@@ -147,7 +147,7 @@ def create_app(dependencies: Sequence[Any] = ()) -> FastAPI:
     def verify_page(request: Request, name: str) -> HTMLResponse:
         """Verify on demand (incremental): the report, on the pipeline's page."""
         pipeline = _pipeline(name)
-        report = verify_pipeline(settings.ledger_dsn(), settings.bootstrap_servers(), pipeline)
+        report = verify_pipeline(settings.task_services(), pipeline)
         return _pipeline_page(request, pipeline, verify=report)
 
     @app.get("/pipelines/{name}/batches/{batch_id}", response_class=HTMLResponse)
@@ -172,7 +172,7 @@ def _pipeline_page(request: Request, pipeline: PipelineConfig, verify: VerifyRep
 
 def _batch(pipeline: PipelineConfig, batch_id: int) -> dict[str, Any]:
     try:
-        with ledger.transaction(settings.ledger_dsn()) as cur:
+        with ledger.transaction(settings.ledger_database()) as cur:
             return overview.batch_detail(cur, pipeline.name, batch_id)
     except ledger.LedgerError as exc:  # no such batch, or another pipeline's
         raise HTTPException(404, str(exc)) from exc

@@ -7,7 +7,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
-from kafka_ledger.config.settings import bootstrap_servers, ledger_dsn
+from kafka_ledger.config.settings import task_services
 from kafka_ledger.runtimes.airflow_tasks import (
     PLAN_TASK,
     committed,
@@ -38,7 +38,8 @@ class ReadAndCommitOperator(BaseOperator):
         with refusals_fail_at_once():
             pipeline = get_pipeline(self.pipeline_name)
             self._batch = ConnectBatch(pipeline, plan["batch_id"])
-            return committed(context, pipeline, self._batch.run(ledger_dsn(), bootstrap_servers()))
+            services = task_services()
+            return committed(context, services, pipeline, self._batch.run(services))
 
     def on_kill(self) -> None:
         if self._batch is not None:

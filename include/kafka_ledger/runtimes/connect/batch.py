@@ -19,6 +19,7 @@ from kafka_ledger.batch import commit, read
 from kafka_ledger.batch.commit import CommitResult, Streamed, Written
 from kafka_ledger.batch.publish import publish_attempt, publish_frame
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import LedgerDatabase, Services
 from kafka_ledger.config.settings import spark_connect_url
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.observe.stages import Stopwatch
@@ -62,10 +63,10 @@ def pipeline_session(cur: ledger.Cursor, pipeline: str) -> str:
     return ledger.spark_session(cur, pipeline) or default_session_id(pipeline)
 
 
-def replace_session(dsn: str, pipeline: str, closed: str) -> str:
+def replace_session(db: LedgerDatabase, pipeline: str, closed: str) -> str:
     """A new session for the pipeline in place of one the server has closed (a session idle past the server's
     spark.connect.session.manager.defaultSessionTimeout is closed, and its id refused for good)."""
-    with ledger.transaction(dsn) as cur:
+    with ledger.transaction(db) as cur:
         session_id = ledger.replace_spark_session(cur, pipeline, closed, str(uuid.uuid4()))
     log.warning("the Spark Connect server had closed session %s of pipeline %s (idle too long?): its batches work "
                 "in session %s from now on", closed, pipeline, session_id)
@@ -106,7 +107,8 @@ class ConnectBatch:
             log.warning("interrupted %d operation(s) an earlier attempt of batch %s left on the server",
                         len(stale), self.batch_id)
 
-    def _open(self, dsn: str, batch: ledger.Batch, attempt: int, description: str) -> tuple[SparkSession, Heartbeat]:
+    def _open(self, db: LedgerDatabase, batch: ledger.Batch, attempt: int, description: str
+              ) -> tuple[SparkSession, Heartbeat]:
         """The batch's session on the server, prepared for the attempt, its heartbeat running: the pipeline's, or
         the batch's own (`_own_session`). A session the server has closed is replaced, once (the pipeline's in the
         ledger, for its next batches too)."""
@@ -114,7 +116,7 @@ class ConnectBatch:
         if own:
             session_id = str(uuid.uuid5(_SESSION_NAMESPACE, f"{self.pipeline.name}/{batch.batch_id}"))
         else:
-            with ledger.transaction(dsn) as cur:
+            with ledger.transaction(db) as cur:
                 session_id = pipeline_session(cur, self.pipeline.name)
         replaced = False
         while True:
@@ -128,7 +130,7 @@ class ConnectBatch:
                 close_session(spark, release_session=False)
                 if closed_session(exc) and not replaced:
                     replaced = True
-                    session_id = str(uuid.uuid4()) if own else replace_session(dsn, self.pipeline.name, session_id)
+                    session_id = str(uuid.uuid4()) if own else replace_session(db, self.pipeline.name, session_id)
                     continue
                 if heartbeat.lost is None and not lost_server(exc):
                     raise
@@ -143,19 +145,19 @@ class ConnectBatch:
         # that other batches of the pipeline may use at the same time.
         return sink_for(self.pipeline).rewrites_stamp_the_session and not batch.moves_positions
 
-    def run(self, dsn: str, servers: str) -> CommitResult:
+    def run(self, services: Services) -> CommitResult:
         clock = Stopwatch()
-        attempt = read.begin(dsn, servers, self.pipeline, self.batch_id)
+        attempt = read.begin(services, self.pipeline, self.batch_id)
         if attempt is None:
             # Committed already (a no-op), or staged by a spark-submit attempt before the pipeline moved to
             # this runtime: publish what it staged.
-            return commit.commit(dsn, servers, self.pipeline, self.batch_id, Written())
+            return commit.commit(services, self.pipeline, self.batch_id, Written())
         if not attempt.readable:
-            read.mark_nothing_to_read(dsn, attempt)
-            return commit.commit(dsn, servers, self.pipeline, self.batch_id, Written())
+            read.mark_nothing_to_read(services.ledger, attempt)
+            return commit.commit(services, self.pipeline, self.batch_id, Written())
         clock.lap("begin")
         description = f"attempt {attempt.number} of batch {self.batch_id}"
-        spark, heartbeat = self._open(dsn, attempt.batch, attempt.number, description)
+        spark, heartbeat = self._open(services.ledger, attempt.batch, attempt.number, description)
         clock.lap("session")
         with heartbeat:
             tag = attempt_tag(self.pipeline.name, self.batch_id, attempt.number)
@@ -163,7 +165,7 @@ class ConnectBatch:
             with self._lock:
                 self._spark, self._tag = spark, tag
             try:
-                result = publish(spark, self.pipeline, attempt, dsn, servers, self._interrupted, clock)
+                result = publish(spark, self.pipeline, attempt, services, self._interrupted, clock)
             except BaseException as exc:
                 if heartbeat.lost is None:
                     self.interrupt()
@@ -218,7 +220,7 @@ class AttemptInterrupted(RuntimeError):
 
 
 def publish(
-    spark: SparkSession, pipeline: PipelineConfig, attempt: read.Attempt, dsn: str, servers: str,
+    spark: SparkSession, pipeline: PipelineConfig, attempt: read.Attempt, services: Services,
     interrupted: threading.Event | None = None, clock: Stopwatch | None = None,
 ) -> CommitResult:
     """Read the attempt's ranges and publish them and the offsets in ONE transaction (batch/commit.py).
@@ -230,7 +232,7 @@ def publish(
     started = time.monotonic()
     clock = clock or Stopwatch()
     sink = sink_for(pipeline)
-    records = read.read_records(spark, attempt, servers)
+    records = read.read_records(spark, attempt, services.kafka)
 
     def check_interrupted() -> None:
         if interrupted is not None and interrupted.is_set():
@@ -238,10 +240,10 @@ def publish(
 
     def streamed(sink: TransactionalSink) -> CommitResult:
         rows = publish_frame(records, pipeline, sink, attempt.batch.batch_id)
-        return commit.commit(dsn, servers, pipeline, attempt.batch.batch_id,
+        return commit.commit(services, pipeline, attempt.batch.batch_id,
                              Streamed(attempt.number, arrow_stream(rows, attempt, interrupted), started, clock))
 
-    return publish_attempt(records, attempt, sink, dsn, servers, in_transaction=streamed, started=started, clock=clock,
+    return publish_attempt(records, attempt, sink, services, in_transaction=streamed, started=started, clock=clock,
                            check_interrupted=check_interrupted)
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from kafka_ledger.batch.commit import CommitResult
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import Services
 from kafka_ledger.runtimes.base import Runtime
 from kafka_ledger.runtimes.connect.batch import ConnectBatch
 from kafka_ledger.spark.sessions import ConnectSessions, SparkSessions
@@ -18,8 +19,8 @@ class ConnectRuntime(Runtime):
     spark_task_id = "read_and_commit"
     commit_task_id = None
 
-    def run_batch(self, pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> CommitResult:
-        return ConnectBatch(pipeline, batch_id).run(dsn, servers)
+    def run_batch(self, pipeline: PipelineConfig, batch_id: int, services: Services) -> CommitResult:
+        return ConnectBatch(pipeline, batch_id).run(services)
 
     def build_tasks(self, pipeline: PipelineConfig, plan: Any) -> tuple[Any, Any]:
         from kafka_ledger.runtimes.connect import airflow  # Airflow's operators: where a DAG is built only

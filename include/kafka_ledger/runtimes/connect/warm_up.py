@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from kafka_ledger.batch import read
 from kafka_ledger.batch.publish import publish_frame
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import Services
 from kafka_ledger.config.settings import runtime_name
 from kafka_ledger.kafka.offsets import subscribed_offsets
 from kafka_ledger.ledger import db as ledger
@@ -68,9 +69,10 @@ class WarmUp:
 
 
 def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] = (),
-            servers: str | None = None, dsn: str | None = None) -> WarmUp:
+            services: Services | None = None) -> WarmUp:
     """Warm a freshly started Spark Connect server up: run a made-up batch's decode and transfer on it, then read
-    and decode the newest records of each pipeline of this runtime as its batches do (`servers`: Kafka's).
+    and decode the newest records of each pipeline of this runtime as its batches do (`services`: Kafka and the
+    ledger, needed with `pipelines`).
 
     A freshly started server interprets its code until the JIT has compiled it: the first batch after a start
     took about twice as long as the next ones (docs/benchmark.md). Run once after the server starts, this makes
@@ -78,7 +80,7 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
     makes up JSON records of every declared type, a dead letter in every 50, in the shape of its Kafka source's
     rows), and the Kafka reader, the pipeline's generated query code and its pooled consumers (its newest
     records, read as its batches read them, in its session: assigned partitions, read_committed, nothing committed
-    to Kafka). `dsn`, the ledger's, names each pipeline's session (`pipeline_session`). Writes nothing anywhere.
+    to Kafka). The ledger names each pipeline's session (`pipeline_session`). Writes nothing anywhere.
     A pipeline whose topics are missing or empty is skipped, saying why.
     For a process of its own (`kafka-ledger warm-up`): it waits for every Spark Connect release the process has
     under way, which a worker running batches must not do (see close_session).
@@ -90,9 +92,9 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
         return sum(table.num_rows for table in arrow_stream(publish_frame(frame, pipeline, sink_for(pipeline), 0)))
 
     def session_of(pipeline: PipelineConfig) -> SparkSession:
-        if dsn is None:
+        if services is None:
             return client_session(default_session_id(pipeline.name))
-        with ledger.transaction(dsn) as cur:
+        with ledger.transaction(services.ledger) as cur:
             return client_session(pipeline_session(cur, pipeline.name))
 
     made_up = PipelineConfig.model_validate(_WARM_UP_PIPELINE)
@@ -115,7 +117,8 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
         made_up_records = received(records_frame, made_up)
         for pipeline in (p for p in pipelines if runtime_name(p) == ConnectRuntime.name):  # the server's own
             try:
-                ranges = newest_ranges(subscribed_offsets(servers or "", pipeline),
+                assert services is not None, "a pipeline's warm-up reads its Kafka: give the services"
+                ranges = newest_ranges(subscribed_offsets(services.kafka, pipeline),
                                        min(WARM_UP_PIPELINE_RECORDS, pipeline.max_records_per_partition))
             except PlanError as exc:  # a topic not made yet, a broker away (KafkaUnavailable)
                 skipped[pipeline.name] = str(exc)
@@ -129,7 +132,7 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
                 configure(session)
                 # Fewer rows than offsets is right: a transactional producer's commit markers take offsets too.
                 pipeline_records[pipeline.name] = received(
-                    read.read_ranges(session, ranges, servers or "", pipeline.name, pipeline.reads_headers), pipeline)
+                    read.read_ranges(session, ranges, services.kafka, pipeline.name, pipeline.reads_headers), pipeline)
             except PySparkException as exc:  # its batches will fail the same way, saying so in their task logs
                 skipped[pipeline.name] = (
                     "its Spark Connect session was closed: its next batch replaces it" if closed_session(exc)

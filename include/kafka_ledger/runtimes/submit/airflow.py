@@ -14,14 +14,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from kafka_ledger.batch import commit
 from kafka_ledger.batch.commit import Written
 from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
-from kafka_ledger.config.settings import (
-    KAFKA_CONN_ID,
-    LEDGER_DB_CONN_ID,
-    SPARK_SUBMIT_CONN_ID,
-    bootstrap_servers,
-    deployment_settings,
-    ledger_dsn,
-)
+from kafka_ledger.config.settings import SPARK_SUBMIT_CONN_ID, task_services
 from kafka_ledger.model.refusals import EXIT_REFUSED
 from kafka_ledger.runtimes.airflow_tasks import (
     PLAN_TASK,
@@ -52,10 +45,9 @@ class SubmitBatchOperator(SparkSubmitOperator):
         with refusals_fail_at_once():
             self.jars = spark_jars()
             check_master(self._get_hook())
-            settings = deployment_settings(LEDGER_DB_CONN_ID, KAFKA_CONN_ID)
-            mask_secrets(settings)
-            os.environ.update(spark_job_environment(settings.ledger_dsn(), settings.kafka_servers(),
-                                                    settings.kafka_client_settings()))
+            services = task_services()
+            mask_secrets(services)
+            os.environ.update(spark_job_environment(services))
         try:
             super().execute(context)
         except AirflowException as exc:
@@ -70,8 +62,9 @@ def commit_task(pipeline_name: str, plan: dict[str, Any], **context: Any) -> dic
     """Publish the staged batch and advance its offsets in one Postgres transaction."""
     with refusals_fail_at_once():
         pipeline = get_pipeline(pipeline_name)
-        result = commit.commit(ledger_dsn(), bootstrap_servers(), pipeline, plan["batch_id"], Written())
-        return committed(context, pipeline, result)
+        services = task_services()
+        result = commit.commit(services, pipeline, plan["batch_id"], Written())
+        return committed(context, services, pipeline, result)
 
 
 def build_tasks(spark_task_id: str, commit_task_id: str, pipeline: PipelineConfig, plan: Any) -> tuple[Any, Any]:

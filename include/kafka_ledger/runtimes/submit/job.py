@@ -11,7 +11,7 @@ from kafka_ledger.batch import read
 from kafka_ledger.batch.commit import CommitResult, log_read, writes_output_directly
 from kafka_ledger.batch.publish import publish_attempt
 from kafka_ledger.config.pipeline import get_pipeline
-from kafka_ledger.config.settings import jdbc_target
+from kafka_ledger.config.services import Services
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ledger import sql
 from kafka_ledger.model.ranges import PartitionReadStats, check_read_coverage
@@ -23,14 +23,14 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 
-def run_job(pipeline_name: str, batch_id: int, config: str | None, dsn: str, servers: str) -> dict[str, object]:
+def run_job(pipeline_name: str, batch_id: int, config: str | None, services: Services) -> dict[str, object]:
     """Begin an attempt of the batch, read it and stage it (or mark it written with nothing to read)."""
     pipeline = get_pipeline(pipeline_name, config)
-    attempt = read.begin(dsn, servers, pipeline, batch_id)
+    attempt = read.begin(services, pipeline, batch_id)
     if attempt is None:
         return {"batch_id": batch_id, "staged": False}
     if not attempt.readable:
-        read.mark_nothing_to_read(dsn, attempt)
+        read.mark_nothing_to_read(services.ledger, attempt)
         return {"batch_id": batch_id, "records_read": 0}
 
     # A Spark Connect client in the launching process (the connect runtime's task, a test) marks its
@@ -42,12 +42,12 @@ def run_job(pipeline_name: str, batch_id: int, config: str | None, dsn: str, ser
     try:
         started = time.monotonic()
         sink = sink_for(pipeline)
-        records = read.read_records(spark, attempt, servers)
+        records = read.read_records(spark, attempt, services.kafka)
 
         def staged(sink: TransactionalSink) -> dict[str, object]:
-            return stage(records, sink, attempt, dsn, started)
+            return stage(records, sink, attempt, services, started)
 
-        published = publish_attempt(records, attempt, sink, dsn, servers, in_transaction=staged, started=started,
+        published = publish_attempt(records, attempt, sink, services, in_transaction=staged, started=started,
                                     clock=Stopwatch())
     finally:
         spark.stop()
@@ -91,14 +91,14 @@ def _read_stats(staged: DataFrame) -> list[PartitionReadStats]:
     return [PartitionReadStats(*r) for r in rows]
 
 
-def stage(records: DataFrame, sink: TransactionalSink, attempt: read.Attempt, dsn: str, started: float
+def stage(records: DataFrame, sink: TransactionalSink, attempt: read.Attempt, services: Services, started: float
           ) -> dict[str, object]:
     """Stage every record of the attempt (decoded, or raw with its reason) for the commit; mark it written."""
     from pyspark.sql import functions as F
 
     pipeline, batch = sink.pipeline, attempt.batch
     staged = to_staging_rows(records, sink, batch.batch_id, attempt.number)
-    target = jdbc_target(dsn)
+    target = services.ledger.jdbc()
 
     def append(frame: DataFrame, table: str) -> None:
         (
@@ -127,10 +127,10 @@ def stage(records: DataFrame, sink: TransactionalSink, attempt: read.Attempt, ds
     failpoints.hit("after_staging")
     # No log-start check here: offsets deleted during the read fail it (failOnDataLoss), and offsets
     # deleted after it are safely staged; failing now would turn a complete read into a loss on retry.
-    with ledger.transaction(dsn) as cur:
+    with ledger.transaction(services.ledger) as cur:
         stats = spark_stats if direct else ledger.staged_read_stats(cur, pipeline, batch.batch_id, attempt.number)
         problems = check_read_coverage(batch.ranges, stats)
         if problems:
             raise ledger.LedgerError(f"batch {batch.batch_id} was not read completely: " + "; ".join(problems))
         ledger.mark_written(cur, batch.batch_id, attempt.number, stats, read_seconds)
-    return log_read(batch, attempt.number, stats, read_seconds)
+    return log_read(services.observer, batch, attempt.number, stats, read_seconds)

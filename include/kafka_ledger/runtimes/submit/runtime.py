@@ -15,6 +15,7 @@ from typing import Any
 from kafka_ledger.batch import commit
 from kafka_ledger.batch.commit import CommitResult, Written
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import Services
 from kafka_ledger.config.settings import deployment_settings
 from kafka_ledger.runtimes.base import Runtime
 from kafka_ledger.runtimes.submit.spark_submit import BASE_SPARK_CONF, spark_jars, submit_batch
@@ -28,9 +29,9 @@ class SubmitRuntime(Runtime):
     spark_task_id = "read_and_stage"
     commit_task_id = "commit_batch"
 
-    def run_batch(self, pipeline: PipelineConfig, batch_id: int, dsn: str, servers: str) -> CommitResult:
-        submit_batch(pipeline, batch_id, dsn, servers)
-        return commit.commit(dsn, servers, pipeline, batch_id, Written())
+    def run_batch(self, pipeline: PipelineConfig, batch_id: int, services: Services) -> CommitResult:
+        submit_batch(pipeline, batch_id, services)
+        return commit.commit(services, pipeline, batch_id, Written())
 
     def build_tasks(self, pipeline: PipelineConfig, plan: Any) -> tuple[Any, Any]:
         from kafka_ledger.runtimes.submit import airflow  # Airflow's operators: where a DAG is built only

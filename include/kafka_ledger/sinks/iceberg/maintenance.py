@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from kafka_ledger.config.pipeline import IcebergSinkSpec, PipelineConfig
+from kafka_ledger.config.services import LedgerDatabase
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.sinks.iceberg.snapshots import BATCH_KEY
 from kafka_ledger.spark.sessions import SparkSessions
@@ -124,7 +125,7 @@ def _timestamp_literal(ms: int) -> str:
     return f"TIMESTAMP '{moment.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]}+00:00'"
 
 
-def maintain(dsn: str, sink: MaintainedTable, sessions: SparkSessions, now: datetime | None = None
+def maintain(db: LedgerDatabase, sink: MaintainedTable, sessions: SparkSessions, now: datetime | None = None
              ) -> MaintenanceResult:
     """Compact the sink's Iceberg table and expire its old snapshots, in a Spark session of its own from `sessions`
     (the pipeline's runtime's: a Spark Connect session, or a local one); logs what it did. Changes no row: a reader
@@ -146,7 +147,7 @@ def maintain(dsn: str, sink: MaintainedTable, sessions: SparkSessions, now: date
         # The wanted bound before the history is read: a snapshot that lands after it is newer than it, and stays.
         wanted = int(((now or datetime.now(UTC)) - timedelta(hours=spec.expire_after_hours)).timestamp() * 1000)
         found = history(sink)
-        with ledger.transaction(dsn) as cur:
+        with ledger.transaction(db) as cur:
             statuses = ledger.batch_statuses(cur, pipeline.name, [s.batch_id for s in found if s.batch_id is not None])
         bound = expiry_bound(found, statuses, wanted)
         result.kept_for_batches = bound.kept_for

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from kafka_ledger.config.pipeline import IcebergSinkSpec, LakeMaintenanceSpec, PipelineConfig
+from kafka_ledger.config.services import LedgerDatabase
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.model import columns
 from kafka_ledger.model.ranges import PartitionReadStats, TopicPartition
@@ -157,8 +158,8 @@ class IcebergSink(ArtifactSink):
     def maintenance(self) -> LakeMaintenanceSpec:
         return self.spec.maintenance
 
-    def maintain(self, dsn: str, sessions: SparkSessions) -> dict[str, Any]:
-        return maintenance.maintain(dsn, self, sessions).as_dict()
+    def maintain(self, db: LedgerDatabase, sessions: SparkSessions) -> dict[str, Any]:
+        return maintenance.maintain(db, self, sessions).as_dict()
 
     def drop(self, cur: ledger.Cursor) -> None:
         """Nothing in the ledger's database (the table is the catalog's: dropping it is the lake's owner's call)."""
