@@ -212,7 +212,7 @@ def test_interrupting_the_attempt_stops_its_query_and_publishes_nothing(
 def test_the_attempt_says_where_its_time_went(dsn, servers, pipeline_factory, producer, caplog, services):
     pipeline = pipeline_factory("connect_stages", partitions=2)
     batch_id, expected_dead = produce_and_plan(dsn, servers, pipeline, producer, 5_000)
-    with caplog.at_level(logging.INFO, logger="kafka_ledger.batch.commit"):
+    with caplog.at_level(logging.INFO, logger="kafka_ledger.events"):
         result = ConnectBatch(pipeline, batch_id).run(services)
     assert_exactly_once(dsn, servers, pipeline, expected_dead)
     stages = result.stages
