@@ -242,8 +242,10 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
     with ledger.transaction(LedgerDatabase(setup.dsn)) as cur:
         attempt = read.Attempt(ledger.get_batch(cur, contender["batch_id"]), 0)
 
+    kafka = kafka_for(setup.servers)
+
     def rows() -> Any:
-        return publish_frame(read.read_records(spark, attempt, setup.servers), pipeline, sink, attempt.batch.batch_id)
+        return publish_frame(read.read_records(spark, attempt, kafka), pipeline, sink, attempt.batch.batch_id)
 
     encoding = 0.0
 
@@ -273,7 +275,7 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
     try:
         configure(spark)
         # Each query touches every value (its length or hash summed), so none can skip the part it times.
-        read_only = timed(lambda: read.read_records(spark, attempt, setup.servers)
+        read_only = timed(lambda: read.read_records(spark, attempt, kafka)
                           .agg(F.count("*"), F.sum(F.length("value"))).collect()[0][0])
         decoded = timed(lambda: rows().agg(F.count("*"), F.sum(F.hash(*output_values(sink), DEAD_LETTER_LINE)))
                         .collect()[0][0])
@@ -373,7 +375,7 @@ def run_under_airflow(setup: Setup, round_no: int) -> dict[str, Any]:
         if outcome.tasks.get("drain_backlog") != "success":
             break
     seconds = time.monotonic() - started
-    check = accounting(setup.dsn, setup.servers, pipeline)
+    check = accounting(services_for(setup.dsn, setup.servers), pipeline)
     return {"seconds": round(seconds, 3), "dag_runs": runs, "rows": check["output_rows"],
             "exact": check["exact"] and check["produced"] == setup.records, "peak_rss_mib": {}}
 

@@ -22,7 +22,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
-from kafka_ledger.config.settings import kafka_client, kafka_for, ledger_database, services_for
+from kafka_ledger.config.services import Services
+from kafka_ledger.config.settings import kafka_client, kafka_for, task_services
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ops.readback import kafka_record_ids, lag
 from kafka_ledger.ops.verify import verify_pipeline
@@ -109,12 +110,12 @@ def run_until_caught_up(pipeline: PipelineConfig, max_runs: int = 20) -> int:
     """Run the pipeline's DAG (dag.test: real tasks, real Spark) until its lag is 0; returns runs made."""
     from kafka_ledger.airflow.dags import run_pipeline_dag  # Airflow is heavy: imported when the demo runs
 
-    dsn, servers = ledger_database().url, kafka_client().servers
+    services = task_services()
     for run in range(1, max_runs + 1):
         outcome = run_pipeline_dag(pipeline)
         if outcome.state != "success":
             raise RuntimeError(f"DAG run {outcome.run_id} of {pipeline.dag_id} ended {outcome.state}: {outcome.tasks}")
-        remaining = lag(dsn, servers, pipeline)
+        remaining = lag(services.ledger, services.kafka, pipeline)
         log.info("run %d (%s): tasks %s; lag now %d", run, outcome.run_id, outcome.tasks, remaining)
         if remaining == 0:
             return run
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     pipeline = get_pipeline(DEMO_PIPELINES[args.sink])
-    servers, dsn = kafka_client().servers, ledger_database().url
+    servers = kafka_client().servers
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     topic = pipeline.topics[0]
     ensure_topic(servers, topic, DEMO_PARTITIONS)
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     # The lake's demo pipeline has no doorbell: it runs on its schedule only.
     doorbell = ring_the_doorbell(pipeline, args.doorbell, seed + 2) if args.doorbell and pipeline.doorbell else {}
 
-    figures = accounting(dsn, servers, pipeline)
+    figures = accounting(task_services(), pipeline)
     exact = figures.pop("exact")
     summary = {**figures, "pipeline": pipeline.name, "dag_runs": first_runs + second_runs, **doorbell, "seed": seed}
     sys.stdout.flush()
@@ -194,17 +195,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if exact else 1
 
 
-def accounting(dsn: str, servers: str, pipeline: PipelineConfig) -> dict[str, object]:
+def accounting(services: Services, pipeline: PipelineConfig) -> dict[str, object]:
     """Kafka against the pipeline's output, counted from both (never from the ledger's own counters).
 
     `produced` is every record read back from the pipeline's topics; verify --full compares every committed range
     with the output and the dead letters. Exact: verify found nothing, nothing is left to read, and every record
     produced is a row or a dead letter.
     """
-    topics = sorted({tp.topic for tp in kafka_offsets.subscribed_offsets(kafka_for(servers), pipeline)})
-    produced = len(kafka_record_ids(kafka_for(servers), topics))
-    report = verify_pipeline(services_for(dsn, servers), pipeline, full=True)
-    remaining = lag(dsn, servers, pipeline)
+    topics = sorted({tp.topic for tp in kafka_offsets.subscribed_offsets(services.kafka, pipeline)})
+    produced = len(kafka_record_ids(services.kafka, topics))
+    report = verify_pipeline(services, pipeline, full=True)
+    remaining = lag(services.ledger, services.kafka, pipeline)
     return {
         "produced": produced, "output_rows": report.output_rows, "dead_letters": report.dead_letters,
         "duplicates": report.duplicates, "missing": report.missing, "unexpected": report.unexpected,

@@ -8,7 +8,6 @@ import ipaddress
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -32,6 +31,8 @@ from kafka_ledger.ledger import db as ledger
 from kafka_ledger.model.ranges import OffsetRange, PartitionReadStats
 from kafka_ledger.ops import readback as audit
 from kafka_ledger.runtimes import run_batch
+from tools.fault_campaign import launcher
+from tools.fault_campaign.runner import task_main
 
 # The columns of every test pipeline, and bad records with the reason the dead-letter table must give for each:
 # the fault campaign's too, so defined once, in tools/records.py.
@@ -43,18 +44,18 @@ LAKE_NAMESPACE = "it_lake"
 
 
 def start_task(pipeline, batch_id: int, failpoints: str | None = None, once_dir: Path | None = None,
-               **env: str) -> subprocess.Popen:
-    """The connect runtime's Spark task (read, publish, commit) in its own process, as Airflow runs it."""
+               **env: str) -> launcher.ForkedTask:
+    """The connect runtime's Spark task (read, publish, commit) in its own process, as Airflow runs it: forked from
+    a server with its heavy libraries loaded, as Airflow's LocalExecutor forks it (tools/fault_campaign/launcher)."""
     task_env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_LEDGER_FAILPOINTS")}
     if failpoints:
         task_env.update(KAFKA_LEDGER_FAILPOINTS=failpoints, KAFKA_LEDGER_FAILPOINTS_ONCE_DIR=str(once_dir))
     task_env.update(env)
-    return subprocess.Popen([sys.executable, str(HARNESS), "task", "read_and_commit", "--pipeline", pipeline.name,
-                             "--batch-id", str(batch_id)], env=task_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    argv = ["read_and_commit", "--pipeline", pipeline.name, "--batch-id", str(batch_id)]
+    return launcher.start(task_main, argv, task_env)
 
 
-def finish(task: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
+def finish(task: launcher.ForkedTask, timeout: float = 300) -> tuple[int, str, str]:
     out, err = task.communicate(timeout=timeout)
     return task.returncode, out, err
 
@@ -357,7 +358,7 @@ def consumer_groups(servers: str) -> list[str]:
     admin = kafka_offsets.admin_client(kafka_for(servers))
     # librdkafka sends ListGroups to the brokers it knows when asked: asked before its first metadata reply, about one
     # call in 60 waited out its whole timeout (none in 300 after it). So the metadata first.
-    admin.topics(servers, timeout=30)
+    admin.topics(kafka_for(servers), timeout=30)
     return [g.group_id for g in admin.list_consumer_groups(request_timeout=30).result().valid]
 
 

@@ -21,7 +21,7 @@ import pytest
 from integration_support import assert_exactly_once, batches, finish, good_value, query, start_task, stored
 
 from kafka_ledger.batch.plan import plan_next_batch
-from kafka_ledger.config.settings import services_for
+from kafka_ledger.config.settings import kafka_for, services_for
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.runtimes.connect.batch import (
     ConnectBatch,
@@ -30,6 +30,7 @@ from kafka_ledger.runtimes.connect.batch import (
     close_session,
     default_session_id,
 )
+from tools.fault_campaign import launcher
 from tools.fault_campaign.runner import task_result
 
 pytestmark = pytest.mark.integration
@@ -42,7 +43,7 @@ def attempts(dsn: str, batch_id: int) -> int:
         return ledger.get_batch(cur, batch_id).attempts
 
 
-def wait_for_attempt(dsn: str, batch_id: int, attempt: int, task: subprocess.Popen, timeout: float = 120) -> None:
+def wait_for_attempt(dsn: str, batch_id: int, attempt: int, task: launcher.ForkedTask, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while attempts(dsn, batch_id) < attempt:
         assert task.poll() is None, f"the task ended before its attempt began: {task.communicate()}"
@@ -50,7 +51,7 @@ def wait_for_attempt(dsn: str, batch_id: int, attempt: int, task: subprocess.Pop
         time.sleep(0.05)
 
 
-def wait_for_rows_streaming(dsn: str, pipeline, task: subprocess.Popen | threading.Thread,
+def wait_for_rows_streaming(dsn: str, pipeline, task: launcher.ForkedTask | threading.Thread,
                             timeout: float = 120) -> None:
     """Until the task's transaction is copying rows into the output table: the query runs on the server."""
     alive = task.is_alive if isinstance(task, threading.Thread) else (lambda: task.poll() is None)
@@ -306,7 +307,7 @@ def test_records_a_short_read_leaves_on_the_server_are_let_go_within_seconds(ser
     spark = client_session(default_session_id(pipeline.name))
     try:
         ranges = [OffsetRange(pipeline.topics[0], partition, 0, 1) for partition in (0, 1)]
-        assert read.read_ranges(spark, ranges, servers, pipeline.name).count() == 2
+        assert read.read_ranges(spark, ranges, kafka_for(servers), pipeline.name).count() == 2
     finally:
         close_session(spark, release_session=False)
     assert held() >= 2 * 1_000  # the rest of each partition's poll, waiting for a read that starts at offset 1

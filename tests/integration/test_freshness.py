@@ -32,7 +32,7 @@ def test_status_gives_the_newest_published_records_time_and_the_lag_in_seconds(
     producer.send(topic, [good_value(i) for i in range(20)], partition=0, timestamp_ms=millis(START))
     # A dead letter newer than every published record: freshness counts what was published.
     producer.send(topic, [BAD_VALUES[0][0]], partition=0, timestamp_ms=millis(START + timedelta(minutes=5)))
-    run_batch(pipeline, plan_next_batch(services, pipeline).batch_id, dsn, servers)
+    run_batch(pipeline, plan_next_batch(services, pipeline).batch_id, services)
 
     status = pipeline_status(services, pipeline)
     by_partition = {p["partition"]: p for p in status["partitions"]}
@@ -52,7 +52,7 @@ def test_status_gives_the_newest_published_records_time_and_the_lag_in_seconds(
     assert waiting["lag"] == 5 and expected <= waiting["lag_seconds"] < expected + 60
     assert status["lag_seconds"] == waiting["lag_seconds"]
 
-    run_batch(pipeline, plan_next_batch(services, pipeline).batch_id, dsn, servers)
+    run_batch(pipeline, plan_next_batch(services, pipeline).batch_id, services)
     status = pipeline_status(services, pipeline)
     caught_up = {p["partition"]: p for p in status["partitions"]}[0]
     assert caught_up["newest_published_at"] == START + timedelta(seconds=90) and caught_up["lag_seconds"] == 0.0

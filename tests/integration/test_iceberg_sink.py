@@ -251,7 +251,7 @@ def test_maintenance_compacts_and_expires_but_keeps_the_snapshot_an_unfinished_b
     [landed] = [s for s, summary in snapshots(sink) if summary[BATCH_KEY] == str(batch_id)]
     rows_before = rows_by_offset(sink)
 
-    result = maintain(dsn, sink, ConnectSessions())
+    result = maintain(services.ledger, sink, ConnectSessions())
     assert result.kept_for_batches == [batch_id]
     assert result.compaction["rewritten_data_files_count"] == result.data_files_before > 3  # a file per range
     # One file now; the old ones stay on disk while the kept snapshot references them.
@@ -267,7 +267,7 @@ def test_maintenance_compacts_and_expires_but_keeps_the_snapshot_an_unfinished_b
     assert [(b.status, b.snapshot_id) for b in batches(dsn, pipeline)][-1] == ("committed", landed)
     assert_exactly_once(dsn, servers, pipeline, {sent[-1]: "malformed JSON (not a JSON object)"})
 
-    again = maintain(dsn, sink, ConnectSessions())  # nothing unfinished now: down to the newest snapshot
+    again = maintain(services.ledger, sink, ConnectSessions())  # nothing unfinished now: down to the newest snapshot
     assert again.kept_for_batches == [] and again.snapshots_after == 1
     assert again.expiry["deleted_data_files_count"] == result.data_files_before  # the small files are gone now
     assert rows_by_offset(sink) == rows_before
@@ -279,7 +279,7 @@ def test_the_submit_runtime_publishes_one_snapshot_per_batch_adopts_after_a_cras
     sink = IcebergSink(pipeline)
     sent = produce(producer, pipeline, [good_value(i) for i in range(300)] + [b"not json"])
     dead = {sent[-1]: "malformed JSON (not a JSON object)"}
-    first = SubmitRuntime().run_batch(pipeline, plan_next_batch(services, pipeline).batch_id, dsn, servers)
+    first = SubmitRuntime().run_batch(pipeline, plan_next_batch(services, pipeline).batch_id, services)
     assert first.already_committed  # the Spark job committed it; the commit task found it so
     assert_exactly_once(dsn, servers, pipeline, dead)
 
@@ -289,7 +289,7 @@ def test_the_submit_runtime_publishes_one_snapshot_per_batch_adopts_after_a_cras
     monkeypatch.setenv("KAFKA_LEDGER_FAILPOINTS", "after_snapshot=kill")
     monkeypatch.setenv("KAFKA_LEDGER_FAILPOINTS_ONCE_DIR", str(tmp_path))
     with pytest.raises(Exception, match="spark-submit"):
-        submit_batch(pipeline, batch_id, dsn, servers)
+        submit_batch(pipeline, batch_id, services)
     assert (tmp_path / "after_snapshot").exists()
     [landed] = [s for s, summary in snapshots(sink) if summary[BATCH_KEY] == str(batch_id)]
     assert batches(dsn, pipeline)[-1].status == "planned"

@@ -14,7 +14,7 @@ from integration_support import BAD_VALUES, SECURED_SERVERS, good_value, other_c
 from kafka_ledger.airflow.dags import run_pipeline_dag
 from kafka_ledger.batch.plan import plan_next_batch
 from kafka_ledger.config.services import KAFKA_CONFIG_ENV, LedgerDatabase
-from kafka_ledger.config.settings import kafka_for
+from kafka_ledger.config.settings import kafka_for, services_for
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ops import readback as audit
 from kafka_ledger.ops.verify import verify_pipeline
@@ -49,7 +49,7 @@ def test_a_pipeline_runs_exactly_once_over_sasl_ssl(
     assert max(Counter(stored.output).values()) == 1
     assert set(stored.output) | set(stored.dead_letters) == produced == set(landed)
     assert set(stored.dead_letters) == {landed[-1]}
-    report = verify_pipeline(dsn, SECURED_SERVERS, pipeline, full=True)
+    report = verify_pipeline(services_for(dsn, SECURED_SERVERS), pipeline, full=True)
     assert report.ok and report.kafka_records == 301, report.problems
     # The password reached Spark as options, never its logs.
     server_log = Path(os.environ.get("KL_STATE", ".stack")) / "logs" / "spark-connect.log"
@@ -81,7 +81,7 @@ def test_a_refused_connection_fails_the_plan_clearly_and_writes_nothing(
         over_sasl_ssl(secured_kafka_settings(**{"ssl.ca.location": str(other_ca(tmp_path))}))
         expected = "certificate verify failed"
     with pytest.raises(kafka_offsets.KafkaUnavailable) as raised:
-        plan_next_batch(dsn, SECURED_SERVERS, pipeline)
+        plan_next_batch(services_for(dsn, SECURED_SERVERS), pipeline)
     assert str(raised.value).startswith(f"cannot reach Kafka at {SECURED_SERVERS}: ")
     assert expected in str(raised.value)
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:

@@ -5,6 +5,7 @@ import time
 import pytest
 from confluent_kafka import KafkaError
 
+from kafka_ledger.config.services import KafkaClient
 from kafka_ledger.kafka import offsets as kafka_offsets
 
 NOWHERE = "127.0.0.1:1"  # nothing listens on port 1: every connection attempt fails at once
@@ -20,7 +21,7 @@ def test_a_broker_that_keeps_refusing_stops_the_look_up_at_once():
         admin._connection_error(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: bad password"))
     began = time.monotonic()
     with pytest.raises(kafka_offsets.KafkaUnavailable, match="SASL authentication error: bad password"):
-        admin.topics(NOWHERE, timeout=30)
+        admin.topics(KafkaClient(NOWHERE), timeout=30)
     assert time.monotonic() - began < 5
 
 
@@ -29,5 +30,5 @@ def test_a_single_refusal_or_an_unreachable_broker_waits_for_the_timeout():
     admin._connection_error(KafkaError(KafkaError._SSL, "SSL handshake failed: Disconnected"))
     began = time.monotonic()
     with pytest.raises(kafka_offsets.KafkaUnavailable, match=f"cannot reach Kafka at {NOWHERE}"):
-        admin.topics(NOWHERE, timeout=2.5)
+        admin.topics(KafkaClient(NOWHERE), timeout=2.5)
     assert 2.4 <= time.monotonic() - began < 6

@@ -10,4 +10,5 @@ if not __package__:  # run by path: import from the project root, not from this 
 
 from tools.fault_campaign.main import main  # noqa: E402
 
-sys.exit(main())
+if __name__ == "__main__":  # not when multiprocessing's forkserver prepares its children from this main module
+    sys.exit(main())

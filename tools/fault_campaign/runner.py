@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kafka_ledger.config.settings import kafka_for, services_for, task_services
-from tools.fault_campaign import CampaignFailure
+from tools.fault_campaign import CampaignFailure, launcher
 from tools.fault_campaign.network import Toxiproxy, proxied_environment
 from tools.fault_campaign.producer import (
     SequenceProducer,
@@ -43,8 +43,6 @@ from tools.fault_campaign.strikes import (
 # The ledger's statement bound in the tasks of a campaign through the proxies.
 NETWORK_DB_STATEMENT_SECONDS = 30
 
-# Each task process runs this package by its folder's path (its __main__.py), from any working directory.
-PACKAGE = Path(__file__).resolve().parent
 
 log = logging.getLogger("fault_campaign")
 
@@ -139,16 +137,15 @@ class Campaign(FaultStrikes):
             env["KAFKA_LEDGER_FAILPOINTS_PAUSE_SECONDS"] = "120"
         return env
 
-    def _start_task(self, args: list[str], failpoints: str | None = None) -> tuple[subprocess.Popen, Path]:
+    def _start_task(self, args: list[str], failpoints: str | None = None) -> tuple[launcher.ForkedTask, Path]:
         once_dir = self.workdir / "failpoints" / uuid.uuid4().hex[:8]
-        cmd = [sys.executable, str(PACKAGE), "task", *args, "--pipeline", self.pipeline.name]
         self.task_log.write(f"--- {datetime.now(UTC).isoformat()} {' '.join(args)} failpoints={failpoints}\n")
         self.task_log.flush()
-        proc = subprocess.Popen(cmd, env=self._task_env(failpoints, once_dir), stdout=subprocess.PIPE,
-                                stderr=self.task_log, text=True)
+        proc = launcher.start(task_main, [*args, "--pipeline", self.pipeline.name],
+                              self._task_env(failpoints, once_dir), Path(self.task_log.name))
         return proc, once_dir
 
-    def _finish_task(self, proc: subprocess.Popen, timeout: float = 600) -> dict[str, Any] | None:
+    def _finish_task(self, proc: launcher.ForkedTask, timeout: float = 600) -> dict[str, Any] | None:
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -164,13 +161,13 @@ class Campaign(FaultStrikes):
         return self._finish_task(proc)
 
     def commit_try(self, batch_id: int, failpoints: str | None = None,
-                   during: Callable[[subprocess.Popen, Path], str] | None = None) -> tuple[bool, str]:
+                   during: Callable[[launcher.ForkedTask, Path], str] | None = None) -> tuple[bool, str]:
         proc, once_dir = self._start_task(["commit", "--batch-id", str(batch_id)], failpoints)
         landed = during(proc, once_dir) if during else ""
         return self._finish_task(proc) is not None, landed
 
     def spark_try(self, batch_id: int, strike: Callable[..., str] | None = None, failpoints: str | None = None,
-                  during: Callable[[subprocess.Popen, Path], str] | None = None) -> tuple[bool, str]:
+                  during: Callable[[launcher.ForkedTask, Path], str] | None = None) -> tuple[bool, str]:
         """One try of the run's Spark task, in the pipeline's runtime; (succeeded, where a fault landed)."""
         with self.counter_lock:
             self.spark_tasks += 1
@@ -180,7 +177,7 @@ class Campaign(FaultStrikes):
 
     def read_and_commit_try(self, batch_id: int, strike: Callable[..., str] | None = None,
                             failpoints: str | None = None,
-                            during: Callable[[subprocess.Popen, Path], str] | None = None) -> tuple[bool, str]:
+                            during: Callable[[launcher.ForkedTask, Path], str] | None = None) -> tuple[bool, str]:
         """The connect runtime's Spark task: read on the warm server, publish and commit, in its own process."""
         attempts_before = self.batch_state(batch_id)[1]
         proc, once_dir = self._start_task(["read_and_commit", "--batch-id", str(batch_id)], failpoints)
@@ -295,7 +292,8 @@ class Campaign(FaultStrikes):
             if try_number < retries:
                 landings.append("retried Spark")
         else:
-            fail_batch(self.dsn, batch_id, f"Spark task failed after {retries + 1} tries (fault campaign)")
+            fail_batch(services_for(self.dsn, self.servers), self.pipeline.name, batch_id,
+                       f"Spark task failed after {retries + 1} tries (fault campaign)")
             return "failed in Spark", batch_id, landings
         if hooks.repeat_spark or (connect and hooks.repeat_commit):
             ok, _ = self.spark_try(batch_id)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kafka_ledger.config.settings import kafka_client, ledger_database
-from tools.fault_campaign import CampaignFailure
+from tools.fault_campaign import CampaignFailure, launcher
 from tools.fault_campaign.network import POSTGRES, SPARK_CONNECT, kafka_proxy
 from tools.stack import stack_command
 
@@ -118,7 +117,7 @@ class RunHooks:
     plan_failpoints: str | None = None
     spark_strike: Callable[..., str] | None = None
     commit_failpoints: str | None = None
-    commit_during: Callable[[subprocess.Popen, Path], str] | None = None
+    commit_during: Callable[[launcher.ForkedTask, Path], str] | None = None
     repeat_spark: bool = False
     repeat_commit: bool = False
 
@@ -172,7 +171,7 @@ class FaultStrikes:
         return "mid-staging" if self.staged_rows(batch_id, attempt) else "before staging (session start or read)"
 
     # --- faults -------------------------------------------------------------------------------------------
-    def _wait(self, condition: Callable[[], bool], alive: threading.Thread | subprocess.Popen,
+    def _wait(self, condition: Callable[[], bool], alive: threading.Thread | launcher.ForkedTask,
               timeout: float = 300) -> bool:
         """Wait for `condition` while the Spark task (a thread driving spark-submit, or a process) is alive."""
         is_alive = alive.is_alive if isinstance(alive, threading.Thread) else (lambda: alive.poll() is None)
@@ -253,7 +252,7 @@ class FaultStrikes:
 
     def _strike_connect(self, target: str, timing: str, delay: float) -> Callable[..., str]:
         """A fault of the connect runtime, once the task's attempt began: after `delay`, or as rows stream."""
-        def strike(proc: subprocess.Popen, batch_id: int, attempts_before: int) -> str:
+        def strike(proc: launcher.ForkedTask, batch_id: int, attempts_before: int) -> str:
             attempt = attempts_before + 1
             if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, proc):
                 return f"{target} missed: the task ended before its attempt began"
@@ -301,7 +300,7 @@ class FaultStrikes:
                 "blackhole": "a blackhole (nothing passes either way)"}[effect]
         streams = ("downstream", "upstream") if effect == "blackhole" else ("downstream",)
 
-        def strike(proc: subprocess.Popen, batch_id: int, attempts_before: int) -> str:
+        def strike(proc: launcher.ForkedTask, batch_id: int, attempts_before: int) -> str:
             attempt = attempts_before + 1
             if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, proc):
                 return f"{what} missed: the task ended before its attempt began"
