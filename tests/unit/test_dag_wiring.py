@@ -128,6 +128,17 @@ def test_dags_folder_builds_a_dag_per_declared_pipeline(monkeypatch):
                                 "kafka_ledger__impressions_lake__maintenance"}
 
 
+@pytest.mark.parametrize("wanted", ["kafka_ledger__impressions_lake", "kafka_ledger__impressions_lake__maintenance"])
+def test_a_tasks_process_builds_its_own_dag_only(monkeypatch, wanted):
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", str(REPO / "config" / "pipelines.yaml"))
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", wanted)  # as Airflow sets it in a task's process
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    assert set(bag.dag_ids) == {wanted}
+
+
 def test_an_iceberg_sinks_table_is_maintained_by_a_dag_on_its_own_schedule(monkeypatch):
     from airflow.dag_processing.dagbag import DagBag
 

@@ -3,6 +3,7 @@ injected into a run and timed (the strikes), with where in the batch it landed."
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -95,8 +96,9 @@ BLACKHOLE_LIMIT = 240
 COMMIT_FAIL_POINTS = {"connect": ("after_staging", "commit_after_publish", "commit_before_end"),
                       "submit": ("commit_after_publish", "commit_before_end")}
 ICEBERG_FAIL_POINTS = ("after_snapshot",)
-# When a timed fault strikes, after the attempt began: spark-submit spends its first seconds starting a JVM.
-STRIKE_DELAYS = {"connect": (0.2, 4.0), "submit": (1.0, 15.0)}
+# When a timed fault strikes, after the attempt began: spark-submit spends its first seconds starting a JVM. A
+# connect attempt of a short campaign's batch (about 1,000 records) takes about 3 s: a later strike would miss it.
+STRIKE_DELAYS = {"connect": (0.2, 2.5), "submit": (1.0, 15.0)}
 
 
 def fault_schedule(faults: int, rng: random.Random, kinds: tuple[str, ...], network_weight: int = 1) -> list[str]:
@@ -151,11 +153,15 @@ class FaultStrikes:
                                 "%(t)s", {"t": f"%{self.pipeline.output_table}%"})[0][0])
 
     def _lake_data_files(self) -> list[Path]:
+        folder = self._lake_data_folder()
+        return [p for p in folder.rglob("*.parquet")] if folder.exists() else []
+
+    @functools.cache  # noqa: B019 - one per campaign, which lives as long as its process: the table's place is fixed
+    def _lake_data_folder(self) -> Path:
+        """Where the table's data files go (asked of the catalog once: the strikes look many times a second)."""
         from kafka_ledger.sinks import IcebergSink
 
-        location = IcebergSink(self.pipeline).table().location()
-        folder = Path(location.removeprefix("file://")) / "data"
-        return [p for p in folder.rglob("*.parquet")] if folder.exists() else []
+        return Path(IcebergSink(self.pipeline).table().location().removeprefix("file://")) / "data"
 
     def phase(self, batch_id: int, attempt: int) -> str:
         status, attempts = self.batch_state(batch_id)
@@ -179,7 +185,7 @@ class FaultStrikes:
         while is_alive() and time.monotonic() < deadline:
             if condition():
                 return True
-            time.sleep(0.02)
+            time.sleep(0.01)
         return False
 
     def _strike_spark(self, target: str, timing: str, delay: float) -> Callable[..., str]:

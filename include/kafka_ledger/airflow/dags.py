@@ -9,6 +9,7 @@ A doorbell pipeline's DAG has no drain: its doorbell rings again after a commit 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -244,6 +245,20 @@ def build_lake_maintenance_dag(pipeline: PipelineConfig) -> DAG:
         task(maintain_lake_task, task_id="maintain_lake", pool=SPARK_POOL,
              execution_timeout=timedelta(minutes=pipeline.spark_timeout_minutes))(pipeline.name)
     return dag
+
+
+def declared_dags(pipelines: Iterable[PipelineConfig], wanted: str | None = None) -> dict[str, DAG]:
+    """Each pipeline's DAG and its lake maintenance DAG, by DAG id; only the DAG `wanted`, when a task's process
+    parses the DAG file to run a task of that one (Airflow's parsing context): a DAG takes 7 ms to build, and
+    with hundreds of pipelines every task would otherwise start by building them all."""
+    dags: dict[str, DAG] = {}
+    for pipeline in pipelines:
+        if wanted in (None, pipeline.dag_id):
+            dags[pipeline.dag_id] = build_pipeline_dag(pipeline)
+        maintenance = pipeline.lake_maintenance_dag_id
+        if maintenance is not None and wanted in (None, maintenance):
+            dags[maintenance] = build_lake_maintenance_dag(pipeline)
+    return dags
 
 
 @dataclass(frozen=True)
