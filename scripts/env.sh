@@ -3,45 +3,56 @@
 # services or other ports; nothing here overrides what is already in the environment.
 
 KL_HOME=${KL_HOME:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
-KL_STATE=${KL_STATE:-$KL_HOME/.stack}           # data, logs, pids and downloaded artifacts (git-ignored)
+# Several stacks can run side by side, each with its own state and ports: stack N (KL_STACK_SLOT=N) keeps its state
+# in .stack-N and listens on the ports below plus 100 x N (scripts/test.sh runs the tests that restart services
+# on stacks 1 and 2 while the others share stack 0).
+KL_STACK_SLOT=${KL_STACK_SLOT:-0}
+if [ "$KL_STACK_SLOT" = 0 ]; then
+  KL_STATE=${KL_STATE:-$KL_HOME/.stack}         # data, logs, pids and stamps (git-ignored)
+else
+  KL_STATE=${KL_STATE:-$KL_HOME/.stack-$KL_STACK_SLOT}
+fi
+kl_port() { echo $(($1 + 100 * KL_STACK_SLOT)); }
+# What set-up downloads and builds once for every stack of this clone (jars, Toxiproxy), with its stamps.
+KL_CACHE=${KL_CACHE:-$KL_HOME/.stack/cache}
 KL_VENV=${KL_VENV:-$KL_HOME/.venv}
 # Kafka's jars from Maven Central: the local broker, and Kafka's own tools (`kafka-ledger kafka <tool>`, which
 # finds them through KAFKA_LEDGER_KAFKA_TOOLS_DIR below).
-KL_KAFKA_LIBS=${KL_KAFKA_LIBS:-$KL_STATE/cache/kafka-libs}
+KL_KAFKA_LIBS=${KL_KAFKA_LIBS:-$KL_CACHE/kafka-libs}
 
-KL_KAFKA_PORT=${KL_KAFKA_PORT:-19092}
-KL_KAFKA_CONTROLLER_PORT=${KL_KAFKA_CONTROLLER_PORT:-19093}
+KL_KAFKA_PORT=${KL_KAFKA_PORT:-$(kl_port 19092)}
+KL_KAFKA_CONTROLLER_PORT=${KL_KAFKA_CONTROLLER_PORT:-$(kl_port 19093)}
 # The broker's second client listener: SASL_SSL (SCRAM-SHA-512 over TLS).
-KL_KAFKA_SASL_PORT=${KL_KAFKA_SASL_PORT:-19094}
+KL_KAFKA_SASL_PORT=${KL_KAFKA_SASL_PORT:-$(kl_port 19094)}
 # The local stack's CA (ca.pem) and the certificates it signed for the broker and Postgres, made at set-up.
 KL_TLS_DIR=${KL_TLS_DIR:-$KL_STATE/tls}
 KL_KAFKA_SASL_USER=${KL_KAFKA_SASL_USER:-ingest}
-KL_PG_PORT=${KL_PG_PORT:-15432}
-KL_AIRFLOW_PORT=${KL_AIRFLOW_PORT:-18080}
+KL_PG_PORT=${KL_PG_PORT:-$(kl_port 15432)}
+KL_AIRFLOW_PORT=${KL_AIRFLOW_PORT:-$(kl_port 18080)}
 # The integration tests' own Airflow (tests/integration/airflow_server.py), beside a developer's on KL_AIRFLOW_PORT.
-KL_AIRFLOW_TEST_PORT=${KL_AIRFLOW_TEST_PORT:-18088}
-KL_SPARK_CONNECT_PORT=${KL_SPARK_CONNECT_PORT:-19002}
+KL_AIRFLOW_TEST_PORT=${KL_AIRFLOW_TEST_PORT:-$(kl_port 18088)}
+KL_SPARK_CONNECT_PORT=${KL_SPARK_CONNECT_PORT:-$(kl_port 19002)}
 # Toxiproxy (a TCP proxy with an HTTP API) between the clients and each service, for the fault campaign's network
 # faults: started on demand (`scripts/stack.sh proxies`: the tests and `scripts/fault_campaign.sh --network`), never
 # by `up`. Loopback only; its API has no authentication (a test tool: it injects faults, it holds no data).
-KL_TOXIPROXY_PORT=${KL_TOXIPROXY_PORT:-18474}
+KL_TOXIPROXY_PORT=${KL_TOXIPROXY_PORT:-$(kl_port 18474)}
 # The broker's listeners behind the proxy (PLAINTEXT and SASL_SSL): they advertise the proxy's ports, so that a
 # client bootstrapped through the proxy keeps talking through it.
-KL_KAFKA_PROXIED_PORT=${KL_KAFKA_PROXIED_PORT:-19095}
-KL_KAFKA_SASL_PROXIED_PORT=${KL_KAFKA_SASL_PROXIED_PORT:-19096}
+KL_KAFKA_PROXIED_PORT=${KL_KAFKA_PROXIED_PORT:-$(kl_port 19095)}
+KL_KAFKA_SASL_PROXIED_PORT=${KL_KAFKA_SASL_PROXIED_PORT:-$(kl_port 19096)}
 # Where the proxy listens, per service.
-KL_KAFKA_PROXY_PORT=${KL_KAFKA_PROXY_PORT:-19097}
-KL_KAFKA_SASL_PROXY_PORT=${KL_KAFKA_SASL_PROXY_PORT:-19098}
-KL_PG_PROXY_PORT=${KL_PG_PROXY_PORT:-15433}
-KL_SPARK_CONNECT_PROXY_PORT=${KL_SPARK_CONNECT_PROXY_PORT:-19003}
+KL_KAFKA_PROXY_PORT=${KL_KAFKA_PROXY_PORT:-$(kl_port 19097)}
+KL_KAFKA_SASL_PROXY_PORT=${KL_KAFKA_SASL_PROXY_PORT:-$(kl_port 19098)}
+KL_PG_PROXY_PORT=${KL_PG_PROXY_PORT:-$(kl_port 15433)}
+KL_SPARK_CONNECT_PROXY_PORT=${KL_SPARK_CONNECT_PROXY_PORT:-$(kl_port 19003)}
 # Spark batches running at once across all pipelines (the slots of the Airflow pool kafka_ledger_spark; one
 # per pipeline at a time whatever this says). Each batch in the connect runtime shares the server's heap.
 KL_SPARK_SLOTS=${KL_SPARK_SLOTS:-2}
 KL_SPARK_POOL_DESCRIPTION="Spark batches at once across all kafka-ledger pipelines (each pipeline runs one at a time)"
 # The local Spark standalone cluster (`scripts/stack.sh cluster`): one master and one worker on loopback.
-KL_SPARK_MASTER_PORT=${KL_SPARK_MASTER_PORT:-17077}
-KL_SPARK_MASTER_UI_PORT=${KL_SPARK_MASTER_UI_PORT:-18081}
-KL_SPARK_WORKER_UI_PORT=${KL_SPARK_WORKER_UI_PORT:-18082}
+KL_SPARK_MASTER_PORT=${KL_SPARK_MASTER_PORT:-$(kl_port 17077)}
+KL_SPARK_MASTER_UI_PORT=${KL_SPARK_MASTER_UI_PORT:-$(kl_port 18081)}
+KL_SPARK_WORKER_UI_PORT=${KL_SPARK_WORKER_UI_PORT:-$(kl_port 18082)}
 KL_SPARK_WORKER_CORES=${KL_SPARK_WORKER_CORES:-2}
 KL_SPARK_WORKER_MEMORY=${KL_SPARK_WORKER_MEMORY:-2g}
 KL_SPARK_CLUSTER_MASTER=spark://127.0.0.1:$KL_SPARK_MASTER_PORT
@@ -89,7 +100,7 @@ KAFKA_LEDGER_DB_URL=${KAFKA_LEDGER_DB_URL:-postgresql://kafka_ledger:$KL_PG_LEDG
 KAFKA_LEDGER_SPARK_RUNTIME=${KAFKA_LEDGER_SPARK_RUNTIME:-connect}
 KAFKA_LEDGER_SPARK_MASTER=${KAFKA_LEDGER_SPARK_MASTER:-local[*]}
 KAFKA_LEDGER_PIPELINES=${KAFKA_LEDGER_PIPELINES:-$KL_HOME/config/pipelines.yaml}
-KAFKA_LEDGER_SPARK_JARS_DIR=${KAFKA_LEDGER_SPARK_JARS_DIR:-$KL_STATE/cache/spark-jars}
+KAFKA_LEDGER_SPARK_JARS_DIR=${KAFKA_LEDGER_SPARK_JARS_DIR:-$KL_CACHE/spark-jars}
 KAFKA_LEDGER_KAFKA_TOOLS_DIR=${KAFKA_LEDGER_KAFKA_TOOLS_DIR:-$KL_KAFKA_LIBS}
 export KAFKA_LEDGER_BOOTSTRAP_SERVERS KAFKA_LEDGER_DB_URL KAFKA_LEDGER_SPARK_RUNTIME KAFKA_LEDGER_SPARK_MASTER KAFKA_LEDGER_PIPELINES KAFKA_LEDGER_SPARK_JARS_DIR KAFKA_LEDGER_KAFKA_TOOLS_DIR
 # end generated
@@ -114,7 +125,7 @@ export AIRFLOW_CONN_KAFKA_LEDGER_DB=${AIRFLOW_CONN_KAFKA_LEDGER_DB:-$KAFKA_LEDGE
 export AIRFLOW_CONN_KAFKA_LEDGER_KAFKA=${AIRFLOW_CONN_KAFKA_LEDGER_KAFKA:-"{\"conn_type\": \"generic\", \"extra\": {\"bootstrap.servers\": \"$KAFKA_LEDGER_BOOTSTRAP_SERVERS\"}}"}
 
 export KL_SECRETS KL_PG_AIRFLOW_TEST_PASSWORD KL_KAFKA_SASL_PASSWORD KL_KAFKA_SASL_PORT KL_TLS_DIR KL_KAFKA_SASL_USER
-export KL_HOME KL_STATE KL_VENV KL_KAFKA_LIBS KL_LOCAL_KAFKA KL_LOCAL_POSTGRES KL_LOCAL_SPARK_CONNECT KL_KAFKA_PORT KL_LAKE_DIR
+export KL_HOME KL_STACK_SLOT KL_STATE KL_CACHE KL_VENV KL_KAFKA_LIBS KL_LOCAL_KAFKA KL_LOCAL_POSTGRES KL_LOCAL_SPARK_CONNECT KL_KAFKA_PORT KL_LAKE_DIR
 export KL_SPARK_SLOTS KL_SPARK_POOL_DESCRIPTION KL_KAFKA_CONTROLLER_PORT KL_PG_PORT KL_AIRFLOW_PORT KL_AIRFLOW_TEST_PORT KL_SPARK_CONNECT_PORT KL_SPARK_CONNECT_MEMORY KL_SPARK_CONNECT_CORES
 # Spark's settings for every Spark process of the stack (the cluster, spark-submit, the Connect server): a
 # spark-defaults.conf made from the secrets by scripts/stack.sh, so the RPC secret is on no command line.

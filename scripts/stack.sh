@@ -23,7 +23,8 @@
 #                               `go install` the first time): the fault campaign's network faults
 #   scripts/stack.sh ctl ...    supervisorctl on the stack's supervisord (e.g. `ctl status`, `ctl tail -f kafka`)
 #
-# Everything lives under $KL_STATE (.stack/ by default): data, logs, supervisord's socket and downloaded jars.
+# A stack lives under $KL_STATE (.stack/ by default): data, logs, supervisord's socket. What set-up downloads and
+# builds (the venv aside: $KL_VENV) is every stack's of the clone, in $KL_CACHE (.stack/cache/).
 # The services get the environment supervisord started with (scripts/env.sh and the overrides set then);
 # what a service's command line says (the Spark master, ports) is written again on every start, and a service
 # whose command changed is restarted by it.
@@ -34,15 +35,19 @@ LOGS=$KL_STATE/logs
 RUN=$KL_STATE/run
 STAMPS=$KL_STATE/stamps
 KAFKA_LIBS=$KL_KAFKA_LIBS
-mkdir -p "$LOGS" "$RUN/programs" "$STAMPS" "$KL_STATE/cache"
+mkdir -p "$LOGS" "$RUN/programs" "$STAMPS" "$KL_CACHE/stamps"
 chmod 700 "$RUN"
 
 say() { printf '[stack] %s\n' "$*"; }
 die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
 
-# A stamp records the hash of the inputs of a step, so a second run skips work that is already done.
-stamp_ok() { [ -f "$STAMPS/$1" ] && [ "$(cat "$STAMPS/$1")" = "$2" ]; }
-stamp_set() { printf '%s' "$2" >"$STAMPS/$1"; }
+# A stamp records the hash of the inputs of a step, so a second run skips work that is already done: with the
+# cache for what every stack of the clone shares (a second stack installs nothing), with the stack for the rest.
+stamp_file() {
+  case $1 in python|kafka-libs|spark-jars|toxiproxy) echo "$KL_CACHE/stamps/$1" ;; *) echo "$STAMPS/$1" ;; esac
+}
+stamp_ok() { [ -f "$(stamp_file "$1")" ] && [ "$(cat "$(stamp_file "$1")")" = "$2" ]; }
+stamp_set() { printf '%s' "$2" >"$(stamp_file "$1")"; }
 hash_files() { cat "$@" | sha256sum | cut -c1-16; }
 
 # --- Supervision ------------------------------------------------------------------------------------
@@ -433,7 +438,7 @@ warm_up_spark_connect() {
 
 # --- Toxiproxy (the fault campaign's network faults) ----------------------------------------------------
 TOXIPROXY_VERSION=v2.5.0
-TOXIPROXY=$KL_STATE/cache/bin/toxiproxy-server
+TOXIPROXY=$KL_CACHE/bin/toxiproxy-server
 
 install_toxiproxy() {
   if stamp_ok toxiproxy "$TOXIPROXY_VERSION" && [ -x "$TOXIPROXY" ]; then return; fi

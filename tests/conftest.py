@@ -1,5 +1,10 @@
-"""Where a test run's time goes: each test's seconds (set-up, call and teardown) appended to the file that
-KL_TEST_TIMES names, under the lane KL_TEST_LANE names; scripts/test.sh prints them as a table (tools/test_times.py)."""
+"""What every test process shares: its stack, and where its time goes.
+
+A worker of the lane that runs the tests needing a stack of their own (scripts/test.sh: KL_TEST_STACKS="1 2", one
+pytest-xdist worker per stack) takes its stack's environment before anything reads it. Each test's seconds (set-up,
+call and teardown) go to the file KL_TEST_TIMES names, under the lane KL_TEST_LANE names, for the table
+scripts/test.sh prints at the end (tools/test_times.py).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
+from tools.stack import stack_environment
+
+_stacks, _worker = os.environ.get("KL_TEST_STACKS", "").split(), os.environ.get("PYTEST_XDIST_WORKER")
+if _stacks and _worker:  # gw0 takes the first stack, gw1 the second
+    os.environ.update(stack_environment(int(_stacks[int(_worker.removeprefix("gw"))])))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,4 +1,5 @@
-"""The local stack's running services and their pids, as its supervisord reports them (scripts/stack.sh)."""
+"""The local stack: its running services and their pids, as its supervisord reports them (scripts/stack.sh), and the
+environment of another stack beside it (scripts/env.sh's KL_STACK_SLOT)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,42 @@ def service_pids() -> dict[str, int]:
         if state == "RUNNING":  # "spark-connect  RUNNING  pid 1234, uptime 0:01:02"
             pids[name] = int(rest[1].rstrip(","))
     return pids
+
+
+# Set by scripts/env.sh, yet the same for every stack of the clone: kept from the caller's environment.
+_SHARED = ("PATH", "KL_HOME", "KL_VENV", "KL_CACHE")
+
+
+def _env_sh(env: dict[str, str], script: str) -> str:
+    return subprocess.run(["bash", "-c", f'. "{PROJECT_ROOT}/scripts/env.sh" && {script}'], env=env,
+                          capture_output=True, text=True, check=True).stdout
+
+
+def stack_environment(slot: int) -> dict[str, str]:
+    """The caller's environment with stack `slot`'s settings (its own state, ports and secrets) in place of those
+    of the caller's stack: scripts/env.sh made again without what it had set (which would win over the slot's
+    defaults), all else kept (a proxy's certificates, JAVA_HOME)."""
+    made = set(_env_sh({"PATH": os.environ.get("PATH", "")}, "compgen -e").split())
+    kept = {name: value for name, value in os.environ.items() if name not in made or name in _SHARED}
+    pairs = (entry.split("=", 1) for entry in _env_sh({**kept, "KL_STACK_SLOT": str(slot)}, "env -0").split("\0"))
+    return {name: value for name, value in (pair for pair in pairs if len(pair) == 2)
+            if name not in ("PWD", "SHLVL", "_", "OLDPWD")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tools.stack run N command...`: a command in stack N's own environment (scripts/test.sh brings
+    stacks 1 and 2 up with it: `python -m tools.stack run 1 bash scripts/stack.sh up`)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tools.stack", description=main.__doc__)
+    parser.add_argument("action", choices=["run"])
+    parser.add_argument("slot", type=int, help="the stack (KL_STACK_SLOT): 0 is the usual one")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.error("no command to run")
+    return subprocess.run(args.command, env=stack_environment(args.slot), check=False).returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -30,6 +30,14 @@ from integration_support import (  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
+# spark-submit's driver is a JVM started for each batch, seconds of work: compiled by C1 alone and with the serial
+# collector, a small batch costs half the CPU (25 s down to 13 s on the 2-core machine), and nothing tested depends
+# on the JIT. A SPARK_SUBMIT_OPTS of the caller's wins.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# The Spark Connect servers that tests restart (the campaigns, the server kills) start without the warm-up batch,
+# 20 s of CPU each; test_connect_runtime.py's warm-up test runs it itself.
+os.environ["KL_SPARK_CONNECT_WARM_UP"] = "0"
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test here needs the real stack: marked `integration`, the lane scripts/test.sh runs second."""

@@ -121,6 +121,7 @@ def test_task_killed_inside_its_transaction_publishes_nothing(dsn, servers, pipe
     assert_exactly_once(dsn, servers, pipeline, expected_dead)
 
 
+@pytest.mark.own_stack  # it kills the server every test shares
 @pytest.mark.parametrize("when", ["connecting", "streaming rows"])
 def test_server_killed_mid_batch_fails_the_task_clearly_and_the_retry_recovers(
     dsn, servers, pipeline_factory, producer, when
@@ -225,6 +226,7 @@ def test_the_attempt_says_where_its_time_went(dsn, servers, pipeline_factory, pr
     assert "first rows after" in line and "waiting for Spark" in line and "commit" in line, line
 
 
+@pytest.mark.own_stack  # "nothing written" counts every batch and dead letter of the stack
 def test_the_warm_up_runs_a_made_up_batch_then_reads_the_pipelines_newest_records_and_writes_nothing(
         dsn, servers, pipeline_factory, producer):
     from integration_support import cli, committed_group_offsets, consumer_groups, pipeline_name, query
@@ -288,6 +290,7 @@ def test_a_pipelines_batches_work_in_its_session_and_one_the_server_closed_is_re
     assert [b.status for b in batches(dsn, pipeline)] == ["committed"] * 3
 
 
+@pytest.mark.own_stack  # it counts the records held in the whole server's heap
 def test_records_a_short_read_leaves_on_the_server_are_let_go_within_seconds(servers, pipeline_factory, producer):
     # A read that ends before its poll's last record (a replay, a capped batch) leaves the rest in Spark's pool of
     # fetched data, kept 5 minutes by default: small replays in a row filled the server's heap until it died.

@@ -16,7 +16,8 @@ from kafka_ledger.config.services import KAFKA_CONFIG_ENV
 from tools.fault_campaign.runner import Campaign
 from tools.fault_campaign.strikes import FAULT_KINDS, NETWORK_FAULTS, fault_kinds
 
-pytestmark = pytest.mark.integration
+# They restart Kafka, Postgres and the Spark Connect server: on a stack of their own (scripts/test.sh).
+pytestmark = [pytest.mark.integration, pytest.mark.own_stack]
 
 
 @pytest.mark.parametrize("runtime", ["connect", "submit"])

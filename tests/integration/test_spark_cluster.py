@@ -28,7 +28,8 @@ from kafka_ledger.config.settings import kafka_for
 from kafka_ledger.ops import readback as audit
 from tools.stack import service_pids
 
-pytestmark = pytest.mark.integration
+# They start the stack's cluster and move its Spark Connect server onto it: on a stack of their own.
+pytestmark = [pytest.mark.integration, pytest.mark.own_stack]
 
 MASTER_UI = f"http://127.0.0.1:{os.environ.get('KL_SPARK_MASTER_UI_PORT', '18081')}/json/"
 WORKER_UI = f"http://127.0.0.1:{os.environ.get('KL_SPARK_WORKER_UI_PORT', '18082')}/json/"

@@ -108,7 +108,7 @@ class Settings(BaseSettings):
         description="the folder of jars passed to spark-submit (`--jars`): the Kafka connector and the Postgres "
                     "JDBC driver (`scripts/stack.sh install` fills the local stack's)",
         # The Airflow image is built with them there (docker/airflow.Dockerfile).
-        json_schema_extra={"local_stack": "$KL_STATE/cache/spark-jars", "compose": "/opt/kafka-ledger/spark-jars"})
+        json_schema_extra={"local_stack": "$KL_CACHE/spark-jars", "compose": "/opt/kafka-ledger/spark-jars"})
     kafka_tools_dir: Path | None = Field(
         default=None,
         description="the folder holding Kafka's jars (a `kafka-tools` jar and its dependencies) that "
