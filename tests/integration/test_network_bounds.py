@@ -20,7 +20,7 @@ from integration_support import HARNESS, assert_exactly_once, batches, finish, g
 from test_connect_runtime import nothing_published, produce_and_plan, wait_for_rows_streaming
 
 from kafka_ledger.batch.plan import plan_next_batch
-from kafka_ledger.batch.read import KAFKA_POLL_TIMEOUT_MS
+from kafka_ledger.batch.read import KAFKA_LOOKUP_TIMEOUT_MS, KAFKA_POLL_TIMEOUT_MS
 from kafka_ledger.ledger import replies as db_replies
 from kafka_ledger.spark.connect import HEARTBEAT_DEADLINE, HEARTBEAT_INTERVAL, HEARTBEAT_MISSES
 from tools.fault_campaign.network import POSTGRES, SPARK_CONNECT, Toxiproxy, kafka_proxy, proxied_environment
@@ -33,7 +33,8 @@ DB_STATEMENT_SECONDS = 5
 BOUNDS = {
     SPARK_CONNECT: HEARTBEAT_MISSES * (HEARTBEAT_INTERVAL + HEARTBEAT_DEADLINE) + HEARTBEAT_INTERVAL,
     POSTGRES: DB_STATEMENT_SECONDS + db_replies.REPLY_GRACE,
-    "kafka": KAFKA_POLL_TIMEOUT_MS / 1000,
+    # A poll that gets nothing, then the offset look-up that follows it.
+    "kafka": (KAFKA_POLL_TIMEOUT_MS + KAFKA_LOOKUP_TIMEOUT_MS) / 1000,
 }
 # What each blackhole's error says.
 REASONS = {SPARK_CONNECT: "stopped answering", POSTGRES: "did not answer within", "kafka": "Timeout"}

@@ -54,6 +54,7 @@ def test_read_options_exact_offsets_for_two_topics(ingest_batch):
         "failOnDataLoss",
         "includeHeaders",
         "kafkaConsumer.pollTimeoutMs",
+        "kafka.default.api.timeout.ms",
         "kafka.group.id",
         *ingest.KAFKA_READER_TUNING,
     }

@@ -45,6 +45,10 @@ KAFKA_READER_TUNING = {
 # spark.network.timeout, 120 s). The records of a bounded read exist and are committed: a broker that sends none
 # for this long is unreachable or stuck, and the task's retry resumes the batch with the same ranges.
 KAFKA_POLL_TIMEOUT_MS = 60_000
+# How long one of the consumer's offset look-ups may take (default.api.timeout.ms, Kafka's default, pinned here):
+# a poll that got nothing is followed by one, so a broker that stops answering mid-read fails it within
+# KAFKA_POLL_TIMEOUT_MS + KAFKA_LOOKUP_TIMEOUT_MS.
+KAFKA_LOOKUP_TIMEOUT_MS = 60_000
 
 
 def kafka_read_options(ranges: list[OffsetRange], kafka: KafkaClient, pipeline: str, headers: bool = False
@@ -68,6 +72,7 @@ def kafka_read_options(ranges: list[OffsetRange], kafka: KafkaClient, pipeline: 
         "failOnDataLoss": "true",
         "includeHeaders": str(headers).lower(),
         "kafkaConsumer.pollTimeoutMs": str(KAFKA_POLL_TIMEOUT_MS),
+        "kafka.default.api.timeout.ms": str(KAFKA_LOOKUP_TIMEOUT_MS),
         "kafka.group.id": read_group_id(pipeline, client),
     }
 
