@@ -119,6 +119,10 @@ export AIRFLOW__API__HOST=${AIRFLOW__API__HOST:-127.0.0.1}
 # Task processes report to the api-server's execution API: it must name the port we serve on.
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL=${AIRFLOW__CORE__EXECUTION_API_SERVER_URL:-http://127.0.0.1:$KL_AIRFLOW_PORT/execution/}
 export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL=${AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL:-30}
+# A doorbell's watcher starts at its DAG's first parse after the DAG is unpaused (Airflow registers the watchers of
+# unpaused DAGs only): the DAG files are parsed every 5 s (Airflow's default: 30), so that the first records after an
+# unpause are published within seconds.
+export AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL=${AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL:-5}
 export AIRFLOW_CONN_SPARK_DEFAULT=${AIRFLOW_CONN_SPARK_DEFAULT:-"{\"conn_type\": \"spark\", \"host\": \"$KAFKA_LEDGER_SPARK_MASTER\"}"}
 export AIRFLOW_CONN_SPARK_CONNECT_DEFAULT=${AIRFLOW_CONN_SPARK_CONNECT_DEFAULT:-"{\"conn_type\": \"spark_connect\", \"host\": \"sc://127.0.0.1\", \"port\": $KL_SPARK_CONNECT_PORT}"}
 export AIRFLOW_CONN_KAFKA_LEDGER_DB=${AIRFLOW_CONN_KAFKA_LEDGER_DB:-$KAFKA_LEDGER_DB_URL}

@@ -94,9 +94,10 @@ def airflow_env(settings: AirflowSettings, extra_dags: Path | None = None) -> di
         # plenty for one DAG with max_active_runs=1, and spare the 2-core machine.
         "AIRFLOW__API__WORKERS": "1",
         "AIRFLOW__CORE__PARALLELISM": "4",
-        # Parse quickly so the session's DAGs appear within seconds, and re-parse often.
+        # Parse quickly so the session's DAGs appear within seconds, and re-parse as often as the stack's Airflow
+        # (scripts/env.sh: a doorbell's watcher starts at its DAG's first parse after the unpause).
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
         # Start a run's next task right after the previous one ends.
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
         # A killed scheduler's task instances are reset for its successor to run within 15 s of its heartbeat aging

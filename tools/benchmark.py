@@ -513,6 +513,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=6000, help="--freshness: records per second (default 6000)")
     parser.add_argument("--minutes", type=float, default=10, help="--freshness: minutes of load (default 10)")
     parser.add_argument("--no-peer", action="store_true", help="--freshness: without the streaming peer")
+    parser.add_argument("--busy-cores", type=int, default=0,
+                        help="--freshness: keep this many cores busy beside the benchmark all along (a CPU hog each: "
+                             "a shared machine's neighbours)")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows")
     parser.add_argument("--delivery-mode", choices=["exactly_once", "at_least_once"], default="exactly_once",
                         help="at_least_once: with spark-submit, the Spark job appends to the output table directly")
@@ -528,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         from tools.freshness import run_freshness
 
         summary = run_freshness(kafka_client().servers, ledger_database().url, args.rate, args.minutes, args.partitions,
-                                peer=not args.no_peer)
+                                peer=not args.no_peer, busy_cores=args.busy_cores)
         report(summary)
         return 0 if summary["exact"] else 1
     records = SMALL_BATCH if args.small else args.records

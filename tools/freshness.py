@@ -140,37 +140,72 @@ def _seconds(later: str | None, earlier: str | None) -> float | None:
 def run_stages(client: Any, dag_id: str, dsn: str, pipeline: str) -> dict[str, Any]:
     """Where kafka-ledger's runs spent their time, medians over the runs that committed a batch: from the doorbell's
     event to the run's start, from the run's start to its plan task's, the plan task, the gap to the Spark task,
-    the Spark task's read and commit (the ledger's), and the run's end after it."""
+    the Spark task (its batches: batch_stages), the run's end after it, and the run's time outside its batches'
+    (each from its plan to its commit): Airflow's cost of the run, and a carrying run's waits between batches."""
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-        cur.execute("SELECT run_id, read_seconds, commit_seconds, records_read FROM kafka_ledger.batches "
-                    "WHERE pipeline = %s AND status = 'committed'", (pipeline,))
-        batches = {run_id: (read, commit, records) for run_id, read, commit, records in cur.fetchall()}
+        cur.execute("SELECT run_id, count(*), sum(extract(epoch FROM committed_at - planned_at)) "
+                    "FROM kafka_ledger.batches WHERE pipeline = %s AND status = 'committed' GROUP BY run_id",
+                    (pipeline,))
+        in_batches = {run_id: float(seconds) for run_id, _, seconds in cur.fetchall()}
     conn.close()
     stages: dict[str, list[float]] = {}
     runs = client.runs(dag_id)
     for run in runs:
-        if run["dag_run_id"] not in batches or run.get("state") != "success":
+        if run["dag_run_id"] not in in_batches or run.get("state") != "success":
             continue
         tasks = {t["task_id"]: t for t in client.task_instances(dag_id, run["dag_run_id"])}
         plan, spark = tasks.get(PLAN_TASK) or {}, tasks.get(SPARK_TASK["connect"]) or {}
         events = client.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}/upstreamAssetEvents",
                                 expect=(200, 404)).json().get("asset_events", [])
-        read, commit, _ = batches[run["dag_run_id"]]
+        took = _seconds(run.get("end_date"), run.get("start_date"))
         measured = {
             "event_to_run_start": _seconds(run.get("start_date"), min((e["timestamp"] for e in events), default=None)),
             "run_start_to_plan_task": _seconds(plan.get("start_date"), run.get("start_date")),
             "plan_task": _seconds(plan.get("end_date"), plan.get("start_date")),
             "plan_to_spark_task": _seconds(spark.get("start_date"), plan.get("end_date")),
             "spark_task": _seconds(spark.get("end_date"), spark.get("start_date")),
-            "read": read, "commit": commit,
             "spark_task_to_run_end": _seconds(run.get("end_date"), spark.get("end_date")),
-            "run": _seconds(run.get("end_date"), run.get("start_date")),
+            "run": took,
+            "outside_batches": None if took is None else took - in_batches[run["dag_run_id"]],
         }
         for name, value in measured.items():
             if value is not None:
                 stages.setdefault(name, []).append(float(value))
-    return {"runs": len(runs), "runs_with_a_batch": len(batches),
+    return {"runs": len(runs), "runs_with_a_batch": len(in_batches),
             "median_seconds": {name: round(statistics.median(values), 2) for name, values in stages.items()}}
+
+
+def batch_stages(dsn: str, pipeline: str) -> dict[str, Any]:
+    """Where the batches' time went, medians over the committed catch-up batches: the batches a run carried, each
+    batch from its plan to its commit, its read and commit (the ledger's: they overlap, rows streaming into COPY),
+    and everything else (`fixed`: the batch from plan to commit less the longer of read and commit)."""
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT run_id, extract(epoch FROM committed_at - planned_at), read_seconds, commit_seconds, "
+                    "records_read FROM kafka_ledger.batches WHERE pipeline = %s AND status = 'committed' "
+                    "AND kind = 'catch_up' ORDER BY batch_id", (pipeline,))
+        rows = cur.fetchall()
+    conn.close()
+    if not rows:
+        return {"batches": 0}
+    per_run: dict[str, int] = {}
+    for run_id, *_ in rows:
+        per_run[run_id] = per_run.get(run_id, 0) + 1
+    measured = {
+        "batches_per_run": list(per_run.values()),
+        "records": [records or 0 for *_, records in rows],
+        "planned_to_committed": [float(span) for _, span, *_ in rows],
+        "read": [float(read or 0) for _, _, read, _, _ in rows],
+        "commit": [float(commit or 0) for _, _, _, commit, _ in rows],
+        "fixed": [float(span) - max(float(read or 0), float(commit or 0)) for _, span, read, commit, _ in rows],
+    }
+    return {"batches": len(rows), "runs": len(per_run),
+            "median": {name: round(statistics.median(values), 2) for name, values in measured.items()}}
+
+
+def start_busy_cores(count: int) -> list[subprocess.Popen]:
+    """`count` processes that each keep a core busy (a shared machine's neighbours) until stopped."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+            for _ in range(count)]
 
 
 def start_peer(servers: str, dsn: str, topic: str, table: str, workdir: Path) -> subprocess.Popen:
@@ -199,8 +234,9 @@ def _wait(what: str, done: Any, timeout: float) -> float:
 
 
 def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partitions: int,
-                  peer: bool = True) -> dict[str, Any]:
-    """The whole benchmark (see the module); returns its summary."""
+                  peer: bool = True, busy_cores: int = 0) -> dict[str, Any]:
+    """The whole benchmark (see the module), with `busy_cores` cores kept busy beside it all along; returns its
+    summary."""
     tag = uuid.uuid4().hex[:8]
     topic, name = f"fresh-{tag}", f"fresh_{tag}"
     workdir = Path(tempfile.mkdtemp(prefix="kl-freshness-"))
@@ -217,30 +253,38 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
     peer_table = f"fresh_peer_{tag}"
     load_before = os.getloadavg()[0]
     summary: dict[str, Any] = {"rate": rate, "minutes": minutes, "partitions": partitions,
-                               "doorbell_poll_seconds": POLL_SECONDS, "peer_trigger_seconds": PEER_TRIGGER_SECONDS}
+                               "doorbell_poll_seconds": POLL_SECONDS, "carry_seconds": pipeline.doorbell.carry_seconds,
+                               "peer_trigger_seconds": PEER_TRIGGER_SECONDS, "busy_cores": busy_cores}
     peer_process = None
+    hogs = start_busy_cores(busy_cores)
     try:
         with running_airflow() as client:
             client.wait_for_dag(pipeline.dag_id, timeout=180)
             client.set_paused(pipeline.dag_id, False)
+            unpaused = time.monotonic()
             if peer:
                 peer_process = start_peer(servers, dsn, topic, peer_table, workdir)
 
-            def caught_up(total: int) -> dict[str, float]:
-                """Wait until both have published `total` records; returns how long each took."""
+            def caught_up(total: int, since: float | None = None) -> dict[str, float]:
+                """Wait until both have published `total` records; returns how long each took (since `since`,
+                monotonic, else since the call)."""
+                since = time.monotonic() if since is None else since
                 def ledger_has() -> bool:
                     with ledger.transaction(LedgerDatabase(dsn)) as cur:
                         return sum(ledger.positions(cur, name).values()) >= total
 
-                took = {"kafka_ledger": round(_wait("kafka-ledger's catch-up", ledger_has, CATCH_UP_SECONDS), 1)}
+                _wait("kafka-ledger's catch-up", ledger_has, CATCH_UP_SECONDS)
+                took = {"kafka_ledger": round(time.monotonic() - since, 1)}
                 if peer_process is not None:
-                    took["peer"] = round(_wait(
-                        "the peer's catch-up", lambda: benchmark_peers.count_rows(dsn, SCHEMA, peer_table) >= total,
-                        CATCH_UP_SECONDS), 1)
+                    _wait("the peer's catch-up", lambda: benchmark_peers.count_rows(dsn, SCHEMA, peer_table) >= total,
+                          CATCH_UP_SECONDS)
+                    took["peer"] = round(time.monotonic() - since, 1)
                 return took
 
             produce_steadily(servers, topic, WARM_UP_RECORDS, 1.0, partitions)
-            summary["warm_up"] = {"records": WARM_UP_RECORDS, "published_after_s": caught_up(WARM_UP_RECORDS)}
+            # From the unpause (the peer: from its start, a moment later) to the warm-up's records all published.
+            summary["warm_up"] = {"records": WARM_UP_RECORDS,
+                                  "published_after_unpause_s": caught_up(WARM_UP_RECORDS, since=unpaused)}
             load_started = datetime.now().astimezone()
             produced = produce_steadily(servers, topic, rate, minutes * 60, partitions)
             summary["produced"] = produced
@@ -249,6 +293,7 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
             # Wait for the last run to end before reading the runs' stages.
             client.wait_until_idle(pipeline.dag_id, timeout=300)
             summary["kafka_ledger_runs"] = run_stages(client, pipeline.dag_id, dsn, name)
+            summary["kafka_ledger_batches"] = batch_stages(dsn, name)
             client.set_paused(pipeline.dag_id, True)
         # Exact: every record (warm-up included) published once; the delays are the load's records'.
         ours = _delays(dsn, _kafka_ledger_delays(name))
@@ -259,6 +304,8 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
             summary["exact"] = summary["exact"] and len(theirs) == total
             summary["spark_streaming_peer"] = delay_report([d for d in theirs if d[0] >= load_started], load_started)
     finally:
+        for hog in hogs:
+            hog.kill()
         if peer_process is not None and peer_process.poll() is None:
             os.killpg(peer_process.pid, 15)
             peer_process.wait(60)

@@ -146,6 +146,9 @@ PIPELINES = {
     # Runs started by its doorbell alone, looking every second (test_airflow_rest.py).
     "doorbell": {"spark_runtime": "connect", "schedule": None,
                  "trigger": {"type": "doorbell", "poll_seconds": 1, "ring_again_seconds": 60}},
+    # A doorbell run carrying batch after batch while records keep coming (test_airflow_rest.py).
+    "doorbell_carry": {"spark_runtime": "connect", "schedule": None, "retries": 0,
+                       "trigger": {"type": "doorbell", "poll_seconds": 1, "carry_seconds": 12}},
     # The doorbell's short fault campaign (test_airflow_rest.py): its triggerer and scheduler killed.
     "doorbell_faults": {"spark_runtime": "connect", "schedule": None, "max_records_per_partition": 300,
                           "trigger": {"type": "doorbell", "poll_seconds": 1}},

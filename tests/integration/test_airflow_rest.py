@@ -42,6 +42,7 @@ from kafka_ledger.config.services import LedgerDatabase
 from kafka_ledger.config.settings import kafka_for
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
+from kafka_ledger.model.ranges import join_consecutive
 from kafka_ledger.ops import readback as audit
 from tools.airflow_server import AirflowClient, admin_password, airflow_test_settings, running_airflow, session_members
 from tools.fault_campaign.doorbell import DoorbellCampaign
@@ -460,6 +461,89 @@ def test_a_doorbell_starts_a_run_within_seconds_of_new_data_and_none_without(
     with ledger.transaction(LedgerDatabase(dsn)) as cur:
         assert {b.requested_by for b in ledger.list_batches(cur, pipeline.name)} == {"doorbell"}
     assert committed_group_offsets(servers, topic) == {}
+
+
+def test_a_doorbell_run_carries_batch_after_batch_and_clearing_it_replays_them_all(
+    airflow: AirflowClient, dsn: str, servers: str, pipeline_factory
+):
+    """While records keep coming, a run the doorbell started plans, reads and commits batch after batch (each its
+    own in the ledger, planned before it is read), keeps its doorbell quiet, and ends when its budget is spent;
+    clearing it in Airflow replays every batch it carried, as one batch of their joined ranges."""
+    pipeline = pipeline_factory("doorbell_carry", partitions=2)
+    topic, name = pipeline.topics[0], pipeline.name
+    producer = RecordedProducer(servers)
+    expected_dead = {}
+    airflow.wait_for_dag(pipeline.dag_id)
+    airflow.set_paused(pipeline.dag_id, False)
+    try:
+        # The first ring waits for the DAG's next parse after the unpause (its watcher is registered then).
+        producer.send(topic, [good_value(i) for i in range(40)])
+        airflow.wait_for_runs(pipeline.dag_id, "asset_triggered", count=1, timeout=120)
+        # Then 40 records every half second for 20 s: longer than one run's budget (12 s).
+        for tick in range(1, 41):
+            producer.send(topic, [good_value(40 * tick + i) for i in range(40)])
+            if tick == 20:
+                value, reason = BAD_VALUES[0]
+                expected_dead[producer.send(topic, [value])[0]] = reason
+            time.sleep(0.5)
+        produced = 41 * 40 + 1
+
+        def caught_up() -> bool:
+            with ledger.transaction(LedgerDatabase(dsn)) as cur:
+                return sum(ledger.positions(cur, name).values()) >= produced
+
+        deadline = time.monotonic() + 300
+        while not caught_up():
+            assert time.monotonic() < deadline, airflow.describe_runs(pipeline.dag_id, airflow.runs(pipeline.dag_id))
+            time.sleep(1)
+        runs = airflow.wait_until_idle(pipeline.dag_id, timeout=300)
+    except BaseException:
+        airflow.set_paused(pipeline.dag_id, True)
+        raise
+    assert_all_succeeded(airflow, pipeline.dag_id, runs)
+    assert {r["run_type"] for r in runs} == {"asset_triggered"}
+    assert_exactly_once(dsn, servers, pipeline, expected_dead)
+    with ledger.transaction(LedgerDatabase(dsn)) as cur:
+        catch_ups = [b for b in ledger.list_batches(cur, name, limit=1000) if b.kind == "catch_up"]
+        assert ledger.carrying_run(cur, name) is None, "a run's carrying lease outlived it"
+    by_run: dict[str, list[ledger.Batch]] = {}
+    for batch in sorted(catch_ups, key=lambda b: b.batch_id):
+        by_run.setdefault(batch.run_id, []).append(batch)
+    print(f"{len(runs)} doorbell runs carried {sorted(len(b) for b in by_run.values())} batches")
+    assert {b.requested_by for b in catch_ups} == {"doorbell"}
+    assert set(by_run) <= {r["dag_run_id"] for r in runs}
+    # Runs carried several batches each: fewer runs than batches, and no run queued behind a carrying one for
+    # nothing (every run committed a batch).
+    assert max(len(b) for b in by_run.values()) >= 3 and len(by_run) < len(catch_ups)
+    assert len(by_run) == len(runs), airflow.describe_runs(pipeline.dag_id, runs)
+    # A run's batches follow one another: each partition's next range starts where its last one ended.
+    for batches_of_run in by_run.values():
+        joined, gaps = join_consecutive(b.ranges for b in batches_of_run)
+        assert not gaps, gaps
+
+    # Clearing the run that carried the most batches replays all of them, positions untouched.
+    run_id, carried = max(by_run.items(), key=lambda item: len(item[1]))
+    joined, _ = join_consecutive(b.ranges for b in carried)
+    with ledger.transaction(LedgerDatabase(dsn)) as cur:
+        positions_before = ledger.positions(cur, name)
+    published_before = output_batches(dsn, pipeline)
+    try:  # the DAG still unpaused: a cleared run of a paused DAG waits
+        airflow.request("POST", f"/api/v2/dags/{pipeline.dag_id}/clearTaskInstances",
+                        json={"dry_run": False, "dag_run_id": run_id, "only_failed": False, "reset_dag_runs": True})
+        final = airflow.wait_for_run(pipeline.dag_id, run_id, timeout=600)
+    finally:
+        airflow.set_paused(pipeline.dag_id, True)
+    assert final["state"] == "success", airflow.describe_run(pipeline.dag_id, run_id)
+    with ledger.transaction(LedgerDatabase(dsn)) as cur:
+        (replay,) = [b for b in ledger.list_batches(cur, name, limit=1000) if b.kind == "replay"]
+        assert ledger.positions(cur, name) == positions_before, "clearing a run moved the positions"
+    assert (replay.run_id, replay.status, replay.replay_of) == (run_id, "committed", carried[0].batch_id)
+    assert replay.ranges == joined
+    for record, (_, batch_id) in output_batches(dsn, pipeline).items():
+        inside = any(r.topic == record[0] and r.partition == record[1] and r.from_offset <= record[2] < r.until_offset
+                     for r in joined)
+        assert batch_id == (replay.batch_id if inside else published_before[record][1]), record
+    assert_exactly_once(dsn, servers, pipeline, expected_dead)
 
 
 # --- the Kafka Ledger page (plugins/kafka_ledger_plugin.py) ----------------------------------------------------

@@ -53,6 +53,17 @@ def test_it_rings_again_when_its_ring_was_lost_or_its_run_failed():
     assert not rule.rings(3, backlog=10, now=301)
 
 
+def test_it_keeps_quiet_while_a_run_carries_batches_and_rings_once_that_run_ended_with_data_waiting():
+    rule = RingRule(min_backlog=1, ring_again_seconds=300)
+    assert rule.rings(None, backlog=10, now=0)
+    # The run carries batch after batch: progress at every poll, data always waiting, and no ring.
+    for second, progress in enumerate(range(1, 30), start=1):
+        assert not rule.rings(progress, backlog=500, now=second, carrying=True)
+    # Its budget spent, it ended with data waiting: the next run is asked for at once.
+    assert rule.rings(29, backlog=500, now=31)
+    assert not rule.rings(29, backlog=500, now=32)
+
+
 def test_a_look_sums_the_lag_and_names_how_many_partitions_wait():
     look = Look(progress=5, lag={A: 0, B: 3})
     event = look.event("bell")

@@ -13,6 +13,7 @@ from kafka_ledger.model.ranges import (
     TopicPartition,
     backlog,
     check_read_coverage,
+    join_consecutive,
     partition_lag,
     plan_ranges,
     start_positions,
@@ -410,3 +411,18 @@ def test_earlier_incarnations_find_ranges_read_from_another_topic_id():
     assert earlier == {"a": ({"id-a1"}, [OffsetRange("a", 0, 0, 100), OffsetRange("a", 1, 0, 40)])}
     assert unrecorded == 50
     assert earlier_incarnations(read[1:2], {"a": "id-a2"}) == ({}, 0)
+
+
+def test_consecutive_batches_join_into_one_range_per_partition():
+    first = [OffsetRange("t", 0, 0, 10), OffsetRange("t", 1, 5, 8)]
+    second = [OffsetRange("t", 0, 10, 25)]  # partition 1 had nothing new
+    third = [OffsetRange("t", 1, 8, 9), OffsetRange("u", 0, 0, 4)]
+    joined, problems = join_consecutive([first, second, third])
+    assert problems == []
+    assert joined == [OffsetRange("t", 0, 0, 25), OffsetRange("t", 1, 5, 9), OffsetRange("u", 0, 0, 4)]
+
+
+def test_batches_that_do_not_follow_one_another_are_not_joined():
+    # Offsets skipped on purpose between them (latest_only), or read by a batch in between.
+    joined, problems = join_consecutive([[OffsetRange("t", 0, 0, 10)], [OffsetRange("t", 0, 12, 20, skipped_from=10)]])
+    assert problems == ["t-0: [12, 20) does not follow t-0 [0, 10)"]

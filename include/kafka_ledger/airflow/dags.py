@@ -22,6 +22,7 @@ from airflow.timetables.interval import CronDataIntervalTimetable
 
 from kafka_ledger.airflow.doorbell import DoorbellTrigger
 from kafka_ledger.batch import plan as planner
+from kafka_ledger.batch.carry import REQUESTED_BY_DOORBELL
 from kafka_ledger.batch.requests import RequestError, parse_request, trigger_form_fields
 from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
 from kafka_ledger.config.settings import task_services
@@ -83,7 +84,7 @@ def plan_task(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any]
             raise AirflowFailException(f"refused, nothing was written: {exc}") from None
         # The only asset a pipeline's DAG is scheduled on is its doorbell's.
         requested_by = (getattr(dag_run, "triggering_user_name", None)
-                        or ("doorbell" if run_kind == "asset_triggered" else run_kind))
+                        or (REQUESTED_BY_DOORBELL if run_kind == "asset_triggered" else run_kind))
         pipeline = get_pipeline(pipeline_name)
         try:
             planned = planner.plan_batch(task_services(), pipeline, request, dag_id=dag_id,

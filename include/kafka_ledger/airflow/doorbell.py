@@ -42,15 +42,16 @@ class RingRule:
     progress (`progress`: the newest batch that moved a position; a run that commits its batch changes it), or it
     rang `ring_again_seconds` ago and there was no progress since (the ring was lost, or its run failed). While a
     run is under way there is no progress (its plan recording new partitions' start positions is none): no second
-    ring queues a run behind it."""
+    ring queues a run behind it. A run that carries batch after batch (batch/carry.py) does progress, and holds a
+    lease meanwhile: while `carrying`, the doorbell keeps quiet, and rings once the run has ended with data waiting."""
 
     min_backlog: int
     ring_again_seconds: float
     rung_at: float | None = None
     rung_for: int | None = None
 
-    def rings(self, progress: int | None, backlog: int, now: float) -> bool:
-        if backlog < self.min_backlog:
+    def rings(self, progress: int | None, backlog: int, now: float, carrying: bool = False) -> bool:
+        if carrying or backlog < self.min_backlog:
             return False
         if self.rung_at is not None and progress == self.rung_for and now - self.rung_at < self.ring_again_seconds:
             return False
@@ -60,11 +61,12 @@ class RingRule:
 
 @dataclass(frozen=True)
 class Look:
-    """What one poll saw: each partition's lag, and the pipeline's progress (the newest batch that moved a
-    position, None before any)."""
+    """What one poll saw: each partition's lag, the pipeline's progress (the newest batch that moved a position,
+    None before any), and whether a run is carrying its batches."""
 
     progress: int | None
     lag: dict[TopicPartition, int]
+    carrying: bool = False
 
     @property
     def backlog(self) -> int:
@@ -92,6 +94,7 @@ class Probe:
             self._conn = ledger.connect(self.services.ledger)
         with self._conn, self._conn.cursor() as cur:
             rows = ledger.position_rows(cur, self.pipeline.name)
+            carrying = ledger.carrying_run(cur, self.pipeline.name) is not None
         positions = {row.topic_partition: row.position for row in rows}
         if now - self._refreshed_at >= PARTITIONS_REFRESH_SECONDS:
             offsets = kafka_offsets.subscribed_offsets(self.services.kafka, self.pipeline, KAFKA_TIMEOUT_SECONDS)
@@ -106,7 +109,7 @@ class Probe:
         else:  # a pattern that matches no topic yet
             offsets = {}
         progress = max((row.last_batch_id for row in rows if row.last_batch_id is not None), default=None)
-        return Look(progress, partition_lag(positions, offsets, self.pipeline.start_position))
+        return Look(progress, partition_lag(positions, offsets, self.pipeline.start_position), carrying)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -142,7 +145,7 @@ class DoorbellTrigger(BaseEventTrigger):
                     if trouble:
                         self.log.info("doorbell of %s looks again", self.pipeline)
                         trouble = ""
-                    if rule.rings(look.progress, look.backlog, time.monotonic()):
+                    if rule.rings(look.progress, look.backlog, time.monotonic(), look.carrying):
                         event = look.event(self.pipeline)
                         self.log.info("doorbell of %s rings: %d offsets wait in %d partitions", self.pipeline,
                                       event["backlog"], event["partitions_waiting"])

@@ -21,6 +21,7 @@ from kafka_ledger.model.ranges import (
     TopicPartition,
     backlog,
     check_rewrite_ranges,
+    join_consecutive,
     lost_ranges,
     plan_latest_ranges,
     plan_ranges,
@@ -92,11 +93,14 @@ def plan_batch(
     requested_by: str | None = None,
     backfill_window: tuple[datetime, datetime] | None = None,
     dry_run: bool = False,
+    carrying: bool = False,
 ) -> PlannedBatch:
     """Record the batch a run will read (or find the one to resume), BEFORE anything is read.
 
     `request` says what to read (catch_up by default); `backfill_window` makes this an Airflow backfill
     run of that data interval. With `dry_run` the same decisions are made and logged, then rolled back.
+    `carrying`: the next batch of a run that carries batch after batch (batch/carry.py): a catch-up batch, never
+    the replay a cleared run gets, and no retention look-up (the run's first plan made it).
     Invalid requests raise RequestError and write nothing.
     """
     request = request or BatchRequest()
@@ -105,7 +109,8 @@ def plan_batch(
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
             sink_for(pipeline).prepare(cur)
             offsets = kafka_offsets.subscribed_offsets(kafka, pipeline)
-            planned = _plan(cur, kafka, pipeline, offsets, request, dag_id, run_id, requested_by, backfill_window)
+            planned = _plan(cur, kafka, pipeline, offsets, request, dag_id, run_id, requested_by, backfill_window,
+                            carrying)
             ledger.observe_log_starts(cur, pipeline.name, {tp: o.log_start for tp, o in offsets.items()})
             positions = ledger.positions(cur, pipeline.name)
             rates = ledger.log_start_rates(cur, pipeline.name)
@@ -118,6 +123,8 @@ def plan_batch(
                 planned.backlog_after, tuple(r.describe() for r in planned.ranges),
                 planned.detail + (" (dry run: nothing recorded)" if planned.dry_run else "")))
         failpoints.hit("after_plan")
+    if carrying:
+        return planned
     return replace(planned, headroom=_headroom(kafka, pipeline, positions, offsets, rates))
 
 
@@ -240,19 +247,26 @@ def _plan(
     run_id: str | None,
     requested_by: str | None,
     backfill_window: tuple[datetime, datetime] | None,
+    carrying: bool = False,
 ) -> PlannedBatch:
     _check_topic_identity(cur, kafka, pipeline, offsets)
     positions = _subscribed_positions(cur, pipeline, offsets)
     mine = ledger.run_open_batch(cur, pipeline.name, dag_id, run_id)
     if mine is not None:
         return _resume(cur, mine, offsets, positions, dag_id, run_id)
-    # A backfill run always rewrites its data interval, also when it reuses a run that committed before.
-    committed = None if backfill_window else ledger.run_committed_batch(cur, pipeline.name, dag_id, run_id)
-    if committed is not None:
+    # A backfill run always rewrites its data interval, also when it reuses a run that committed before; a
+    # carrying run's next batch is its next catch-up batch.
+    committed = ([] if backfill_window or carrying
+                 else ledger.run_committed_batches(cur, pipeline.name, dag_id, run_id))
+    carried = [b for b in committed if b.kind == "catch_up"]
+    if committed:
         # Clearing a run is how Airflow users reprocess it: the run re-reads the ranges it recorded and replaces
         # their output (positions untouched). Planning anew would read whatever is new under the old run's name.
-        log.info("run %s already committed batch %s: clearing it replays that batch's ranges", run_id, committed)
-        request = BatchRequest(mode="replay_batch", batch_id=committed,
+        log.info("run %s already committed batch(es) %s: clearing it replays %s", run_id,
+                 ", ".join(str(b.batch_id) for b in committed),
+                 f"the ranges of the {len(carried)} batches it carried" if len(carried) > 1
+                 else "its first batch's ranges")
+        request = BatchRequest(mode="replay_batch", batch_id=committed[0].batch_id,
                                reason=request.reason or f"run {run_id} cleared in Airflow")
 
     def record(ranges: list[OffsetRange], kind: str, **extra: Any) -> ledger.Batch:
@@ -261,6 +275,20 @@ def _plan(
                                    end_offsets={tp: o.end for tp, o in offsets.items()}, **extra)
 
     in_flight = {b.batch_id: b.ranges for b in ledger.in_flight_batches(cur, pipeline.name)}
+
+    if len(carried) > 1:
+        # A run that carried several batches (batch/carry.py) replays them all, as one batch of their joined ranges.
+        ranges, gaps = join_consecutive(b.ranges for b in carried)
+        if gaps:
+            raise RequestError(
+                f"run {run_id} carried batches {carried[0].batch_id} to {carried[-1].batch_id}, whose ranges do not "
+                f"join ({'; '.join(gaps)}): replay them one by one (`kafka-ledger replay {pipeline.name} --batch N`)")
+        _refuse(check_rewrite_ranges(ranges, offsets, positions, in_flight))
+        _refuse_rewrite_beside_catch_up(cur, pipeline)
+        batch = record(ranges, "replay", replay_of=carried[0].batch_id)
+        return PlannedBatch(batch.batch_id, False, ranges, 0, kind="replay",
+                            detail=f"of the {len(carried)} batches {carried[0].batch_id} to {carried[-1].batch_id} "
+                                   f"run {run_id} carried")
 
     if backfill_window is not None or request.mode == "time_window":
         kind = "backfill" if backfill_window is not None else "time_window"

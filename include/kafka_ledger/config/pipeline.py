@@ -344,6 +344,11 @@ class DoorbellSpec(BaseModel):
         default=300.0, ge=10,
         description="while data waits and no batch has committed since the doorbell rang, it rings again after "
                     "this long (a lost event, a run that failed): at most one run per ring")
+    carry_seconds: float = Field(
+        default=300.0, ge=0, le=86_400,
+        description="a run the doorbell started keeps planning, reading and committing the next batch, at most one "
+                    "every `poll_seconds`, while data waits, for up to this long (batch/carry.py): Airflow's cost of "
+                    "a run is paid once for many batches; `0`: one batch a run")
 
 
 TriggerSpec = Annotated[ScheduleSpec | DoorbellSpec, Field(discriminator="type")]

@@ -227,13 +227,12 @@ def run_open_batch(cur: Cursor, pipeline: str, dag_id: str | None, run_id: str |
     return get_batch(cur, row[0]) if row else None
 
 
-def run_committed_batch(cur: Cursor, pipeline: str, dag_id: str | None, run_id: str | None) -> int | None:
-    """The id of the first batch this DAG run committed (the run was cleared to run again), if any."""
+def run_committed_batches(cur: Cursor, pipeline: str, dag_id: str | None, run_id: str | None) -> list[Batch]:
+    """The batches this DAG run committed, oldest first (the run was cleared to run again)."""
     if not dag_id or not run_id:
-        return None
-    cur.execute(sql.SELECT_RUN_COMMITTED_BATCH, {"pipeline": pipeline, "dag_id": dag_id, "run_id": run_id})
-    row = cur.fetchone()
-    return row[0] if row else None
+        return []
+    cur.execute(sql.SELECT_RUN_COMMITTED_BATCH_IDS, {"pipeline": pipeline, "dag_id": dag_id, "run_id": run_id})
+    return [get_batch(cur, batch_id) for (batch_id,) in cur.fetchall()]
 
 
 def list_batches(cur: Cursor, pipeline: str, limit: int = 20, status: str | None = None) -> list[Batch]:
@@ -340,6 +339,23 @@ def batch_statuses(cur: Cursor, pipeline: str, batch_ids: Iterable[int]) -> dict
     """The status of each of the pipeline's batches among `batch_ids` (ids the ledger does not know are left out)."""
     cur.execute(sql.SELECT_BATCH_STATUSES, {"pipeline": pipeline, "batch_ids": sorted(set(batch_ids))})
     return dict(cur.fetchall())
+
+
+def hold_carrying_lease(cur: Cursor, pipeline: str, dag_id: str, run_id: str, seconds: float) -> None:
+    """Record that this DAG run carries the pipeline's batches for the next `seconds` (its doorbell keeps quiet)."""
+    cur.execute(sql.HOLD_CARRYING_LEASE, {"pipeline": pipeline, "dag_id": dag_id, "run_id": run_id,
+                                          "seconds": seconds})
+
+
+def release_carrying_lease(cur: Cursor, pipeline: str, dag_id: str, run_id: str) -> None:
+    cur.execute(sql.RELEASE_CARRYING_LEASE, {"pipeline": pipeline, "dag_id": dag_id, "run_id": run_id})
+
+
+def carrying_run(cur: Cursor, pipeline: str) -> str | None:
+    """The DAG run carrying the pipeline's batches now, if one holds an unexpired lease."""
+    cur.execute(sql.SELECT_CARRYING_RUN, {"pipeline": pipeline})
+    row = cur.fetchone()
+    return row[0] if row else None
 
 
 def spark_session(cur: Cursor, pipeline: str) -> str | None:

@@ -62,11 +62,11 @@ SELECT_RUN_OPEN_BATCH = f"""
     WHERE pipeline = %(pipeline)s AND dag_id = %(dag_id)s AND run_id = %(run_id)s AND {UNFINISHED}
 """
 
-# The first batch a DAG run committed: a cleared run replays it rather than planning anew.
-SELECT_RUN_COMMITTED_BATCH = """
+# The batches a DAG run committed, oldest first: a cleared run replays them rather than planning anew.
+SELECT_RUN_COMMITTED_BATCH_IDS = """
     SELECT batch_id FROM kafka_ledger.batches
     WHERE pipeline = %(pipeline)s AND dag_id = %(dag_id)s AND run_id = %(run_id)s AND status = 'committed'
-    ORDER BY batch_id LIMIT 1
+    ORDER BY batch_id
 """
 
 LIST_BATCHES = f"""
@@ -188,6 +188,24 @@ SELECT_LOG_START_RATES = """
 # The statuses of the batches that stamped an Iceberg table's snapshots (lake_maintenance: what may expire).
 SELECT_BATCH_STATUSES = """
     SELECT batch_id, status FROM kafka_ledger.batches WHERE pipeline = %(pipeline)s AND batch_id = ANY(%(batch_ids)s)
+"""
+
+# A run carrying a doorbell pipeline's batches holds this lease (renewed before each batch) until it ends.
+HOLD_CARRYING_LEASE = """
+    INSERT INTO kafka_ledger.carrying_runs (pipeline, dag_id, run_id, until)
+    VALUES (%(pipeline)s, %(dag_id)s, %(run_id)s, now() + make_interval(secs => %(seconds)s))
+    ON CONFLICT (pipeline) DO UPDATE SET dag_id = EXCLUDED.dag_id, run_id = EXCLUDED.run_id,
+        since = CASE WHEN carrying_runs.run_id = EXCLUDED.run_id THEN carrying_runs.since ELSE now() END,
+        until = EXCLUDED.until
+"""
+
+RELEASE_CARRYING_LEASE = """
+    DELETE FROM kafka_ledger.carrying_runs
+    WHERE pipeline = %(pipeline)s AND dag_id = %(dag_id)s AND run_id = %(run_id)s
+"""
+
+SELECT_CARRYING_RUN = """
+    SELECT run_id FROM kafka_ledger.carrying_runs WHERE pipeline = %(pipeline)s AND until > now()
 """
 
 SELECT_SPARK_SESSION = "SELECT session_id::text FROM kafka_ledger.spark_sessions WHERE pipeline = %(pipeline)s"
@@ -379,7 +397,7 @@ REOPEN_WRITTEN_BATCHES = """
 DELETE_PIPELINE_LEDGER_ROWS = [
     f"DELETE FROM kafka_ledger.{table} WHERE pipeline = %(pipeline)s"
     for table in ("dead_letters", "positions", "committed_ranges", "batches", "position_resets", "verified_points",
-                  "topic_anchors", "log_starts", "spark_sessions")
+                  "topic_anchors", "log_starts", "spark_sessions", "carrying_runs")
 ]
 
 SELECT_DEAD_LETTER_REASONS = """

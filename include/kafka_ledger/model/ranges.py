@@ -436,6 +436,25 @@ def lost_ranges(ranges: Iterable[OffsetRange], offsets: Mapping[TopicPartition, 
     ]
 
 
+def join_consecutive(batches: Iterable[Iterable[OffsetRange]]) -> tuple[list[OffsetRange], list[str]]:
+    """The ranges of consecutive batches (oldest first) joined into one range per partition, and why they cannot
+    be (a partition whose next range does not start where its previous one ended: offsets skipped on purpose, or
+    read by a batch in between); the ranges are only good when there is no problem."""
+    joined: dict[TopicPartition, OffsetRange] = {}
+    problems = []
+    for ranges in batches:
+        for r in ranges:
+            tp = TopicPartition(r.topic, r.partition)
+            earlier = joined.get(tp)
+            if earlier is None:
+                joined[tp] = OffsetRange(r.topic, r.partition, r.from_offset, r.until_offset)
+            elif r.from_offset != earlier.until_offset:
+                problems.append(f"{tp}: [{r.from_offset}, {r.until_offset}) does not follow {earlier}")
+            else:
+                joined[tp] = OffsetRange(r.topic, r.partition, earlier.from_offset, r.until_offset)
+    return sorted(joined.values(), key=lambda r: (r.topic, r.partition)), problems
+
+
 def partition_lag(
     positions: Mapping[TopicPartition, int],
     offsets: Mapping[TopicPartition, PartitionOffsets],

@@ -4,7 +4,8 @@ and what a failed Spark task records. Imported where a DAG is built or a task ru
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -14,11 +15,13 @@ from airflow.sdk import log as task_log
 from airflow.sdk.exceptions import AirflowFailException
 
 from kafka_ledger.batch import commit
+from kafka_ledger.batch.carry import CarryingRun
 from kafka_ledger.batch.commit import CommitResult
 from kafka_ledger.config.pipeline import DAG_ID_PREFIX, PipelineConfig
 from kafka_ledger.config.services import Services
 from kafka_ledger.config.settings import task_services
 from kafka_ledger.ledger import db as ledger
+from kafka_ledger.model.ranges import join_consecutive
 from kafka_ledger.model.refusals import Refusal
 from kafka_ledger.sinks import sink_for
 
@@ -67,26 +70,80 @@ def spark_task_args(pipeline: PipelineConfig) -> dict[str, Any]:
     }
 
 
-def committed(context: Any, services: Services, pipeline: PipelineConfig, result: CommitResult) -> dict[str, Any]:
-    """The epilogue of every committing task: the commit's after-effects (commit.after_commit), and the output
-    table's asset event describing the batch: its id, kind, ranges and counts. Returns the task's result."""
+def committed(context: Any, services: Services, pipeline: PipelineConfig, results: list[CommitResult]
+              ) -> dict[str, Any]:
+    """The epilogue of every committing task: the commits' after-effects (commit.after_commit, once, after the last),
+    and the output table's asset event describing the task's batches (one, or the several a carrying run committed:
+    batch/carry.py): the first's id and kind, every id, the ranges (joined per partition) and the counts. Returns
+    the task's result."""
     with ledger.transaction(services.ledger) as cur:
-        batch = ledger.get_batch(cur, result.batch_id)
+        batches = [ledger.get_batch(cur, result.batch_id) for result in results]
+    first, last = batches[0], batches[-1]
+    ranges, _ = join_consecutive(b.ranges for b in batches)
     context["outlet_events"][output_asset(pipeline)].extra = {
-        "pipeline": pipeline.name, "batch_id": batch.batch_id, "kind": batch.kind,
-        "replay_of": batch.replay_of, "already_committed": result.already_committed,
-        "records_written": result.records_written, "records_dead_lettered": result.records_dead_lettered,
+        "pipeline": pipeline.name, "batch_id": first.batch_id, "batch_ids": [b.batch_id for b in batches],
+        "kind": first.kind, "replay_of": first.replay_of,
+        "already_committed": all(r.already_committed for r in results),
+        "records_written": sum(r.records_written for r in results),
+        "records_dead_lettered": sum(r.records_dead_lettered for r in results),
         "ranges": [{"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until_offset}
-                   for r in batch.ranges],
-        **({"snapshot_id": batch.snapshot_id} if batch.snapshot_id is not None else {}),
+                   for r in (ranges if len(batches) > 1 else first.ranges)],
+        **({"snapshot_id": last.snapshot_id} if last.snapshot_id is not None else {}),
     }
-    return commit.after_commit(services, pipeline, result)
+    result = commit.after_commit(services, pipeline, results[-1])
+    if len(results) > 1:
+        result = {**result, "batch_ids": [r.batch_id for r in results], "batches": len(results),
+                  "records_written": sum(r.records_written for r in results),
+                  "records_dead_lettered": sum(r.records_dead_lettered for r in results)}
+    return result
+
+
+def carrying_run(context: Any, services: Services, pipeline: PipelineConfig, plan: dict[str, Any],
+                 run_batch: Callable[[int], CommitResult]) -> CarryingRun | None:
+    """The carrying of a run the doorbell started to read a catch-up batch (batch/carry.py), when its pipeline
+    carries (`carry_seconds` > 0); None for every other run: scheduled, manual, backfill, a replay, a cleared run."""
+    bell = pipeline.doorbell
+    dag_run = context.get("dag_run")
+    run_kind = getattr(getattr(dag_run, "run_type", None), "value", getattr(dag_run, "run_type", None))
+    if bell is None or not bell.carry_seconds or run_kind != "asset_triggered" or plan.get("kind") != "catch_up":
+        return None
+    return CarryingRun(services, pipeline, context["dag"].dag_id, context["run_id"], run_batch,
+                       seconds=bell.carry_seconds, pace_seconds=bell.poll_seconds)
+
+
+def carry(carrying: CarryingRun | None, first: Callable[[], CommitResult]) -> list[CommitResult]:
+    """The task's first batch, then, for a carrying run, the batches it carries after it, under its lease (released
+    when the task ends, whichever way)."""
+    if carrying is None:
+        return [first()]
+    started = time.monotonic()
+    carrying.hold()
+    try:
+        results = [first()]
+        carried = carrying.carry_on(started)
+    finally:
+        try:
+            carrying.release()
+        except Exception as exc:  # noqa: BLE001 - the lease expires by itself; the task's own outcome matters more
+            log.warning("could not release the carrying lease of run %s (%s): it expires by itself",
+                        carrying.run_id, exc)
+    results += carried.results
+    log.info("run %s carried %d batch(es) in %.1f s (%s): %d records written, %d dead-lettered", carrying.run_id,
+             len(results), time.monotonic() - started, carried.ended, sum(r.records_written for r in results),
+             sum(r.records_dead_lettered for r in results))
+    return results
 
 
 def record_spark_failure(context: dict[str, Any]) -> None:
-    """on_failure_callback of the Spark task: the batch stays open and is resumed by the next run."""
+    """on_failure_callback of the Spark task: the run's unfinished batch (its plan's, or the one a carrying run was
+    in) is marked failed, and stays open to be resumed by the next run."""
     plan = context["ti"].xcom_pull(task_ids=PLAN_TASK) or {}
-    if plan.get("batch_id") is not None:
-        error = f"Spark task failed after {context['ti'].try_number} tries: {context.get('exception')}"
-        pipeline = context["ti"].dag_id.removeprefix(DAG_ID_PREFIX)
-        commit.fail_batch(task_services(), pipeline, plan["batch_id"], error)
+    if plan.get("batch_id") is None:
+        return
+    services = task_services()
+    dag_id = context["ti"].dag_id
+    pipeline = dag_id.removeprefix(DAG_ID_PREFIX)
+    with ledger.transaction(services.ledger) as cur:
+        open_batch = ledger.run_open_batch(cur, pipeline, dag_id, context["ti"].run_id)
+    error = f"Spark task failed after {context['ti'].try_number} tries: {context.get('exception')}"
+    commit.fail_batch(services, pipeline, plan["batch_id"] if open_batch is None else open_batch.batch_id, error)

@@ -1,4 +1,5 @@
-"""The `connect` runtime's Airflow task: read the planned batch on the Spark Connect server and commit it."""
+"""The `connect` runtime's Airflow task: read the planned batch on the Spark Connect server and commit it (and, in a
+run the doorbell started, the batches after it: batch/carry.py)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,14 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from kafka_ledger.batch.carry import CarryingRun
+from kafka_ledger.batch.commit import CommitResult
 from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
 from kafka_ledger.config.settings import task_services
 from kafka_ledger.runtimes.airflow_tasks import (
     PLAN_TASK,
+    carry,
+    carrying_run,
     committed,
     output_asset,
     refusals_fail_at_once,
@@ -32,16 +37,26 @@ class ReadAndCommitOperator(BaseOperator):
         super().__init__(**kwargs)
         self.pipeline_name = pipeline_name
         self._batch: ConnectBatch | None = None
+        self._carrying: CarryingRun | None = None
 
     def execute(self, context: Any) -> dict[str, Any]:
         plan = context["ti"].xcom_pull(task_ids=PLAN_TASK)
         with refusals_fail_at_once():
             pipeline = get_pipeline(self.pipeline_name)
-            self._batch = ConnectBatch(pipeline, plan["batch_id"])
             services = task_services()
-            return committed(context, services, pipeline, self._batch.run(services))
+
+            def run_batch(batch_id: int) -> CommitResult:
+                self._batch = ConnectBatch(pipeline, batch_id)
+                return self._batch.run(services)
+
+            # A run the doorbell started carries batch after batch (batch/carry.py); any other run reads one.
+            self._carrying = carrying_run(context, services, pipeline, plan, run_batch)
+            results = carry(self._carrying, lambda: run_batch(plan["batch_id"]))
+            return committed(context, services, pipeline, results)
 
     def on_kill(self) -> None:
+        if self._carrying is not None:
+            self._carrying.stop()
         if self._batch is not None:
             self._batch.interrupt()
 

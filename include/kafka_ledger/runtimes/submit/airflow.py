@@ -64,7 +64,7 @@ def commit_task(pipeline_name: str, plan: dict[str, Any], **context: Any) -> dic
         pipeline = get_pipeline(pipeline_name)
         services = task_services()
         result = commit.commit(services, pipeline, plan["batch_id"], Written())
-        return committed(context, services, pipeline, result)
+        return committed(context, services, pipeline, [result])
 
 
 def build_tasks(spark_task_id: str, commit_task_id: str, pipeline: PipelineConfig, plan: Any) -> tuple[Any, Any]:

@@ -1,0 +1,95 @@
+"""A run that carries batch after batch: plan, read and commit the next one while data keeps coming, up to a budget.
+
+A doorbell pipeline's run pays Airflow's cost of a run (scheduling it, starting its tasks) once for many batches:
+after its first batch its Spark task plans the next catch-up batch, reads and commits it, and so on, at most one
+batch every `poll_seconds`, until `carry_seconds` are spent, a plan finds nothing to read, or the task is stopped.
+Each batch is planned in the ledger before it is read and committed in its own transaction, exactly as a batch of
+its own run: a batch the run dies in is resumed, with the same ranges, by the task's retry or the next run.
+While it carries, the run holds a lease in the ledger (renewed before each batch) that keeps the doorbell quiet;
+the doorbell rings again once the run has ended with data waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kafka_ledger.batch import plan as planner
+from kafka_ledger.batch.commit import CommitResult
+from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.services import Services
+from kafka_ledger.ledger import db as ledger
+
+log = logging.getLogger(__name__)
+
+# Who asked for the batches of a run the doorbell started, as the ledger records it.
+REQUESTED_BY_DOORBELL = "doorbell"
+# The lease outlives the budget by this much: the last batch may start just before the budget is spent.
+LEASE_MARGIN_SECONDS = 120.0
+
+
+@dataclass
+class Carried:
+    """The batches a run carried after its first one, and why it stopped."""
+
+    results: list[CommitResult] = field(default_factory=list)
+    ended: str = "budget spent"
+
+
+class CarryingRun:
+    """The lease and loop of one DAG run carrying a pipeline's batches (see the module).
+
+    `run_batch(batch_id)` reads and commits one planned batch here and now (the runtime's); `stop()`, from another
+    thread (Airflow's on_kill), ends the loop before its next batch.
+    """
+
+    def __init__(self, services: Services, pipeline: PipelineConfig, dag_id: str, run_id: str,
+                 run_batch: Callable[[int], CommitResult], *, seconds: float, pace_seconds: float,
+                 started: float | None = None):
+        self.services, self.pipeline, self.dag_id, self.run_id = services, pipeline, dag_id, run_id
+        self.run_batch = run_batch
+        self.seconds, self.pace_seconds = seconds, pace_seconds
+        self.started = time.monotonic() if started is None else started
+        self._stopped = threading.Event()
+
+    @property
+    def deadline(self) -> float:
+        return self.started + self.seconds
+
+    def hold(self) -> None:
+        """Take or renew the lease: until the budget is spent, and the margin after it."""
+        remaining = max(0.0, self.deadline - time.monotonic()) + LEASE_MARGIN_SECONDS
+        with ledger.transaction(self.services.ledger) as cur:
+            ledger.hold_carrying_lease(cur, self.pipeline.name, self.dag_id, self.run_id, remaining)
+
+    def release(self) -> None:
+        with ledger.transaction(self.services.ledger) as cur:
+            ledger.release_carrying_lease(cur, self.pipeline.name, self.dag_id, self.run_id)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def carry_on(self, first_started: float) -> Carried:
+        """The batches after the first one (started at `first_started`, monotonic), until the run should end."""
+        carried = Carried()
+        batch_started = first_started
+        while True:
+            # At most one batch every pace_seconds: the doorbell's own pace, so a carrying run looks for new data
+            # as often as its doorbell would.
+            next_start = batch_started + self.pace_seconds
+            if next_start >= self.deadline:
+                return carried
+            if self._stopped.wait(max(0.0, next_start - time.monotonic())):
+                carried.ended = "stopped"
+                return carried
+            batch_started = time.monotonic()
+            self.hold()
+            planned = planner.plan_batch(self.services, self.pipeline, dag_id=self.dag_id, run_id=self.run_id,
+                                         requested_by=REQUESTED_BY_DOORBELL, carrying=True)
+            if planned.batch_id is None:
+                carried.ended = "caught up"
+                return carried
+            carried.results.append(self.run_batch(planned.batch_id))
