@@ -219,6 +219,20 @@ def component_processes(sid: int, component: str) -> list[int]:
     return sorted(roots) + sorted(found - set(roots))
 
 
+def task_process(ti_id: str) -> int | None:
+    """The process running the task instance `ti_id` now (the Task SDK titles it `airflow worker -- <id>`), if any."""
+    title = f"airflow worker -- {ti_id}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "cmdline").read_bytes().rstrip(b"\0").startswith(title):
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
 def kill_component(sid: int, component: str) -> list[int]:
     """Kill (SIGKILL) one component of the Airflow whose session is `sid` and every process under it, as a crashed
     container takes them all; scripts/airflow.sh starts a killed component again. Returns the pids killed."""

@@ -149,9 +149,10 @@ PIPELINES = {
     # A doorbell run carrying batch after batch while records keep coming (test_airflow_rest.py).
     "doorbell_carry": {"spark_runtime": "connect", "schedule": None, "retries": 0,
                        "trigger": {"type": "doorbell", "poll_seconds": 1, "carry_seconds": 12}},
-    # The doorbell's short fault campaign (test_airflow_rest.py): its triggerer and scheduler killed.
+    # The doorbell's short fault campaign (test_airflow_rest.py): its triggerer, scheduler and carrying task killed,
+    # the Spark Connect server restarted; a killed task retried within seconds.
     "doorbell_faults": {"spark_runtime": "connect", "schedule": None, "max_records_per_partition": 300,
-                          "trigger": {"type": "doorbell", "poll_seconds": 1}},
+                        "retry_delay_seconds": 2, "trigger": {"type": "doorbell", "poll_seconds": 1}},
     # Entity tables (test_entity_tables.py): one row per event_id, small batches so that versions of a key meet
     # in one batch and across batches.
     **{key: {"spark_runtime": runtime, "retries": 0, "write": "upsert", "key": ["event_id"],

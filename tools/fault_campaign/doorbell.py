@@ -1,4 +1,5 @@
-"""The doorbell's faults: a pipeline run by its doorbell under a real Airflow, its triggerer and scheduler killed.
+"""The doorbell's faults: a pipeline run by its doorbell under a real Airflow, its triggerer, scheduler and carrying
+task killed, the Spark Connect server restarted.
 
     bash scripts/fault_campaign.sh --doorbell --faults 20      # starts a dedicated Airflow (tools/airflow_server.py)
 
@@ -13,6 +14,11 @@ killed component again. Each iteration lets the producer write its records and s
   doorbell run queued: either the ring waits in the asset queue while the scheduler is frozen and then killed
   (the new scheduler must create the run), or the run exists, queued or just started, when it dies (its task
   instances are reset as orphans, the batch resumed with the same ranges).
+- kill_task_mid_carry: SIGKILL to the Spark task of a run carrying batch after batch (batch/carry.py) while the
+  records keep coming, in a batch (its attempt begun) or between two; Airflow retries the task, which resumes the open
+  batch with its ranges and carries on, or the run fails and, its lease run out, the doorbell starts one that does.
+- restart_spark_connect_mid_carry: the Spark Connect server stopped and started while a carrying run's batch is
+  being read; the attempt fails, publishing nothing, and the task's retry or the next run resumes the batch.
 
 Then the doorbell's runs must publish every record produced so far, with no run left active, and the campaign's
 checks hold (runner.Campaign.check: output and dead letters are exactly the records below the positions, the
@@ -29,18 +35,23 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from kafka_ledger.airflow.dags import doorbell_asset
-from tools.airflow_server import AirflowClient, component_processes, kill_component
+from kafka_ledger.airflow.dags import SPARK_TASK, doorbell_asset
+from tools.airflow_server import AirflowClient, component_processes, kill_component, task_process
 from tools.fault_campaign import CampaignFailure
 from tools.fault_campaign.producer import SequenceProducer
 from tools.fault_campaign.runner import Campaign, IterationReport
 
-DOORBELL_FAULTS = ("kill_triggerer_mid_poll", "kill_scheduler_with_run_queued")
-# Every (fault, variant) once per round, in an order drawn from the seed: a 3-fault campaign strikes each.
+# Every (fault, variant) once per round, in an order drawn from the seed: a 7-fault campaign strikes each.
 STRIKES = (("kill_triggerer_mid_poll", "mid-poll"),
            ("kill_triggerer_mid_poll", "frozen as the records began"),
            ("kill_scheduler_with_run_queued", "ring queued while the scheduler was frozen"),
-           ("kill_scheduler_with_run_queued", "run created"))
+           ("kill_scheduler_with_run_queued", "run created"),
+           ("kill_task_mid_carry", "in a batch"),
+           ("kill_task_mid_carry", "between batches"),
+           ("restart_spark_connect_mid_carry", "in a batch"))
+# The strikes that leave the stack's services alone: a campaign beside other work on the same stack (the tests'
+# shared lane) strikes only these.
+AIRFLOW_STRIKES = tuple(strike for strike in STRIKES if strike[0] != "restart_spark_connect_mid_carry")
 # How long the doorbell may take to publish an iteration's records after its fault: a killed triggerer's doorbell
 # waits for its successor until the dead one's heartbeat is 30 s old; a killed scheduler's task instances wait as
 # long for their scheduler to count as dead, then for the orphaned-task check (every 15 s in the test Airflow).
@@ -54,15 +65,16 @@ class DoorbellCampaign(Campaign):
     runs them, started by this process (its components are found by the session id)."""
 
     def __init__(self, pipeline: Any, dsn: str, servers: str, seed: int, faults: int, records_per_fault: int,
-                 workdir: Any, airflow: AirflowClient):
+                 workdir: Any, airflow: AirflowClient, strikes: tuple[tuple[str, str], ...] = STRIKES):
         if pipeline.doorbell is None:
             raise CampaignFailure(f"pipeline {pipeline.name} has no doorbell (`trigger: doorbell`)")
         if airflow.session_id is None:
             raise CampaignFailure("the doorbell campaign kills Airflow's components: start it with running_airflow()")
-        super().__init__(pipeline, dsn, servers, seed, faults, records_per_fault, workdir, kinds=DOORBELL_FAULTS)
+        kinds = tuple(dict.fromkeys(kind for kind, _ in strikes))
+        super().__init__(pipeline, dsn, servers, seed, faults, records_per_fault, workdir, kinds=kinds)
         self.airflow = airflow
-        rounds = -(-faults // len(STRIKES))
-        self.strikes = [strike for _ in range(rounds) for strike in self.rng.sample(STRIKES, len(STRIKES))][:faults]
+        rounds = -(-faults // len(strikes))
+        self.strikes = [strike for _ in range(rounds) for strike in self.rng.sample(strikes, len(strikes))][:faults]
         self.schedule = [kind for kind, _ in self.strikes]
         self.shape = f"{self.runtime}-doorbell"
         self.dag_id = pipeline.dag_id
@@ -103,9 +115,49 @@ class DoorbellCampaign(Campaign):
                    lambda: self._committed() >= produced, CATCH_UP_SECONDS, interval=1.0)
         return len(self.airflow.wait_until_idle(self.dag_id, timeout=CATCH_UP_SECONDS, settle=3))
 
+    def _carrying_run(self) -> str | None:
+        rows = self._query("SELECT run_id FROM kafka_ledger.carrying_runs WHERE pipeline = %(p)s AND until > now()",
+                           {"p": self.pipeline.name})
+        return rows[0][0] if rows else None
+
+    def _run_batches(self, run_id: str) -> tuple[int, int]:
+        """(batches the run committed, its unfinished batches whose attempt has begun)."""
+        rows = self._query(
+            "SELECT count(*) FILTER (WHERE status = 'committed'), "
+            "count(*) FILTER (WHERE status NOT IN ('committed', 'abandoned') AND attempts > 0) "
+            "FROM kafka_ledger.batches WHERE pipeline = %(p)s AND run_id = %(r)s",
+            {"p": self.pipeline.name, "r": run_id})
+        return int(rows[0][0]), int(rows[0][1])
+
+    def strike_carrying(self, kind: str, variant: str) -> str:
+        """While the records keep coming, wait for a run carrying batches, then for it to be in a batch or between
+        two, and kill its Spark task or restart the Spark Connect server."""
+        self.producer.allow(self.records_per_fault)
+        self.producer.wait_delivered_some(1, timeout=30)
+        run_id = self._poll("a run carrying batches", self._carrying_run, RING_SECONDS, interval=0.05)
+
+        def moment() -> bool:
+            committed, reading = self._run_batches(run_id)
+            return reading > 0 if variant == "in a batch" else committed > 0 and reading == 0
+
+        self._poll(f"the carrying run {variant}", moment, RING_SECONDS, interval=0.02)
+        committed, _ = self._run_batches(run_id)
+        if kind == "restart_spark_connect_mid_carry":
+            self._stack("restart-spark-connect")
+            return f"Spark Connect server restarted {variant} (the run had carried {committed} batch(es))"
+        spark = [ti for ti in self.airflow.task_instances(self.dag_id, run_id)
+                 if ti["task_id"] == SPARK_TASK[self.runtime]]
+        pid = task_process(spark[0]["id"]) if spark else None
+        if pid is None:
+            raise CampaignFailure(f"no process runs the Spark task of the carrying run {run_id}")
+        os.kill(pid, signal.SIGKILL)
+        return f"task killed {variant} (the run had carried {committed} batch(es))"
+
     # --- the faults ---------------------------------------------------------------------------------------
     def strike(self, kind: str, variant: str, runs_before: int) -> str:
         """Let the iteration's records come and strike; returns where the fault landed."""
+        if kind in ("kill_task_mid_carry", "restart_spark_connect_mid_carry"):
+            return self.strike_carrying(kind, variant)
         sid = self.airflow.session_id
         delay = self.rng.uniform(0.0, 3.0)
         rings_before = self.rings()
@@ -179,7 +231,7 @@ class DoorbellCampaign(Campaign):
             "faults_by_kind": dict(Counter(it.fault for it in self.iterations)),
             "fault_variants": {k: dict(v) for k, v in self.variants.items()},
             "fault_landings": {k: dict(Counter(it.landed.split(" (")[0] for it in self.iterations if it.fault == k))
-                               for k in DOORBELL_FAULTS},
+                               for k in self.kinds},
             **figures,
             "records_per_fault": self.records_per_fault,
             "partitions": len(self.positions),

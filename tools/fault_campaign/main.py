@@ -142,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
             "max_records_per_partition": max(100, args.records_per_fault // args.partitions), "schedule": None,
             "spark_conf": {"spark.sql.shuffle.partitions": "2"}, "spark_runtime": settings["runtime"],
             **({"write": "upsert", "key": ["event_id"]} if settings.get("write") == "upsert" else {}),
-            **({"trigger": {"type": "doorbell", "poll_seconds": 1}} if settings.get("doorbell") else {}),
+            # A doorbell campaign's killed Spark task is retried within seconds (the default waits a minute).
+            **({"trigger": {"type": "doorbell", "poll_seconds": 1}, "retry_delay_seconds": 2}
+               if settings.get("doorbell") else {}),
         }}}))
         # Every acknowledged record on disk at once, so a campaign resumed after the machine stopped still has
         # them all (the broker otherwise leaves flushing to the OS).

@@ -5,8 +5,9 @@ after its first batch its Spark task plans the next catch-up batch, reads and co
 batch every `poll_seconds`, until `carry_seconds` are spent, a plan finds nothing to read, or the task is stopped.
 Each batch is planned in the ledger before it is read and committed in its own transaction, exactly as a batch of
 its own run: a batch the run dies in is resumed, with the same ranges, by the task's retry or the next run.
-While it carries, the run holds a lease in the ledger (renewed before each batch) that keeps the doorbell quiet;
-the doorbell rings again once the run has ended with data waiting.
+While it carries, the run holds a lease in the ledger that keeps the doorbell quiet (renewed every
+LEASE_RENEW_SECONDS by a thread of the task, so that a killed task's lease runs out within LEASE_SECONDS); the
+doorbell rings again once the run has ended with data waiting.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kafka_ledger.batch import commit
 from kafka_ledger.batch import plan as planner
 from kafka_ledger.batch.commit import CommitResult
 from kafka_ledger.config.pipeline import PipelineConfig
@@ -27,8 +29,9 @@ log = logging.getLogger(__name__)
 
 # Who asked for the batches of a run the doorbell started, as the ledger records it.
 REQUESTED_BY_DOORBELL = "doorbell"
-# The lease outlives the budget by this much: the last batch may start just before the budget is spent.
-LEASE_MARGIN_SECONDS = 120.0
+# The lease runs out this long after its last renewal, and is renewed this often while the task lives.
+LEASE_SECONDS = 30.0
+LEASE_RENEW_SECONDS = 10.0
 
 
 @dataclass
@@ -54,18 +57,40 @@ class CarryingRun:
         self.seconds, self.pace_seconds = seconds, pace_seconds
         self.started = time.monotonic() if started is None else started
         self._stopped = threading.Event()
+        self._released = threading.Event()
+        self._renewing: threading.Thread | None = None
 
     @property
     def deadline(self) -> float:
         return self.started + self.seconds
 
-    def hold(self) -> None:
-        """Take or renew the lease: until the budget is spent, and the margin after it."""
-        remaining = max(0.0, self.deadline - time.monotonic()) + LEASE_MARGIN_SECONDS
+    def _renew(self) -> None:
         with ledger.transaction(self.services.ledger) as cur:
-            ledger.hold_carrying_lease(cur, self.pipeline.name, self.dag_id, self.run_id, remaining)
+            ledger.hold_carrying_lease(cur, self.pipeline.name, self.dag_id, self.run_id, LEASE_SECONDS)
+
+    def _keep_renewing(self) -> None:
+        trouble = ""
+        while not self._released.wait(LEASE_RENEW_SECONDS):
+            try:
+                self._renew()
+                trouble = ""
+            except Exception as exc:  # noqa: BLE001 - the ledger away a while: the lease may run out, nothing more
+                if str(exc) != trouble:
+                    log.warning("could not renew the carrying lease of run %s (%s): its doorbell may ring "
+                                "meanwhile, which costs at most one empty run", self.run_id, exc)
+                trouble = str(exc)
+
+    def hold(self) -> None:
+        """Take the lease, and keep renewing it from a thread of this process until `release()`."""
+        self._renew()
+        self._released.clear()
+        self._renewing = threading.Thread(target=self._keep_renewing, name="carrying-lease", daemon=True)
+        self._renewing.start()
 
     def release(self) -> None:
+        self._released.set()
+        if self._renewing is not None:
+            self._renewing.join(timeout=LEASE_RENEW_SECONDS)
         with ledger.transaction(self.services.ledger) as cur:
             ledger.release_carrying_lease(cur, self.pipeline.name, self.dag_id, self.run_id)
 
@@ -86,10 +111,11 @@ class CarryingRun:
                 carried.ended = "stopped"
                 return carried
             batch_started = time.monotonic()
-            self.hold()
             planned = planner.plan_batch(self.services, self.pipeline, dag_id=self.dag_id, run_id=self.run_id,
                                          requested_by=REQUESTED_BY_DOORBELL, carrying=True)
             if planned.batch_id is None:
                 carried.ended = "caught up"
                 return carried
             carried.results.append(self.run_batch(planned.batch_id))
+            # The mirror consumer group (if any) follows every batch, not only the run's last one.
+            commit.mirror_positions(self.services, self.pipeline)
