@@ -773,7 +773,7 @@ def test_the_doorbell_loses_and_doubles_nothing_when_its_triggerer_and_scheduler
     assert report["fault_variants"] == {
         "kill_triggerer_mid_poll": {"mid-poll": 1, "frozen as the records began": 1},
         "kill_scheduler_with_run_queued": {"ring queued while the scheduler was frozen": 1, "run created": 1},
-        "kill_task_mid_carry": {"in a batch": 1, "between batches": 1}}
+        "kill_task_mid_carry": {"in a carried batch": 1, "between batches": 1}}
     assert (report["lost"], report["duplicated"], report["unexpected"], report["wrong_content"]) == (0, 0, 0, 0)
     assert report["records_produced"] == 10 + faults * 1000
     assert report["output_rows"] + report["dead_letters"] == report["records_produced"]

@@ -15,10 +15,11 @@ killed component again. Each iteration lets the producer write its records and s
   (the new scheduler must create the run), or the run exists, queued or just started, when it dies (its task
   instances are reset as orphans, the batch resumed with the same ranges).
 - kill_task_mid_carry: SIGKILL to the Spark task of a run carrying batch after batch (batch/carry.py) while the
-  records keep coming, in a batch (its attempt begun) or between two; Airflow retries the task, which resumes the open
-  batch with its ranges and carries on, or the run fails and, its lease run out, the doorbell starts one that does.
-- restart_spark_connect_mid_carry: the Spark Connect server stopped and started while a carrying run's batch is
-  being read; the attempt fails, publishing nothing, and the task's retry or the next run resumes the batch.
+  records keep coming, in a batch after its first (its attempt begun) or between two; Airflow retries the task,
+  which resumes the open batch with its ranges and carries on, or the run fails and, its lease run out, the doorbell
+  starts one that does.
+- restart_spark_connect_mid_carry: the Spark Connect server stopped and started while a carrying run's batch (after
+  its first) is being read; the attempt fails, publishing nothing, and the task's retry or the next run resumes it.
 
 Then the doorbell's runs must publish every record produced so far, with no run left active, and the campaign's
 checks hold (runner.Campaign.check: output and dead letters are exactly the records below the positions, the
@@ -46,9 +47,9 @@ STRIKES = (("kill_triggerer_mid_poll", "mid-poll"),
            ("kill_triggerer_mid_poll", "frozen as the records began"),
            ("kill_scheduler_with_run_queued", "ring queued while the scheduler was frozen"),
            ("kill_scheduler_with_run_queued", "run created"),
-           ("kill_task_mid_carry", "in a batch"),
+           ("kill_task_mid_carry", "in a carried batch"),
            ("kill_task_mid_carry", "between batches"),
-           ("restart_spark_connect_mid_carry", "in a batch"))
+           ("restart_spark_connect_mid_carry", "in a carried batch"))
 # The strikes that leave the stack's services alone: a campaign beside other work on the same stack (the tests'
 # shared lane) strikes only these.
 AIRFLOW_STRIKES = tuple(strike for strike in STRIKES if strike[0] != "restart_spark_connect_mid_carry")
@@ -138,7 +139,8 @@ class DoorbellCampaign(Campaign):
 
         def moment() -> bool:
             committed, reading = self._run_batches(run_id)
-            return reading > 0 if variant == "in a batch" else committed > 0 and reading == 0
+            # After the run's first batch (the plan task's): in, or between, the batches it carries on its own.
+            return committed > 0 and (reading > 0) == (variant == "in a carried batch")
 
         self._poll(f"the carrying run {variant}", moment, RING_SECONDS, interval=0.02)
         committed, _ = self._run_batches(run_id)
