@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kafka_ledger.airflow.dags import SPARK_TASK, doorbell_asset
+from kafka_ledger.ledger import sql
 from tools.airflow_server import AirflowClient, component_processes, kill_component, task_process
 from tools.fault_campaign import CampaignFailure
 from tools.fault_campaign.producer import SequenceProducer
@@ -119,8 +120,7 @@ class DoorbellCampaign(Campaign):
         return len(self.airflow.wait_until_idle(self.dag_id, timeout=CATCH_UP_SECONDS, settle=3))
 
     def _carrying_run(self) -> str | None:
-        rows = self._query("SELECT run_id FROM kafka_ledger.carrying_runs WHERE pipeline = %(p)s AND until > now()",
-                           {"p": self.pipeline.name})
+        rows = self._query(sql.SELECT_CARRYING_RUN, {"pipeline": self.pipeline.name})
         return rows[0][0] if rows else None
 
     def _run_batches(self, run_id: str) -> tuple[int, int]:

@@ -28,7 +28,13 @@ from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
 from kafka_ledger.config.settings import task_services
 from kafka_ledger.kafka import headroom
 from kafka_ledger.runtimes import RUNTIMES, runtime_for
-from kafka_ledger.runtimes.airflow_tasks import PLAN_TASK, SPARK_POOL, output_asset, refusals_fail_at_once
+from kafka_ledger.runtimes.airflow_tasks import (
+    PLAN_TASK,
+    SPARK_POOL,
+    output_asset,
+    refusals_fail_at_once,
+    run_kind,
+)
 from kafka_ledger.sinks import sink_for
 
 __all__ = ["SPARK_POOL", "SPARK_TASK", "build_lake_maintenance_dag", "build_pipeline_dag", "doorbell_asset",
@@ -73,8 +79,8 @@ def plan_task(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any]
     with refusals_fail_at_once():
         try:
             request = parse_request(conf)
-            run_kind = getattr(getattr(dag_run, "run_type", None), "value", getattr(dag_run, "run_type", None))
-            if run_kind == "backfill":
+            started_as = run_kind(dag_run)
+            if started_as == "backfill":
                 if request.mode != "catch_up":
                     raise RequestError("a backfill run always rewrites its own data interval: leave mode at catch_up")
                 backfill_window = (context["data_interval_start"], context["data_interval_end"])
@@ -84,7 +90,7 @@ def plan_task(pipeline_name: str, dag_id: str, **context: Any) -> dict[str, Any]
             raise AirflowFailException(f"refused, nothing was written: {exc}") from None
         # The only asset a pipeline's DAG is scheduled on is its doorbell's.
         requested_by = (getattr(dag_run, "triggering_user_name", None)
-                        or (REQUESTED_BY_DOORBELL if run_kind == "asset_triggered" else run_kind))
+                        or (REQUESTED_BY_DOORBELL if started_as == "asset_triggered" else started_as))
         pipeline = get_pipeline(pipeline_name)
         try:
             planned = planner.plan_batch(task_services(), pipeline, request, dag_id=dag_id,

@@ -50,19 +50,15 @@ class CarryingRun:
     """
 
     def __init__(self, services: Services, pipeline: PipelineConfig, dag_id: str, run_id: str,
-                 run_batch: Callable[[int], CommitResult], *, seconds: float, pace_seconds: float,
-                 started: float | None = None):
+                 run_batch: Callable[[int], CommitResult], *, seconds: float, pace_seconds: float):
         self.services, self.pipeline, self.dag_id, self.run_id = services, pipeline, dag_id, run_id
         self.run_batch = run_batch
         self.seconds, self.pace_seconds = seconds, pace_seconds
-        self.started = time.monotonic() if started is None else started
+        # The budget counts from here: the task's start, just before its first batch.
+        self.started = time.monotonic()
         self._stopped = threading.Event()
         self._released = threading.Event()
         self._renewing: threading.Thread | None = None
-
-    @property
-    def deadline(self) -> float:
-        return self.started + self.seconds
 
     def _renew(self) -> None:
         with ledger.transaction(self.services.ledger) as cur:
@@ -97,15 +93,15 @@ class CarryingRun:
     def stop(self) -> None:
         self._stopped.set()
 
-    def carry_on(self, first_started: float) -> Carried:
-        """The batches after the first one (started at `first_started`, monotonic), until the run should end."""
+    def carry_on(self) -> Carried:
+        """The batches after the first one (started with the task), until the run should end."""
         carried = Carried()
-        batch_started = first_started
+        batch_started = self.started
         while True:
             # At most one batch every pace_seconds: the doorbell's own pace, so a carrying run looks for new data
             # as often as its doorbell would.
             next_start = batch_started + self.pace_seconds
-            if next_start >= self.deadline:
+            if next_start >= self.started + self.seconds:
                 return carried
             if self._stopped.wait(max(0.0, next_start - time.monotonic())):
                 carried.ended = "stopped"

@@ -79,6 +79,7 @@ def committed(context: Any, services: Services, pipeline: PipelineConfig, result
     with ledger.transaction(services.ledger) as cur:
         batches = [ledger.get_batch(cur, result.batch_id) for result in results]
     first, last = batches[0], batches[-1]
+    # One range per partition, from the first batch's start to the last one's end (a single batch's own ranges).
     ranges, _ = join_consecutive(b.ranges for b in batches)
     context["outlet_events"][output_asset(pipeline)].extra = {
         "pipeline": pipeline.name, "batch_id": first.batch_id, "batch_ids": [b.batch_id for b in batches],
@@ -87,7 +88,7 @@ def committed(context: Any, services: Services, pipeline: PipelineConfig, result
         "records_written": sum(r.records_written for r in results),
         "records_dead_lettered": sum(r.records_dead_lettered for r in results),
         "ranges": [{"topic": r.topic, "partition": r.partition, "from": r.from_offset, "until": r.until_offset}
-                   for r in (ranges if len(batches) > 1 else first.ranges)],
+                   for r in ranges],
         **({"snapshot_id": last.snapshot_id} if last.snapshot_id is not None else {}),
     }
     result = commit.after_commit(services, pipeline, results[-1])
@@ -98,14 +99,19 @@ def committed(context: Any, services: Services, pipeline: PipelineConfig, result
     return result
 
 
+def run_kind(dag_run: Any) -> str | None:
+    """How a DAG run was started (`scheduled`, `manual`, `backfill`, `asset_triggered`, ...), as a string."""
+    run_type = getattr(dag_run, "run_type", None)
+    return getattr(run_type, "value", run_type)
+
+
 def carrying_run(context: Any, services: Services, pipeline: PipelineConfig, plan: dict[str, Any],
                  run_batch: Callable[[int], CommitResult]) -> CarryingRun | None:
     """The carrying of a run the doorbell started to read a catch-up batch (batch/carry.py), when its pipeline
     carries (`carry_seconds` > 0); None for every other run: scheduled, manual, backfill, a replay, a cleared run."""
     bell = pipeline.doorbell
-    dag_run = context.get("dag_run")
-    run_kind = getattr(getattr(dag_run, "run_type", None), "value", getattr(dag_run, "run_type", None))
-    if bell is None or not bell.carry_seconds or run_kind != "asset_triggered" or plan.get("kind") != "catch_up":
+    if (bell is None or not bell.carry_seconds or run_kind(context.get("dag_run")) != "asset_triggered"
+            or plan.get("kind") != "catch_up"):
         return None
     return CarryingRun(services, pipeline, context["dag"].dag_id, context["run_id"], run_batch,
                        seconds=bell.carry_seconds, pace_seconds=bell.poll_seconds)
@@ -116,11 +122,10 @@ def carry(carrying: CarryingRun | None, first: Callable[[], CommitResult]) -> li
     when the task ends, whichever way)."""
     if carrying is None:
         return [first()]
-    started = time.monotonic()
     carrying.hold()
     try:
         results = [first()]
-        carried = carrying.carry_on(started)
+        carried = carrying.carry_on()
     finally:
         try:
             carrying.release()
@@ -129,7 +134,7 @@ def carry(carrying: CarryingRun | None, first: Callable[[], CommitResult]) -> li
                         carrying.run_id, exc)
     results += carried.results
     log.info("run %s carried %d batch(es) in %.1f s (%s): %d records written, %d dead-lettered", carrying.run_id,
-             len(results), time.monotonic() - started, carried.ended, sum(r.records_written for r in results),
+             len(results), time.monotonic() - carrying.started, carried.ended, sum(r.records_written for r in results),
              sum(r.records_dead_lettered for r in results))
     return results
 
