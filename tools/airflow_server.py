@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import psycopg2
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_fixed
 
 # Airflow's components on loopback, as the local stack runs them (`scripts/stack.sh airflow`).
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -438,13 +439,21 @@ class AirflowClient:
 
     # --- plain calls ----------------------------------------------------------------------------
     def request(self, method: str, path: str, *, expect: tuple[int, ...] = (200,), **kwargs: Any) -> httpx.Response:
-        response = self.http.request(method, path, **kwargs)
+        send = self._read if method == "GET" else self.http.request
+        response = send(method, path, **kwargs)
         if response.status_code not in expect:
             raise AirflowError(
                 f"{method} {path} answered {response.status_code}: {response.text[:2000]} "
                 f"(Airflow log: {self.log_path})"
             )
         return response
+
+    # The api-server has one worker: on a 2-core machine running several stacks at once it can stay silent past
+    # the 30 s timeout now and then. A read asks again; a write is never sent twice.
+    @retry(retry=retry_if_exception_type(httpx.TimeoutException), stop=stop_after_attempt(3), wait=wait_fixed(2),
+           reraise=True)
+    def _read(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return self.http.request(method, path, **kwargs)
 
     def dag(self, dag_id: str) -> dict[str, Any] | None:
         response = self.request("GET", f"/api/v2/dags/{dag_id}", expect=(200, 404))
