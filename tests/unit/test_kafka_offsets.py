@@ -1,6 +1,9 @@
-"""Kafka look-ups give up early when the broker keeps refusing the client, and only then."""
+"""Kafka look-ups give up early when the broker keeps refusing the client, and only then; a client ends with its
+last reference."""
 
+import gc
 import time
+import weakref
 
 import pytest
 from confluent_kafka import KafkaError
@@ -18,7 +21,7 @@ def client() -> kafka_offsets.ReportingAdminClient:
 def test_a_broker_that_keeps_refusing_stops_the_look_up_at_once():
     admin = client()
     for _ in range(kafka_offsets.REFUSALS_TO_STOP):
-        admin._connection_error(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: bad password"))
+        admin.reports(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: bad password"))
     began = time.monotonic()
     with pytest.raises(kafka_offsets.KafkaUnavailable, match="SASL authentication error: bad password"):
         admin.topics(KafkaClient(NOWHERE), timeout=30)
@@ -27,8 +30,19 @@ def test_a_broker_that_keeps_refusing_stops_the_look_up_at_once():
 
 def test_a_single_refusal_or_an_unreachable_broker_waits_for_the_timeout():
     admin = client()
-    admin._connection_error(KafkaError(KafkaError._SSL, "SSL handshake failed: Disconnected"))
+    admin.reports(KafkaError(KafkaError._SSL, "SSL handshake failed: Disconnected"))
     began = time.monotonic()
     with pytest.raises(kafka_offsets.KafkaUnavailable, match=f"cannot reach Kafka at {NOWHERE}"):
         admin.topics(KafkaClient(NOWHERE), timeout=2.5)
     assert 2.4 <= time.monotonic() - began < 6
+
+
+def test_an_admin_client_ends_with_its_last_reference_not_at_the_next_full_garbage_collection():
+    """Its error callback holds no reference back to it: a run carrying hundreds of batches, each looking offsets up
+    with a client of its own, must not pile up clients (each with its librdkafka threads and sockets)."""
+    gc.disable()
+    try:
+        ended = weakref.ref(client())
+        assert ended() is None
+    finally:
+        gc.enable()

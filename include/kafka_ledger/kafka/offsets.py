@@ -33,17 +33,27 @@ REFUSALS = (KafkaError._AUTHENTICATION, KafkaError._SSL)
 REFUSALS_TO_STOP = 3
 
 
+class ConnectionReports:
+    """What librdkafka reports about a client's connections (its error callback)."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.refusals = 0
+
+    def __call__(self, error: KafkaError) -> None:
+        self.errors.append(error.str())
+        self.refusals += error.code() in REFUSALS
+
+
 class ReportingAdminClient(AdminClient):
     """An admin client that keeps what librdkafka reports about its connections (why Kafka is unreachable)."""
 
     def __init__(self, config: dict[str, object]):
-        self.errors: list[str] = []
-        self.refusals = 0
-        super().__init__({**config, "error_cb": self._connection_error, "logger": LIBRDKAFKA_LOG})
-
-    def _connection_error(self, error: KafkaError) -> None:
-        self.errors.append(error.str())
-        self.refusals += error.code() in REFUSALS
+        # The callback must not hold the client (a bound method would): a client in a reference cycle lives, with
+        # its threads and sockets, until the garbage collector's rare full pass, and a run carrying batch after
+        # batch piled up a hundred of them. Without the cycle a client ends when its last reference does.
+        self.reports = ConnectionReports()
+        super().__init__({**config, "error_cb": self.reports, "logger": LIBRDKAFKA_LOG})
 
     def topics(self, kafka: KafkaClient, timeout: float) -> ClusterMetadata:
         """The cluster's metadata; KafkaUnavailable at the timeout, or as soon as the broker keeps refusing us."""
@@ -53,13 +63,13 @@ class ReportingAdminClient(AdminClient):
                 return self.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
             except KafkaException as exc:
                 self.poll(0)  # serves the error callbacks queued meanwhile
-                if self.refusals >= REFUSALS_TO_STOP or time.monotonic() >= deadline:
+                if self.reports.refusals >= REFUSALS_TO_STOP or time.monotonic() >= deadline:
                     raise self.unreachable(kafka, exc) from exc
 
     def unreachable(self, kafka: KafkaClient, exc: Exception) -> KafkaUnavailable:
         """The error to raise when a request failed: the connection's own reason (TLS, SASL) when known."""
         self.poll(0.5)  # serves the error callbacks queued meanwhile
-        reasons = [e for e in dict.fromkeys(self.errors) if "brokers are down" not in e]
+        reasons = [e for e in dict.fromkeys(self.reports.errors) if "brokers are down" not in e]
         return KafkaUnavailable(f"cannot reach Kafka at {kafka}: {'; '.join(reasons) or exc}")
 
 
