@@ -7,7 +7,10 @@
 #   bash scripts/fault_campaign.sh --runtime connect --sink iceberg --faults 40   # into an Iceberg table of the lake
 #   bash scripts/fault_campaign.sh --runtime connect --write upsert --faults 40   # into an entity table (97 entities)
 #   bash scripts/fault_campaign.sh --runtime connect --doorbell --faults 20   # runs by the doorbell under a dedicated
-#       # Airflow, its triggerer killed mid-poll and its scheduler killed with a doorbell run queued
+#       # Airflow, its triggerer killed mid-poll, its scheduler killed with a doorbell run queued, a carrying run's
+#       # task killed and the Spark Connect server restarted under it
+#   bash scripts/fault_campaign.sh --runtime connect --doorbell --network --rate 6000 --faults 200 \
+#       --records-per-fault 5000 --write-docs docs   # the doorbell's full campaign, network faults too
 #   bash scripts/fault_campaign.sh --secure --cluster --network --network-weight 5 --runtime connect \
 #       --faults 304 --records-per-fault 3300 --write-docs docs
 #       # the production shape (Kafka over SASL_SSL, the ledger over verified TLS, Spark on the cluster), every

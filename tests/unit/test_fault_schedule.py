@@ -79,6 +79,25 @@ def test_the_report_shows_the_figures_and_flags_a_short_campaign():
     assert "| records produced | 1,000,000 |" in full and "took 2 h 30 min" in full
 
 
+def test_a_doorbell_campaign_s_report_names_its_runs_rate_and_its_own_faults():
+    data = {**report_data(200, 1_000_000, "connect"), "shape": "connect-network-doorbell", "rate": 6000.0,
+            "records_per_fault": 5000, "airflow": "3.3.2", "runs_by_state": {"success": 250, "failed": 12},
+            "faults_by_kind": {"kill_task_mid_carry": 100, "blackhole_kafka": 100},
+            "fault_variants": {"kill_task_mid_carry": {"between batches": 100},
+                               "blackhole_kafka": {"in a carried batch": 100}},
+            "fault_landings": {"kill_task_mid_carry": {"task killed between batches": 100},
+                               "blackhole_kafka": {"a blackhole (nothing passes either way) on Kafka in a carried "
+                                                   "batch": 100}}}
+    iterations = [{"fault": "kill_task_mid_carry", "recovered_by": "the doorbell's runs"}]
+    report = render_report({"connect-network-doorbell": (data, iterations)})
+    assert "## Runtime `connect`, through network proxies, run by its doorbell under Airflow" in report
+    assert "not a full campaign" not in report and "produced at 6,000 records/s" in report
+    assert "Airflow 3.3.2's own scheduler and triggerer" in report
+    assert "| pipeline runs (by state) | 260 (success: 250, failed: 12) |" in report
+    assert "| `kill_task_mid_carry` | 100 | between batches: 100 |" in report
+    assert "| `blackhole_kafka` | 100 |" in report and "| `kill_commit` |" not in report
+
+
 def test_each_runtime_keeps_its_last_campaign_in_the_docs(tmp_path):
     iterations = [{"fault": "kill_commit", "recovered_by": "task retry (Spark)"}]
     for runtime, faults in (("submit", 200), ("connect", 8)):

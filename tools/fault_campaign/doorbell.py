@@ -20,6 +20,13 @@ killed component again. Each iteration lets the producer write its records and s
   starts one that does.
 - restart_spark_connect_mid_carry: the Spark Connect server stopped and started while a carrying run's batch (after
   its first) is being read; the attempt fails, publishing nothing, and the task's retry or the next run resumes it.
+- with `--network` (Airflow's tasks and triggerer reach Kafka, the ledger and the Spark Connect server through
+  Toxiproxy), every network fault of strikes.NETWORK_FAULTS, struck in a carried batch: a latency or a slow link held
+  HOLD_SECONDS while the run carries on through it, connections reset for a second, a blackhole held until the
+  carrying task has failed by its own bounds, the broker restarted while reads are slowed to 8 KB/s.
+
+While a strike waits for its moment and holds, the records keep coming at the campaign's rate (`--rate`), so that
+the run it strikes carries batch after batch as it would under a steady load.
 
 Then the doorbell's runs must publish every record produced so far, with no run left active, and the campaign's
 checks hold (runner.Campaign.check: output and dead letters are exactly the records below the positions, the
@@ -34,6 +41,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
+from importlib.metadata import version
 from typing import Any
 
 from kafka_ledger.airflow.dags import SPARK_TASK, doorbell_asset
@@ -42,6 +50,7 @@ from tools.airflow_server import AirflowClient, component_processes, kill_compon
 from tools.fault_campaign import CampaignFailure
 from tools.fault_campaign.producer import SequenceProducer
 from tools.fault_campaign.runner import Campaign, IterationReport
+from tools.fault_campaign.strikes import BLACKHOLE_LIMIT, NETWORK_FAULTS, SERVICES
 
 # Every (fault, variant) once per round, in an order drawn from the seed: a 7-fault campaign strikes each.
 STRIKES = (("kill_triggerer_mid_poll", "mid-poll"),
@@ -62,6 +71,9 @@ CATCH_UP_SECONDS = 300
 RING_SECONDS = 60
 # How long a carrying strike waits for its moment (in a carried batch, between two) before striking as things are.
 MOMENT_SECONDS = 5.0
+# With --network: every network fault, struck in a carried batch; a latency or a slow link is held this long.
+NETWORK_STRIKES = tuple((kind, "in a carried batch") for kind in NETWORK_FAULTS)
+HOLD_SECONDS = 10.0
 
 
 class DoorbellCampaign(Campaign):
@@ -69,18 +81,21 @@ class DoorbellCampaign(Campaign):
     runs them, started by this process (its components are found by the session id)."""
 
     def __init__(self, pipeline: Any, dsn: str, servers: str, seed: int, faults: int, records_per_fault: int,
-                 workdir: Any, airflow: AirflowClient, strikes: tuple[tuple[str, str], ...] = STRIKES):
+                 workdir: Any, airflow: AirflowClient, strikes: tuple[tuple[str, str], ...] = STRIKES,
+                 network: bool = False, rate: float | None = None):
         if pipeline.doorbell is None:
             raise CampaignFailure(f"pipeline {pipeline.name} has no doorbell (`trigger: doorbell`)")
         if airflow.session_id is None:
             raise CampaignFailure("the doorbell campaign kills Airflow's components: start it with running_airflow()")
+        strikes = strikes + (NETWORK_STRIKES if network else ())
         kinds = tuple(dict.fromkeys(kind for kind, _ in strikes))
-        super().__init__(pipeline, dsn, servers, seed, faults, records_per_fault, workdir, kinds=kinds)
+        super().__init__(pipeline, dsn, servers, seed, faults, records_per_fault, workdir, rate=rate,
+                         network=network, kinds=kinds)
         self.airflow = airflow
         rounds = -(-faults // len(strikes))
         self.strikes = [strike for _ in range(rounds) for strike in self.rng.sample(strikes, len(strikes))][:faults]
         self.schedule = [kind for kind, _ in self.strikes]
-        self.shape = f"{self.runtime}-doorbell"
+        self.shape = f"{self.shape}-doorbell"
         self.dag_id = pipeline.dag_id
         self._asset_id: int | None = None
 
@@ -132,12 +147,29 @@ class DoorbellCampaign(Campaign):
             {"p": self.pipeline.name, "r": run_id})
         return int(rows[0][0]), int(rows[0][1])
 
-    def strike_carrying(self, kind: str, variant: str) -> str:
-        """While the records keep coming, wait for a run carrying batches, then for it to be in a batch or between
-        two, and kill its Spark task or restart the Spark Connect server."""
+    def _keep_flowing(self) -> None:
+        """Let the producer go on at its rate for about a second more (called while a strike waits or holds)."""
+        waiting = self.producer.quota - self.producer.next_seq
+        if waiting < self.rate:
+            self.producer.allow(int(self.rate) - max(waiting, 0))
+
+    def _flow_for(self, seconds: float, until: Callable[[], bool] = lambda: False) -> bool:
+        """Keep the records coming for `seconds`, or until `until()`; whether `until()` came first."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if until():
+                return True
+            self._keep_flowing()
+            time.sleep(0.05)
+        return until()
+
+    def _carried_batch(self, variant: str) -> tuple[str, str]:
+        """While the records keep coming, wait for a run carrying batches, then for it to be in a batch after its
+        first or between two (`variant`); (the run's id, where the strike lands in words)."""
         self.producer.allow(self.records_per_fault)
         self.producer.wait_delivered_some(1, timeout=30)
-        run_id = self._poll("a run carrying batches", self._carrying_run, RING_SECONDS, interval=0.05)
+        run_id = self._poll("a run carrying batches", lambda: self._keep_flowing() or self._carrying_run(),
+                            RING_SECONDS, interval=0.05)
 
         def moment() -> bool:
             committed, reading = self._run_batches(run_id)
@@ -146,30 +178,62 @@ class DoorbellCampaign(Campaign):
 
         # A loaded machine may leave no gap between two batches (each takes longer than the pace): after a while
         # the strike lands as things are, and says so.
-        deadline, missed = time.monotonic() + MOMENT_SECONDS, ""
-        while not moment():
-            if time.monotonic() > deadline:
-                missed = f", not seen within {MOMENT_SECONDS:.0f} s: struck as it was"
-                break
-            time.sleep(0.02)
+        missed = "" if self._flow_for(MOMENT_SECONDS, moment) else \
+            f", not seen within {MOMENT_SECONDS:.0f} s: struck as it was"
         committed, reading = self._run_batches(run_id)
-        where = f"{variant}{missed} (the run had carried {committed} batch(es), {reading} open)"
+        return run_id, f"{variant}{missed} (the run had carried {committed} batch(es), {reading} open)"
+
+    def _spark_task_process(self, run_id: str) -> int | None:
+        spark = [ti for ti in self.airflow.task_instances(self.dag_id, run_id)
+                 if ti["task_id"] == SPARK_TASK[self.runtime]]
+        return task_process(spark[0]["id"]) if spark else None
+
+    def strike_carrying(self, kind: str, variant: str) -> str:
+        """Kill a carrying run's Spark task, in a batch or between two, or restart the Spark Connect server in one."""
+        run_id, where = self._carried_batch(variant)
         if kind == "restart_spark_connect_mid_carry":
             self._stack("restart-spark-connect")
             return f"Spark Connect server restarted {where}"
-        spark = [ti for ti in self.airflow.task_instances(self.dag_id, run_id)
-                 if ti["task_id"] == SPARK_TASK[self.runtime]]
-        pid = task_process(spark[0]["id"]) if spark else None
+        pid = self._spark_task_process(run_id)
         if pid is None:  # the run ended meanwhile (it caught up): the iteration says the strike missed
             return f"missed: the carrying run {run_id} had ended ({where})"
         os.kill(pid, signal.SIGKILL)
         return f"task killed {where}"
+
+    def strike_network(self, kind: str, variant: str) -> str:
+        """A network fault on the proxy in front of one service while a run carries a batch (see the module)."""
+        fault = self.network_fault(kind)
+        run_id, where = self._carried_batch(variant)
+        name = f"campaign-{kind}"
+        try:
+            if fault.effect == "restart":
+                self.network.add(fault.proxy, f"{name}-downstream", *fault.toxic)
+                self._stack("restart-kafka")
+                return f"Kafka broker restarted {where}, its reads slowed to 8 KB/s"
+            for stream in fault.streams:
+                self.network.add(fault.proxy, f"{name}-{stream}", *fault.toxic, stream=stream)
+            if fault.effect == "reset":
+                self._flow_for(1.0)  # every connection that carries data meanwhile is reset
+            elif fault.effect == "blackhole":
+                # Until the carrying task has failed: its bounds (docs/how-it-works.md#every-wait-is-bounded) end it.
+                pid = self._spark_task_process(run_id)
+                if pid is not None and not self._flow_for(BLACKHOLE_LIMIT, lambda: not os.path.exists(f"/proc/{pid}")):
+                    raise CampaignFailure(f"{fault.what} on {SERVICES[fault.service]} {where}: the task still waited "
+                                          f"after {BLACKHOLE_LIMIT} s")
+            else:
+                self._flow_for(HOLD_SECONDS)
+            return f"{fault.what} on {SERVICES[fault.service]} {where}"
+        finally:
+            for stream in fault.streams:
+                self.network.remove(fault.proxy, f"{name}-{stream}")
 
     # --- the faults ---------------------------------------------------------------------------------------
     def strike(self, kind: str, variant: str, runs_before: int) -> str:
         """Let the iteration's records come and strike; returns where the fault landed."""
         if kind in ("kill_task_mid_carry", "restart_spark_connect_mid_carry"):
             return self.strike_carrying(kind, variant)
+        if kind in NETWORK_FAULTS:
+            return self.strike_network(kind, variant)
         sid = self.airflow.session_id
         delay = self.rng.uniform(0.0, 3.0)
         rings_before = self.rings()
@@ -246,6 +310,8 @@ class DoorbellCampaign(Campaign):
                                for k in self.kinds},
             **figures,
             "records_per_fault": self.records_per_fault,
+            "rate": self.rate,
+            "airflow": version("apache-airflow"),
             "partitions": len(self.positions),
             "pipeline_runs": len(runs),
             "runs_by_state": dict(Counter(r["state"] for r in runs)),

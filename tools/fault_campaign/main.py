@@ -15,8 +15,9 @@ import tools.fault_campaign
 from kafka_ledger.config.settings import kafka_client, kafka_for, ledger_database
 from tools import git_commit
 from tools.fault_campaign import PROJECT_ROOT, CampaignFailure
+from tools.fault_campaign.network import proxied_environment
 from tools.fault_campaign.report import write_docs
-from tools.fault_campaign.runner import Campaign, task_main
+from tools.fault_campaign.runner import NETWORK_DB_STATEMENT_SECONDS, Campaign, task_main
 from tools.fault_campaign.strikes import FAULT_KINDS, secured
 from tools.records import COLUMNS
 
@@ -56,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doorbell", action="store_true",
                         help="the pipeline runs by its doorbell under a dedicated Airflow (scheduler, triggerer), "
                              "whose triggerer and scheduler the faults kill (tools/fault_campaign/doorbell.py)")
+    parser.add_argument("--rate", type=float, metavar="RECORDS_PER_S",
+                        help="with --doorbell: records per second the producer writes at (default: a twelfth of "
+                             "--records-per-fault), e.g. 6000, the talk's rate")
     parser.add_argument("--write-docs", type=Path, metavar="DIR",
                         help="write reliability.json (and the per-iteration log) into DIR, e.g. docs")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows afterwards")
@@ -64,8 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cluster and not os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"):
         parser.error("--cluster: KAFKA_LEDGER_SPARK_MASTER names no cluster: run scripts/fault_campaign.sh --cluster")
-    if args.doorbell and (args.resume or args.write_docs or args.network):
-        parser.error("--doorbell: a doorbell campaign is not resumed, writes no docs and has no network faults")
+    if args.doorbell and args.resume:
+        parser.error("--doorbell: a doorbell campaign is not resumed")
+    if args.rate and not args.doorbell:
+        parser.error("--rate: only with --doorbell (the other campaigns produce a twelfth of --records-per-fault a "
+                     "second)")
     if args.secure and not secured():
         parser.error("--secure: Kafka is not reached over SASL_SSL, or the ledger's URL does not verify its server: "
                      "run scripts/fault_campaign.sh --secure")
@@ -105,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             command += f" --write {args.write}"
         if args.doorbell:
             command += " --doorbell"
+        if args.rate:
+            command += f" --rate {args.rate:g}"
         if args.network_weight != 1:
             command += f" --network-weight {args.network_weight}"
         if args.write_docs:
@@ -167,9 +176,14 @@ def main(argv: list[str] | None = None) -> int:
             from tools.airflow_server import running_airflow
             from tools.fault_campaign.doorbell import DoorbellCampaign
 
+            if settings["network"]:
+                # Airflow's tasks and triggerer reach the services through the proxies; the campaign's own checks
+                # and producer do not (dsn and servers were read before).
+                os.environ.update(proxied_environment(dict(os.environ)))
+                os.environ.setdefault("KAFKA_LEDGER_DB_STATEMENT_TIMEOUT", str(NETWORK_DB_STATEMENT_SECONDS))
             with running_airflow() as airflow:
                 campaign = DoorbellCampaign(pipeline, dsn, servers, args.seed, args.faults, args.records_per_fault,
-                                            workdir, airflow)
+                                            workdir, airflow, network=settings["network"], rate=args.rate)
                 report = campaign.run_all(progress=say)
         else:
             report = campaign.run_all(progress=say)

@@ -47,6 +47,11 @@ ICEBERG_PUBLISH = ("Spark writing each batch as one Iceberg snapshot (Iceberg 1.
                    "Postgres), then the ledger's transaction recording that snapshot and moving the offsets")
 
 
+def cell(counter: dict[str, int], separator: str = "<br>") -> str:
+    """A table cell of counts, the largest first."""
+    return separator.join(f"{name}: {n}" for name, n in sorted(counter.items(), key=lambda kv: -kv[1]))
+
+
 def render_campaign(data: dict[str, Any], iterations: list[dict[str, Any]]) -> list[str]:
     """The section of docs/reliability.md for one runtime's last campaign."""
     shape = data.get("shape", data.get("runtime", "submit"))
@@ -58,11 +63,13 @@ def render_campaign(data: dict[str, Any], iterations: list[dict[str, Any]]) -> l
         recovered[it["fault"]][it["recovered_by"]] += 1
     runtime, *traits = shape.split("-")
     network, secure, iceberg = "network" in traits, "secure" in traits, "iceberg" in traits
+    doorbell = "doorbell" in traits
     spark = runtime + ("-cluster" if "cluster" in traits else "")
     lines = [f"## Runtime `{runtime}`" + (" on a Spark cluster" if "cluster" in traits else "")
              + (", Kafka over SASL_SSL and the ledger over verified TLS" if secure else "")
              + (", through network proxies" if network else "")
-             + (", into an Iceberg table" if iceberg else ""), ""]
+             + (", into an Iceberg table" if iceberg else "")
+             + (", run by its doorbell under Airflow" if doorbell else ""), ""]
     if not full:
         lines += ["**This is not a full campaign** (at least 200 faults over at least 1,000,000 records): "
                   "it is the last shorter one.", ""]
@@ -74,7 +81,11 @@ def render_campaign(data: dict[str, Any], iterations: list[dict[str, Any]]) -> l
         + (", every Kafka client over the broker's SASL_SSL listener (SCRAM-SHA-512), the ledger over TLS with "
            "sslmode=verify-full" if secure else "")
         + (", every task reaching Kafka, the ledger and the Spark Connect server through Toxiproxy 2.5.0" if network
-           else "") + ")"
+           else "")
+        + (f", the runs started by the pipeline's doorbell under Airflow {data.get('airflow', '3')}'s own scheduler "
+           f"and triggerer, each run carrying batch after batch, {data['records_per_fault']:,} records per fault "
+           f"produced at {data.get('rate', 0):,.0f} records/s and more while a strike waits for its moment"
+           if doorbell else "") + ")"
         + (f", over {sessions} working sessions: the campaign was resumed from its "
            "last checkpoint, every process of the interrupted iteration having been "
            "killed and the services restarted; the next runs recovered and the checks "
@@ -92,8 +103,9 @@ def render_campaign(data: dict[str, Any], iterations: list[dict[str, Any]]) -> l
         f"| rows for records never produced | {data['unexpected']} |",
         f"| rows or dead letters with the wrong content | {data['wrong_content']} |",
         f"| `kafka-ledger verify` against Kafka | {'OK' if data['verify_ok'] else 'FAILED'} |",
-        f"| pipeline runs / Spark task tries | {data['pipeline_runs']} / "
-        f"{data.get('spark_tasks', data.get('spark_submits'))} |",
+        (f"| pipeline runs (by state) | {data['pipeline_runs']} ({cell(data.get('runs_by_state', {}), ', ')}) |"
+         if doorbell else f"| pipeline runs / Spark task tries | {data['pipeline_runs']} / "
+                          f"{data.get('spark_tasks', data.get('spark_submits'))} |"),
         "",
         "Every check passed after every fault: output ∪ dead letters equal to the records produced below the "
         "positions as sets of (topic, partition, offset), no record twice, committed ranges tiling each "
@@ -105,10 +117,7 @@ def render_campaign(data: dict[str, Any], iterations: list[dict[str, Any]]) -> l
         "| --- | --- | --- | --- | --- |",
     ]
 
-    def cell(counter: dict[str, int]) -> str:
-        return "<br>".join(f"{name}: {n}" for name, n in sorted(counter.items(), key=lambda kv: -kv[1]))
-
-    for kind in fault_kinds(shape):
+    for kind in (data["faults_by_kind"] if doorbell else fault_kinds(shape)):
         lines.append(f"| `{kind}` | {data['faults_by_kind'].get(kind, 0)} | "
                      f"{cell(data['fault_variants'].get(kind, {}))} | {cell(data['fault_landings'].get(kind, {}))} "
                      f"| {cell(recovered.get(kind, {}))} |")

@@ -64,6 +64,20 @@ NETWORK_FAULTS = (
 SERVICES = {"kafka": "Kafka", "postgres": "Postgres", "spark_connect": "the Spark Connect server"}
 
 
+@dataclass(frozen=True)
+class NetworkFault:
+    """One network fault: its kind and effect (latency, slow, reset, blackhole, restart), the service and the proxy
+    in front of it, the toxic (type, attributes), how it reads in a report, and the streams it is added to."""
+
+    kind: str
+    effect: str
+    service: str
+    proxy: str
+    toxic: tuple[str, dict[str, int]]
+    what: str
+    streams: tuple[str, ...]
+
+
 def campaign_shape(runtime: str, on_cluster: bool, network: bool = False, secure: bool = False,
                    iceberg: bool = False) -> str:
     """What a campaign ran on: the Spark runtime, whether on the local standalone cluster, whether Kafka over
@@ -285,9 +299,8 @@ class FaultStrikes:
             return f"a second attempt raced the first {landed}: the second {'committed' if won else 'failed'}"
         return strike
 
-    def _strike_network(self, kind: str, timing: str, delay: float) -> Callable[..., str]:
-        """A network fault on the proxy in front of one service, once the task's attempt began: after `delay`,
-        or as rows stream; held until the task ends (a latency, a slow link) or for a moment (resets)."""
+    def network_fault(self, kind: str) -> NetworkFault:
+        """The toxic a network fault kind adds (its figures drawn from the campaign's rng), and on which proxy."""
         effect = kind.split("_")[0]
         service = next(name for name in SERVICES if name in kind)
         proxy = {"kafka": kafka_proxy(self.servers), "postgres": POSTGRES, "spark_connect": SPARK_CONNECT}[service]
@@ -305,6 +318,14 @@ class FaultStrikes:
                 "reset": "connections reset", "restart": "a broker restart",
                 "blackhole": "a blackhole (nothing passes either way)"}[effect]
         streams = ("downstream", "upstream") if effect == "blackhole" else ("downstream",)
+        return NetworkFault(kind, effect, service, proxy, toxic, what, streams)
+
+    def _strike_network(self, kind: str, timing: str, delay: float) -> Callable[..., str]:
+        """A network fault on the proxy in front of one service, once the task's attempt began: after `delay`,
+        or as rows stream; held until the task ends (a latency, a slow link) or for a moment (resets)."""
+        fault = self.network_fault(kind)
+        effect, service, proxy, toxic, what, streams = (fault.effect, fault.service, fault.proxy, fault.toxic,
+                                                        fault.what, fault.streams)
 
         def strike(proc: launcher.ForkedTask, batch_id: int, attempts_before: int) -> str:
             attempt = attempts_before + 1
