@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +135,24 @@ def _seconds(later: str | None, earlier: str | None) -> float | None:
     if not later or not earlier:
         return None
     return (datetime.fromisoformat(later) - datetime.fromisoformat(earlier)).total_seconds()
+
+
+def first_run_stages(client: Any, dag_id: str, unpaused_at: str) -> dict[str, float | None]:
+    """When the first run's steps began, in seconds from the unpause (`unpaused_at`, ISO): the doorbell's first ring
+    (its asset event), the run's start, its plan task's start and end, its Spark task's start."""
+    runs = client.runs(dag_id)
+    if not runs:
+        return {}
+    run = runs[0]
+    tasks = {t["task_id"]: t for t in client.task_instances(dag_id, run["dag_run_id"])}
+    plan, spark = tasks.get(PLAN_TASK) or {}, tasks.get(SPARK_TASK["connect"]) or {}
+    events = client.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}/upstreamAssetEvents",
+                            expect=(200, 404)).json().get("asset_events", [])
+    steps = {"ring": min((e["timestamp"] for e in events), default=None), "run_start": run.get("start_date"),
+             "plan_task_start": plan.get("start_date"), "plan_task_end": plan.get("end_date"),
+             "spark_task_start": spark.get("start_date")}
+    return {name: (None if (took := _seconds(at, unpaused_at)) is None else round(took, 2))
+            for name, at in steps.items()}
 
 
 def run_stages(client: Any, dag_id: str, dsn: str, pipeline: str) -> dict[str, Any]:
@@ -261,7 +279,7 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
         with running_airflow() as client:
             client.wait_for_dag(pipeline.dag_id, timeout=180)
             client.set_paused(pipeline.dag_id, False)
-            unpaused = time.monotonic()
+            unpaused, unpaused_at = time.monotonic(), datetime.now(UTC).isoformat()
             if peer:
                 peer_process = start_peer(servers, dsn, topic, peer_table, workdir)
 
@@ -284,7 +302,8 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
             produce_steadily(servers, topic, WARM_UP_RECORDS, 1.0, partitions)
             # From the unpause (the peer: from its start, a moment later) to the warm-up's records all published.
             summary["warm_up"] = {"records": WARM_UP_RECORDS,
-                                  "published_after_unpause_s": caught_up(WARM_UP_RECORDS, since=unpaused)}
+                                  "published_after_unpause_s": caught_up(WARM_UP_RECORDS, since=unpaused),
+                                  "first_run_after_unpause_s": first_run_stages(client, pipeline.dag_id, unpaused_at)}
             load_started = datetime.now().astimezone()
             produced = produce_steadily(servers, topic, rate, minutes * 60, partitions)
             summary["produced"] = produced

@@ -99,3 +99,22 @@ def test_the_warm_up_reads_the_newest_offsets_of_the_fullest_partitions():
     assert newest_ranges(offsets, records=30, partitions=2) == [OffsetRange("t", 0, 85, 100),
                                                                 OffsetRange("u", 0, 985, 1000)]
     assert newest_ranges({TopicPartition("t", 0): PartitionOffsets(5, 5)}) == []
+
+
+def test_a_client_session_let_go_is_freed_not_kept_until_the_process_exits():
+    """PySpark keeps every Spark Connect client alive until exit (an atexit clean-up); a run carrying batch after
+    batch, a client each, must not pile them up (no call reaches a server here)."""
+    import gc
+    import weakref
+
+    from pyspark.sql import SparkSession
+
+    from kafka_ledger.spark.connect import let_go
+
+    spark = SparkSession.builder.remote("sc://127.0.0.1:1").create()
+    client = weakref.ref(spark.client)
+    let_go(spark)
+    spark.client._channel.close()
+    del spark
+    gc.collect()
+    assert client() is None
