@@ -154,8 +154,8 @@ def let_go(spark: SparkSession) -> None:
         if spark is getattr(ConnectSession._active_session, "session", None):
             ConnectSession._active_session.session = None
     # PySpark 4.0 registers every client's ML-cache clean-up to run at exit, which keeps every client (its stub,
-    # channel and caches) alive until then: a run carrying hundreds of batches, each with a client of its own, grew
-    # by hundreds, and each full garbage collection took longer (batches 0.3 s slower after 150). We use no ML cache.
+    # channel and caches) alive until then: a run carrying hundreds of batches, each with a client of its own, would
+    # keep hundreds. We use no ML cache.
     atexit.unregister(spark.client._cleanup_ml)
 
 
