@@ -775,7 +775,8 @@ def test_the_doorbell_loses_and_doubles_nothing_when_its_triggerer_and_scheduler
         "kill_scheduler_with_run_queued": {"ring queued while the scheduler was frozen": 1, "run created": 1},
         "kill_task_mid_carry": {"in a carried batch": 1, "between batches": 1}}
     assert (report["lost"], report["duplicated"], report["unexpected"], report["wrong_content"]) == (0, 0, 0, 0)
-    assert report["records_produced"] == 10 + faults * 1000
+    # Each iteration's 1,000, and more while a carrying strike waits for its moment (the records keep coming).
+    assert report["records_produced"] >= 10 + faults * 1000
     assert report["output_rows"] + report["dead_letters"] == report["records_produced"]
     assert report["verify_ok"]
     with ledger.transaction(LedgerDatabase(dsn)) as cur:

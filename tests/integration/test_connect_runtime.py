@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -58,8 +59,9 @@ def wait_for_rows_streaming(dsn: str, pipeline, task: launcher.ForkedTask | thre
     deadline = time.monotonic() + timeout
     while True:
         with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'COPY%%' AND query LIKE %s",
-                        (f"%{pipeline.output_table}%",))
+            # Active: a finished COPY stays the session's `query` until its next statement.
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'COPY%%' "
+                        "AND query LIKE %s", (f"%{pipeline.output_table}%",))
             copying = cur.fetchone()[0]
         conn.close()
         if copying:
@@ -128,13 +130,20 @@ def test_server_killed_mid_batch_fails_the_task_clearly_and_the_retry_recovers(
 ):
     pipeline = pipeline_factory(f"connect_server_{when.split()[0]}", partitions=3)
     batch_id, expected_dead = produce_and_plan(dsn, servers, pipeline, producer, 60_000)
+    # The server's process group, found beforehand: killed the moment rows stream (by scripts/stack.sh, its start-up
+    # gave a fast batch time to finish first).
+    server = int(subprocess.run(["bash", str(STACK), "ctl", "pid", "spark-connect"], check=True,
+                                capture_output=True, text=True).stdout.strip())
     task = start_task(pipeline, batch_id)
     if when == "connecting":
         wait_for_attempt(dsn, batch_id, 1, task)
     else:
         wait_for_rows_streaming(dsn, pipeline, task)
     try:
-        subprocess.run(["bash", str(STACK), "kill-spark-connect"], check=True, capture_output=True)
+        try:
+            os.killpg(server, signal.SIGKILL)  # as scripts/stack.sh kill-spark-connect does
+        except ProcessLookupError:
+            os.kill(server, signal.SIGKILL)
         code, _, err = finish(task)
         assert code != 0
         assert "Spark Connect server" in err and re.search("nothing was (read or )?published", err), err[-2000:]
