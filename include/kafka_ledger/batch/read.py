@@ -6,6 +6,7 @@ ledger. What becomes of the records (staged, or streamed into the commit's trans
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -84,9 +85,14 @@ def read_group_id(pipeline: str, client: dict[str, str]) -> str:
     servers), since Spark fails a read whose settings differ from its pooled consumer's for the same group
     and partition. The settings hold secrets: scrypt makes guessing them from a logged group id costly.
     """
-    settings = json.dumps(client, sort_keys=True).encode()
-    fingerprint = hashlib.scrypt(settings, salt=b"kafka-ledger consumer group", n=2**14, r=8, p=1, dklen=6).hex()
-    return f"kafka-ledger-{pipeline}-{fingerprint}"
+    return f"kafka-ledger-{pipeline}-{_settings_fingerprint(json.dumps(client, sort_keys=True).encode())}"
+
+
+# Computed once per process and settings: scrypt is slow on purpose (about 0.06 s), and a run carrying a batch a
+# second would pay it every batch.
+@functools.lru_cache(maxsize=16)
+def _settings_fingerprint(settings: bytes) -> str:
+    return hashlib.scrypt(settings, salt=b"kafka-ledger consumer group", n=2**14, r=8, p=1, dklen=6).hex()
 
 
 def check_not_deleted(kafka: KafkaClient, ranges: list[OffsetRange]) -> None:
