@@ -324,11 +324,23 @@ def ranges_params(ranges: Iterable[OffsetRange]) -> dict[str, list[Any]]:
             "from_offsets": [r.from_offset for r in ranges], "until_offsets": [r.until_offset for r in ranges]}
 
 
-DELETE_DEAD_LETTER_RANGES = f"""
-    DELETE FROM kafka_ledger.dead_letters d USING {RANGES}
-    WHERE d.pipeline = %(pipeline)s AND d.kafka_topic = r.topic AND d.kafka_partition = r.partition
-      AND d.kafka_offset >= r.from_offset AND d.kafka_offset < r.until_offset
-"""
+def delete_within_ranges(table: sql.Composable, rows_of: str = "") -> sql.Composed:
+    """DELETE the rows of `table` inside RANGES' ranges (`rows_of`: a further condition on its rows `t`, ending in
+    AND): each range looked up in the table's btree on (..., kafka_topic, kafka_partition, kafka_offset), then its
+    rows deleted by their row ids. Joined to the ranges directly, the planner hashed them and read the whole table
+    for every batch (0.19 s at 738,000 rows of output, growing with them; this way 0.2 ms). OFFSET 0 keeps the
+    planner from flattening the look-up back into that join."""
+    return sql.SQL("""
+        DELETE FROM {table} WHERE ctid = ANY (ARRAY(
+            SELECT found.ctid FROM {ranges} CROSS JOIN LATERAL (
+                SELECT t.ctid FROM {table} t
+                WHERE {rows_of}t.kafka_topic = r.topic AND t.kafka_partition = r.partition
+                  AND t.kafka_offset >= r.from_offset AND t.kafka_offset < r.until_offset
+                OFFSET 0) found))
+    """).format(table=table, ranges=sql.SQL(RANGES), rows_of=sql.SQL(rows_of))
+
+
+DELETE_DEAD_LETTER_RANGES = delete_within_ranges(sql.SQL("kafka_ledger.dead_letters"), "t.pipeline = %(pipeline)s AND ")
 
 # The Iceberg snapshot that published the batch (an Iceberg sink), recorded by the commit that moves the offsets.
 RECORD_BATCH_SNAPSHOT = "UPDATE kafka_ledger.batches SET snapshot_id = %(snapshot_id)s WHERE batch_id = %(batch_id)s"

@@ -6,7 +6,13 @@ from __future__ import annotations
 from psycopg2 import sql
 
 from kafka_ledger.config.pipeline import PipelineConfig
-from kafka_ledger.ledger.sql import RANGES, declared_columns, distinct_partitions, ledger_columns, staging_table
+from kafka_ledger.ledger.sql import (
+    declared_columns,
+    delete_within_ranges,
+    distinct_partitions,
+    ledger_columns,
+    staging_table,
+)
 from kafka_ledger.model.columns import COORDINATES, OUTPUT_TRAILER, TOMBSTONE, names
 
 # An entity table's deleted keys (write: upsert), one table per pipeline: what a tombstone deleted, kept so that
@@ -90,13 +96,7 @@ def select_output_offsets(pipeline: PipelineConfig) -> sql.Composed:
 def delete_output_ranges(pipeline: PipelineConfig) -> sql.Composed:
     """Remove the published rows of the offsets [from, until) of some partitions (ledger.sql.ranges_params), before
     they are written again."""
-    return sql.SQL(
-        """
-        DELETE FROM {output} t USING {ranges}
-        WHERE t.kafka_topic = r.topic AND t.kafka_partition = r.partition
-          AND t.kafka_offset >= r.from_offset AND t.kafka_offset < r.until_offset
-        """
-    ).format(output=output_table(pipeline), ranges=sql.SQL(RANGES))
+    return delete_within_ranges(output_table(pipeline))
 
 
 def copy_rows(target: sql.Composable, columns: list[str]) -> sql.Composed:
