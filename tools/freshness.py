@@ -137,6 +137,15 @@ def _seconds(later: str | None, earlier: str | None) -> float | None:
     return (datetime.fromisoformat(later) - datetime.fromisoformat(earlier)).total_seconds()
 
 
+def _run_parts(client: Any, dag_id: str, run: dict[str, Any]) -> tuple[str | None, dict[str, Any], dict[str, Any]]:
+    """A run's first triggering asset event's time (the doorbell's ring), its plan task and its Spark task."""
+    tasks = {t["task_id"]: t for t in client.task_instances(dag_id, run["dag_run_id"])}
+    events = client.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}/upstreamAssetEvents",
+                            expect=(200, 404)).json().get("asset_events", [])
+    return (min((e["timestamp"] for e in events), default=None), tasks.get(PLAN_TASK) or {},
+            tasks.get(SPARK_TASK["connect"]) or {})
+
+
 def first_run_stages(client: Any, dag_id: str, unpaused_at: str) -> dict[str, float | None]:
     """When the first run's steps began, in seconds from the unpause (`unpaused_at`, ISO): the doorbell's first ring
     (its asset event), the run's start, its plan task's start and end, its Spark task's start."""
@@ -144,11 +153,8 @@ def first_run_stages(client: Any, dag_id: str, unpaused_at: str) -> dict[str, fl
     if not runs:
         return {}
     run = runs[0]
-    tasks = {t["task_id"]: t for t in client.task_instances(dag_id, run["dag_run_id"])}
-    plan, spark = tasks.get(PLAN_TASK) or {}, tasks.get(SPARK_TASK["connect"]) or {}
-    events = client.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}/upstreamAssetEvents",
-                            expect=(200, 404)).json().get("asset_events", [])
-    steps = {"ring": min((e["timestamp"] for e in events), default=None), "run_start": run.get("start_date"),
+    ring, plan, spark = _run_parts(client, dag_id, run)
+    steps = {"ring": ring, "run_start": run.get("start_date"),
              "plan_task_start": plan.get("start_date"), "plan_task_end": plan.get("end_date"),
              "spark_task_start": spark.get("start_date")}
     return {name: (None if (took := _seconds(at, unpaused_at)) is None else round(took, 2))
@@ -171,13 +177,10 @@ def run_stages(client: Any, dag_id: str, dsn: str, pipeline: str) -> dict[str, A
     for run in runs:
         if run["dag_run_id"] not in in_batches or run.get("state") != "success":
             continue
-        tasks = {t["task_id"]: t for t in client.task_instances(dag_id, run["dag_run_id"])}
-        plan, spark = tasks.get(PLAN_TASK) or {}, tasks.get(SPARK_TASK["connect"]) or {}
-        events = client.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}/upstreamAssetEvents",
-                                expect=(200, 404)).json().get("asset_events", [])
+        ring, plan, spark = _run_parts(client, dag_id, run)
         took = _seconds(run.get("end_date"), run.get("start_date"))
         measured = {
-            "event_to_run_start": _seconds(run.get("start_date"), min((e["timestamp"] for e in events), default=None)),
+            "event_to_run_start": _seconds(run.get("start_date"), ring),
             "run_start_to_plan_task": _seconds(plan.get("start_date"), run.get("start_date")),
             "plan_task": _seconds(plan.get("end_date"), plan.get("start_date")),
             "plan_to_spark_task": _seconds(spark.get("start_date"), plan.get("end_date")),
