@@ -32,6 +32,8 @@ KL_AIRFLOW_PORT=${KL_AIRFLOW_PORT:-$(kl_port 18080)}
 # The integration tests' own Airflow (tests/integration/airflow_server.py), beside a developer's on KL_AIRFLOW_PORT.
 KL_AIRFLOW_TEST_PORT=${KL_AIRFLOW_TEST_PORT:-$(kl_port 18088)}
 KL_SPARK_CONNECT_PORT=${KL_SPARK_CONNECT_PORT:-$(kl_port 19002)}
+# The schema registry (Apicurio Registry, its Confluent-compatible API under /apis/ccompat/v7): Avro values' schemas.
+KL_SCHEMA_REGISTRY_PORT=${KL_SCHEMA_REGISTRY_PORT:-$(kl_port 18085)}
 # Toxiproxy (a TCP proxy with an HTTP API) between the clients and each service, for the fault campaign's network
 # faults: started on demand (`scripts/stack.sh proxies`: the tests and `scripts/fault_campaign.sh --network`), never
 # by `up`. Loopback only; its API has no authentication (a test tool: it injects faults, it holds no data).
@@ -89,20 +91,23 @@ mkdir -p "$(dirname "$KL_SECRETS")"
 [ -n "${KAFKA_LEDGER_BOOTSTRAP_SERVERS:-}" ] && KL_LOCAL_KAFKA=${KL_LOCAL_KAFKA:-0}
 [ -n "${KAFKA_LEDGER_DB_URL:-}" ] && KL_LOCAL_POSTGRES=${KL_LOCAL_POSTGRES:-0}
 [ -n "${AIRFLOW_CONN_SPARK_CONNECT_DEFAULT:-}" ] && KL_LOCAL_SPARK_CONNECT=${KL_LOCAL_SPARK_CONNECT:-0}
+[ -n "${KAFKA_LEDGER_SCHEMA_REGISTRY_URL:-}" ] && KL_LOCAL_SCHEMA_REGISTRY=${KL_LOCAL_SCHEMA_REGISTRY:-0}
 KL_LOCAL_KAFKA=${KL_LOCAL_KAFKA:-1}
 KL_LOCAL_POSTGRES=${KL_LOCAL_POSTGRES:-1}
 KL_LOCAL_SPARK_CONNECT=${KL_LOCAL_SPARK_CONNECT:-1}
+KL_LOCAL_SCHEMA_REGISTRY=${KL_LOCAL_SCHEMA_REGISTRY:-1}
 # kafka-ledger's own settings, generated from their declarations in include/kafka_ledger/config/settings.py (why
 # each value: there) by `python -m kafka_ledger.config.reference`; committed, as this file runs before set-up.
 # generated: kafka-ledger settings
 KAFKA_LEDGER_BOOTSTRAP_SERVERS=${KAFKA_LEDGER_BOOTSTRAP_SERVERS:-127.0.0.1:$KL_KAFKA_PORT}
 KAFKA_LEDGER_DB_URL=${KAFKA_LEDGER_DB_URL:-postgresql://kafka_ledger:$KL_PG_LEDGER_PASSWORD@127.0.0.1:$KL_PG_PORT/kafka_ledger?sslmode=verify-full&sslrootcert=$KL_TLS_DIR/ca.pem}
+KAFKA_LEDGER_SCHEMA_REGISTRY_URL=${KAFKA_LEDGER_SCHEMA_REGISTRY_URL:-http://127.0.0.1:$KL_SCHEMA_REGISTRY_PORT/apis/ccompat/v7}
 KAFKA_LEDGER_SPARK_RUNTIME=${KAFKA_LEDGER_SPARK_RUNTIME:-connect}
 KAFKA_LEDGER_SPARK_MASTER=${KAFKA_LEDGER_SPARK_MASTER:-local[*]}
 KAFKA_LEDGER_PIPELINES=${KAFKA_LEDGER_PIPELINES:-$KL_HOME/config/pipelines.yaml}
 KAFKA_LEDGER_SPARK_JARS_DIR=${KAFKA_LEDGER_SPARK_JARS_DIR:-$KL_CACHE/spark-jars}
 KAFKA_LEDGER_KAFKA_TOOLS_DIR=${KAFKA_LEDGER_KAFKA_TOOLS_DIR:-$KL_KAFKA_LIBS}
-export KAFKA_LEDGER_BOOTSTRAP_SERVERS KAFKA_LEDGER_DB_URL KAFKA_LEDGER_SPARK_RUNTIME KAFKA_LEDGER_SPARK_MASTER KAFKA_LEDGER_PIPELINES KAFKA_LEDGER_SPARK_JARS_DIR KAFKA_LEDGER_KAFKA_TOOLS_DIR
+export KAFKA_LEDGER_BOOTSTRAP_SERVERS KAFKA_LEDGER_DB_URL KAFKA_LEDGER_SCHEMA_REGISTRY_URL KAFKA_LEDGER_SPARK_RUNTIME KAFKA_LEDGER_SPARK_MASTER KAFKA_LEDGER_PIPELINES KAFKA_LEDGER_SPARK_JARS_DIR KAFKA_LEDGER_KAFKA_TOOLS_DIR
 # end generated
 
 # Airflow: Postgres metadata DB, the project's dags/ and plugins/, and every connection defined
@@ -129,7 +134,7 @@ export AIRFLOW_CONN_KAFKA_LEDGER_DB=${AIRFLOW_CONN_KAFKA_LEDGER_DB:-$KAFKA_LEDGE
 export AIRFLOW_CONN_KAFKA_LEDGER_KAFKA=${AIRFLOW_CONN_KAFKA_LEDGER_KAFKA:-"{\"conn_type\": \"generic\", \"extra\": {\"bootstrap.servers\": \"$KAFKA_LEDGER_BOOTSTRAP_SERVERS\"}}"}
 
 export KL_SECRETS KL_PG_AIRFLOW_TEST_PASSWORD KL_KAFKA_SASL_PASSWORD KL_KAFKA_SASL_PORT KL_TLS_DIR KL_KAFKA_SASL_USER
-export KL_HOME KL_STACK_SLOT KL_STATE KL_CACHE KL_VENV KL_KAFKA_LIBS KL_LOCAL_KAFKA KL_LOCAL_POSTGRES KL_LOCAL_SPARK_CONNECT KL_KAFKA_PORT KL_LAKE_DIR
+export KL_HOME KL_STACK_SLOT KL_STATE KL_CACHE KL_VENV KL_KAFKA_LIBS KL_LOCAL_KAFKA KL_LOCAL_POSTGRES KL_LOCAL_SPARK_CONNECT KL_LOCAL_SCHEMA_REGISTRY KL_KAFKA_PORT KL_LAKE_DIR KL_SCHEMA_REGISTRY_PORT
 export KL_SPARK_SLOTS KL_SPARK_POOL_DESCRIPTION KL_KAFKA_CONTROLLER_PORT KL_PG_PORT KL_AIRFLOW_PORT KL_AIRFLOW_TEST_PORT KL_SPARK_CONNECT_PORT KL_SPARK_CONNECT_MEMORY KL_SPARK_CONNECT_CORES
 # Spark's settings for every Spark process of the stack (the cluster, spark-submit, the Connect server): a
 # spark-defaults.conf made from the secrets by scripts/stack.sh, so the RPC secret is on no command line.

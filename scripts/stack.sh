@@ -4,10 +4,12 @@
 # this script writes each service's program section, then asks supervisorctl to start, stop or signal it
 # and waits until the service answers.
 #
-#   scripts/stack.sh up         install what is missing, start Kafka + Postgres + Spark Connect, migrate both databases
-#   scripts/stack.sh install    OS packages, Python venv, Kafka broker jars, Spark connector jars
+#   scripts/stack.sh up         install what is missing, start Kafka + Postgres + Spark Connect + the schema registry,
+#                               migrate both databases
+#   scripts/stack.sh install    OS packages, Python venv, Kafka broker jars, Spark connector jars, the schema registry
 #   scripts/stack.sh browser    Debian's chromium and chromium-driver, for the browser test (scripts/test.sh runs it)
-#   scripts/stack.sh start      start Kafka, Postgres and the Spark Connect server (idempotent) and wait for them
+#   scripts/stack.sh start      start Kafka, Postgres, the Spark Connect server and the schema registry (idempotent)
+#                               and wait for them
 #   scripts/stack.sh migrate    create roles/databases, run the ledger migrations and `airflow db migrate`
 #   scripts/stack.sh airflow    start Airflow (api-server, scheduler, dag-processor, triggerer) on KL_AIRFLOW_PORT
 #   scripts/stack.sh stop-airflow   stop it
@@ -21,6 +23,7 @@
 #   scripts/stack.sh stop-cluster | kill-spark-worker   stop the cluster; SIGKILL the worker and its executors
 #   scripts/stack.sh proxies | stop-proxies   Toxiproxy in front of Kafka, Postgres and Spark Connect (built with
 #                               `go install` the first time): the fault campaign's network faults
+#   scripts/stack.sh restart-schema-registry | kill-schema-registry   the schema registry's restart; its SIGKILL
 #   scripts/stack.sh ctl ...    supervisorctl on the stack's supervisord (e.g. `ctl status`, `ctl tail -f kafka`)
 #
 # A stack lives under $KL_STATE (.stack/ by default): data, logs, supervisord's socket. What set-up downloads and
@@ -218,7 +221,17 @@ install_jars() {
   fi
 }
 
-install() { install_os_packages; install_python; install_jars; }
+install_schema_registry() {
+  local key; key=$(hash_files "$KL_HOME/stack/maven/schema-registry/pom.xml")
+  stamp_ok schema-registry "$key" && return
+  say "resolving the schema registry (Apicurio Registry) from Maven Central"
+  local tmp; tmp=$(mktemp -d); mvn_copy "$KL_HOME/stack/maven/schema-registry" "$tmp"
+  rm -rf "$SCHEMA_REGISTRY_DIR"; mkdir -p "$SCHEMA_REGISTRY_DIR"
+  tar xzf "$tmp"/*.tar.gz -C "$SCHEMA_REGISTRY_DIR"; rm -rf "$tmp"
+  stamp_set schema-registry "$key"
+}
+
+install() { install_os_packages; install_python; install_jars; install_schema_registry; }
 
 # Headless Chromium and its WebDriver, Debian's packages (the same version), for the ledger page's browser test.
 install_browser() {
@@ -436,6 +449,28 @@ warm_up_spark_connect() {
   fi
 }
 
+# --- The schema registry (Apicurio Registry: the Confluent Schema Registry API under /apis/ccompat/v7) -------------
+SCHEMA_REGISTRY_DIR=$KL_CACHE/schema-registry
+LOCAL_SCHEMA_REGISTRY=http://127.0.0.1:$KL_SCHEMA_REGISTRY_PORT/apis/ccompat/v7
+
+start_schema_registry() {
+  [ "$KL_LOCAL_SCHEMA_REGISTRY" = 1 ] || { say "schema registry: external ($KAFKA_LEDGER_SCHEMA_REGISTRY_URL), not started"; return; }
+  local jar; jar=$(ls "$SCHEMA_REGISTRY_DIR"/*-runner.jar 2>/dev/null | head -n 1)
+  [ -n "$jar" ] || die "no schema registry in $SCHEMA_REGISTRY_DIR: run scripts/stack.sh install"
+  mkdir -p "$KL_STATE/schema-registry"
+  # Its schemas in an H2 file of the stack's state, not in memory (Apicurio's default): a restarted registry must
+  # still know the id every record on the topics carries. Loopback only; the heap bounded like the other JVMs'.
+  write_program schema-registry 30 TERM 30 true "java -Xmx256m -XX:+UseSerialGC -Dquarkus.http.host=127.0.0.1 \
+-Dquarkus.http.port=$KL_SCHEMA_REGISTRY_PORT -jar $jar" \
+    "directory=$KL_STATE/schema-registry
+environment=REGISTRY_DATASOURCE_URL=\"jdbc:h2:file:$KL_STATE/schema-registry/registry\""
+  apply_programs
+  if running schema-registry; then say "schema registry: already running (pid $(service_pid schema-registry))"; return; fi
+  port_open "$KL_SCHEMA_REGISTRY_PORT" && die "port $KL_SCHEMA_REGISTRY_PORT is taken (another registry?): stop it or set KL_SCHEMA_REGISTRY_PORT"
+  start_and_await schema-registry "the schema registry" 120 curl -sf -o /dev/null "$LOCAL_SCHEMA_REGISTRY/subjects"
+  say "schema registry: $LOCAL_SCHEMA_REGISTRY (pid $(service_pid schema-registry), schemas in $KL_STATE/schema-registry, log $LOGS/schema-registry.log)"
+}
+
 # --- Toxiproxy (the fault campaign's network faults) ----------------------------------------------------
 TOXIPROXY_VERSION=v2.5.0
 TOXIPROXY=$KL_CACHE/bin/toxiproxy-server
@@ -577,12 +612,13 @@ start_airflow() {
 
 status() {
   if ! sctl pid >/dev/null 2>&1; then echo "supervisord down: nothing of the stack runs (scripts/stack.sh up)"; return; fi
-  line() { if running "$1"; then printf '%-14s up    %s  pid %s\n' "$1" "$2" "$(service_pid "$1")"; else printf '%-14s down\n' "$1"; fi; }
+  line() { if running "$1"; then printf '%-16s up    %s  pid %s\n' "$1" "$2" "$(service_pid "$1")"; else printf '%-16s down\n' "$1"; fi; }
   line postgres "127.0.0.1:$KL_PG_PORT  data $PG_DATA  log $PG_LOG"
   line kafka "$LOCAL_KAFKA (SASL_SSL 127.0.0.1:$KL_KAFKA_SASL_PORT)  log $LOGS/kafka.log"
   line spark-connect "sc://127.0.0.1:$KL_SPARK_CONNECT_PORT  log $LOGS/spark-connect.log"
   line spark-master "$KL_SPARK_CLUSTER_MASTER  (scripts/stack.sh cluster)"
   line spark-worker "$KL_SPARK_WORKER_CORES cores, $KL_SPARK_WORKER_MEMORY"
+  line schema-registry "$LOCAL_SCHEMA_REGISTRY  log $LOGS/schema-registry.log"
   line airflow "http://127.0.0.1:$KL_AIRFLOW_PORT  log $LOGS/airflow.log"
   line toxiproxy "API 127.0.0.1:$KL_TOXIPROXY_PORT  (scripts/stack.sh proxies)"
 }
@@ -599,15 +635,18 @@ stop_all() {
 case "${1:-}" in
   install) install ;;
   browser) install_browser ;;
-  start) ensure_supervisord; start_postgres; start_kafka; start_cluster_if_used; start_spark_connect ;;
+  start) ensure_supervisord; start_postgres; start_kafka; start_schema_registry; start_cluster_if_used; start_spark_connect ;;
   migrate) migrate ;;
-  up) install; ensure_supervisord; start_postgres; start_kafka; start_cluster_if_used; migrate; start_spark_connect ;;
+  up) install; ensure_supervisord; start_postgres; start_kafka; start_schema_registry; start_cluster_if_used; migrate
+      start_spark_connect ;;
   airflow) ensure_supervisord; start_airflow ;;
   stop-airflow) ensure_supervisord; stop_service airflow airflow ;;
   restart-postgres) ensure_supervisord; stop_service postgres postgres; start_postgres ;;
   restart-kafka) ensure_supervisord; stop_service kafka kafka; start_kafka ;;
   restart-spark-connect) ensure_supervisord; stop_service spark-connect "spark connect"; start_spark_connect ;;
   kill-spark-connect) ensure_supervisord; kill_service spark-connect "spark connect" "$KL_SPARK_CONNECT_PORT" ;;
+  restart-schema-registry) ensure_supervisord; stop_service schema-registry "schema registry"; start_schema_registry ;;
+  kill-schema-registry) ensure_supervisord; kill_service schema-registry "schema registry" "$KL_SCHEMA_REGISTRY_PORT" ;;
   cluster) ensure_supervisord; start_cluster ;;
   stop-cluster) ensure_supervisord; stop_service spark-worker "spark worker"; stop_service spark-master "spark master" ;;
   kill-spark-worker) ensure_supervisord; kill_service spark-worker "spark worker" ;;
@@ -616,5 +655,5 @@ case "${1:-}" in
   stop) stop_all ;;
   status) status ;;
   ctl) shift; sctl "$@" ;;
-  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -320,13 +320,69 @@ def test_no_kafka_ledger_variable_is_read_outside_the_settings_models():
 
 def test_every_field_that_names_an_airflow_connection_comes_from_it(monkeypatch):
     connection = SimpleNamespace(get_uri=lambda: "postgres://c@h/d", extra_dejson={"bootstrap.servers": "k:1"},
-                                 host=None, port=None)
+                                 host="http://registry:8081", port=None, login=None, password=None)
     airflow_returns(monkeypatch, connection)
     named = {name: (field.json_schema_extra or {}).get("airflow_connection")
              for name, field in settings.Settings.model_fields.items()}
     named = {name: conn_id for name, conn_id in named.items() if conn_id}
     assert named == {"bootstrap_servers": "kafka_ledger_kafka", "kafka_config": "kafka_ledger_kafka",
-                     "db_url": "kafka_ledger_db"}
+                     "db_url": "kafka_ledger_db", "schema_registry_url": "kafka_ledger_schema_registry",
+                     "schema_registry_config": "kafka_ledger_schema_registry"}
     loaded = settings.deployment_settings(*set(named.values()))
     assert all(getattr(loaded, name) is not None for name in named)
     assert settings.deployment_settings().model_fields_set == set()  # none without the connections named
+
+
+# --- the schema registry ------------------------------------------------------------------------------------------
+
+
+def test_schema_registry_from_environment(monkeypatch, no_airflow):
+    monkeypatch.setenv("KAFKA_LEDGER_SCHEMA_REGISTRY_URL", "https://registry:8081/apis/ccompat/v7")
+    monkeypatch.setenv("KAFKA_LEDGER_SCHEMA_REGISTRY_CONFIG",
+                       '{"basic.auth.user.info": "ingest:s3cret", "ssl.ca.location": "/etc/ca.pem"}')
+    registry = settings.schema_registry()
+    assert registry.client_config() == {"url": "https://registry:8081/apis/ccompat/v7",
+                                        "basic.auth.user.info": "ingest:s3cret", "ssl.ca.location": "/etc/ca.pem"}
+    assert registry.secrets() == ["ingest:s3cret", "s3cret"]
+    assert "s3cret" not in repr(settings.deployment_settings()) and "s3cret" not in str(registry)
+
+
+def test_schema_registry_from_airflow_connection_host_login_and_extra(monkeypatch):
+    connection = SimpleNamespace(host="https://registry.example.com/apis/ccompat/v7", login="ingest",
+                                 password="c0nn", extra_dejson={"ssl.ca.location": "/etc/ca.pem"}, port=None)
+    calls = airflow_returns(monkeypatch, connection)
+    registry = settings.schema_registry()
+    assert calls == [settings.SCHEMA_REGISTRY_CONN_ID]
+    assert registry.client_config() == {"url": "https://registry.example.com/apis/ccompat/v7",
+                                        "basic.auth.user.info": "ingest:c0nn", "ssl.ca.location": "/etc/ca.pem"}
+    assert "c0nn" not in str(registry)
+
+
+def test_a_registry_url_in_the_environment_takes_no_settings_from_the_connection(monkeypatch):
+    connection = SimpleNamespace(host="http://other", login="ingest", password="c0nn", extra_dejson={}, port=None)
+    calls = airflow_returns(monkeypatch, connection)
+    monkeypatch.setenv("KAFKA_LEDGER_SCHEMA_REGISTRY_URL", "http://127.0.0.1:18085/apis/ccompat/v7")
+    assert settings.schema_registry().client_config() == {"url": "http://127.0.0.1:18085/apis/ccompat/v7"}
+    assert calls == []
+
+
+def test_schema_registry_unconfigured_says_where_to_set_it(no_airflow):
+    with pytest.raises(SettingsError, match="no schema registry configured: set KAFKA_LEDGER_SCHEMA_REGISTRY_URL "
+                                            "or the Airflow connection 'kafka_ledger_schema_registry'") as exc_info:
+        settings.schema_registry()
+    assert isinstance(exc_info.value.__cause__, LookupError)
+
+
+def test_a_registry_url_with_credentials_never_shows_the_password():
+    from kafka_ledger.config.services import SchemaRegistry
+
+    registry = SchemaRegistry("https://ingest:pa55@registry:8081/apis/ccompat/v7")
+    assert str(registry) == "https://ingest:***@registry:8081/apis/ccompat/v7"
+    assert registry.secrets() == ["pa55"]
+
+
+def test_a_registry_setting_the_client_does_not_know_is_refused_by_name(monkeypatch, no_airflow):
+    monkeypatch.setenv("KAFKA_LEDGER_SCHEMA_REGISTRY_URL", "http://registry:8081")
+    monkeypatch.setenv("KAFKA_LEDGER_SCHEMA_REGISTRY_CONFIG", '{"ssl.ca.locaton": "/etc/ca.pem"}')
+    with pytest.raises(SettingsError, match="ssl.ca.locaton"):
+        settings.schema_registry().client()

@@ -71,6 +71,31 @@ class KafkaClientConfig(BaseModel):
                 **(self.model_extra or {})}
 
 
+class SchemaRegistryConfig(BaseModel):
+    """The schema registry client's settings beside its URL, in confluent-kafka's names (SchemaRegistryClient's
+    configuration: `ssl.ca.location`, `ssl.certificate.location`, `ssl.key.location`, `timeout`, ...); the basic
+    auth credentials are declared, as a secret. A setting the client does not know is refused by the client, by name.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    basic_auth_user_info: SecretStr | None = Field(default=None, alias="basic.auth.user.info",
+                                                   description="`user:password` for the registry's basic auth")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _as_text(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            raise ValueError(f"the schema registry client settings must be a JSON object, not {type(data).__name__}")
+        return {str(key): str(value) for key, value in data.items() if key != "url"}
+
+    def client_settings(self) -> dict[str, str]:
+        """The settings as the client takes them, the secret revealed."""
+        secret = {} if self.basic_auth_user_info is None else {
+            "basic.auth.user.info": self.basic_auth_user_info.get_secret_value()}
+        return {**secret, **(self.model_extra or {})}
+
+
 # librdkafka writes its informational lines (syslog level 6, such as "Purging 1 unserved events from background
 # queue" while a client is destroyed) to stderr, which Airflow logs as ERROR in a successful task's log and the
 # CLI shows after its output. Warnings and worse only, unless the deployment's settings say otherwise.
@@ -308,6 +333,48 @@ class KafkaClient:
 
 
 _SECRET_KEYS = {f.alias for f in KafkaClientConfig.model_fields.values()}
+
+
+def _masked_url(url: str) -> str:
+    """A URL with the password of its user info as `***`."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return urlunsplit(parts._replace(netloc=f"{userinfo.partition(':')[0]}:***@{hosts}"))
+
+
+@dataclass(frozen=True, repr=False)
+class SchemaRegistry:
+    """A schema registry with the Confluent Schema Registry API (Confluent's, Karapace, Apicurio's ccompat API): its
+    URL and the client settings beside it (basic auth, TLS), in confluent-kafka's names. `str` shows no secret."""
+
+    url: str
+    settings: Mapping[str, str] = field(default_factory=dict)
+
+    def client_config(self) -> dict[str, str]:
+        """confluent-kafka's SchemaRegistryClient configuration."""
+        return {"url": self.url, **self.settings}
+
+    def client(self) -> Any:  # confluent_kafka.schema_registry.SchemaRegistryClient, imported only here
+        """A client of the registry (confluent-kafka's: it caches the schemas it has read)."""
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        try:
+            return SchemaRegistryClient(self.client_config())
+        except ValueError as exc:  # an unknown or malformed setting, in the client's own words
+            raise SettingsError(f"the schema registry client settings are not valid: {exc}") from None
+
+    def secrets(self) -> list[str]:
+        """The secret values: the basic auth credentials, from the settings or the URL's user info."""
+        password = urlsplit(self.url).password
+        user_info = self.settings.get("basic.auth.user.info")
+        return [value for value in (user_info, user_info and user_info.partition(":")[2], password) if value]
+
+    def __str__(self) -> str:
+        return _masked_url(self.url)
+
+    __repr__ = __str__
 
 
 @dataclass(frozen=True)

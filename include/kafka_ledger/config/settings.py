@@ -22,6 +22,8 @@ from kafka_ledger.config.services import (
     KafkaClient,
     KafkaClientConfig,
     LedgerDatabase,
+    SchemaRegistry,
+    SchemaRegistryConfig,
     Services,
     SettingsError,
 )
@@ -32,6 +34,7 @@ KAFKA_CONN_ID = "kafka_ledger_kafka"
 # The Spark provider's connection types: `spark` for spark-submit, `spark_connect` for the warm server.
 SPARK_SUBMIT_CONN_ID = "spark_default"
 SPARK_CONNECT_CONN_ID = "spark_connect_default"
+SCHEMA_REGISTRY_CONN_ID = "kafka_ledger_schema_registry"
 
 SparkRuntime = Literal["connect", "submit"]
 # Without a deployment default, spark-submit: it needs nothing running beyond Spark itself.
@@ -87,6 +90,21 @@ class Settings(BaseSettings):
             "compose": "postgresql://kafka_ledger:${KAFKA_LEDGER_DB_PASSWORD:?set it in .env}@postgres:5432"
                        "/kafka_ledger",
         })
+    schema_registry_url: str | None = Field(
+        default=None,
+        description="the schema registry of Avro and registry-framed values: the base URL of its Confluent Schema "
+                    "Registry API (Confluent's registry, Karapace, Apicurio's `/apis/ccompat/v7`); from the Airflow "
+                    "connection: its host, the whole URL",
+        json_schema_extra={"airflow_connection": SCHEMA_REGISTRY_CONN_ID,
+                           "local_stack": "http://127.0.0.1:$KL_SCHEMA_REGISTRY_PORT/apis/ccompat/v7"})
+    schema_registry_config: Annotated[SchemaRegistryConfig | None, NoDecode] = Field(
+        default=None,
+        description="the registry client's settings beside the URL, a JSON object in confluent-kafka's names "
+                    "(`basic.auth.user.info`, a secret: `user:password`; `ssl.ca.location`, "
+                    "`ssl.certificate.location`, `ssl.key.location`). They come from where the URL comes from: "
+                    "without this variable and `KAFKA_LEDGER_SCHEMA_REGISTRY_URL`, the Airflow connection (its login "
+                    "and password, and its extra)",
+        json_schema_extra={"airflow_connection": SCHEMA_REGISTRY_CONN_ID})
     spark_runtime: SparkRuntime = Field(
         default=DEFAULT_SPARK_RUNTIME,
         description="the deployment's Spark runtime, `connect` or `submit` (a pipeline's `spark_runtime` wins; "
@@ -129,7 +147,7 @@ class Settings(BaseSettings):
     # The Airflow connections looked up while these settings were read: id -> None when read, else why not.
     _connections: dict[str, Exception | None] = PrivateAttr(default_factory=dict)
 
-    @field_validator("kafka_config", mode="before")
+    @field_validator("kafka_config", "schema_registry_config", mode="before")
     @classmethod
     def _json_object(cls, value: object) -> object:
         if not isinstance(value, str):
@@ -173,6 +191,16 @@ class Settings(BaseSettings):
             "with extra {\"bootstrap.servers\": \"host:port\"}"
         ) from self._connections.get(KAFKA_CONN_ID)
 
+    def schema_registry(self) -> SchemaRegistry:
+        """The schema registry, or SettingsError saying where to set it."""
+        if self.schema_registry_url is None:
+            raise SettingsError(
+                f"no schema registry configured: set KAFKA_LEDGER_SCHEMA_REGISTRY_URL or the Airflow connection "
+                f"{SCHEMA_REGISTRY_CONN_ID!r} (its host the registry's URL; scripts/env.sh sets the variable for the "
+                "local stack)") from self._connections.get(SCHEMA_REGISTRY_CONN_ID)
+        config = self.schema_registry_config
+        return SchemaRegistry(self.schema_registry_url, config.client_settings() if config is not None else {})
+
     def kafka_client_settings(self) -> dict[str, str]:
         """The Kafka client settings beyond the servers, in librdkafka's names, their secrets revealed."""
         if self.kafka_config is not None:
@@ -204,8 +232,9 @@ class AirflowConnections(PydanticBaseSettingsSource):
     `kafka_ledger_db` gives the ledger database URL (the connection's URI). `kafka_ledger_kafka` gives the
     bootstrap servers (its extra's bootstrap.servers, else host:port) and, unless the environment gives them,
     the Kafka client settings (its extra): they come from where the servers come from, so servers set in the
-    environment never get a connection's security settings. A connection that cannot be read leaves its
-    settings unset, and their readers say why (Settings._connections).
+    environment never get a connection's security settings. `kafka_ledger_schema_registry` gives the registry's URL
+    (its host) and, likewise, its client settings (its extra, and basic auth from its login and password). A
+    connection that cannot be read leaves its settings unset, and their readers say why (Settings._connections).
     """
 
     def __init__(self, settings_cls: type[BaseSettings], conn_ids: Collection[str]):
@@ -243,6 +272,14 @@ class AirflowConnections(PydanticBaseSettingsSource):
                     values["bootstrap_servers"] = servers
                 if "kafka_config" not in given:
                     values["kafka_config"] = extra
+        if SCHEMA_REGISTRY_CONN_ID in self.conn_ids and "schema_registry_url" not in given:
+            connection = self._read(SCHEMA_REGISTRY_CONN_ID)
+            if connection is not None and connection.host:
+                values["schema_registry_url"] = connection.host
+                if "schema_registry_config" not in given:
+                    credentials = ({"basic.auth.user.info": f"{connection.login}:{connection.password or ''}"}
+                                   if connection.login else {})
+                    values["schema_registry_config"] = {**connection.extra_dejson, **credentials}
         return values
 
 
@@ -337,6 +374,11 @@ def kafka_client() -> KafkaClient:
     """Kafka alone: the environment first, then the Airflow connection `kafka_ledger_kafka`."""
     settings = deployment_settings(KAFKA_CONN_ID)
     return KafkaClient(settings.kafka_servers(), settings.kafka_client_settings())
+
+
+def schema_registry() -> SchemaRegistry:
+    """The schema registry: the environment first, then the Airflow connection `kafka_ledger_schema_registry`."""
+    return deployment_settings(SCHEMA_REGISTRY_CONN_ID).schema_registry()
 
 
 def deployment_spark_runtime() -> str:
