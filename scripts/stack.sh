@@ -47,7 +47,7 @@ die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
 # A stamp records the hash of the inputs of a step, so a second run skips work that is already done: with the
 # cache for what every stack of the clone shares (a second stack installs nothing), with the stack for the rest.
 stamp_file() {
-  case $1 in python|kafka-libs|spark-jars|toxiproxy) echo "$KL_CACHE/stamps/$1" ;; *) echo "$STAMPS/$1" ;; esac
+  case $1 in python|kafka-libs|spark-jars|schema-registry|toxiproxy) echo "$KL_CACHE/stamps/$1" ;; *) echo "$STAMPS/$1" ;; esac
 }
 stamp_ok() { [ -f "$(stamp_file "$1")" ] && [ "$(cat "$(stamp_file "$1")")" = "$2" ]; }
 stamp_set() { printf '%s' "$2" >"$(stamp_file "$1")"; }

@@ -1,0 +1,51 @@
+"""The stack's schema registry (Apicurio Registry, its Confluent API) as kafka-ledger's settings find it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from integration_support import stack
+
+from kafka_ledger.config import settings
+
+pytestmark = pytest.mark.integration
+
+
+def _schema(name: str, *fields: dict) -> str:
+    return json.dumps({"type": "record", "name": name, "fields": list(fields)})
+
+
+def test_the_registry_keeps_the_versions_of_a_subject_and_their_ids():
+    from confluent_kafka.schema_registry import Schema
+
+    client = settings.schema_registry().client()
+    subject = f"it-{uuid.uuid4().hex[:8]}-value"
+    v1 = _schema("Impression", {"name": "id", "type": "long"})
+    v2 = _schema("Impression", {"name": "id", "type": "long"}, {"name": "city", "type": "string", "default": ""})
+    first = client.register_schema(subject, Schema(v1, "AVRO"))
+    second = client.register_schema(subject, Schema(v2, "AVRO"))
+    assert first != second
+    assert client.register_schema(subject, Schema(v1, "AVRO")) == first  # the same schema keeps its id
+    latest = client.get_latest_version(subject)
+    assert (latest.schema_id, latest.version) == (second, 2)
+    assert json.loads(client.get_schema(first).schema_str) == json.loads(v1)
+
+
+@pytest.mark.own_stack  # it restarts the registry every test shares
+@pytest.mark.parametrize("how", ["restart-schema-registry", "kill-schema-registry"])
+def test_a_restarted_registry_still_knows_every_id(how):
+    """Records on the topics carry their writer schema's id: a registry that forgot it would make them unreadable."""
+    from confluent_kafka.schema_registry import Schema
+
+    registry = settings.schema_registry()
+    subject = f"it-{uuid.uuid4().hex[:8]}-value"
+    schema = _schema("Kept", {"name": "id", "type": "long"})
+    schema_id = registry.client().register_schema(subject, Schema(schema, "AVRO"))
+    stack(how)
+    if how == "kill-schema-registry":
+        stack("start")
+    client = registry.client()  # a new client: nothing cached
+    assert json.loads(client.get_schema(schema_id).schema_str) == json.loads(schema)
+    assert client.get_latest_version(subject).schema_id == schema_id
