@@ -127,6 +127,9 @@ PIPELINES = {
     # Edge values of every type, end to end in each Spark runtime (test_decode.py).
     "edge_values_connect": {"spark_runtime": "connect"},
     "edge_values_submit": {"spark_runtime": "submit"},
+    # Values framed as Confluent's JSON Schema serializer writes them, in each runtime (test_decode.py).
+    **{f"framed_{runtime}": {"spark_runtime": runtime, "value": {"format": "json", "framing": "confluent"}}
+       for runtime in ("connect", "submit")},
     # The short fault campaigns (test_fault_campaign.py), one per Spark runtime.
     "campaign_connect": {"max_records_per_partition": 300, "spark_runtime": "connect"},
     "campaign_submit": {"max_records_per_partition": 300, "spark_runtime": "submit"},

@@ -94,6 +94,66 @@ def test_lean_decoding_gives_every_record_the_reason_and_values_of_the_full_one(
     assert lean[TRICKY.index(good_value(7))][0] == "None"  # a good record is published
 
 
+def framed(document: bytes, schema_id: int = 1) -> bytes:
+    """A value as Confluent's serializers frame it: a magic byte 0, the schema id in 4 big-endian bytes, the payload."""
+    return b"\x00" + schema_id.to_bytes(4, "big") + document
+
+
+def _decoded(spark, pipeline, values: list[bytes | None], lean: bool) -> dict[int, tuple]:
+    from kafka_ledger.formats.decode import decode_records
+
+    records = spark.createDataFrame(
+        [("t", 0, offset, datetime(2026, 11, 21, tzinfo=UTC), b"k", value) for offset, value in enumerate(values)],
+        "topic string, partition int, offset long, timestamp timestamp, key binary, value binary")
+    frame = decode_records(records, pipeline, sink_for(pipeline).envelope, lean=lean)
+    columns = ["error", *[c["name"] for c in COLUMNS]]
+    return {row["kafka_offset"]: tuple(str(row[c]) for c in columns) for row in frame.collect()}
+
+
+@pytest.mark.parametrize("extra_fields", ["ignore", "dead_letter"])
+def test_a_framed_value_decodes_as_its_document_and_an_unframed_one_is_a_dead_letter(spark, extra_fields):
+    """`framing: confluent` is transparent: each framed value gets what its bare document gets without framing (on
+    both paths), whatever its schema id; a value without the frame is a dead letter saying so."""
+    from kafka_ledger.formats.framing import NOT_FRAMED
+    from kafka_ledger.formats.json import FRAMED_LIKE_CONFLUENT
+
+    def pipeline(framing: str):
+        return parse_pipelines(json.dumps({"pipelines": {"p": {
+            "topics": ["t"], "output_table": "t", "columns": COLUMNS, "extra_fields": extra_fields,
+            "value": {"format": "json", "framing": framing}}}}))["p"]
+
+    documents = [value for value in TRICKY if value is not None]
+    ids = [1, 255, 70_000, 2**31 - 1]
+    unframed = [good_value(7), b"", b"\x00\x00\x00\x01", b"\x01" + framed(good_value(7))[1:], b"{}" + framed(b"{}")]
+    values = [framed(document, ids[i % len(ids)]) for i, document in enumerate(documents)] + unframed + [None]
+    lean, full = (_decoded(spark, pipeline("confluent"), values, lean) for lean in (True, False))
+    assert {o: (lean[o], full[o]) for o in lean if lean[o] != full[o]} == {}
+    bare = _decoded(spark, pipeline("none"), documents, True)
+    assert [lean[offset] for offset in range(len(documents))] == [bare[offset] for offset in range(len(documents))]
+    assert [lean[len(documents) + i][0] for i in range(len(unframed) + 1)] == [NOT_FRAMED] * len(unframed) + [
+        "null value (tombstone)"]
+    assert lean[documents.index(good_value(7))][0] == "None"
+    # Without `framing`, a framed value is a dead letter that says what to declare.
+    plain = _decoded(spark, pipeline("none"), [framed(good_value(7)), framed(good_value(7), 70_000)], True)
+    assert {offset: row[0] for offset, row in plain.items()} == {0: FRAMED_LIKE_CONFLUENT, 1: FRAMED_LIKE_CONFLUENT}
+
+
+@pytest.mark.parametrize("runtime", ["connect", "submit"])
+def test_framed_values_are_published_exactly_and_unframed_ones_dead_lettered(
+        dsn, servers, pipeline_factory, producer, runtime):
+    from kafka_ledger.formats.framing import NOT_FRAMED
+
+    pipeline = pipeline_factory(f"framed_{runtime}", partitions=2)
+    values = [framed(good_value(i), 1 + i * 40_000) for i in range(20)] + [good_value(20), b"\x00\x00", framed(b"[]")]
+    landed = producer.send(pipeline.topics[0], values)
+    assert run_pipeline_dag(pipeline).state == "success"
+    assert_exactly_once(dsn, servers, pipeline, {
+        landed[20]: NOT_FRAMED, landed[21]: NOT_FRAMED, landed[22]: "malformed JSON (not a JSON object)"})
+    published = {(p, o): (event_id, amount) for p, o, event_id, amount in query(
+        dsn, f"SELECT kafka_partition, kafka_offset, event_id, amount FROM {pipeline.qualified_output_table}")}
+    assert published == {landed[i][1:]: (f"e{i}", i) for i in range(20)}
+
+
 GOOD = {"id": "a", "customer": {"id": 7, "address": {"city": "Lyon"}}, "amount": 12.5, "ordered_on": "2026-11-26",
         "doc": {"x": [1, 2.50, {"y": None}]}, "meta": {"at": "2026-11-21T10:00:00Z"}}
 # (value, key, headers) -> the reason (None: published).

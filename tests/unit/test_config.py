@@ -185,6 +185,13 @@ def test_the_value_format_is_declared_json_by_default_or_by_name():
     assert "pipelines.p.value.format" in config_error(pipeline_yaml() + "    value: {format: avro}\n")
 
 
+def test_a_json_value_is_bare_by_default_or_framed_as_confluents_serializers_write_it():
+    assert parse_pipelines(pipeline_yaml())["p"].value.framing == "none"
+    framed = parse_pipelines(pipeline_yaml() + "    value: {format: json, framing: confluent}\n")["p"]
+    assert (framed.value.format, framed.value.framing) == ("json", "confluent")
+    assert "pipelines.p.value.framing" in config_error(pipeline_yaml() + "    value: {framing: avro}\n")
+
+
 @pytest.mark.parametrize("reserved", sorted(config.RESERVED_COLUMNS))
 def test_reserved_column_names_are_rejected(reserved):
     message = config_error(pipeline_yaml(columns=f"[{{name: ok, type: string}}, {{name: {reserved}, type: long}}]"))

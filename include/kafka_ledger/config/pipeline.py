@@ -201,6 +201,11 @@ class ValueSpec(BaseModel):
 
     format: Literal["json"] = Field(default="json", description="`json`: a JSON document whose fields the columns "
                                                                 "name (by `path`)")
+    framing: Literal["none", "confluent"] = Field(
+        default="none",
+        description="`confluent`: every value is framed as Confluent's serializers write it (its JSON Schema "
+                    "serializer: a magic byte 0 and the 4-byte schema id, then the document); the frame is checked "
+                    "and stripped, and a value without it is a dead letter. `none`: the value is the document")
 
 
 class AssignedPartition(BaseModel):
@@ -391,7 +396,8 @@ class PipelineConfig(BaseModel):
                     "`check_retention_headroom` task fails ([retention headroom](operating.md#retention-headroom))")
     value: ValueSpec = Field(
         default_factory=ValueSpec,
-        description="how records are encoded: `format: json` (the default; `value: json` for short) ([Columns]"
+        description="how records are encoded: `format: json` (the default; `value: json` for short), and `framing: "
+                    "confluent` for values framed by Confluent's JSON Schema serializer (default `none`) ([Columns]"
                     "(#columns))")
     extra_fields: Literal["ignore", "dead_letter"] = Field(
         default="ignore",

@@ -6,7 +6,8 @@ which parses them again. A column's `path` names its field inside the document (
 key or a header without a path reads the whole key or header as text. Numbers, booleans and strings are typed by
 `from_json`; the kinds read as text (timestamps, dates) take the token's text; decimals and jsonb values come from a
 Spark variant of the document, which keeps a JSON number of up to 38 digits exactly where `from_json` would go
-through a binary float.
+through a binary float. With `framing: confluent` the value's document is what follows Confluent's frame
+(framing.py), and a value without the frame is a dead letter.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kafka_ledger.formats import framing
 from kafka_ledger.formats.base import FieldRead, Reading, ValueFormat
 from kafka_ledger.model.kinds import DecimalKind, JsonbKind, StringKind, TimestampKind
 
@@ -26,6 +28,10 @@ if TYPE_CHECKING:
     from kafka_ledger.config.pipeline import ColumnSpec, PipelineConfig
 
 CORRUPT_COLUMN = "_corrupt_record"
+# The document of a framed value (`framing: confluent`): the value's bytes after the frame, NULL when not framed.
+UNFRAMED_VALUE = "unframed value"
+FRAMED_LIKE_CONFLUENT = ("malformed JSON (the value starts like Confluent's wire format, a magic byte 0 and a schema "
+                         "id: declare `framing: confluent`)")
 # Jackson, Spark's JSON parser, refuses documents nested deeper than this.
 MAX_JSON_DEPTH = 1000
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -96,10 +102,13 @@ class _Document:
         return T.StructType([*top.fields, T.StructField(CORRUPT_COLUMN, T.StringType())])
 
 
-def _raw(source: str) -> Column:
-    """A source's bytes: the value, the key, or the first header of that name."""
+def _raw(source: str, framed: bool = False) -> Column:
+    """A source's bytes: the value (its document after the frame when `framed`), the key, or the first header of that
+    name."""
     from pyspark.sql import functions as F
 
+    if source == "value" and framed:
+        return F.col(UNFRAMED_VALUE)
     if source in ("value", "key"):
         return F.col(source)
     name = source.partition(":")[2]
@@ -118,6 +127,10 @@ def _text_column(column: ColumnSpec, how: str) -> str:
     return f"parsed timestamp {how} of {column.name}"
 
 
+def _framed(pipeline: PipelineConfig) -> bool:
+    return pipeline.value.framing == "confluent"
+
+
 class JsonFormat(ValueFormat):
     """JSON documents: the record's value must be a JSON object; a key or header a column reads by path too."""
 
@@ -134,11 +147,16 @@ class JsonFormat(ValueFormat):
         from pyspark.sql import functions as F
 
         documents = self._documents(pipeline)
+        framed = _framed(pipeline)
+        if framed:
+            records = records.withColumn(UNFRAMED_VALUE, framing.payload(F.col("value")))
+            keep = [*keep, UNFRAMED_VALUE]
         parsed = records.select(*keep, *[
-            F.from_json(_raw(d.source).cast("string"), d.schema(),
+            F.from_json(_raw(d.source, framed).cast("string"), d.schema(),
                         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}).alias(d.parsed)
             for d in documents], *[
-            F.try_parse_json(_raw(d.source).cast("string")).alias(d.variant) for d in documents if d.needs_variant])
+            F.try_parse_json(_raw(d.source, framed).cast("string")).alias(d.variant)
+            for d in documents if d.needs_variant])
         timestamps = [(d, c) for d in documents for c in d.columns if isinstance(c.type, TimestampKind)]
         if timestamps:
             parsed = parsed.select("*", *[
@@ -159,17 +177,24 @@ class JsonFormat(ValueFormat):
         from pyspark.sql import functions as F
 
         documents = self._documents(pipeline)
+        framed = _framed(pipeline)
         first: list[Column] = []
         last: list[Column] = []
         cheap: list[Column] = []
         reads: dict[str, FieldRead] = {}
         for document in documents:
-            raw = _raw(document.source)
+            raw = _raw(document.source, framed)
             text = raw.cast("string")
             parsed = F.col(document.parsed)
             if document.is_value:
                 keys = F.json_object_keys(text)
                 opening_brackets = F.length(text) - F.length(F.regexp_replace(text, r"[\[{]", ""))
+                if framed:
+                    first.append(F.when(~framing.is_framed(F.col("value")), F.lit(framing.NOT_FRAMED)))
+                    cheap.append(framing.is_framed(F.col("value")))
+                else:
+                    # No JSON document begins with a byte 0: such a value was framed by a serializer.
+                    first.append(F.when(framing.is_framed(raw), F.lit(FRAMED_LIKE_CONFLUENT)))
                 first += [
                     F.when(~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
                     F.when(keys.isNull() & (opening_brackets > MAX_JSON_DEPTH),
@@ -196,7 +221,7 @@ class JsonFormat(ValueFormat):
         for column in pipeline.columns:
             if not column.field_path:
                 reads[column.name] = self._whole(column)
-        unexpected = self._unexpected(pipeline, documents[0]) if pipeline.extra_fields == "dead_letter" else None
+        unexpected = self._unexpected(documents[0], framed) if pipeline.extra_fields == "dead_letter" else None
         return Reading(first, [reads[c.name] for c in pipeline.columns], last, cheap, unexpected)
 
     def _field(self, document: _Document, column: ColumnSpec, text: Column) -> FieldRead:
@@ -251,12 +276,12 @@ class JsonFormat(ValueFormat):
                                                                                     "UTF-8")), read.problem])
 
     @staticmethod
-    def _unexpected(pipeline: PipelineConfig, value: _Document) -> Column:
+    def _unexpected(value: _Document, framed: bool) -> Column:
         """The value's fields no column reads, as sorted paths: at its top level, and inside every object a declared
         path goes through."""
         from pyspark.sql import functions as F
 
-        text = _raw("value").cast("string")
+        text = _raw("value", framed).cast("string")
         declared: dict[tuple[str, ...], set[str]] = {(): set()}
         for column in value.columns:
             for depth in range(len(column.field_path)):
