@@ -182,7 +182,21 @@ def test_a_column_that_cannot_be_read_is_refused(columns, problem):
 def test_the_value_format_is_declared_json_by_default_or_by_name():
     assert parse_pipelines(pipeline_yaml())["p"].value.format == "json"
     assert parse_pipelines(pipeline_yaml() + "    value: json\n")["p"].value.format == "json"
-    assert "pipelines.p.value.format" in config_error(pipeline_yaml() + "    value: {format: avro}\n")
+    assert "pipelines.p.value.format" in config_error(pipeline_yaml() + "    value: {format: protobuf}\n")
+
+
+def test_an_avro_value_names_its_subject_or_takes_the_topics_and_refuses_what_applies_to_json():
+    avro = parse_pipelines(pipeline_yaml() + "    value: {format: avro}\n")["p"]
+    assert (avro.value.format, avro.value.subject_of("events")) == ("avro", "events-value")
+    named = parse_pipelines(pipeline_yaml() + "    value: {format: avro, subject: shop.Order}\n")["p"]
+    assert named.value.subject_of("events") == "shop.Order"
+    assert "framing applies to format json" in config_error(
+        pipeline_yaml() + "    value: {format: avro, framing: confluent}\n")
+    assert "subject applies to format avro" in config_error(pipeline_yaml() + "    value: {subject: s}\n")
+    assert "extra_fields applies to format json" in config_error(
+        pipeline_yaml(extra_fields="dead_letter") + "    value: {format: avro}\n")
+    keyed = pipeline_yaml(columns="[{name: id, type: string}, {name: t, type: string, source: key, path: t}]")
+    assert "reads the whole key or header as text" in config_error(keyed + "    value: {format: avro}\n")
 
 
 def test_a_json_value_is_bare_by_default_or_framed_as_confluents_serializers_write_it():

@@ -199,13 +199,33 @@ class ValueSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    format: Literal["json"] = Field(default="json", description="`json`: a JSON document whose fields the columns "
-                                                                "name (by `path`)")
+    format: Literal["json", "avro"] = Field(
+        default="json", description="`json`: a JSON document whose fields the columns name (by `path`); `avro`: Avro "
+                                    "in Confluent's wire format, its schemas in the schema registry ([Avro values]"
+                                    "(#avro-values))")
     framing: Literal["none", "confluent"] = Field(
         default="none",
-        description="`confluent`: every value is framed as Confluent's serializers write it (its JSON Schema "
-                    "serializer: a magic byte 0 and the 4-byte schema id, then the document); the frame is checked "
-                    "and stripped, and a value without it is a dead letter. `none`: the value is the document")
+        description="format `json`: `confluent` when every value is framed as Confluent's serializers write it (its "
+                    "JSON Schema serializer: a magic byte 0 and the 4-byte schema id, then the document); the frame "
+                    "is checked and stripped, and a value without it is a dead letter. `none`: the value is the "
+                    "document")
+    subject: str | None = Field(
+        default=None,
+        description="format `avro`: the registry subject whose newest version is the reader schema when a batch is "
+                    "planned, and whose versions are the writer schemas its values may carry; default "
+                    "`<topic>-value` (Confluent's TopicNameStrategy)")
+
+    @model_validator(mode="after")
+    def _options_of_the_format(self) -> ValueSpec:
+        if self.format == "avro" and "framing" in self.model_fields_set:
+            raise ValueError("framing applies to format json: Avro values are always in Confluent's wire format")
+        if self.format != "avro" and self.subject is not None:
+            raise ValueError("subject applies to format avro")
+        return self
+
+    def subject_of(self, topic: str) -> str:
+        """The registry subject of a topic's values (format avro)."""
+        return self.subject or f"{topic}-value"
 
 
 class AssignedPartition(BaseModel):
@@ -531,6 +551,19 @@ class PipelineConfig(BaseModel):
                 if (assigned.topic, assigned.partition) in seen:
                     raise ValueError(f"partition {assigned.topic}-{assigned.partition} is assigned twice")
                 seen.add((assigned.topic, assigned.partition))
+        return self
+
+    @model_validator(mode="after")
+    def _avro_reads_what_it_can(self) -> PipelineConfig:
+        if self.value.format != "avro":
+            return self
+        if self.extra_fields != "ignore":
+            raise ValueError("extra_fields applies to format json: an Avro value has its schema's fields, and the "
+                             "reader schema decides which are read")
+        inside = [c.name for c in self.columns if c.source != "value" and c.field_path]
+        if inside:
+            raise ValueError(f"column(s) {', '.join(inside)}: with format avro a key or header column reads the whole "
+                             "key or header as text (no path)")
         return self
 
     @model_validator(mode="after")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kafka_ledger.formats import validate
+from kafka_ledger.formats.avro import AvroFormat
 from kafka_ledger.formats.base import ValueFormat
 from kafka_ledger.formats.json import JsonFormat
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from kafka_ledger.config.pipeline import PipelineConfig
     from kafka_ledger.formats.envelope import Envelope
 
-FORMATS: dict[str, ValueFormat] = {fmt.name: fmt for fmt in (JsonFormat(),)}
+FORMATS: dict[str, ValueFormat] = {fmt.name: fmt for fmt in (JsonFormat(), AvroFormat())}
 # The Kafka source's columns a decoded row keeps (the raw key and value for dead letters).
 _KEPT = ["topic", "partition", "offset", "timestamp", "key", "value"]
 
@@ -40,16 +41,17 @@ def _all(checks: list[Column]) -> Column:
 
 
 def decode_records(records: DataFrame, pipeline: PipelineConfig, envelope: Envelope, *,
-                   lean: bool = True) -> DataFrame:
+                   lean: bool = True, fmt: ValueFormat | None = None) -> DataFrame:
     """Kafka source rows -> Kafka coordinates, raw key and value, `error` (NULL: publishable), the declared columns
     and the envelope's (an entity table's tombstone flag).
 
     With `lean` (always, outside tests) the exact reason is worked out only for records that fail the cheap
-    checks; without it, for every record (the reference the lean path is tested against).
+    checks; without it, for every record (the reference the lean path is tested against). `fmt`: the pipeline's
+    format bound to the batch (an Avro batch's schemas), else the pipeline's own.
     """
     from pyspark.sql import functions as F
 
-    fmt = value_format(pipeline)
+    fmt = fmt or value_format(pipeline)
     keep = _KEPT + (["headers"] if pipeline.reads_headers else [])
     frame = fmt.parse(records, pipeline, keep)
     reading = fmt.read(pipeline)

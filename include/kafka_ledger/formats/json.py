@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kafka_ledger.formats import framing
+from kafka_ledger.formats import framing, sources
 from kafka_ledger.formats.base import FieldRead, Reading, ValueFormat
 from kafka_ledger.model.kinds import DecimalKind, JsonbKind, StringKind, TimestampKind
 
@@ -103,17 +103,10 @@ class _Document:
 
 
 def _raw(source: str, framed: bool = False) -> Column:
-    """A source's bytes: the value (its document after the frame when `framed`), the key, or the first header of that
-    name."""
+    """A document's bytes: the value (what follows the frame when `framed`), the key, or a header."""
     from pyspark.sql import functions as F
 
-    if source == "value" and framed:
-        return F.col(UNFRAMED_VALUE)
-    if source in ("value", "key"):
-        return F.col(source)
-    name = source.partition(":")[2]
-    matching = F.filter(F.col("headers"), lambda header: header["key"] == F.lit(name))
-    return F.try_element_at(matching, F.lit(1))["value"]
+    return F.col(UNFRAMED_VALUE) if source == "value" and framed else sources.source_bytes(source)
 
 
 def _prefixed(prefix: str) -> Callable[[Column], Column]:
@@ -220,7 +213,7 @@ class JsonFormat(ValueFormat):
                 reads[column.name] = self._field(document, column, text)
         for column in pipeline.columns:
             if not column.field_path:
-                reads[column.name] = self._whole(column)
+                reads[column.name] = sources.whole_text(column)
         unexpected = self._unexpected(documents[0], framed) if pipeline.extra_fields == "dead_letter" else None
         return Reading(first, [reads[c.name] for c in pipeline.columns], last, cheap, unexpected)
 
@@ -263,17 +256,6 @@ class JsonFormat(ValueFormat):
                                                               "array)"))))
             cheap_ok = F.coalesce(~looks_nested, F.lit(True))
         return FieldRead(column, token, problems, cheap_ok)
-
-    @staticmethod
-    def _whole(column: ColumnSpec) -> FieldRead:
-        """A column of the whole Kafka key or header: its text, read as the column's kind."""
-        from pyspark.sql import functions as F
-
-        raw = _raw(column.source)
-        utf8 = F.is_valid_utf8(raw)
-        read = column.type.from_text(F.when(utf8, raw.cast("string")), column, column.label)
-        return FieldRead(column, read.value, [F.when(raw.isNotNull() & ~utf8, F.lit(f"{column.label} is not valid "
-                                                                                    "UTF-8")), read.problem])
 
     @staticmethod
     def _unexpected(value: _Document, framed: bool) -> Column:

@@ -1,0 +1,305 @@
+"""The Avro format: values in Confluent's wire format (framing.py), each decoded in Spark by from_avro from its writer
+schema (the id in its frame) into the batch's reader schema, which its plan pinned.
+
+A batch's schemas (`TopicSchemas`, one per topic) come from the registry on the driver: the pinned reader schema and
+the writer schemas it may meet, the versions of the topic's subject. A value is a dead letter, with its reason, when
+it is not framed, when its schema id is not a version of the subject, when its writer schema cannot be resolved into
+the reader schema (Avro's schema resolution: found on the driver, once per id), or when its payload does not decode
+(from_avro's PERMISSIVE mode gives a struct of NULLs then; a field appended to the reader schema with a default tells
+that from a record whose fields are all null). Trailing bytes after a record are not detected, as in Confluent's own
+deserializer. A column reads a field of the reader schema by `path`; `columns_problems` says, before anything is
+read, which columns the reader schema cannot fill (a missing field, a type the column's kind cannot hold exactly).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kafka_ledger.formats import framing, sources
+from kafka_ledger.formats.base import FieldRead, Reading, ValueFormat
+from kafka_ledger.model.kinds import (
+    BooleanKind,
+    DateKind,
+    DecimalKind,
+    DoubleKind,
+    IntKind,
+    JsonbKind,
+    LongKind,
+    StringKind,
+    TimestampKind,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+    from kafka_ledger.config.pipeline import ColumnSpec, PipelineConfig
+    from kafka_ledger.model.kinds import ColumnKind
+
+# Appended to the reader schema with a default: true in every value that decoded, NULL in one that did not.
+DECODED_FIELD = "__kafka_ledger_decoded"
+SCHEMA_ID_COLUMN = "avro schema id"
+_PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
+
+
+@dataclass(frozen=True)
+class TopicSchemas:
+    """The schemas one topic's values are decoded with in a batch: the reader schema (its registry id and JSON) of
+    `subject`, and the writer schemas by id (every version of the subject: a value carries one of them), with why
+    the reader cannot read some of them."""
+
+    subject: str
+    reader_id: int
+    reader: str
+    writers: Mapping[int, str]
+    unreadable: Mapping[int, str] = field(default_factory=dict)
+
+    def reader_with_marker(self) -> str:
+        """The reader schema with DECODED_FIELD appended (a boolean, default true)."""
+        schema = json.loads(self.reader)
+        schema["fields"] = [*schema["fields"], {"name": DECODED_FIELD, "type": "boolean", "default": True}]
+        return json.dumps(schema)
+
+
+# --- the reader schema's fields and the columns' kinds ---------------------------------------------------------------
+
+
+def _named_types(schema: Any, names: dict[str, Any]) -> None:
+    """Every named type (record, enum, fixed) defined in `schema`, by full and short name."""
+    if isinstance(schema, list):
+        for member in schema:
+            _named_types(member, names)
+    elif isinstance(schema, dict):
+        if schema.get("type") in ("record", "error", "enum", "fixed") and "name" in schema:
+            name = schema["name"]
+            full = f"{schema['namespace']}.{name}" if schema.get("namespace") and "." not in name else name
+            names[full] = names[name] = schema
+        for member in schema.get("fields", []):
+            _named_types(member["type"], names)
+        for key in ("items", "values"):
+            if key in schema:
+                _named_types(schema[key], names)
+
+
+def _resolved(schema: Any, names: dict[str, Any]) -> Any:
+    if isinstance(schema, str) and schema not in _PRIMITIVES:
+        return names.get(schema, schema)
+    if isinstance(schema, dict) and schema.get("type") in names and schema.get("type") not in _PRIMITIVES:
+        return names[schema["type"]]
+    return schema
+
+
+def _without_null(schema: Any) -> Any:
+    """A union with null as its one other branch is that branch (a nullable column); anything else as it is."""
+    if isinstance(schema, list):
+        others = [member for member in schema if member != "null"]
+        if len(others) == 1 and len(schema) == 2:
+            return others[0]
+    return schema
+
+
+def field_type(reader: str, path: tuple[str, ...]) -> Any:
+    """The Avro type of the field at `path` of the reader schema (records only on the way), or KeyError saying
+    where the path ends."""
+    schema = json.loads(reader)
+    names: dict[str, Any] = {}
+    _named_types(schema, names)
+    node = schema
+    for depth, key in enumerate(path):
+        node = _resolved(_without_null(node), names)
+        if not isinstance(node, dict) or node.get("type") not in ("record", "error"):
+            raise KeyError(f"{'.'.join(path[:depth])} is not a record")
+        match = [member for member in node["fields"] if member["name"] == key]
+        if not match:
+            raise KeyError(f"the reader schema has no field {'.'.join(path[:depth + 1])}")
+        node = match[0]["type"]
+    return _resolved(_without_null(node), names)
+
+
+def type_name(avro_type: Any) -> str:
+    """An Avro type in words: `long`, `decimal(12,2)`, `timestamp-millis`, `record`, `union`."""
+    if isinstance(avro_type, list):
+        return "union"
+    if isinstance(avro_type, str):
+        return avro_type
+    logical = avro_type.get("logicalType")
+    if logical == "decimal":
+        return f"decimal({avro_type.get('precision')},{avro_type.get('scale', 0)})"
+    return logical or avro_type.get("type", "?")
+
+
+# Which Avro types a column of each kind reads, exactly: {kind class: {Avro type name: how}}. `same`: the value as
+# from_avro gives it; `cast`: widened without loss; `range`: narrowed, a value out of the kind's range a dead letter;
+# `decimal`: a decimal that must fit the column's precision and scale exactly; `json`: its JSON text.
+_READS: dict[type, dict[str, str]] = {
+    StringKind: {"string": "same", "enum": "same", "uuid": "same"},
+    IntKind: {"int": "same", "long": "range"},
+    LongKind: {"int": "cast", "long": "same"},
+    DoubleKind: {"double": "same", "float": "cast", "int": "cast"},
+    BooleanKind: {"boolean": "same"},
+    TimestampKind: {"timestamp-millis": "same", "timestamp-micros": "same"},
+    DateKind: {"date": "same"},
+    JsonbKind: {"record": "json", "array": "json", "map": "json"},
+}
+
+
+def reading(kind: ColumnKind, avro_type: Any) -> str | None:
+    """How a column of `kind` reads a field of `avro_type` (see _READS), or None when it cannot hold it exactly."""
+    name = type_name(avro_type)
+    if isinstance(kind, DecimalKind):
+        return "decimal" if name.startswith("decimal(") or name in ("int", "long") else None
+    for kind_class, reads in _READS.items():
+        if isinstance(kind, kind_class):
+            return reads.get(name)
+    return None
+
+
+def columns_problems(columns: list[ColumnSpec], schemas: TopicSchemas) -> list[str]:
+    """Why the reader schema cannot fill some of the value's columns (none: every column can be read)."""
+    problems = []
+    for column in columns:
+        if column.source != "value":
+            continue
+        try:
+            avro_type = field_type(schemas.reader, column.field_path)
+        except KeyError as exc:
+            problems.append(f"column {column.name}: {exc.args[0]} (subject {schemas.subject}, schema id "
+                            f"{schemas.reader_id})")
+            continue
+        if reading(column.type, avro_type) is None:
+            problems.append(f"column {column.name} ({column.type}) cannot hold the reader schema's "
+                            f"{'.'.join(column.field_path)} ({type_name(avro_type)}) exactly")
+    return problems
+
+
+# --- Spark ----------------------------------------------------------------------------------------------------------
+
+
+def _decoded_column(topic: str) -> str:
+    return f"avro decoded {topic}"
+
+
+def _schema_id(value: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.conv(F.hex(value.substr(2, 4)), 16, 10).cast("long")
+
+
+class AvroFormat(ValueFormat):
+    """Avro values through a schema registry (see the module); `schemas`: the batch's, by topic."""
+
+    name = "avro"
+
+    def __init__(self, schemas: Mapping[str, TopicSchemas] | None = None):
+        self.schemas = dict(schemas or {})
+
+    def bound(self, schemas: Mapping[str, TopicSchemas]) -> AvroFormat:
+        """The format with a batch's schemas."""
+        return AvroFormat(schemas)
+
+    def _decode(self, schemas: TopicSchemas) -> Column:
+        from pyspark.sql import functions as F
+        from pyspark.sql.avro.functions import from_avro
+
+        payload = framing.payload(F.col("value"))
+        schema_id = F.col(SCHEMA_ID_COLUMN)
+        reader = schemas.reader_with_marker()
+        options = {"mode": "PERMISSIVE", "avroSchema": reader}
+        decoded = None
+        for writer_id, writer in sorted(schemas.writers.items()):
+            if writer_id in schemas.unreadable:
+                continue
+            branch = from_avro(payload, writer, options)
+            decoded = F.when(schema_id == writer_id, branch) if decoded is None else decoded.when(
+                schema_id == writer_id, branch)
+        nothing = from_avro(F.lit(None).cast("binary"), reader, options)  # a NULL of the reader's struct type
+        return nothing if decoded is None else decoded
+
+    def parse(self, records: DataFrame, pipeline: PipelineConfig, keep: list[str]) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        framed = records.select(*keep, F.when(framing.is_framed(F.col("value")), _schema_id(F.col("value")))
+                                .alias(SCHEMA_ID_COLUMN))
+        return framed.select("*", *[F.when(F.col("topic") == topic, self._decode(schemas)).alias(
+            _decoded_column(topic)) for topic, schemas in sorted(self.schemas.items())])
+
+    def _topic_problem(self, topic: str, schemas: TopicSchemas) -> Column:
+        """Why a value of `topic` cannot be decoded at all (NULL when it decoded)."""
+        from pyspark.sql import functions as F
+
+        schema_id = F.col(SCHEMA_ID_COLUMN)
+        problem = F.when(~schema_id.isin(*schemas.writers), F.concat(
+            F.lit("schema id "), schema_id.cast("string"), F.lit(f" is not a version of subject {schemas.subject}")))
+        for writer_id, why in sorted(schemas.unreadable.items()):
+            problem = problem.when(schema_id == writer_id, F.lit(
+                f"the writer schema (id {writer_id}) cannot be read with the reader schema (id {schemas.reader_id}) "
+                f"of subject {schemas.subject}: {why}"))
+        return problem.when(F.col(_decoded_column(topic))[DECODED_FIELD].isNull(), F.concat(
+            F.lit("value does not decode with its writer schema (id "), schema_id.cast("string"), F.lit(")")))
+
+    def read(self, pipeline: PipelineConfig) -> Reading:
+        from pyspark.sql import functions as F
+
+        topic = F.col("topic")
+        undecoded = None
+        for name, schemas in sorted(self.schemas.items()):
+            problem = self._topic_problem(name, schemas)
+            undecoded = F.when(topic == name, problem) if undecoded is None else undecoded.when(topic == name, problem)
+        known = F.lit("the batch has no schemas for the record's topic")
+        first = [F.when(~framing.is_framed(F.col("value")), F.lit(framing.NOT_FRAMED)),
+                 undecoded.otherwise(known) if undecoded is not None else known]
+        decoded_ok = F.lit(False)
+        for name in sorted(self.schemas):
+            decoded_ok = F.when(topic == name, F.col(_decoded_column(name))[DECODED_FIELD].isNotNull()).otherwise(
+                decoded_ok)
+        fields = [self._field(column) if column.source == "value" else sources.whole_text(column)
+                  for column in pipeline.columns]
+        return Reading(first, fields, [], [F.coalesce(decoded_ok, F.lit(False))])
+
+    def _field(self, column: ColumnSpec) -> FieldRead:
+        """A value column: per topic, its field of the decoded struct read as the column's kind."""
+        from pyspark.sql import functions as F
+
+        value: Column | None = None
+        problems: Column | None = None
+        for topic, schemas in sorted(self.schemas.items()):
+            raw = F.col(_decoded_column(topic))
+            for key in column.field_path:
+                raw = raw.getField(key)
+            read, problem = _as_kind(raw, column.type, field_type(schemas.reader, column.field_path), column.label)
+            is_topic = F.col("topic") == topic
+            value = F.when(is_topic, read) if value is None else value.when(is_topic, read)
+            problems = F.when(is_topic, problem) if problems is None else problems.when(is_topic, problem)
+        empty = F.lit(None).cast(column.type.spark_type())
+        return FieldRead(column, value if value is not None else empty,
+                         [problems] if problems is not None else [])
+
+
+def _as_kind(raw: Column, kind: ColumnKind, avro_type: Any, label: str) -> tuple[Column, Column]:
+    """A decoded field as a value of the column's kind, and why it cannot be (NULL when it can)."""
+    from pyspark.sql import functions as F
+
+    how = reading(kind, avro_type)
+    nothing = F.lit(None).cast("string")
+    if how == "same":
+        return raw, nothing
+    if how == "cast":
+        return raw.cast(kind.spark_type()), nothing
+    if how == "json":
+        return F.to_json(raw), nothing
+    # range, decimal: the value narrowed; when it does not come back the same, it did not fit.
+    narrowed = raw.try_cast(kind.spark_type())
+    fits = narrowed.isNotNull() & (narrowed.cast(raw_type(avro_type)) == raw)
+    detail = (f" (it does not fit exactly: more than {kind.scale} digit(s) after the point or "
+              f"{kind.precision - kind.scale} before it)" if isinstance(kind, DecimalKind) else " (out of range)")
+    return F.when(fits, narrowed), F.when(raw.isNotNull() & ~fits, F.lit(f"{label} is not a valid {kind}{detail}"))
+
+
+def raw_type(avro_type: Any) -> str:
+    """The Spark type from_avro gives a numeric Avro type (for comparing a narrowed value back)."""
+    name = type_name(avro_type)
+    if name.startswith("decimal("):
+        return name
+    return {"int": "int", "long": "bigint"}[name]

@@ -1,0 +1,35 @@
+"""Where a column's bytes are, whatever the format: the record's value, its Kafka key, or one of its headers; and a
+column of a whole key or header, read from its text."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kafka_ledger.formats.base import FieldRead
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+    from kafka_ledger.config.pipeline import ColumnSpec
+
+
+def source_bytes(source: str) -> Column:
+    """A source's bytes: the value, the key, or the first header of that name (`header:<name>`)."""
+    from pyspark.sql import functions as F
+
+    if source in ("value", "key"):
+        return F.col(source)
+    name = source.partition(":")[2]
+    matching = F.filter(F.col("headers"), lambda header: header["key"] == F.lit(name))
+    return F.try_element_at(matching, F.lit(1))["value"]
+
+
+def whole_text(column: ColumnSpec) -> FieldRead:
+    """A column of the whole Kafka key or header: its text, read as the column's kind."""
+    from pyspark.sql import functions as F
+
+    raw = source_bytes(column.source)
+    utf8 = F.is_valid_utf8(raw)
+    read = column.type.from_text(F.when(utf8, raw.cast("string")), column, column.label)
+    return FieldRead(column, read.value, [F.when(raw.isNotNull() & ~utf8, F.lit(f"{column.label} is not valid "
+                                                                                "UTF-8")), read.problem])

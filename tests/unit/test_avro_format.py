@@ -1,0 +1,57 @@
+"""The Avro format's pure logic: the reader schema's fields and the columns' kinds, the writers it cannot read."""
+
+import json
+
+from kafka_ledger.config.pipeline import parse_pipelines
+from kafka_ledger.formats.avro import TopicSchemas, columns_problems, field_type, reading, type_name
+from kafka_ledger.formats.avro_registry import unreadable_reason
+from kafka_ledger.model.kinds import parse_kind
+
+ORDER = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
+    {"name": "order_id", "type": "string"},
+    {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 4}},
+    {"name": "address", "type": ["null", {"type": "record", "name": "Address", "fields": [
+        {"name": "city", "type": "string"}]}], "default": None},
+    {"name": "billing", "type": "Address"},
+    {"name": "total", "type": "long"},
+]}
+
+
+def test_a_path_follows_records_through_nullable_unions_and_named_types():
+    reader = json.dumps(ORDER)
+    assert type_name(field_type(reader, ("amount",))) == "decimal(12,4)"
+    assert field_type(reader, ("address", "city")) == "string"
+    assert field_type(reader, ("billing", "city")) == "string"
+
+
+def test_each_kind_reads_the_avro_types_it_holds_exactly():
+    assert reading(parse_kind("decimal(10,2)"), {"type": "bytes", "logicalType": "decimal", "precision": 12,
+                                                 "scale": 4}) == "decimal"
+    assert reading(parse_kind("long"), "int") == "cast"
+    assert reading(parse_kind("int"), "long") == "range"
+    assert reading(parse_kind("jsonb"), {"type": "array", "items": "string"}) == "json"
+    assert reading(parse_kind("string"), {"type": "enum", "name": "S", "symbols": ["A"]}) == "same"
+    assert reading(parse_kind("string"), "long") is None
+    assert reading(parse_kind("double"), "long") is None  # not every long is a double exactly
+
+
+def test_columns_the_reader_schema_cannot_fill_are_named_before_anything_is_read():
+    pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {
+        "topics": ["t"], "output_table": "t", "value": {"format": "avro"}, "columns": [
+            {"name": "order_id", "type": "long"}, {"name": "country", "type": "string", "path": "address.country"},
+            {"name": "city", "type": "string", "path": "address.city.name"},
+            {"name": "amount", "type": "decimal(10,2)"}]}}}))["p"]
+    schemas = TopicSchemas("t-value", 7, json.dumps(ORDER), {7: json.dumps(ORDER)})
+    assert columns_problems(pipeline.columns, schemas) == [
+        "column order_id (long) cannot hold the reader schema's order_id (string) exactly",
+        "column country: the reader schema has no field address.country (subject t-value, schema id 7)",
+        "column city: address.city is not a record (subject t-value, schema id 7)",
+    ]
+
+
+def test_a_writer_the_reader_cannot_resolve_is_named_with_why():
+    reader = json.dumps(ORDER)
+    writer = json.dumps({**ORDER, "fields": [{"name": "order_id", "type": "long"}, *ORDER["fields"][1:]]})
+    assert unreadable_reason(reader, reader) is None
+    assert unreadable_reason(reader, writer) == ("reader type: string not compatible with writer type: long "
+                                                 "(at /fields/0/type)")
