@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 pytest.register_assert_rewrite("integration_support")
 
 from integration_support import (  # noqa: E402
+    AVRO_COLUMNS,
     COLUMNS,
     LAKE_NAMESPACE,
     RICH_COLUMNS,
@@ -127,6 +128,13 @@ PIPELINES = {
     # Edge values of every type, end to end in each Spark runtime (test_decode.py).
     "edge_values_connect": {"spark_runtime": "connect"},
     "edge_values_submit": {"spark_runtime": "submit"},
+    # Avro values through the stack's schema registry, in each runtime and sink (test_avro.py).
+    **{key: {"spark_runtime": runtime, "value": {"format": "avro"}, "columns": AVRO_COLUMNS, **sink}
+       for key, runtime, sink in (
+           ("avro_connect", "connect", {}), ("avro_submit", "submit", {}),
+           ("avro_iceberg", "connect", {"output_table": None, "sink": {
+               "type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name("avro_iceberg")}}))},
+    "avro_refused": {"value": {"format": "avro"}, "columns": [*AVRO_COLUMNS, {"name": "coupon", "type": "string"}]},
     # Values framed as Confluent's JSON Schema serializer writes them, in each runtime (test_decode.py).
     **{f"framed_{runtime}": {"spark_runtime": runtime, "value": {"format": "json", "framing": "confluent"}}
        for runtime in ("connect", "submit")},

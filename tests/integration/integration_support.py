@@ -60,6 +60,22 @@ def finish(task: launcher.ForkedTask, timeout: float = 300) -> tuple[int, str, s
     return task.returncode, out, err
 
 
+# The columns of the Avro pipelines (test_avro.py): every kind an Avro field maps to, a nested path, the Kafka key.
+AVRO_COLUMNS = [
+    {"name": "order_id", "type": "string", "required": True},
+    {"name": "quantity", "type": "long"},
+    {"name": "amount", "type": "decimal(10,2)"},
+    {"name": "ordered_on", "type": "date"},
+    {"name": "at", "type": "timestamp"},
+    {"name": "city", "type": "string", "path": "address.city"},
+    {"name": "zip", "type": "string", "path": "address.zip"},
+    {"name": "status", "type": "string"},
+    {"name": "tags", "type": "jsonb"},
+    {"name": "total", "type": "int"},
+    {"name": "channel", "type": "string"},
+    {"name": "customer", "type": "string", "source": "key"},
+]
+
 def good_value(i: int) -> bytes:
     return json.dumps(
         {"event_id": f"e{i}", "amount": i, "price": i / 4, "ok": i % 2 == 0, "event_time": "2026-11-21T10:00:00Z"}

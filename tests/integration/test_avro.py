@@ -9,6 +9,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
+from integration_support import AVRO_COLUMNS
 
 from kafka_ledger.config import settings
 from kafka_ledger.config.pipeline import parse_pipelines
@@ -35,20 +36,6 @@ V2 = {**V1, "fields": [*V1["fields"], {"name": "channel", "type": "string", "def
 # A writer the reader cannot read: quantity became a string.
 INCOMPATIBLE = {**V1, "fields": [{"name": "quantity", "type": "string"} if f["name"] == "quantity" else f
                                  for f in V1["fields"]]}
-COLUMNS = [
-    {"name": "order_id", "type": "string", "required": True},
-    {"name": "quantity", "type": "long"},
-    {"name": "amount", "type": "decimal(10,2)"},
-    {"name": "ordered_on", "type": "date"},
-    {"name": "at", "type": "timestamp"},
-    {"name": "city", "type": "string", "path": "address.city"},
-    {"name": "zip", "type": "string", "path": "address.zip"},
-    {"name": "status", "type": "string"},
-    {"name": "tags", "type": "jsonb"},
-    {"name": "total", "type": "int"},
-    {"name": "channel", "type": "string"},
-    {"name": "customer", "type": "string", "source": "key"},
-]
 
 
 def order(i: int, **changes) -> dict:
@@ -114,13 +101,13 @@ def test_values_of_every_version_decode_into_the_reader_schema_and_bad_ones_are_
     assert set(schemas.unreadable) == {incompatible_id}
 
     pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {
-        "topics": [topic], "output_table": "t", "columns": COLUMNS, "value": {"format": "avro"}}}}))["p"]
+        "topics": [topic], "output_table": "t", "columns": AVRO_COLUMNS, "value": {"format": "avro"}}}}))["p"]
     records = spark.createDataFrame(
         [(topic, 0, offset, datetime(2026, 11, 27, tzinfo=UTC), key, value)
          for offset, (value, key, _) in enumerate(values)],
         "topic string, partition int, offset long, timestamp timestamp, key binary, value binary")
     fmt = AvroFormat().bound({topic: schemas})
-    names = [c["name"] for c in COLUMNS]
+    names = [c["name"] for c in AVRO_COLUMNS]
 
     def decoded(lean: bool) -> dict[int, dict]:
         frame = decode_records(records, pipeline, sink_for(pipeline).envelope, lean=lean, fmt=fmt)
@@ -141,3 +128,89 @@ def test_values_of_every_version_decode_into_the_reader_schema_and_bad_ones_are_
     assert first["at"].replace(tzinfo=None) == datetime(2026, 11, 27, 10, 0, 1)
     assert lean[1]["channel"] == "app"
 
+
+
+def _produce(servers: str, topic: str, values: list[tuple[bytes | None, bytes]]) -> list[tuple[str, int, int]]:
+    from integration_support import RecordedProducer
+
+    landed = RecordedProducer(servers).send(topic, [v for v, _ in values], keys=[k for _, k in values])
+    return landed
+
+
+def _published(dsn: str, pipeline) -> dict[tuple[int, int], dict]:
+    from integration_support import query
+
+    from kafka_ledger.sinks import sink_for
+
+    names = [c["name"] for c in AVRO_COLUMNS]
+    if pipeline.sink.type == "iceberg":
+        table = sink_for(pipeline).table().scan().to_arrow().to_pylist()
+        return {(r["kafka_partition"], r["kafka_offset"]): {n: r[n] for n in names} for r in table}
+    return {(p, o): dict(zip(names, rest, strict=True)) for p, o, *rest in query(
+        dsn, f"SELECT kafka_partition, kafka_offset, {', '.join(names)} FROM {pipeline.qualified_output_table}")}
+
+
+@pytest.mark.parametrize("key", ["avro_connect", "avro_submit", "avro_iceberg"])
+def test_avro_values_are_published_exactly_and_a_replay_decodes_with_its_batchs_reader(
+        dsn, servers, pipeline_factory, key):
+    """Versions 1 and 2 written by Confluent's serializer, read into version 2 (the newest at plan time: version 1's
+    values get channel's default); a third version registered later changes nothing for a replay of that batch."""
+    from integration_support import assert_exactly_once, catch_up
+
+    from kafka_ledger.batch.plan import plan_batch
+    from kafka_ledger.batch.requests import BatchRequest
+    from kafka_ledger.config.settings import services_for
+    from kafka_ledger.ledger import db as ledger
+    from kafka_ledger.runtimes import run_batch
+
+    pipeline = pipeline_factory(key, partitions=2)
+    topic = pipeline.topics[0]
+    client = settings.schema_registry().client()
+    v1, v2 = serializer(client, V1), serializer(client, V2)
+    values = [(encode(v1, topic, order(i)), f"c{i}".encode()) for i in range(10)]
+    values += [(encode(v2, topic, {**order(i), "channel": "app"}), f"c{i}".encode()) for i in range(10, 20)]
+    values += [(encode(v1, topic, order(20, total=2**40)), b"c20"), (b'{"order_id": "json"}', b"c21")]
+    landed = _produce(servers, topic, values)
+    first = catch_up(dsn, servers, pipeline)
+    assert_exactly_once(dsn, servers, pipeline, {
+        landed[20]: "field 'total' is not a valid int (out of range)",
+        landed[21]: "value is not in Confluent's wire format (a magic byte 0 and a 4-byte schema id before the "
+                    "payload)"})
+    rows = _published(dsn, pipeline)
+    assert {landed[i][1:]: rows[landed[i][1:]]["channel"] for i in range(20)} == {
+        landed[i][1:]: "web" if i < 10 else "app" for i in range(20)}
+    assert rows[landed[3][1:]]["amount"] == Decimal("3.50") and rows[landed[3][1:]]["customer"] == "c3"
+    services = services_for(dsn, servers)
+    with ledger.session(services.ledger) as conn, conn.cursor() as cur:
+        pinned = ledger.reader_schemas(cur, first.batch_id)
+    v2_id = int.from_bytes(values[10][0][1:5], "big")
+    assert pinned == {topic: ledger.ReaderSchema(topic, f"{topic}-value", v2_id, 2, "newest")}
+
+    # Version 3 (a field added with a default, which no column reads): the replay keeps version 2.
+    v3 = {**V2, "fields": [*V2["fields"], {"name": "coupon", "type": ["null", "string"], "default": None}]}
+    encode(serializer(client, v3), topic, order(30))  # registers it
+    replay = plan_batch(services, pipeline, BatchRequest(mode="replay_batch", batch_id=first.batch_id,
+                                                         reason="test"))
+    run_batch(pipeline, replay.batch_id, services)
+    with ledger.session(services.ledger) as conn, conn.cursor() as cur:
+        assert ledger.reader_schemas(cur, replay.batch_id) == {
+            topic: ledger.ReaderSchema(topic, f"{topic}-value", v2_id, 2, "pinned")}
+    assert _published(dsn, pipeline) == rows
+
+
+def test_a_reader_schema_that_cannot_fill_the_columns_is_refused_and_nothing_is_planned(
+        dsn, servers, pipeline_factory):
+    from kafka_ledger.batch.plan import plan_next_batch
+    from kafka_ledger.config.settings import services_for
+    from kafka_ledger.formats.avro_registry import ReaderSchemaRefused
+    from kafka_ledger.ledger import db as ledger
+
+    pipeline = pipeline_factory("avro_refused", partitions=1)
+    topic = pipeline.topics[0]
+    _produce(servers, topic, [(encode(serializer(settings.schema_registry().client(), V2), topic, order(1)), b"c")])
+    services = services_for(dsn, servers)
+    with pytest.raises(ReaderSchemaRefused, match="column coupon: the reader schema has no field coupon"):
+        plan_next_batch(services, pipeline)
+    with ledger.session(services.ledger) as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM kafka_ledger.batches WHERE pipeline = %s", (pipeline.name,))
+        assert cur.fetchone()[0] == 0

@@ -237,9 +237,27 @@ def test_the_ledger_password_is_registered_as_a_secret_whatever_the_dsn_form(mon
     monkeypatch.setenv("KAFKA_LEDGER_DB_URL", dsn)
     monkeypatch.setenv("KAFKA_LEDGER_BOOTSTRAP_SERVERS", "k:9092")
     services = deployment_services()
-    airflow_tasks.mask_secrets(services)
+    airflow_tasks.mask_secrets(services, PIPELINES["clicks"])
     assert services.ledger.libpq() == dsn and "s3cr" not in str(services.ledger)
     assert masked == [dsn, "s3cr/t"]
+
+
+def test_the_schema_registrys_credentials_are_registered_as_secrets_for_avro_values(monkeypatch):
+    import airflow.sdk.log
+
+    from kafka_ledger.config.settings import deployment_services
+    from kafka_ledger.runtimes import airflow_tasks
+
+    masked: list[str] = []
+    monkeypatch.setattr(airflow.sdk.log, "mask_secret", masked.append)
+    monkeypatch.setenv("KAFKA_LEDGER_DB_URL", "postgresql://h/d")
+    monkeypatch.setenv("KAFKA_LEDGER_BOOTSTRAP_SERVERS", "k:9092")
+    monkeypatch.setenv("KAFKA_LEDGER_SCHEMA_REGISTRY_URL", "https://registry:8081")
+    monkeypatch.setenv("KAFKA_LEDGER_SCHEMA_REGISTRY_CONFIG", '{"basic.auth.user.info": "ingest:r3g"}')
+    avro = PIPELINES["clicks"].model_copy(update={"value": PIPELINES["clicks"].value.model_copy(
+        update={"format": "avro"})})
+    airflow_tasks.mask_secrets(deployment_services(), avro)
+    assert masked == ["postgresql://h/d", "ingest:r3g", "r3g"]
 
 
 @pytest.mark.parametrize(("runtime", "committing_task"), [("connect", "read_and_commit"), ("submit", "commit_batch")])

@@ -1,10 +1,12 @@
 """Service settings: environment look-ups, Airflow connection fallback, SQLAlchemy and JDBC URL conversions."""
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from kafka_ledger.config import pipeline as config
 from kafka_ledger.config import settings
 from kafka_ledger.config.services import JdbcTarget, SettingsError, jdbc_target, sqlalchemy_url
 
@@ -301,10 +303,20 @@ def test_the_spark_job_gets_the_settings_under_their_variables(monkeypatch):
 
     monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", "/etc/pipelines.yaml")
     services = Services(LedgerDatabase("postgresql://h/d", 30, 20), KafkaClient("k:1", {"security.protocol": "SSL"}))
-    assert spark_job_environment(services) == {
+    pipeline = config.parse_pipelines(json.dumps({"pipelines": {"p": {
+        "topics": ["t"], "output_table": "t", "columns": [{"name": "id", "type": "string"}]}}}))["p"]
+    expected = {
         "KAFKA_LEDGER_DB_URL": "postgresql://h/d", "KAFKA_LEDGER_BOOTSTRAP_SERVERS": "k:1",
         "KAFKA_LEDGER_KAFKA_CONFIG": '{"security.protocol": "SSL"}', "KAFKA_LEDGER_DB_STATEMENT_TIMEOUT": "30",
         "KAFKA_LEDGER_DB_LOCK_TIMEOUT": "20", "KAFKA_LEDGER_PIPELINES": "/etc/pipelines.yaml"}
+    assert spark_job_environment(services, pipeline) == expected
+    # Avro values: the job reads the schemas from the registry the task found (environment or Airflow connection).
+    avro = pipeline.model_copy(update={"value": pipeline.value.model_copy(update={"format": "avro"})})
+    monkeypatch.setenv("KAFKA_LEDGER_SCHEMA_REGISTRY_URL", "http://registry:8081")
+    monkeypatch.setenv("KAFKA_LEDGER_SCHEMA_REGISTRY_CONFIG", '{"basic.auth.user.info": "u:p"}')
+    assert spark_job_environment(services, avro) == {
+        **expected, "KAFKA_LEDGER_SCHEMA_REGISTRY_URL": "http://registry:8081",
+        "KAFKA_LEDGER_SCHEMA_REGISTRY_CONFIG": '{"basic.auth.user.info": "u:p"}'}
 
 
 def test_no_kafka_ledger_variable_is_read_outside_the_settings_models():

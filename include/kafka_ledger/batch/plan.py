@@ -10,6 +10,8 @@ from typing import Any
 from kafka_ledger.batch.requests import BatchRequest, RequestError
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.services import KafkaClient, Services
+from kafka_ledger.config.settings import schema_registry
+from kafka_ledger.formats import avro_registry
 from kafka_ledger.kafka import headroom
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
@@ -219,6 +221,25 @@ def _resume(
     return PlannedBatch(batch.batch_id, True, batch.ranges, backlog_after=remaining, kind=batch.kind, detail=detail)
 
 
+def _reader_schemas(pipeline: PipelineConfig, topics: set[str], replayed: dict[str, ledger.ReaderSchema]
+                    ) -> list[ledger.ReaderSchema]:
+    """The reader schema of each topic of a new Avro batch: its replayed batch's, else the subject's newest version,
+    refused when it cannot fill the columns (formats/avro_registry.py)."""
+    client = schema_registry().client()
+    pinned = []
+    for topic in sorted(topics):
+        if topic in replayed:
+            pinned.append(replace(replayed[topic], chosen="pinned"))
+            continue
+        subject = pipeline.value.subject_of(topic)
+        schema_id, version = avro_registry.newest(client, subject)
+        avro_registry.check_reader(client, pipeline.columns, subject, schema_id)
+        pinned.append(ledger.ReaderSchema(topic, subject, schema_id, version, "newest"))
+        log.info("topic %s: values read with version %s of subject %s (schema id %s)", topic, version, subject,
+                 schema_id)
+    return pinned
+
+
 def _refuse(problems: list[str]) -> None:
     if problems:
         raise RequestError("; ".join(problems))
@@ -270,9 +291,14 @@ def _plan(
                                reason=request.reason or f"run {run_id} cleared in Airflow")
 
     def record(ranges: list[OffsetRange], kind: str, **extra: Any) -> ledger.Batch:
-        return ledger.create_batch(cur, pipeline.name, ranges, dag_id, run_id, kind=kind,
-                                   requested_by=requested_by, reason=request.reason,
-                                   end_offsets={tp: o.end for tp, o in offsets.items()}, **extra)
+        batch = ledger.create_batch(cur, pipeline.name, ranges, dag_id, run_id, kind=kind,
+                                    requested_by=requested_by, reason=request.reason,
+                                    end_offsets={tp: o.end for tp, o in offsets.items()}, **extra)
+        if pipeline.value.format == "avro":
+            replayed = extra.get("replay_of")
+            ledger.record_reader_schemas(cur, batch.batch_id, _reader_schemas(
+                pipeline, {r.topic for r in ranges}, ledger.reader_schemas(cur, replayed) if replayed else {}))
+        return batch
 
     in_flight = {b.batch_id: b.ranges for b in ledger.in_flight_batches(cur, pipeline.name)}
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
     from kafka_ledger.batch.read import Attempt
+    from kafka_ledger.formats.base import ValueFormat
 
 COORDINATES = columns.names(columns.COORDINATES)
 # The kind of every column a dead letter's line holds, which says how Spark writes it as CSV.
@@ -43,9 +44,10 @@ def _csv_line(fields: list[Column]) -> Column:
     return F.concat(F.concat_ws(",", *[F.coalesce(f, F.lit("")) for f in fields]), F.lit("\n"))
 
 
-def publish_frame(records: DataFrame, pipeline: PipelineConfig, sink: Sink, batch_id: int) -> DataFrame:
-    """Kafka source rows, decoded (formats/decode.py, with the sink's envelope) -> Kafka coordinates, PUBLISHED, the
-    output's values (NULL for a dead letter) and DEAD_LETTER_LINE.
+def publish_frame(records: DataFrame, pipeline: PipelineConfig, sink: Sink, batch_id: int,
+                  fmt: ValueFormat | None = None) -> DataFrame:
+    """Kafka source rows, decoded (formats/decode.py, with the sink's envelope and the attempt's format `fmt`) ->
+    Kafka coordinates, PUBLISHED, the output's values (NULL for a dead letter) and DEAD_LETTER_LINE.
 
     The output rows travel as typed values and the client encodes them for binary COPY (sinks/postgres/copy.py):
     Spark's own rendering of them as text cost more on the server than the encoding costs the client, and Postgres
@@ -54,7 +56,7 @@ def publish_frame(records: DataFrame, pipeline: PipelineConfig, sink: Sink, batc
     """
     from pyspark.sql import functions as F
 
-    decoded = decode_records(records, pipeline, sink.envelope)
+    decoded = decode_records(records, pipeline, sink.envelope, fmt=fmt)
     values = {"batch_id": F.lit(batch_id).cast("long"), "pipeline": F.lit(pipeline.name)}
     published = F.col("error").isNull()
     dead_letter_line = _csv_line([_LEDGER_KINDS[name].csv_field(values.get(name, F.col(name)))
@@ -80,7 +82,7 @@ def publish_attempt(records: DataFrame, attempt: Attempt, sink: Sink, services: 
     Spark and adopted by the commit (`publish_artifact`); a transactional sink's the runtime's way (`in_transaction`:
     streamed into the commit, or staged for it)."""
     if isinstance(sink, ArtifactSink):
-        rows = publish_frame(records, sink.pipeline, sink, attempt.batch.batch_id)
+        rows = publish_frame(records, sink.pipeline, sink, attempt.batch.batch_id, attempt.value_format)
         return publish_artifact(sink, rows, attempt, services, started=started, clock=clock,
                                 check_interrupted=check_interrupted)
     if isinstance(sink, TransactionalSink):

@@ -25,8 +25,16 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from kafka_ledger.config.pipeline import ColumnSpec, DoorbellSpec, IcebergSinkSpec, LakeMaintenanceSpec, PipelineConfig
+from kafka_ledger.config.pipeline import (
+    ColumnSpec,
+    DoorbellSpec,
+    IcebergSinkSpec,
+    LakeMaintenanceSpec,
+    PipelineConfig,
+    ValueSpec,
+)
 from kafka_ledger.config.settings import PROJECT_ROOT, Settings, env_name
+from kafka_ledger.formats.avro import READS as AVRO_READS
 from kafka_ledger.model.kinds import DECLARABLE, DecimalKind
 
 BLOCK = re.compile(
@@ -100,6 +108,25 @@ def column_types_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+# How a column reads an Avro type (formats/avro.READS), in words.
+_AVRO_HOW = {"same": "", "cast": " (widened)", "range": " (a value out of range is a dead letter)",
+             "json": " (its JSON text)"}
+
+
+def avro_types_table() -> str:
+    """One row per kind: the Avro types (of the reader schema's field) a column of that kind reads."""
+    rows = ["| type | reads the Avro types |", "| --- | --- |"]
+    for kind in DECLARABLE:
+        if isinstance(kind, DecimalKind):
+            rows.append("| `decimal(p,s)` | `decimal` (bytes or fixed), `int`, `long`: a value that does not fit "
+                        "exactly is a dead letter, never rounded |")
+            continue
+        reads = next((reads for kind_class, reads in AVRO_READS.items() if isinstance(kind, kind_class)), {})
+        rows.append(f"| `{kind.declared}` | {', '.join(f'`{name}`{_AVRO_HOW[how]}' for name, how in reads.items())}"
+                    " |")
+    return "\n".join(rows) + "\n"
+
+
 def settings_table(names: list[str]) -> str:
     """One row per deployment setting: its variable, default, the stacks' values and its description."""
     rows = ["| variable | default | local stack | Docker Compose | used for |", "| --- | --- | --- | --- | --- |"]
@@ -148,6 +175,8 @@ GENERATED: dict[str, dict[str, Callable[[], str]]] = {
         "pipeline fields": lambda: fields_table(PipelineConfig, leave_out=("name",)),
         "column fields": lambda: fields_table(ColumnSpec),
         "column types": column_types_table,
+        "value fields": lambda: fields_table(ValueSpec),
+        "avro types": avro_types_table,
         "iceberg sink fields": lambda: fields_table(IcebergSinkSpec),
         "lake maintenance fields": lambda: fields_table(LakeMaintenanceSpec),
         "doorbell fields": lambda: fields_table(DoorbellSpec),

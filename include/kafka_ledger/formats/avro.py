@@ -22,6 +22,7 @@ from kafka_ledger.formats import framing, sources
 from kafka_ledger.formats.base import FieldRead, Reading, ValueFormat
 from kafka_ledger.model.kinds import (
     BooleanKind,
+    ColumnKind,
     DateKind,
     DecimalKind,
     DoubleKind,
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
     from kafka_ledger.config.pipeline import ColumnSpec, PipelineConfig
-    from kafka_ledger.model.kinds import ColumnKind
 
 # Appended to the reader schema with a default: true in every value that decoded, NULL in one that did not.
 DECODED_FIELD = "__kafka_ledger_decoded"
@@ -130,10 +130,11 @@ def type_name(avro_type: Any) -> str:
     return logical or avro_type.get("type", "?")
 
 
-# Which Avro types a column of each kind reads, exactly: {kind class: {Avro type name: how}}. `same`: the value as
+# Which Avro types a column of each kind reads, exactly: {kind class: {Avro type name: how}} (a decimal column reads
+# Avro decimals, ints and longs, each only when it fits). `same`: the value as
 # from_avro gives it; `cast`: widened without loss; `range`: narrowed, a value out of the kind's range a dead letter;
 # `decimal`: a decimal that must fit the column's precision and scale exactly; `json`: its JSON text.
-_READS: dict[type, dict[str, str]] = {
+READS: dict[type[ColumnKind], dict[str, str]] = {
     StringKind: {"string": "same", "enum": "same", "uuid": "same"},
     IntKind: {"int": "same", "long": "range"},
     LongKind: {"int": "cast", "long": "same"},
@@ -150,7 +151,7 @@ def reading(kind: ColumnKind, avro_type: Any) -> str | None:
     name = type_name(avro_type)
     if isinstance(kind, DecimalKind):
         return "decimal" if name.startswith("decimal(") or name in ("int", "long") else None
-    for kind_class, reads in _READS.items():
+    for kind_class, reads in READS.items():
         if isinstance(kind, kind_class):
             return reads.get(name)
     return None

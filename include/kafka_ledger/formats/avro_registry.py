@@ -8,13 +8,22 @@ the same way on its retry or replay. A registry that cannot be reached or answer
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kafka_ledger.formats.avro import TopicSchemas
+from kafka_ledger.formats.avro import TopicSchemas, columns_problems
+from kafka_ledger.model.refusals import Refusal
+
+if TYPE_CHECKING:
+    from kafka_ledger.config.pipeline import ColumnSpec
 
 
 class SchemaRegistryError(RuntimeError):
-    """The registry could not say what a batch needs (unreachable, an error, a subject without versions)."""
+    """The registry could not say what a batch needs (unreachable, an error): the batch fails, its retry resumes it."""
+
+
+class ReaderSchemaRefused(SchemaRegistryError, Refusal):
+    """No reader schema can decode the pipeline's values as declared (a subject without versions, a schema that is
+    not Avro, columns it cannot fill): nothing is planned until the declaration or the subject changes."""
 
 
 def unreadable_reason(reader: str, writer: str) -> str | None:
@@ -32,9 +41,9 @@ def unreadable_reason(reader: str, writer: str) -> str | None:
 def _avro(registered: Any, what: str) -> str:
     schema = registered.schema if hasattr(registered, "schema") else registered
     if (schema.schema_type or "AVRO") != "AVRO":
-        raise SchemaRegistryError(f"{what} is a {schema.schema_type} schema, not Avro")
+        raise ReaderSchemaRefused(f"{what} is a {schema.schema_type} schema, not Avro")
     if schema.references:
-        raise SchemaRegistryError(f"{what} refers to other schemas ({len(schema.references)} reference(s)), "
+        raise ReaderSchemaRefused(f"{what} refers to other schemas ({len(schema.references)} reference(s)), "
                                   "which kafka-ledger does not resolve yet")
     return schema.schema_str
 
@@ -46,8 +55,25 @@ def newest(client: Any, subject: str) -> tuple[int, int]:
     try:
         latest = client.get_latest_version(subject)
     except ClientError as exc:
-        raise SchemaRegistryError(f"the schema registry has no version of subject {subject}: {exc}") from exc
+        if exc.http_status_code == 404:
+            raise ReaderSchemaRefused(f"the schema registry has no version of subject {subject} (register the "
+                                      "values' schema, or name another subject in `value.subject`)") from exc
+        raise SchemaRegistryError(f"the schema registry could not give subject {subject}'s newest version: {exc}") \
+            from exc
     return latest.schema_id, latest.version
+
+
+def check_reader(client: Any, columns: list[ColumnSpec], subject: str, schema_id: int) -> None:
+    """Refuse a reader schema that cannot fill the columns (ReaderSchemaRefused naming each one)."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
+
+    try:
+        reader = _avro(client.get_schema(schema_id), f"the reader schema (id {schema_id}) of subject {subject}")
+    except ClientError as exc:
+        raise SchemaRegistryError(f"the schema registry could not give schema id {schema_id}: {exc}") from exc
+    problems = columns_problems(columns, TopicSchemas(subject, schema_id, reader, {}))
+    if problems:
+        raise ReaderSchemaRefused("; ".join(problems))
 
 
 def topic_schemas(client: Any, subject: str, reader_id: int) -> TopicSchemas:

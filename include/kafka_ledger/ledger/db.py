@@ -200,6 +200,31 @@ def create_batch(
     return get_batch(cur, batch_id)
 
 
+@dataclass(frozen=True)
+class ReaderSchema:
+    """The reader schema a topic of an Avro batch is decoded with: a subject's version in the schema registry, the
+    newest when the batch was planned (`newest`) or its replayed batch's (`pinned`)."""
+
+    topic: str
+    subject: str
+    schema_id: int
+    version: int | None
+    chosen: str
+
+
+def record_reader_schemas(cur: Cursor, batch_id: int, schemas: list[ReaderSchema]) -> None:
+    """Pin the reader schemas of a batch's topics (in the plan's transaction, before anything is read)."""
+    psycopg2.extras.execute_batch(cur, sql.INSERT_BATCH_READER_SCHEMA, [
+        {"batch_id": batch_id, "topic": s.topic, "subject": s.subject, "schema_id": s.schema_id,
+         "version": s.version, "chosen": s.chosen} for s in schemas])
+
+
+def reader_schemas(cur: Cursor, batch_id: int) -> dict[str, ReaderSchema]:
+    """The reader schemas pinned for a batch, by topic (none for a batch of JSON values)."""
+    cur.execute(sql.SELECT_BATCH_READER_SCHEMAS, {"batch_id": batch_id})
+    return {row[0]: ReaderSchema(*row) for row in cur.fetchall()}
+
+
 def batch_topic_ids(cur: Cursor, batch_id: int) -> dict[str, str | None]:
     """The Kafka topic id each topic of the batch was planned against (None: unknown, planned before ids)."""
     cur.execute(sql.SELECT_BATCH_TOPIC_IDS, {"batch_id": batch_id})

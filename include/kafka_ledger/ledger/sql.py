@@ -102,6 +102,16 @@ INSERT_BATCH_RANGE = """
 
 # The topic id each topic of a batch was read under: as planned, or (ranges planned before ids were recorded)
 # the topic's anchor.
+# The reader schema of each topic of an Avro batch (format avro: formats/avro_registry.py).
+INSERT_BATCH_READER_SCHEMA = """
+    INSERT INTO kafka_ledger.batch_reader_schemas (batch_id, topic, subject, schema_id, version, chosen)
+    VALUES (%(batch_id)s, %(topic)s, %(subject)s, %(schema_id)s, %(version)s, %(chosen)s)
+"""
+SELECT_BATCH_READER_SCHEMAS = """
+    SELECT topic, subject, schema_id, version, chosen FROM kafka_ledger.batch_reader_schemas
+    WHERE batch_id = %(batch_id)s ORDER BY topic
+"""
+
 SELECT_BATCH_TOPIC_IDS = """
     SELECT DISTINCT r.topic, coalesce(r.topic_id, a.topic_id)
     FROM kafka_ledger.batch_ranges r

@@ -239,7 +239,7 @@ def publish(
             raise AttemptInterrupted(f"attempt {attempt.number} of batch {attempt.batch.batch_id} was interrupted")
 
     def streamed(sink: TransactionalSink) -> CommitResult:
-        rows = publish_frame(records, pipeline, sink, attempt.batch.batch_id)
+        rows = publish_frame(records, pipeline, sink, attempt.batch.batch_id, attempt.value_format)
         return commit.commit(services, pipeline, attempt.batch.batch_id,
                              Streamed(attempt.number, arrow_stream(rows, attempt, interrupted), started, clock))
 

@@ -41,13 +41,18 @@ class SubmitBatchOperator(SparkSubmitOperator):
     Kubernetes, and never a rendered template field, which the UI shows. The connector jars are found then too.
     """
 
+    def __init__(self, *, pipeline_name: str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.pipeline_name = pipeline_name
+
     def execute(self, context: Any) -> None:
         with refusals_fail_at_once():
             self.jars = spark_jars()
             check_master(self._get_hook())
             services = task_services()
-            mask_secrets(services)
-            os.environ.update(spark_job_environment(services))
+            pipeline = get_pipeline(self.pipeline_name)
+            mask_secrets(services, pipeline)
+            os.environ.update(spark_job_environment(services, pipeline))
         try:
             super().execute(context)
         except AirflowException as exc:
@@ -70,6 +75,7 @@ def commit_task(pipeline_name: str, plan: dict[str, Any], **context: Any) -> dic
 def build_tasks(spark_task_id: str, commit_task_id: str, pipeline: PipelineConfig, plan: Any) -> tuple[Any, Any]:
     """spark-submit's task after `plan`, then the commit task."""
     spark = SubmitBatchOperator(
+        pipeline_name=pipeline.name,
         task_id=spark_task_id,
         application=str(SPARK_APPLICATION),
         conn_id=SPARK_SUBMIT_CONN_ID,

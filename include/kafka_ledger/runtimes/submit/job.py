@@ -22,6 +22,8 @@ from kafka_ledger.sinks import Sink, TransactionalSink, sink_for
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from kafka_ledger.formats.base import ValueFormat
+
 
 def run_job(pipeline_name: str, batch_id: int, config: str | None, services: Services) -> dict[str, object]:
     """Begin an attempt of the batch, read it and stage it (or mark it written with nothing to read)."""
@@ -57,15 +59,16 @@ def run_job(pipeline_name: str, batch_id: int, config: str | None, services: Ser
     return published
 
 
-def to_staging_rows(records: DataFrame, sink: Sink, batch_id: int, attempt: int) -> DataFrame:
-    """Kafka source rows -> the staging table's layout (ledger.sql.staging_columns): decoded columns, or raw bytes
-    plus the error."""
+def to_staging_rows(records: DataFrame, sink: Sink, batch_id: int, attempt: int,
+                    fmt: ValueFormat | None = None) -> DataFrame:
+    """Kafka source rows -> the staging table's layout (ledger.sql.staging_columns): decoded columns (by the attempt's
+    format `fmt`), or raw bytes plus the error."""
     from pyspark.sql import functions as F
 
     from kafka_ledger.formats.decode import decode_records
 
     pipeline = sink.pipeline
-    decoded = decode_records(records, pipeline, sink.envelope)
+    decoded = decode_records(records, pipeline, sink.envelope, fmt=fmt)
     good = F.col("error").isNull()
     values = {
         "batch_id": F.lit(batch_id).cast("long"),
@@ -97,7 +100,7 @@ def stage(records: DataFrame, sink: TransactionalSink, attempt: read.Attempt, se
     from pyspark.sql import functions as F
 
     pipeline, batch = sink.pipeline, attempt.batch
-    staged = to_staging_rows(records, sink, batch.batch_id, attempt.number)
+    staged = to_staging_rows(records, sink, batch.batch_id, attempt.number, attempt.value_format)
     target = services.ledger.jdbc()
 
     def append(frame: DataFrame, table: str) -> None:

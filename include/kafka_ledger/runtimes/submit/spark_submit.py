@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from kafka_ledger.config.pipeline import PipelineConfig, config_path
 from kafka_ledger.config.services import Services, SettingsError
-from kafka_ledger.config.settings import SPARK_SUBMIT_CONN_ID, deployment_settings, env_name
+from kafka_ledger.config.settings import SPARK_SUBMIT_CONN_ID, deployment_settings, env_name, schema_registry
 
 if TYPE_CHECKING:
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -48,17 +48,23 @@ def spark_conf(pipeline: PipelineConfig) -> dict[str, str]:
     return {**BASE_SPARK_CONF, **pipeline.spark_conf}
 
 
-def spark_job_environment(services: Services) -> dict[str, str]:
-    """What the batch's Spark job reads from its environment: where the ledger, Kafka and the pipelines are, and the
-    ledger's timeouts.
+def spark_job_environment(services: Services, pipeline: PipelineConfig) -> dict[str, str]:
+    """What the batch's Spark job reads from its environment: where the ledger, Kafka, the pipelines and (for Avro
+    values) the schema registry are, and the ledger's timeouts.
 
     It holds secrets, so it reaches spark-submit as the environment it inherits, never as the hook's
     env_vars: on YARN and Kubernetes the Spark provider turns those into `--conf` arguments on its command line.
     """
-    return {env_name("db_url"): services.ledger.libpq(), env_name("bootstrap_servers"): services.kafka.servers,
-            env_name("kafka_config"): json.dumps(dict(services.kafka.settings)),
-            env_name("db_statement_timeout"): str(services.ledger.statement_timeout),
-            env_name("db_lock_timeout"): str(services.ledger.lock_timeout), env_name("pipelines"): str(config_path())}
+    environment = {
+        env_name("db_url"): services.ledger.libpq(), env_name("bootstrap_servers"): services.kafka.servers,
+        env_name("kafka_config"): json.dumps(dict(services.kafka.settings)),
+        env_name("db_statement_timeout"): str(services.ledger.statement_timeout),
+        env_name("db_lock_timeout"): str(services.ledger.lock_timeout), env_name("pipelines"): str(config_path())}
+    if pipeline.value.format == "avro":
+        registry = schema_registry()
+        environment[env_name("schema_registry_url")] = registry.url
+        environment[env_name("schema_registry_config")] = json.dumps(dict(registry.settings))
+    return environment
 
 
 def spark_submit_hook(pipeline: PipelineConfig, batch_id: int) -> SparkSubmitHook:
@@ -96,7 +102,7 @@ def check_master(hook: SparkSubmitHook) -> None:
 
 def submit_batch(pipeline: PipelineConfig, batch_id: int, services: Services) -> None:
     """Run the batch's Spark job with spark-submit outside Airflow (the CLI's replay); raises on failure."""
-    os.environ.update(spark_job_environment(services))
+    os.environ.update(spark_job_environment(services, pipeline))
     hook = spark_submit_hook(pipeline, batch_id)
     check_master(hook)
     hook.submit(str(SPARK_APPLICATION))
