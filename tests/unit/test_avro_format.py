@@ -26,7 +26,7 @@ def test_a_path_follows_records_through_nullable_unions_and_named_types():
 
 def test_each_kind_reads_the_avro_types_it_holds_exactly():
     assert reading(parse_kind("decimal(10,2)"), {"type": "bytes", "logicalType": "decimal", "precision": 12,
-                                                 "scale": 4}) == "decimal"
+                                                 "scale": 4}) == "fit"
     assert reading(parse_kind("long"), "int") == "cast"
     assert reading(parse_kind("int"), "long") == "range"
     assert reading(parse_kind("jsonb"), {"type": "array", "items": "string"}) == "json"

@@ -15,6 +15,7 @@ scripts/env.sh is sourced before Python packages are installed: its block is com
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import sys
@@ -34,7 +35,6 @@ from kafka_ledger.config.pipeline import (
     ValueSpec,
 )
 from kafka_ledger.config.settings import PROJECT_ROOT, Settings, env_name
-from kafka_ledger.formats.avro import READS as AVRO_READS
 from kafka_ledger.model.kinds import DECLARABLE, DecimalKind
 
 BLOCK = re.compile(
@@ -108,22 +108,21 @@ def column_types_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-# How a column reads an Avro type (formats/avro.READS), in words.
+# How a column reads an Avro type (model.kinds: avro_reads), in words.
 _AVRO_HOW = {"same": "", "cast": " (widened)", "range": " (a value out of range is a dead letter)",
-             "json": " (its JSON text)"}
+             "fit": " (a value that does not fit exactly is a dead letter, never rounded)", "json": " (its JSON text)"}
 
 
 def avro_types_table() -> str:
     """One row per kind: the Avro types (of the reader schema's field) a column of that kind reads."""
     rows = ["| type | reads the Avro types |", "| --- | --- |"]
     for kind in DECLARABLE:
-        if isinstance(kind, DecimalKind):
-            rows.append("| `decimal(p,s)` | `decimal` (bytes or fixed), `int`, `long`: a value that does not fit "
-                        "exactly is a dead letter, never rounded |")
-            continue
-        reads = next((reads for kind_class, reads in AVRO_READS.items() if isinstance(kind, kind_class)), {})
-        rows.append(f"| `{kind.declared}` | {', '.join(f'`{name}`{_AVRO_HOW[how]}' for name, how in reads.items())}"
-                    " |")
+        name = "decimal(p,s)" if isinstance(kind, DecimalKind) else kind.declared
+        # Consecutive types read the same way share their words.
+        groups = [(how, [avro for avro, _ in group])
+                  for how, group in itertools.groupby(kind.avro_reads.items(), key=lambda item: item[1])]
+        reads = ", ".join(", ".join(f"`{avro}`" for avro in names) + _AVRO_HOW[how] for how, names in groups)
+        rows.append(f"| `{name}` | {reads} |")
     return "\n".join(rows) + "\n"
 
 

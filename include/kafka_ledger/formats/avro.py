@@ -20,18 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from kafka_ledger.formats import framing, sources
 from kafka_ledger.formats.base import FieldRead, Reading, ValueFormat
-from kafka_ledger.model.kinds import (
-    BooleanKind,
-    ColumnKind,
-    DateKind,
-    DecimalKind,
-    DoubleKind,
-    IntKind,
-    JsonbKind,
-    LongKind,
-    StringKind,
-    TimestampKind,
-)
+from kafka_ledger.model.kinds import ColumnKind, DecimalKind
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -130,31 +119,11 @@ def type_name(avro_type: Any) -> str:
     return logical or avro_type.get("type", "?")
 
 
-# Which Avro types a column of each kind reads, exactly: {kind class: {Avro type name: how}} (a decimal column reads
-# Avro decimals, ints and longs, each only when it fits). `same`: the value as
-# from_avro gives it; `cast`: widened without loss; `range`: narrowed, a value out of the kind's range a dead letter;
-# `decimal`: a decimal that must fit the column's precision and scale exactly; `json`: its JSON text.
-READS: dict[type[ColumnKind], dict[str, str]] = {
-    StringKind: {"string": "same", "enum": "same", "uuid": "same"},
-    IntKind: {"int": "same", "long": "range"},
-    LongKind: {"int": "cast", "long": "same"},
-    DoubleKind: {"double": "same", "float": "cast", "int": "cast"},
-    BooleanKind: {"boolean": "same"},
-    TimestampKind: {"timestamp-millis": "same", "timestamp-micros": "same"},
-    DateKind: {"date": "same"},
-    JsonbKind: {"record": "json", "array": "json", "map": "json"},
-}
-
-
 def reading(kind: ColumnKind, avro_type: Any) -> str | None:
-    """How a column of `kind` reads a field of `avro_type` (see _READS), or None when it cannot hold it exactly."""
+    """How a column of `kind` reads a field of `avro_type` (the kind's avro_reads), or None when it cannot hold it
+    exactly."""
     name = type_name(avro_type)
-    if isinstance(kind, DecimalKind):
-        return "decimal" if name.startswith("decimal(") or name in ("int", "long") else None
-    for kind_class, reads in READS.items():
-        if isinstance(kind, kind_class):
-            return reads.get(name)
-    return None
+    return kind.avro_reads.get("decimal" if name.startswith("decimal(") else name)
 
 
 def columns_problems(columns: list[ColumnSpec], schemas: TopicSchemas) -> list[str]:
@@ -290,7 +259,7 @@ def _as_kind(raw: Column, kind: ColumnKind, avro_type: Any, label: str) -> tuple
         return raw.cast(kind.spark_type()), nothing
     if how == "json":
         return F.to_json(raw), nothing
-    # range, decimal: the value narrowed; when it does not come back the same, it did not fit.
+    # range, fit: the value narrowed; when it does not come back the same, it did not fit.
     narrowed = raw.try_cast(kind.spark_type())
     fits = narrowed.isNotNull() & (narrowed.cast(raw_type(avro_type)) == raw)
     detail = (f" (it does not fit exactly: more than {kind.scale} digit(s) after the point or "

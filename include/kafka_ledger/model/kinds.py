@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
@@ -78,6 +79,10 @@ class ColumnKind(ABC):
     # How a text-carrying format (JSON) hands its token to `from_text`: as the token's text (True), or parsed into
     # `spark_type()` by the format itself (False: numbers, booleans, strings).
     read_as_text: ClassVar[bool] = False
+    # The Avro types (of a reader schema's field, by name) a column of the kind reads exactly, and how
+    # (formats/avro.py): `same`, the value as Spark decodes it; `cast`, widened without loss; `range`, narrowed, a
+    # value out of the kind's range a dead letter; `fit`, a decimal that must fit exactly; `json`, its JSON text.
+    avro_reads: ClassVar[Mapping[str, str]] = {}
 
     @property
     def declared(self) -> str:
@@ -141,6 +146,7 @@ class ColumnKind(ABC):
 
 class StringKind(ColumnKind):
     word = "string"
+    avro_reads = {"string": "same", "enum": "same", "uuid": "same"}
     key_capable = True
     description = "text (no NUL character: Postgres text cannot hold it)"
     postgres_type = "text"
@@ -185,6 +191,7 @@ class _Integral(ColumnKind):
 
 class LongKind(_Integral):
     word = "long"
+    avro_reads = {"int": "cast", "long": "same"}
     description = "a 64-bit integer"
     postgres_type = "bigint"
 
@@ -206,6 +213,7 @@ class LongKind(_Integral):
 
 class IntKind(_Integral):
     word = "int"
+    avro_reads = {"long": "range", "int": "same"}
     description = "a 32-bit integer"
     postgres_type = "integer"
 
@@ -227,6 +235,7 @@ class IntKind(_Integral):
 
 class DoubleKind(ColumnKind):
     word = "double"
+    avro_reads = {"float": "cast", "int": "cast", "double": "same"}
     description = "a binary floating-point number"
     postgres_type = "double precision"
 
@@ -248,6 +257,7 @@ class DoubleKind(ColumnKind):
 
 class BooleanKind(ColumnKind):
     word = "boolean"
+    avro_reads = {"boolean": "same"}
     description = "true or false"
     postgres_type = "boolean"
 
@@ -276,6 +286,7 @@ class BooleanKind(ColumnKind):
 
 class TimestampKind(ColumnKind):
     word = "timestamp"
+    avro_reads = {"timestamp-millis": "same", "timestamp-micros": "same"}
     description = "an instant, from ISO-8601 text or an epoch number ([Timestamps](#timestamps)), in `years`"
     postgres_type = "timestamptz"
     read_as_text = True
@@ -373,6 +384,7 @@ class TimestampKind(ColumnKind):
 
 class DateKind(ColumnKind):
     word = "date"
+    avro_reads = {"date": "same"}
     description = "a calendar date written `YYYY-MM-DD`, in `years`"
     postgres_type = "date"
     read_as_text = True
@@ -415,6 +427,8 @@ class DecimalKind(ColumnKind):
     scale: int
 
     word: ClassVar[str] = "decimal"
+    # Any Avro decimal (its precision and scale those of the field), int or long.
+    avro_reads: ClassVar[Mapping[str, str]] = {"decimal": "fit", "int": "fit", "long": "fit"}
     description: ClassVar[str] = ("an exact number of p digits (1 to 38), s of them after the point: a value that "
                                   "does not fit exactly is a dead letter, never rounded")
     read_as_text: ClassVar[bool] = True
@@ -465,6 +479,7 @@ class DecimalKind(ColumnKind):
 
 class JsonbKind(ColumnKind):
     word = "jsonb"
+    avro_reads = {"record": "json", "array": "json", "map": "json"}
     description = ("a JSON object or array kept whole (its JSON text in Iceberg); one holding a number Spark cannot "
                    "keep exactly (in exponent notation, over 38 digits) is a dead letter")
     postgres_type = "jsonb"
