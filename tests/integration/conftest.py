@@ -135,6 +135,7 @@ PIPELINES = {
            ("avro_iceberg", "connect", {"output_table": None, "sink": {
                "type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name("avro_iceberg")}}))},
     "avro_refused": {"value": {"format": "avro"}, "columns": [*AVRO_COLUMNS, {"name": "coupon", "type": "string"}]},
+    "avro_registry_away": {"spark_runtime": "connect", "value": {"format": "avro"}, "columns": AVRO_COLUMNS},
     # Values framed as Confluent's JSON Schema serializer writes them, in each runtime (test_decode.py).
     **{f"framed_{runtime}": {"spark_runtime": runtime, "value": {"format": "json", "framing": "confluent"}}
        for runtime in ("connect", "submit")},

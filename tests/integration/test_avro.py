@@ -214,3 +214,45 @@ def test_a_reader_schema_that_cannot_fill_the_columns_is_refused_and_nothing_is_
     with ledger.session(services.ledger) as conn, conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM kafka_ledger.batches WHERE pipeline = %s", (pipeline.name,))
         assert cur.fetchone()[0] == 0
+
+
+@pytest.mark.own_stack  # it kills the registry every test shares
+def test_a_registry_away_fails_the_plan_or_the_read_writing_nothing_and_the_retry_publishes_exactly(
+        dsn, servers, pipeline_factory):
+    from integration_support import assert_exactly_once, stack
+
+    from kafka_ledger.batch.plan import plan_next_batch
+    from kafka_ledger.config.settings import services_for
+    from kafka_ledger.formats.avro_registry import SchemaRegistryError
+    from kafka_ledger.ledger import db as ledger
+    from kafka_ledger.runtimes import run_batch
+
+    pipeline = pipeline_factory("avro_registry_away", partitions=2)
+    topic = pipeline.topics[0]
+    v2 = serializer(settings.schema_registry().client(), V2)
+    _produce(servers, topic, [(encode(v2, topic, order(i)), f"c{i}".encode()) for i in range(30)])
+    services = services_for(dsn, servers)
+
+    def recorded() -> list[tuple]:
+        with ledger.session(services.ledger) as conn, conn.cursor() as cur:
+            cur.execute("SELECT batch_id, status, attempts FROM kafka_ledger.batches WHERE pipeline = %s",
+                        (pipeline.name,))
+            return cur.fetchall()
+
+    stack("kill-schema-registry")
+    try:
+        with pytest.raises(SchemaRegistryError, match="could not be reached"):
+            plan_next_batch(services, pipeline)
+        assert recorded() == []
+    finally:
+        stack("start")
+    planned = plan_next_batch(services, pipeline)
+    stack("kill-schema-registry")
+    try:
+        with pytest.raises(SchemaRegistryError, match="could not be reached"):
+            run_batch(pipeline, planned.batch_id, services)
+        assert recorded() == [(planned.batch_id, "planned", 0)]  # no attempt begun, nothing read
+    finally:
+        stack("start")
+    run_batch(pipeline, planned.batch_id, services)
+    assert_exactly_once(dsn, servers, pipeline, {})

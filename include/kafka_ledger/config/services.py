@@ -8,6 +8,7 @@ hold secrets: their `str` shows none (a password is `***`), so either can be log
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -360,6 +361,8 @@ class SchemaRegistry:
         """A client of the registry (confluent-kafka's: it caches the schemas it has read)."""
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
+        # Its HTTP client logs every request at INFO: a line per schema in every task log.
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
         try:
             return SchemaRegistryClient(self.client_config())
         except ValueError as exc:  # an unknown or malformed setting, in the client's own words

@@ -8,6 +8,8 @@ the same way on its retry or replay. A registry that cannot be reached or answer
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from kafka_ledger.formats.avro import TopicSchemas, columns_problems
@@ -48,29 +50,35 @@ def _avro(registered: Any, what: str) -> str:
     return schema.schema_str
 
 
-def newest(client: Any, subject: str) -> tuple[int, int]:
-    """The subject's newest version: (its schema id, its version number)."""
+@contextlib.contextmanager
+def _asking(what: str, subject: str | None = None) -> Iterator[None]:
+    """The registry's failures as SchemaRegistryError saying what was asked (a subject it does not know: refused)."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
+    from httpx2 import HTTPError  # confluent-kafka's HTTP client: unreachable, a timeout
 
     try:
-        latest = client.get_latest_version(subject)
+        yield
     except ClientError as exc:
-        if exc.http_status_code == 404:
+        if subject is not None and exc.http_status_code == 404:
             raise ReaderSchemaRefused(f"the schema registry has no version of subject {subject} (register the "
                                       "values' schema, or name another subject in `value.subject`)") from exc
-        raise SchemaRegistryError(f"the schema registry could not give subject {subject}'s newest version: {exc}") \
-            from exc
+        raise SchemaRegistryError(f"the schema registry could not give {what}: {exc}") from exc
+    except (HTTPError, OSError) as exc:
+        raise SchemaRegistryError(f"the schema registry could not be reached for {what}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+
+
+def newest(client: Any, subject: str) -> tuple[int, int]:
+    """The subject's newest version: (its schema id, its version number)."""
+    with _asking(f"subject {subject}'s newest version", subject):
+        latest = client.get_latest_version(subject)
     return latest.schema_id, latest.version
 
 
 def check_reader(client: Any, columns: list[ColumnSpec], subject: str, schema_id: int) -> None:
     """Refuse a reader schema that cannot fill the columns (ReaderSchemaRefused naming each one)."""
-    from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
-
-    try:
+    with _asking(f"schema id {schema_id}"):
         reader = _avro(client.get_schema(schema_id), f"the reader schema (id {schema_id}) of subject {subject}")
-    except ClientError as exc:
-        raise SchemaRegistryError(f"the schema registry could not give schema id {schema_id}: {exc}") from exc
     problems = columns_problems(columns, TopicSchemas(subject, schema_id, reader, {}))
     if problems:
         raise ReaderSchemaRefused("; ".join(problems))
@@ -78,17 +86,12 @@ def check_reader(client: Any, columns: list[ColumnSpec], subject: str, schema_id
 
 def topic_schemas(client: Any, subject: str, reader_id: int) -> TopicSchemas:
     """The schemas of a topic's values in a batch: the reader `reader_id` and every version of `subject` as writers."""
-    from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
-
-    try:
+    with _asking(f"the schemas of subject {subject}"):
         reader = _avro(client.get_schema(reader_id), f"the reader schema (id {reader_id})")
         writers = {}
         for version in client.get_versions(subject):
             registered = client.get_version(subject, version)
             writers[registered.schema_id] = _avro(registered, f"version {version} of subject {subject}")
-    except ClientError as exc:
-        raise SchemaRegistryError(f"the schema registry could not give the schemas of subject {subject}: {exc}") \
-            from exc
     unreadable = {writer_id: why for writer_id, writer in writers.items()
                   if (why := unreadable_reason(reader, writer)) is not None}
     return TopicSchemas(subject, reader_id, reader, writers, unreadable)
