@@ -11,6 +11,9 @@
 #                 server runs its executors there
 #     --sink iceberg  the pipeline impressions_lake: the same topic into the lake's Iceberg table, one snapshot per
 #                 batch, counted back without Spark (pyiceberg)
+#     --format avro  the pipeline impressions_avro: Avro impressions written by Confluent's AvroSerializer through
+#                 the stack's schema registry (a second schema version, a field added with a default, registered
+#                 before the first run), the output checked value by value against Confluent's AvroDeserializer
 #     --doorbell N  then N impressions more, published by the run the pipeline's doorbell starts under the stack's
 #                 own Airflow (scripts/stack.sh airflow: scheduler and triggerer), with the seconds it took
 set -euo pipefail
@@ -29,6 +32,8 @@ for arg in "$@"; do
   esac
   # --sink iceberg: the demo's pipeline into the lake (tools/demo.py), verified below
   if [ "$previous" = --sink ] && [ "$arg" = iceberg ] || [ "$arg" = --sink=iceberg ]; then pipeline=impressions_lake; fi
+  # --format avro: Avro impressions through the stack's schema registry (tools/demo.py), verified below
+  if [ "$previous" = --format ] && [ "$arg" = avro ] || [ "$arg" = --format=avro ]; then pipeline=impressions_avro; fi
   previous=$arg
 done
 

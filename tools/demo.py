@@ -1,5 +1,9 @@
 """The demo: produce ad impressions (some malformed), run the pipeline's DAG twice, then let its doorbell run it.
 
+With `--format avro` the impressions are Avro, written by Confluent's AvroSerializer through the stack's schema
+registry; a second version of their schema (a field added with a default) is registered before the first run, and
+the output is checked value by value against Kafka's records decoded by Confluent's AvroDeserializer.
+
 `bash scripts/demo.sh` sets up the stack, then runs `python -m tools.demo` from the project root, which ends
 with one JSON line counted from Kafka and the output (Postgres, or with `--sink iceberg` the lake's table):
 {"produced": N, "output_rows": M, "dead_letters": D, "duplicates": 0, "lag": 0, ...}
@@ -30,8 +34,10 @@ from kafka_ledger.ops.verify import verify_pipeline
 
 log = logging.getLogger("tools.demo")
 
-# The demo's pipeline for each sink (config/pipelines.yaml): the same topic into a Postgres table, or into the lake.
+# The demo's pipeline for each sink (config/pipelines.yaml): the same topic into a Postgres table, or into the lake;
+# and the Avro impressions' pipeline.
 DEMO_PIPELINES = {"postgres": "impressions", "iceberg": "impressions_lake"}
+AVRO_PIPELINE = "impressions_avro"
 DEMO_PARTITIONS = 18  # the reference deployment in the Spark + Kafka integration talk
 COUNTRIES = ["ES", "FR", "DE", "GB", "US", "BR", "MX", "IN", "JP", "IT"]
 DEVICES = ["android", "ios", "desktop", "tablet"]
@@ -106,6 +112,121 @@ def produce_impressions(servers: str, topic: str, count: int, seed: int) -> None
     log.info("produced %d impressions to %s", count, topic)
 
 
+# The Avro impressions' schema, version 1; version 2 adds `placement` with a default.
+IMPRESSION_V1 = {"type": "record", "name": "Impression", "namespace": "demo.ads", "fields": [
+    {"name": "impression_id", "type": "string"},
+    {"name": "ad_id", "type": "string"},
+    {"name": "campaign_id", "type": "long"},
+    {"name": "geo", "type": {"type": "record", "name": "Geo", "fields": [
+        {"name": "country", "type": "string"}, {"name": "region", "type": ["null", "string"], "default": None}]}},
+    {"name": "device", "type": {"type": "enum", "name": "Device", "symbols": [d.upper() for d in DEVICES]}},
+    {"name": "bid_price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 4}},
+    {"name": "clicked", "type": "boolean"},
+    {"name": "event_time", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+]}
+IMPRESSION_V2 = {**IMPRESSION_V1, "fields": [*IMPRESSION_V1["fields"],
+                                             {"name": "placement", "type": "string", "default": "feed"}]}
+PLACEMENTS = ["feed", "story", "search"]
+
+
+def produce_avro_impressions(servers: str, topic: str, count: int, seed: int, schema: dict) -> None:
+    """`count` Avro impressions written with `schema` by Confluent's AvroSerializer (which registers it under
+    `<topic>-value`); about 2% bad on purpose: not framed, an unknown schema id, a truncated payload, a tombstone."""
+    from decimal import Decimal
+
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from kafka_ledger.config.settings import schema_registry
+
+    serialize = AvroSerializer(schema_registry().client(), json.dumps(schema))
+    context = SerializationContext(topic, MessageField.VALUE)
+    rng = random.Random(seed)
+    start = datetime.now(UTC) - timedelta(hours=1)
+    producer = Producer(kafka_for(servers).confluent(**{"enable.idempotence": True, "linger.ms": 20}))
+    for _ in range(count):
+        user = f"user-{rng.randrange(50_000)}"
+        event = {
+            "impression_id": uuid.UUID(int=rng.getrandbits(128)).hex, "ad_id": f"ad-{rng.randrange(2_000)}",
+            "campaign_id": rng.randrange(1, 300), "geo": {"country": rng.choice(COUNTRIES), "region": None},
+            "device": rng.choice(DEVICES).upper(), "bid_price": Decimal(rng.randrange(100, 30_000)) / 10_000,
+            "clicked": rng.random() < 0.03,
+            "event_time": start + timedelta(milliseconds=rng.randrange(3_600_000)),
+        }
+        if "placement" in {f["name"] for f in schema["fields"]}:
+            event["placement"] = rng.choice(PLACEMENTS)
+        value: bytes | None = serialize(event, context)
+        if rng.random() < 0.02:
+            bad = rng.randrange(4)
+            value = (json.dumps({"impression_id": event["impression_id"]}).encode(),  # not framed
+                     b"\x00" + (2**31 - 1).to_bytes(4, "big") + value[5:],  # an id the registry does not know
+                     value[:7],  # truncated
+                     None)[bad]  # a tombstone
+        while True:
+            try:
+                producer.produce(topic, key=user.encode(), value=value)
+                break
+            except BufferError:
+                producer.poll(0.5)
+        producer.poll(0)
+    producer.flush(60)
+    log.info("produced %d Avro impressions (schema with %d fields) to %s", count, len(schema["fields"]), topic)
+
+
+def register_schema(topic: str, schema: dict) -> int:
+    """Register `schema` as the newest version of subject `<topic>-value`; its id."""
+    from confluent_kafka.schema_registry import Schema
+
+    from kafka_ledger.config.settings import schema_registry
+
+    return schema_registry().client().register_schema(f"{topic}-value", Schema(json.dumps(schema), "AVRO"))
+
+
+def wrong_avro_values(services: Services, pipeline: PipelineConfig) -> int:
+    """Output rows whose values differ from their Kafka record decoded by Confluent's AvroDeserializer (with the
+    newest schema as its reader, as the demo's batches had): kafka-ledger's decoding checked independently."""
+    from decimal import Decimal
+
+    import psycopg2
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from kafka_ledger.config.settings import schema_registry
+
+    client = schema_registry().client()
+    topic = pipeline.topics[0]
+    reader = client.get_latest_version(f"{topic}-value").schema
+    deserialize = AvroDeserializer(client, reader.schema_str)
+    with psycopg2.connect(services.ledger.libpq()) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT kafka_partition, kafka_offset, impression_id, ad_id, campaign_id, user_id, country, "
+                    f"device, bid_price, clicked, event_time, placement FROM {pipeline.qualified_output_table}")
+        rows = {(r[0], r[1]): r[2:] for r in cur.fetchall()}
+    conn.close()
+    consumer = Consumer(services.kafka.confluent(**{"group.id": f"demo-check-{uuid.uuid4().hex}",
+                                                     "enable.auto.commit": False}))
+    ends = kafka_offsets.partition_offsets(services.kafka, [topic])
+    consumer.assign([TopicPartition(tp.topic, tp.partition, o.log_start) for tp, o in ends.items()])
+    wrong, seen, total = 0, 0, sum(o.end - o.log_start for o in ends.values())
+    while seen < total:
+        message = consumer.poll(10)
+        if message is None:
+            raise RuntimeError(f"Kafka gave {seen} of {total} records back")
+        if message.error():
+            continue
+        seen += 1
+        row = rows.get((message.partition(), message.offset()))
+        if row is None:
+            continue  # a dead letter: verify accounts for it
+        event = deserialize(message.value(), SerializationContext(topic, MessageField.VALUE))
+        expected = (event["impression_id"], event["ad_id"], event["campaign_id"], message.key().decode(),
+                    event["geo"]["country"], event["device"], Decimal(event["bid_price"]), event["clicked"],
+                    event["event_time"], event["placement"])
+        wrong += row != expected
+    consumer.close()
+    return wrong
+
+
 def run_until_caught_up(pipeline: PipelineConfig, max_runs: int = 20) -> int:
     """Run the pipeline's DAG (dag.test: real tasks, real Spark) until its lag is 0; returns runs made."""
     from kafka_ledger.airflow.dags import run_pipeline_dag  # Airflow is heavy: imported when the demo runs
@@ -169,6 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=40_000, help="impressions produced before the first run")
     parser.add_argument("--second", type=int, default=25_000, help="impressions produced before the second run")
     parser.add_argument("--seed", type=int, default=None, help="random seed of the generator")
+    parser.add_argument("--format", choices=["json", "avro"], default="json",
+                        help="the impressions' format: JSON (default), or Avro through the stack's schema registry "
+                             f"(pipeline {AVRO_PIPELINE}: version 1 of the schema, then version 2 with a field added "
+                             "with a default, registered before the first run; the output checked value by value "
+                             "against Confluent's AvroDeserializer)")
     parser.add_argument("--sink", choices=sorted(DEMO_PIPELINES), default="postgres",
                         help="where the rows go: the Postgres table of pipeline impressions (default), or the Iceberg "
                              "table of pipeline impressions_lake, counted back without Spark (pyiceberg)")
@@ -179,21 +305,33 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    pipeline = get_pipeline(DEMO_PIPELINES[args.sink])
+    if args.format == "avro" and args.sink != "postgres":
+        parser.error("--format avro: the demo's Avro pipeline publishes into Postgres (--sink postgres)")
+    pipeline = get_pipeline(AVRO_PIPELINE if args.format == "avro" else DEMO_PIPELINES[args.sink])
     servers = kafka_client().servers
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     topic = pipeline.topics[0]
     ensure_topic(servers, topic, DEMO_PARTITIONS)
 
-    produce_impressions(servers, topic, args.first, seed)
+    if args.format == "avro":
+        produce_avro_impressions(servers, topic, args.first, seed, IMPRESSION_V1)
+        register_schema(topic, IMPRESSION_V2)  # the first batches read version 1 values with its default
+    else:
+        produce_impressions(servers, topic, args.first, seed)
     first_runs = run_until_caught_up(pipeline)
-    produce_impressions(servers, topic, args.second, seed + 1)
+    if args.format == "avro":
+        produce_avro_impressions(servers, topic, args.second, seed + 1, IMPRESSION_V2)
+    else:
+        produce_impressions(servers, topic, args.second, seed + 1)
     second_runs = run_until_caught_up(pipeline)
-    # The lake's demo pipeline has no doorbell: it runs on its schedule only.
+    # The lake's and the Avro demo pipelines have no doorbell: they run on their schedule only.
     doorbell = ring_the_doorbell(pipeline, args.doorbell, seed + 2) if args.doorbell and pipeline.doorbell else {}
 
     figures = accounting(task_services(), pipeline)
     exact = figures.pop("exact")
+    if args.format == "avro":
+        figures["wrong_values"] = wrong_avro_values(task_services(), pipeline)
+        exact = exact and figures["wrong_values"] == 0
     summary = {**figures, "pipeline": pipeline.name, "dag_runs": first_runs + second_runs, **doorbell, "seed": seed}
     sys.stdout.flush()
     print(json.dumps(summary), flush=True)
