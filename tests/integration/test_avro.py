@@ -160,6 +160,7 @@ def test_avro_values_are_published_exactly_and_a_replay_decodes_with_its_batchs_
     from kafka_ledger.batch.plan import plan_batch
     from kafka_ledger.batch.requests import BatchRequest
     from kafka_ledger.config.settings import services_for
+    from kafka_ledger.formats.avro_registry import newest
     from kafka_ledger.ledger import db as ledger
     from kafka_ledger.runtimes import run_batch
 
@@ -195,6 +196,15 @@ def test_avro_values_are_published_exactly_and_a_replay_decodes_with_its_batchs_
     with ledger.session(services.ledger) as conn, conn.cursor() as cur:
         assert ledger.reader_schemas(cur, replay.batch_id) == {
             topic: ledger.ReaderSchema(topic, f"{topic}-value", v2_id, 2, "pinned")}
+    assert _published(dsn, pipeline) == rows
+    # Asked for, the newest version instead, recorded so; version 3's new field is read by no column.
+    v3_id = newest(client, f"{topic}-value")[0]
+    newer = plan_batch(services, pipeline, BatchRequest(mode="replay_batch", batch_id=first.batch_id, reason="test",
+                                                        reader_schema="newest"))
+    run_batch(pipeline, newer.batch_id, services)
+    with ledger.session(services.ledger) as conn, conn.cursor() as cur:
+        assert ledger.reader_schemas(cur, newer.batch_id) == {
+            topic: ledger.ReaderSchema(topic, f"{topic}-value", v3_id, 3, "newest")}
     assert _published(dsn, pipeline) == rows
 
 

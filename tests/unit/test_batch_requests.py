@@ -85,12 +85,13 @@ def test_the_form_is_the_request_model_and_only_the_mode_is_required():
     nullable = [name for name, field in fields.items() if "null" in field.schema["type"]]
     assert nullable == [name for name, field in fields.items() if field.default is None] == [
         "reason", "window_from", "window_to", "batch_id"]
-    assert (fields["mode"].default, fields["ranges"].default) == ("catch_up", [])
+    assert (fields["mode"].default, fields["ranges"].default, fields["reader_schema"].default) == (
+        "catch_up", [], "batch")
     mode = fields["mode"].schema
     assert mode["enum"] == list(get_args(Mode)) and set(mode["values_display"]) == set(mode["enum"])
     assert {name: field.schema["section"] for name, field in fields.items()} == {
         "mode": "Run", "reason": "Run", "ranges": "Offset ranges", "window_from": "Time window",
-        "window_to": "Time window", "batch_id": "Replay"}
+        "window_to": "Time window", "batch_id": "Replay", "reader_schema": "Replay"}
     assert fields["window_from"].schema["type"] == ["null", "string"]
     assert fields["window_from"].schema["format"] == "date-time"
     assert fields["batch_id"].schema["type"] == ["null", "integer"] and fields["batch_id"].schema["minimum"] == 1
@@ -107,3 +108,10 @@ def test_the_forms_example_range_names_the_pipelines_first_topic():
     assert '`[{"topic": "clicks", "partition": 0, "from": 100, "until": 200}]`' in (
         trigger_form_fields("clicks")["ranges"].schema["description_md"])
     assert '"topic": "topic"' in trigger_form_fields()["ranges"].schema["description_md"]
+
+
+def test_a_replay_reads_with_its_batchs_reader_schema_unless_it_asks_for_the_newest():
+    assert parse_request({"mode": "replay_batch", "batch_id": 3}).reader_schema == "batch"
+    assert parse_request({"mode": "replay_batch", "batch_id": 3, "reader_schema": "newest"}).reader_schema == "newest"
+    with pytest.raises(RequestError, match="reader_schema newest is for mode replay_batch"):
+        parse_request({"mode": "catch_up", "reader_schema": "newest"})

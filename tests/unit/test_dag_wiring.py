@@ -170,7 +170,8 @@ def test_an_invalid_pipeline_is_an_import_error_and_the_others_keep_their_dags(m
 
 def test_trigger_form_offers_every_mode_in_sections_with_catch_up_as_default(dag):
     params = dag.params
-    assert set(params.keys()) == {"mode", "reason", "ranges", "window_from", "window_to", "batch_id"}
+    assert set(params.keys()) == {"mode", "reason", "ranges", "window_from", "window_to", "batch_id",
+                                   "reader_schema"}
     mode = params.get_param("mode")
     assert mode.value == "catch_up"
     assert mode.schema["enum"] == ["catch_up", "offset_ranges", "time_window", "replay_batch"]

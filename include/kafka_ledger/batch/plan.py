@@ -295,7 +295,7 @@ def _plan(
                                     requested_by=requested_by, reason=request.reason,
                                     end_offsets={tp: o.end for tp, o in offsets.items()}, **extra)
         if pipeline.value.format == "avro":
-            replayed = extra.get("replay_of")
+            replayed = extra.get("replay_of") if request.reader_schema == "batch" else None
             ledger.record_reader_schemas(cur, batch.batch_id, _reader_schemas(
                 pipeline, {r.topic for r in ranges}, ledger.reader_schemas(cur, replayed) if replayed else {}))
         return batch

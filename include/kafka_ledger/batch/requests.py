@@ -106,6 +106,12 @@ class BatchRequest(BaseModel):
     batch_id: int | None = Field(default=None, title="Batch id (mode replay_batch)",
                                  description="A batch id from `kafka-ledger batches <pipeline>` or the ledger.",
                                  json_schema_extra={"section": "Replay", "minimum": 1})
+    reader_schema: Literal["batch", "newest"] = Field(
+        default="batch", title="Reader schema (Avro values, mode replay_batch)",
+        description="**batch**: decode with the reader schema the replayed batch was read with, exactly as it was; "
+                    "**newest**: with the newest version of the topic's subject (recorded so in the ledger). The "
+                    "other modes always read with the newest.",
+        json_schema_extra={"section": "Replay", "markdown": True})
 
     @field_validator("window_from", "window_to")
     @classmethod
@@ -121,6 +127,8 @@ class BatchRequest(BaseModel):
                 raise ValueError("mode time_window needs window_from and window_to")
             if self.window_from >= self.window_to:
                 raise ValueError(f"window_from {self.window_from} must be before window_to {self.window_to}")
+        if self.reader_schema == "newest" and self.mode != "replay_batch":
+            raise ValueError("reader_schema newest is for mode replay_batch (the other modes read with the newest)")
         if self.mode == "replay_batch" and self.batch_id is None:
             raise ValueError("mode replay_batch needs batch_id (see `kafka-ledger batches <pipeline>`)")
         if self.batch_id is not None and self.batch_id < 1:

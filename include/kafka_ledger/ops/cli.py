@@ -129,7 +129,7 @@ def _request(args: argparse.Namespace, default_mode: str | None) -> BatchRequest
         raise RequestError("say what to replay: --batch ID, --range TOPIC:PARTITION:FROM:UNTIL or --from/--to")
     return parse_request({"mode": mode, "batch_id": args.batch, "ranges": args.range or [],
                           "window_from": args.window_from, "window_to": args.window_to,
-                          "reason": getattr(args, "reason", "") or ""})
+                          "reason": getattr(args, "reason", "") or "", "reader_schema": args.reader_schema})
 
 
 def _ranges_text(ranges: list[dict[str, Any]]) -> str:
@@ -414,6 +414,9 @@ def _add_request_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--from", dest="window_from", type=_datetime_arg, metavar="DATETIME",
                        help="time window start (Kafka record timestamps, UTC unless a zone is given)")
     group.add_argument("--to", dest="window_to", type=_datetime_arg, metavar="DATETIME", help="time window end")
+    parser.add_argument("--reader-schema", choices=["batch", "newest"], default="batch",
+                        help="Avro values, with --batch: decode with the batch's reader schema (default) or the "
+                             "subject's newest version")
 
 
 def build_parser() -> argparse.ArgumentParser:
