@@ -398,3 +398,13 @@ def test_a_registry_setting_the_client_does_not_know_is_refused_by_name(monkeypa
     monkeypatch.setenv("KAFKA_LEDGER_SCHEMA_REGISTRY_CONFIG", '{"ssl.ca.locaton": "/etc/ca.pem"}')
     with pytest.raises(SettingsError, match="ssl.ca.locaton"):
         settings.schema_registry().client()
+
+
+def test_registry_settings_keep_their_json_types_and_a_wrong_type_is_refused_by_name(monkeypatch, no_airflow):
+    monkeypatch.setenv("KAFKA_LEDGER_SCHEMA_REGISTRY_URL", "http://registry:8081")
+    monkeypatch.setenv("KAFKA_LEDGER_SCHEMA_REGISTRY_CONFIG", '{"max.retries": 1, "timeout": 2.5}')
+    client = settings.schema_registry().client()
+    assert (client._rest_client.max_retries, client._rest_client.timeout) == (1, 2.5)
+    monkeypatch.setenv("KAFKA_LEDGER_SCHEMA_REGISTRY_CONFIG", '{"max.retries": "1"}')
+    with pytest.raises(SettingsError, match="max.retries must be a number"):
+        settings.schema_registry().client()

@@ -85,12 +85,13 @@ class SchemaRegistryConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _as_text(cls, data: object) -> object:
+    def _without_url(cls, data: object) -> object:
         if not isinstance(data, dict):
             raise ValueError(f"the schema registry client settings must be a JSON object, not {type(data).__name__}")
-        return {str(key): str(value) for key, value in data.items() if key != "url"}
+        # Values keep their JSON types: the client takes `timeout` or `max.retries` as numbers only.
+        return {str(key): value for key, value in data.items() if key != "url"}
 
-    def client_settings(self) -> dict[str, str]:
+    def client_settings(self) -> dict[str, Any]:
         """The settings as the client takes them, the secret revealed."""
         secret = {} if self.basic_auth_user_info is None else {
             "basic.auth.user.info": self.basic_auth_user_info.get_secret_value()}
@@ -351,9 +352,9 @@ class SchemaRegistry:
     URL and the client settings beside it (basic auth, TLS), in confluent-kafka's names. `str` shows no secret."""
 
     url: str
-    settings: Mapping[str, str] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
-    def client_config(self) -> dict[str, str]:
+    def client_config(self) -> dict[str, Any]:
         """confluent-kafka's SchemaRegistryClient configuration."""
         return {"url": self.url, **self.settings}
 
@@ -363,9 +364,9 @@ class SchemaRegistry:
 
         # Its HTTP client logs every request at INFO: a line per schema in every task log.
         logging.getLogger("httpx2").setLevel(logging.WARNING)
-        try:
-            return SchemaRegistryClient(self.client_config())
-        except ValueError as exc:  # an unknown or malformed setting, in the client's own words
+        try:  # new_client: a `mock://` URL gives the client's in-process registry (the unit tests')
+            return SchemaRegistryClient.new_client(self.client_config())
+        except (ValueError, TypeError) as exc:  # an unknown or malformed setting, in the client's own words
             raise SettingsError(f"the schema registry client settings are not valid: {exc}") from None
 
     def secrets(self) -> list[str]:
