@@ -74,6 +74,9 @@ AVRO_COLUMNS = [
     {"name": "total", "type": "int"},
     {"name": "channel", "type": "string"},
     {"name": "customer", "type": "string", "source": "key"},
+    {"name": "digest", "type": "bytes"},
+    {"name": "attachment", "type": "bytes"},
+    {"name": "raw_key", "type": "bytes", "source": "key"},
 ]
 
 def good_value(i: int) -> bytes:

@@ -30,6 +30,8 @@ V1 = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
     {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID"]}},
     {"name": "tags", "type": {"type": "array", "items": "string"}},
     {"name": "total", "type": "long"},
+    {"name": "digest", "type": {"type": "fixed", "name": "Digest", "size": 4}},
+    {"name": "attachment", "type": ["null", "bytes"], "default": None},
 ]}
 # Version 2 adds a field with a default: values written with version 1 read it as its default.
 V2 = {**V1, "fields": [*V1["fields"], {"name": "channel", "type": "string", "default": "web"}]}
@@ -41,7 +43,13 @@ INCOMPATIBLE = {**V1, "fields": [{"name": "quantity", "type": "string"} if f["na
 def order(i: int, **changes) -> dict:
     return {"order_id": f"o{i}", "quantity": i, "amount": Decimal(f"{i}.5"), "ordered_on": date(2026, 11, 26),
             "at": datetime(2026, 11, 27, 10, 0, i, tzinfo=UTC), "address": {"city": "Lyon", "zip": None},
-            "status": "PAID", "tags": ["a", "b"], "total": i * 100, **changes}
+            "status": "PAID", "tags": ["a", "b"], "total": i * 100, "digest": digest(i),
+            "attachment": b"\x00\xff" * (i % 3) or None, **changes}
+
+
+def digest(i: int) -> bytes:
+    """Four bytes that are not UTF-8 text (a NUL, an 0xff)."""
+    return bytes([0, 0xFF, i % 256, 7])
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +132,8 @@ def test_values_of_every_version_decode_into_the_reader_schema_and_bad_ones_are_
     first = lean[0]
     assert first == {"kafka_offset": 0, "error": None, "order_id": "o1", "quantity": 1, "amount": Decimal("1.50"),
                      "ordered_on": date(2026, 11, 26), "at": first["at"], "city": "Lyon", "zip": None,
-                     "status": "PAID", "tags": '["a","b"]', "total": 100, "channel": "web", "customer": "c1"}
+                     "status": "PAID", "tags": '["a","b"]', "total": 100, "channel": "web", "customer": "c1",
+                     "digest": digest(1), "attachment": b"\x00\xff", "raw_key": b"c1"}
     assert first["at"].replace(tzinfo=None) == datetime(2026, 11, 27, 10, 0, 1)
     assert lean[1]["channel"] == "app"
 
@@ -181,6 +190,8 @@ def test_avro_values_are_published_exactly_and_a_replay_decodes_with_its_batchs_
     assert {landed[i][1:]: rows[landed[i][1:]]["channel"] for i in range(20)} == {
         landed[i][1:]: "web" if i < 10 else "app" for i in range(20)}
     assert rows[landed[3][1:]]["amount"] == Decimal("3.50") and rows[landed[3][1:]]["customer"] == "c3"
+    assert {n: bytes(rows[landed[3][1:]][n]) for n in ("digest", "raw_key")} == {"digest": digest(3), "raw_key": b"c3"}
+    assert (rows[landed[3][1:]]["attachment"], bytes(rows[landed[4][1:]]["attachment"])) == (None, b"\x00\xff")
     services = services_for(dsn, servers)
     with ledger.session(services.ledger) as conn, conn.cursor() as cur:
         pinned = ledger.reader_schemas(cur, first.batch_id)

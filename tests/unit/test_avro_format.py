@@ -33,6 +33,10 @@ def test_each_kind_reads_the_avro_types_it_holds_exactly():
     assert reading(parse_kind("string"), {"type": "enum", "name": "S", "symbols": ["A"]}) == "same"
     assert reading(parse_kind("string"), "long") is None
     assert reading(parse_kind("double"), "long") is None  # not every long is a double exactly
+    assert reading(parse_kind("bytes"), "bytes") == reading(parse_kind("bytes"), {"type": "fixed", "name": "F",
+                                                                                "size": 16}) == "same"
+    assert reading(parse_kind("bytes"), {"type": "bytes", "logicalType": "decimal", "precision": 4}) is None
+    assert reading(parse_kind("string"), "bytes") is None
 
 
 def test_columns_the_reader_schema_cannot_fill_are_named_before_anything_is_read():

@@ -8,6 +8,7 @@ import yaml
 from kafka_ledger.config import pipeline as config
 from kafka_ledger.config import settings
 from kafka_ledger.config.pipeline import ConfigError, get_pipeline, load_pipelines, parse_pipelines
+from kafka_ledger.model import kinds
 from kafka_ledger.model.kinds import parse_kind
 
 VALID = textwrap.dedent(
@@ -142,8 +143,8 @@ def test_unknown_top_level_key_is_rejected():
 def test_bad_column_type_is_rejected_with_its_path():
     message = config_error(pipeline_yaml(columns="[{name: a, type: varchar}]"))
     assert "pipelines.p.columns.0.type" in message
-    assert "unknown type 'varchar': one of string, long, int, double, boolean, timestamp, date, jsonb, decimal(p,s)" \
-        in message
+    assert ("unknown type 'varchar': one of string, long, int, double, boolean, timestamp, date, jsonb, bytes, "
+            "decimal(p,s)") in message
     assert "the precision must be 1 to 38" in config_error(pipeline_yaml(columns="[{name: a, type: 'decimal(40,2)'}]"))
     assert "the scale 0 to the precision" in config_error(pipeline_yaml(columns="[{name: a, type: 'decimal(4,5)'}]"))
 
@@ -196,7 +197,15 @@ def test_an_avro_value_names_its_subject_or_takes_the_topics_and_refuses_what_ap
     assert "extra_fields applies to format json" in config_error(
         pipeline_yaml(extra_fields="dead_letter") + "    value: {format: avro}\n")
     keyed = pipeline_yaml(columns="[{name: id, type: string}, {name: t, type: string, source: key, path: t}]")
-    assert "reads the whole key or header as text" in config_error(keyed + "    value: {format: avro}\n")
+    assert "reads the whole key or header (no path)" in config_error(keyed + "    value: {format: avro}\n")
+
+
+def test_bytes_are_read_from_avro_fields_and_whole_keys_or_headers_never_from_json():
+    raw = "[{name: id, type: string}, {name: k, type: bytes, source: key}, {name: h, type: bytes, source: 'header:h'}]"
+    assert parse_pipelines(pipeline_yaml(columns=raw))["p"].columns[1].type == kinds.BYTES
+    in_json = pipeline_yaml(columns="[{name: id, type: string}, {name: blob, type: bytes}]")
+    assert "column(s) blob: a bytes column reads an Avro bytes or fixed field" in config_error(in_json)
+    assert parse_pipelines(in_json + "    value: {format: avro}\n")["p"].columns[1].type == kinds.BYTES
 
 
 def test_a_json_value_is_bare_by_default_or_framed_as_confluents_serializers_write_it():

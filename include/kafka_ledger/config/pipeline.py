@@ -24,6 +24,7 @@ from pydantic import (
 from kafka_ledger.config.settings import SparkRuntime, deployment_settings
 from kafka_ledger.model.columns import RESERVED_COLUMNS
 from kafka_ledger.model.kinds import (
+    BYTES,
     DECLARABLE,
     DEFAULT_TIMESTAMP_FORMATS,
     DEFAULT_YEARS,
@@ -554,6 +555,16 @@ class PipelineConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _bytes_where_there_are_bytes(self) -> PipelineConfig:
+        if self.value.format == "json":
+            in_json = [c.name for c in self.columns if c.type == BYTES and c.source == "value"]
+            if in_json:
+                raise ValueError(f"column(s) {', '.join(in_json)}: a bytes column reads an Avro bytes or fixed field, "
+                                 "or a whole Kafka key or header; a JSON document has no bytes (declare the field "
+                                 "as a string)")
+        return self
+
+    @model_validator(mode="after")
     def _avro_reads_what_it_can(self) -> PipelineConfig:
         if self.value.format != "avro":
             return self
@@ -563,7 +574,7 @@ class PipelineConfig(BaseModel):
         inside = [c.name for c in self.columns if c.source != "value" and c.field_path]
         if inside:
             raise ValueError(f"column(s) {', '.join(inside)}: with format avro a key or header column reads the whole "
-                             "key or header as text (no path)")
+                             "key or header (no path)")
         return self
 
     @model_validator(mode="after")

@@ -224,7 +224,7 @@ class AvroFormat(ValueFormat):
         for name in sorted(self.schemas):
             decoded_ok = F.when(topic == name, F.col(_decoded_column(name))[DECODED_FIELD].isNotNull()).otherwise(
                 decoded_ok)
-        fields = [self._field(column) if column.source == "value" else sources.whole_text(column)
+        fields = [self._field(column) if column.source == "value" else sources.whole_source(column)
                   for column in pipeline.columns]
         return Reading(first, fields, [], [F.coalesce(decoded_ok, F.lit(False))])
 

@@ -213,7 +213,7 @@ class JsonFormat(ValueFormat):
                 reads[column.name] = self._field(document, column, text)
         for column in pipeline.columns:
             if not column.field_path:
-                reads[column.name] = sources.whole_text(column)
+                reads[column.name] = sources.whole_source(column)
         unexpected = self._unexpected(documents[0], framed) if pipeline.extra_fields == "dead_letter" else None
         return Reading(first, [reads[c.name] for c in pipeline.columns], last, cheap, unexpected)
 

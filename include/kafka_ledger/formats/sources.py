@@ -1,5 +1,5 @@
 """Where a column's bytes are, whatever the format: the record's value, its Kafka key, or one of its headers; and a
-column of a whole key or header, read from its text."""
+column of a whole key or header, read from its bytes (as its kind says: most kinds from their text)."""
 
 from __future__ import annotations
 
@@ -24,12 +24,7 @@ def source_bytes(source: str) -> Column:
     return F.try_element_at(matching, F.lit(1))["value"]
 
 
-def whole_text(column: ColumnSpec) -> FieldRead:
-    """A column of the whole Kafka key or header: its text, read as the column's kind."""
-    from pyspark.sql import functions as F
-
-    raw = source_bytes(column.source)
-    utf8 = F.is_valid_utf8(raw)
-    read = column.type.from_text(F.when(utf8, raw.cast("string")), column, column.label)
-    return FieldRead(column, read.value, [F.when(raw.isNotNull() & ~utf8, F.lit(f"{column.label} is not valid "
-                                                                                "UTF-8")), read.problem])
+def whole_source(column: ColumnSpec) -> FieldRead:
+    """A column of the whole Kafka key or header, read from its bytes as the column's kind reads them."""
+    read = column.type.from_bytes(source_bytes(column.source), column, column.label)
+    return FieldRead(column, read.value, [read.problem])

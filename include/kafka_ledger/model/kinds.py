@@ -2,7 +2,7 @@
 
 A kind answers its Postgres, Spark, Arrow and Iceberg types, its COPY encodings (binary through pgpq, CSV for the
 dead letters' lines), whether it can name an entity (an entity table's key), and how a value carried as text (a JSON
-token, a Kafka key or header) becomes a value of the kind, or a reason why it cannot. Parameterised kinds
+token, a Kafka key's or header's bytes) becomes a value of the kind, or a reason why it cannot. Parameterised kinds
 (`decimal(p,s)`) are instances with their parameters; `parse_kind("decimal(12,2)")` reads a declaration.
 Spark, Arrow, Iceberg and pgpq are imported only where a method needs them: the declaration (a DAG file) does not.
 """
@@ -70,8 +70,6 @@ class ColumnKind(ABC):
 
     # The kind's word in a declaration (`type: long`); a parameterised kind adds its parameters.
     word: ClassVar[str]
-    # Whether a pipeline may declare columns of this kind (`bytes` is the ledger's own: raw Kafka keys and values).
-    declarable: ClassVar[bool] = True
     # Whether the kind can name an entity (write: upsert): values compared exactly, and read from a Kafka key's text.
     key_capable: ClassVar[bool] = False
     # What the kind holds, in words, for the configuration reference.
@@ -138,6 +136,16 @@ class ColumnKind(ABC):
 
         value = F.trim(text).try_cast(self.spark_type())
         return TextValue(value, F.when(text.isNotNull() & value.isNull(), F.lit(f"{label} is not a valid {self}")))
+
+    def from_bytes(self, raw: Column, column: DeclaredColumn, label: str) -> TextValue:
+        """A value of the kind read from a whole Kafka key's or header's bytes: their UTF-8 text, read by
+        `from_text`; bytes that are not UTF-8 are a problem."""
+        from pyspark.sql import functions as F
+
+        utf8 = F.is_valid_utf8(raw)
+        read = self.from_text(F.when(utf8, raw.cast("string")), column, label)
+        return TextValue(read.value, F.when(raw.isNotNull() & ~utf8, F.lit(f"{label} is not valid UTF-8"))
+                         .otherwise(read.problem))
 
     def value_problems(self, value: Column, label: str) -> list[Column]:
         """Why a decoded value cannot be stored, whatever format it came in (NULL each when it can)."""
@@ -537,10 +545,13 @@ class JsonbKind(ColumnKind):
 
 
 class BytesKind(ColumnKind):
-    """Raw bytes: the ledger's own columns (a record's Kafka key and value in its dead letter)."""
+    """Raw bytes, kept as they are: an Avro `bytes` or `fixed` field, a whole Kafka key or header; and the ledger's own
+    columns (a record's Kafka key and value in its dead letter). JSON has no bytes: a JSON value's field is refused
+    (config.pipeline)."""
 
     word = "bytes"
-    declarable = False
+    avro_reads = {"bytes": "same", "fixed": "same"}
+    description = "raw bytes as they are: an Avro `bytes` or `fixed` field, or a whole Kafka key or header"
     postgres_type = "bytea"
 
     def spark_type(self) -> DataType:
@@ -563,6 +574,16 @@ class BytesKind(ColumnKind):
 
         return F.concat(F.lit("\\x"), F.hex(value))
 
+    def from_text(self, text: Column, column: DeclaredColumn, label: str) -> TextValue:
+        from pyspark.sql import functions as F
+
+        return TextValue(text.cast("binary"), F.lit(None).cast("string"))
+
+    def from_bytes(self, raw: Column, column: DeclaredColumn, label: str) -> TextValue:
+        from pyspark.sql import functions as F
+
+        return TextValue(raw, F.lit(None).cast("string"))
+
 
 # One instance per kind without parameters; `decimal(p,s)` is made by parse_kind.
 STRING, LONG, INT, DOUBLE, BOOLEAN, TIMESTAMP, DATE, JSONB, BYTES = (
@@ -571,7 +592,7 @@ STRING, LONG, INT, DOUBLE, BOOLEAN, TIMESTAMP, DATE, JSONB, BYTES = (
 SIMPLE_KINDS: dict[str, ColumnKind] = {k.word: k for k in (STRING, LONG, INT, DOUBLE, BOOLEAN, TIMESTAMP, DATE,
                                                             JSONB, BYTES)}
 # Every kind a pipeline may declare, one example of each parameterised one (the docs and the mapping test use it).
-DECLARABLE: tuple[ColumnKind, ...] = (*(k for k in SIMPLE_KINDS.values() if k.declarable), DecimalKind(18, 2))
+DECLARABLE: tuple[ColumnKind, ...] = (*SIMPLE_KINDS.values(), DecimalKind(18, 2))
 
 _DECIMAL = re.compile(r"^decimal\(\s*([0-9]+)\s*,\s*([0-9]+)\s*\)$")
 
@@ -579,10 +600,10 @@ _DECIMAL = re.compile(r"^decimal\(\s*([0-9]+)\s*,\s*([0-9]+)\s*\)$")
 def parse_kind(text: str) -> ColumnKind:
     """A declared kind (`long`, `decimal(12,2)`, ...), or ValueError saying which are known."""
     kind = SIMPLE_KINDS.get(text.strip())
-    if kind is not None and kind.declarable:
+    if kind is not None:
         return kind
     match = _DECIMAL.match(text.strip())
     if match:
         return DecimalKind(int(match[1]), int(match[2]))
-    known = ", ".join(k.word for k in SIMPLE_KINDS.values() if k.declarable)
+    known = ", ".join(SIMPLE_KINDS)
     raise ValueError(f"unknown type {text!r}: one of {known}, decimal(p,s)")
