@@ -6,6 +6,8 @@
 #   bash scripts/fault_campaign.sh --network --runtime connect --faults 40   # through Toxiproxy, with network faults
 #   bash scripts/fault_campaign.sh --runtime connect --sink iceberg --faults 40   # into an Iceberg table of the lake
 #   bash scripts/fault_campaign.sh --runtime connect --write upsert --faults 40   # into an entity table (97 entities)
+#   bash scripts/fault_campaign.sh --runtime connect --format avro --faults 40   # Avro values through the schema
+#       # registry (reached through Toxiproxy): the registry killed, restarted, slowed, a new version registered
 #   bash scripts/fault_campaign.sh --runtime connect --doorbell --faults 20   # runs by the doorbell under a dedicated
 #       # Airflow, its triggerer killed mid-poll, its scheduler killed with a doorbell run queued, a carrying run's
 #       # task killed and the Spark Connect server restarted under it
@@ -23,7 +25,9 @@ for arg in "$@"; do
   [ "$arg" != --cluster ] || export KAFKA_LEDGER_SPARK_MASTER="spark://127.0.0.1:${KL_SPARK_MASTER_PORT:-17077}"
 done
 bash scripts/stack.sh up >&2
-for arg in "$@"; do [ "$arg" != --network ] || bash scripts/stack.sh proxies >&2; done
+proxies=0  # network faults, and an Avro campaign's registry faults, go through Toxiproxy
+for arg in "$@"; do case $arg in --network|avro|--format=avro) proxies=1 ;; esac; done
+[ $proxies = 0 ] || bash scripts/stack.sh proxies >&2
 . scripts/env.sh
 for arg in "$@"; do [ "$arg" != --secure ] || . scripts/secured_kafka.sh || exit 1; done
 exec python -m tools.fault_campaign "$@"  # from the project root

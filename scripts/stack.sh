@@ -21,7 +21,7 @@
 #   scripts/stack.sh cluster    start a Spark standalone master and worker on loopback (KL_SPARK_CLUSTER_MASTER);
 #                               pipelines use it with KAFKA_LEDGER_SPARK_MASTER=spark://127.0.0.1:17077
 #   scripts/stack.sh stop-cluster | kill-spark-worker   stop the cluster; SIGKILL the worker and its executors
-#   scripts/stack.sh proxies | stop-proxies   Toxiproxy in front of Kafka, Postgres and Spark Connect (built with
+#   scripts/stack.sh proxies | stop-proxies   Toxiproxy in front of Kafka, Postgres, Spark Connect and the schema registry (built with
 #                               `go install` the first time): the fault campaign's network faults
 #   scripts/stack.sh restart-schema-registry | kill-schema-registry   the schema registry's restart; its SIGKILL
 #   scripts/stack.sh ctl ...    supervisorctl on the stack's supervisord (e.g. `ctl status`, `ctl tail -f kafka`)
@@ -494,7 +494,8 @@ start_proxies() {
   {"name": "kafka", "listen": "127.0.0.1:$KL_KAFKA_PROXY_PORT", "upstream": "127.0.0.1:$KL_KAFKA_PROXIED_PORT"},
   {"name": "kafka-sasl", "listen": "127.0.0.1:$KL_KAFKA_SASL_PROXY_PORT", "upstream": "127.0.0.1:$KL_KAFKA_SASL_PROXIED_PORT"},
   {"name": "postgres", "listen": "127.0.0.1:$KL_PG_PROXY_PORT", "upstream": "127.0.0.1:$KL_PG_PORT"},
-  {"name": "spark-connect", "listen": "127.0.0.1:$KL_SPARK_CONNECT_PROXY_PORT", "upstream": "127.0.0.1:$KL_SPARK_CONNECT_PORT"}
+  {"name": "spark-connect", "listen": "127.0.0.1:$KL_SPARK_CONNECT_PROXY_PORT", "upstream": "127.0.0.1:$KL_SPARK_CONNECT_PORT"},
+  {"name": "schema-registry", "listen": "127.0.0.1:$KL_SCHEMA_REGISTRY_PROXY_PORT", "upstream": "127.0.0.1:$KL_SCHEMA_REGISTRY_PORT"}
 ]
 JSON
   write_program toxiproxy 10 TERM 10 true "$TOXIPROXY -host 127.0.0.1 -port $KL_TOXIPROXY_PORT -config $RUN/toxiproxy.json"
@@ -502,7 +503,7 @@ JSON
   if running toxiproxy; then say "toxiproxy: already running (pid $(service_pid toxiproxy))"; return; fi
   port_open "$KL_TOXIPROXY_PORT" && die "port $KL_TOXIPROXY_PORT is taken (another Toxiproxy?): stop it or set KL_TOXIPROXY_PORT"
   start_and_await toxiproxy toxiproxy 30 port_open "$KL_TOXIPROXY_PORT"
-  say "toxiproxy: API on 127.0.0.1:$KL_TOXIPROXY_PORT; Kafka through 127.0.0.1:$KL_KAFKA_PROXY_PORT (SASL_SSL $KL_KAFKA_SASL_PROXY_PORT), Postgres $KL_PG_PROXY_PORT, Spark Connect $KL_SPARK_CONNECT_PROXY_PORT (log $LOGS/toxiproxy.log)"
+  say "toxiproxy: API on 127.0.0.1:$KL_TOXIPROXY_PORT; Kafka through 127.0.0.1:$KL_KAFKA_PROXY_PORT (SASL_SSL $KL_KAFKA_SASL_PROXY_PORT), Postgres $KL_PG_PROXY_PORT, Spark Connect $KL_SPARK_CONNECT_PROXY_PORT, the schema registry $KL_SCHEMA_REGISTRY_PROXY_PORT (log $LOGS/toxiproxy.log)"
 }
 
 # SIGKILL of a service's whole process group (the JVM and whatever it started), as a crash or a lost machine

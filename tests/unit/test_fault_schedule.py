@@ -173,3 +173,49 @@ def test_an_entity_campaign_writes_versions_and_tombstones_of_few_entities_keyed
     # The bad null value is a tombstone in an entity campaign; every other bad record stays a dead letter.
     assert {expected_reason(seq, entity=True) for seq in range(0, 1000, BAD_EVERY)} == {
         expected_reason(seq) for seq in range(0, 1000, BAD_EVERY)} - {"null value (tombstone)"} | {None}
+
+
+def test_an_avro_campaign_adds_the_registry_s_faults_and_reaches_it_through_its_proxy(monkeypatch):
+    from tools.fault_campaign.network import registry_proxied_environment
+    from tools.fault_campaign.strikes import AVRO_FAULTS, NETWORK_FAULTS, campaign_shape, fault_kinds
+
+    assert campaign_shape("connect", False, network=True, avro=True) == "connect-network-avro"
+    assert fault_kinds("connect-network-avro") == FAULT_KINDS["connect"] + NETWORK_FAULTS + AVRO_FAULTS
+    assert fault_kinds("submit-avro") == FAULT_KINDS["submit"] + AVRO_FAULTS
+    monkeypatch.setenv("KL_SCHEMA_REGISTRY_PORT", "18585")
+    monkeypatch.setenv("KL_SCHEMA_REGISTRY_PROXY_PORT", "18586")
+    env = {"KAFKA_LEDGER_SCHEMA_REGISTRY_URL": "http://127.0.0.1:18585/apis/ccompat/v7", "OTHER": "18585"}
+    assert registry_proxied_environment(env) == {
+        "KAFKA_LEDGER_SCHEMA_REGISTRY_URL": "http://127.0.0.1:18586/apis/ccompat/v7", "OTHER": "18585"}
+    with pytest.raises(ValueError, match="not the stack's"):
+        registry_proxied_environment({"KAFKA_LEDGER_SCHEMA_REGISTRY_URL": "https://registry.example.com"})
+
+
+def test_avro_records_decode_with_confluent_s_deserializer_and_bad_ones_carry_their_reason():
+    """The Avro campaign's records, against confluent-kafka's in-process registry: good ones decode to the values the
+    final check expects (event_id s<seq>, amount seq), each bad kind has its reason, and a new version registered
+    mid-way writes the records after it."""
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from kafka_ledger.config.services import SchemaRegistry
+    from tools.fault_campaign.producer import BAD_EVERY, AvroRecords
+
+    client = SchemaRegistry("mock://campaign").client()
+    records = AvroRecords(client, "t")
+    decode = AvroDeserializer(client)
+    context = SerializationContext("t", MessageField.VALUE)
+    good = decode(records.value(7), context)
+    assert (good["event_id"], good["amount"], records.reason(7)) == ("s7", 7, None)
+    reasons = {records.reason(seq) for seq in range(0, 5 * BAD_EVERY, BAD_EVERY)}
+    assert reasons == {
+        "value is not in Confluent's wire format (a magic byte 0 and a 4-byte schema id before the payload)",
+        "schema id 2147483647 is not a version of subject t-value",
+        f"value does not decode with its writer schema (id {records.first_id})",
+        "required field 'event_id' is missing or null", "null value (tombstone)"}
+    assert decode(records.value(3 * BAD_EVERY), context)["event_id"] is None
+    newer = records.evolve()
+    assert int.from_bytes(records.value(8)[1:5], "big") == newer != records.first_id
+    assert decode(records.value(8), context) == {**decode(records.value(8), context), "event_id": "s8", "note_5": ""}
+    # A resumed campaign's records: the newest version of the subject.
+    assert int.from_bytes(AvroRecords(client, "t").value(9)[1:5], "big") == newer

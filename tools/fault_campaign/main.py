@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sink", choices=["postgres", "iceberg"], default="postgres",
                         help="where the pipeline publishes: its Postgres table, or an Iceberg table of the stack's "
                              "lake, adding the lake's faults")
+    parser.add_argument("--format", choices=["json", "avro"], default="json",
+                        help="the records' values: JSON, or Avro written by confluent-kafka's AvroSerializer through "
+                             "the stack's schema registry, which every task reaches through Toxiproxy "
+                             "(scripts/fault_campaign.sh --format avro starts it), adding the registry's faults")
     parser.add_argument("--write", choices=["append", "upsert"], default="append",
                         help="the pipeline's write: append (a row per record) or upsert (an entity table keyed by "
                              "event_id: each record a version of one of 97 entities, some tombstones)")
@@ -70,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--cluster: KAFKA_LEDGER_SPARK_MASTER names no cluster: run scripts/fault_campaign.sh --cluster")
     if args.doorbell and args.resume:
         parser.error("--doorbell: a doorbell campaign is not resumed")
+    if args.format == "avro" and (args.doorbell or args.write != "append"):
+        parser.error("--format avro: a campaign of plain runs (no --doorbell) into an append-only table")
     if args.rate and not args.doorbell:
         parser.error("--rate: only with --doorbell (the other campaigns produce a twelfth of --records-per-fault a "
                      "second)")
@@ -110,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             command += f" --sink {args.sink}"
         if args.write != "append":
             command += f" --write {args.write}"
+        if args.format != "json":
+            command += f" --format {args.format}"
         if args.doorbell:
             command += " --doorbell"
         if args.rate:
@@ -121,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = {"command": command, "write_docs": str(args.write_docs) if args.write_docs else None,
                     "keep": args.keep, "pipeline": f"fault_campaign_{tag}", "partitions": args.partitions,
                     "runtime": runtime, "network": args.network, "sink": args.sink, "write": args.write,
-                    "doorbell": args.doorbell,
+                    "doorbell": args.doorbell, "format": args.format,
                     "topic": f"fault-campaign-{tag.replace('_', '-')}"}
     workdir.mkdir(parents=True, exist_ok=True)
     # Airflow's logging (which relays the Spark jobs' output) writes to stdout: point stdout at a log file,
@@ -147,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         output = ({"sink": {"type": "iceberg", "namespace": "fault_campaign", "table": name}}
                   if settings.get("sink") == "iceberg" else {"output_schema": "fault_campaign", "output_table": name})
         config.write_text(yaml.safe_dump({"pipelines": {name: {
-            "topics": [topic], **output, "columns": COLUMNS,
+            "topics": [topic], **output, "columns": COLUMNS, "value": {"format": settings.get("format", "json")},
             "max_records_per_partition": max(100, args.records_per_fault // args.partitions), "schedule": None,
             "spark_conf": {"spark.sql.shuffle.partitions": "2"}, "spark_runtime": settings["runtime"],
             **({"write": "upsert", "key": ["event_id"]} if settings.get("write") == "upsert" else {}),

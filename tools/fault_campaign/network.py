@@ -11,6 +11,7 @@ from typing import Any
 
 # The proxies scripts/stack.sh `proxies` declares, by the service they stand in front of.
 KAFKA, KAFKA_SASL, POSTGRES, SPARK_CONNECT = "kafka", "kafka-sasl", "postgres", "spark-connect"
+SCHEMA_REGISTRY = "schema-registry"
 
 
 def _port(name: str, default: int) -> int:
@@ -67,6 +68,15 @@ def proxied_environment(env: dict[str, str]) -> dict[str, str]:
     connect["port"] = _port("KL_SPARK_CONNECT_PROXY_PORT", 19003)
     proxied["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = json.dumps(connect)
     return proxied
+
+
+def registry_proxied_environment(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the schema registry reached through its proxy (an Avro campaign's tasks: its registry faults)."""
+    port, proxy = _port("KL_SCHEMA_REGISTRY_PORT", 18085), _port("KL_SCHEMA_REGISTRY_PROXY_PORT", 18086)
+    url = env["KAFKA_LEDGER_SCHEMA_REGISTRY_URL"]
+    if f":{port}/" not in url + "/":
+        raise ValueError(f"the schema registry {url} is not the stack's (port {port}): its faults need the stack's")
+    return {**env, "KAFKA_LEDGER_SCHEMA_REGISTRY_URL": re.sub(rf":{port}\b", f":{proxy}", url, count=1)}
 
 
 def kafka_proxy(servers: str) -> str:

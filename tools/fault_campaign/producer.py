@@ -1,5 +1,6 @@
-"""The fault campaign's records: sequence-numbered, every BAD_EVERY-th a bad one; their producer, which
-remembers where each landed, and the reading back of where they are in Kafka (a resumed campaign)."""
+"""The fault campaign's records: sequence-numbered, every BAD_EVERY-th a bad one, as JSON or as Avro through the
+schema registry; their producer, which remembers where each landed, and the reading back of where they are in Kafka
+(a resumed campaign)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import json
 import threading
 import time
 from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
 
 from kafka_ledger.config.settings import kafka_for
+from kafka_ledger.formats.framing import NOT_FRAMED
 from tools.fault_campaign import CampaignFailure
 from tools.records import BAD_VALUES
 
@@ -54,16 +58,115 @@ def expected_reason(seq: int, entity: bool = False) -> str | None:
     return BAD_VALUES[(seq // BAD_EVERY) % len(BAD_VALUES)][1]
 
 
+class JsonRecords:
+    """The records as JSON values (the bad ones tools/records.py's)."""
+
+    format = "json"
+
+    def value(self, seq: int) -> bytes | None:
+        return record_value(seq)
+
+    def reason(self, seq: int) -> str | None:
+        return expected_reason(seq)
+
+
+# The Avro records' first schema: the campaign's columns (tools/records.py), event_id nullable so that a bad record
+# can leave it out; later versions (AvroRecords.evolve) add a field with a default each, which no column reads.
+AVRO_SCHEMA: dict[str, Any] = {"type": "record", "name": "Impression", "namespace": "kafka_ledger.campaign", "fields": [
+    {"name": "event_id", "type": ["null", "string"], "default": None},
+    {"name": "amount", "type": "long"},
+    {"name": "price", "type": "double"},
+    {"name": "ok", "type": "boolean"},
+    {"name": "event_time", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+]}
+EVENT_TIME = datetime(2026, 11, 21, 10, tzinfo=UTC)
+# A schema id no registry has given (Apicurio's and Confluent's count up from 1).
+UNKNOWN_SCHEMA_ID = 2**31 - 1
+
+
+class AvroRecords:
+    """The records as Avro values written by confluent-kafka's AvroSerializer through the schema registry (subject
+    `<topic>-value`), the newest version registered; the bad ones: a value not in the wire format, an unknown schema
+    id, a payload that does not decode, a missing required field, a tombstone. `evolve()` registers a new version (a
+    field added with a default) that the records after it are written with, while they flow."""
+
+    format = "avro"
+
+    def __init__(self, client: Any, topic: str):
+        from confluent_kafka.schema_registry import Schema
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        self.client, self.topic, self.subject = client, topic, f"{topic}-value"
+        try:
+            versions = client.get_versions(self.subject)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code != 404:
+                raise
+            versions = []  # a new campaign's subject
+        if not versions:
+            client.register_schema(self.subject, Schema(json.dumps(AVRO_SCHEMA), "AVRO"))
+        self.first_id = client.get_version(self.subject, 1).schema_id
+        newest = client.get_latest_version(self.subject)
+        self._write_with(json.loads(newest.schema.schema_str))
+
+    def _write_with(self, schema: dict[str, Any]) -> None:
+        from confluent_kafka.schema_registry.avro import AvroSerializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        serializer = AvroSerializer(self.client, json.dumps(schema), conf={"auto.register.schemas": True})
+        context = SerializationContext(self.topic, MessageField.VALUE)
+        defaults = {f["name"]: f["default"] for f in schema["fields"] if f["name"] not in ("event_id", "amount",
+                                                                                           "price", "ok", "event_time")}
+        # One attribute, swapped at once: the producer's thread writes with the old or the new version, whole.
+        self._encode = (lambda record: serializer({**defaults, **record}, context), schema)
+
+    def evolve(self) -> int:
+        """Register the next version (the newest's fields and one more, with a default); the records after this are
+        written with it. Its schema id."""
+        from confluent_kafka.schema_registry import Schema
+
+        schema = self._encode[1]
+        added = {"name": f"note_{len(schema['fields'])}", "type": "string", "default": ""}
+        newer = {**schema, "fields": [*schema["fields"], added]}
+        schema_id = self.client.register_schema(self.subject, Schema(json.dumps(newer), "AVRO"))
+        self._write_with(newer)
+        return schema_id
+
+    def _good(self, seq: int, **changes: Any) -> bytes:
+        encode, _ = self._encode
+        return encode({"event_id": f"s{seq}", "amount": seq, "price": seq / 4, "ok": seq % 2 == 0,
+                       "event_time": EVENT_TIME, **changes})
+
+    def _bad(self, seq: int) -> tuple[bytes | None, str]:
+        which = (seq // BAD_EVERY) % 5
+        if which == 0:
+            return json.dumps({"event_id": f"s{seq}"}).encode(), NOT_FRAMED
+        if which == 1:
+            return (b"\x00" + UNKNOWN_SCHEMA_ID.to_bytes(4, "big") + b"\x02",
+                    f"schema id {UNKNOWN_SCHEMA_ID} is not a version of subject {self.subject}")
+        if which == 2:  # a union's index (a string), then nothing: its length and bytes are missing
+            return (b"\x00" + self.first_id.to_bytes(4, "big") + b"\x02",
+                    f"value does not decode with its writer schema (id {self.first_id})")
+        if which == 3:
+            return self._good(seq, event_id=None), "required field 'event_id' is missing or null"
+        return None, "null value (tombstone)"
+
+    def value(self, seq: int) -> bytes | None:
+        return self._bad(seq)[0] if seq % BAD_EVERY == 0 else self._good(seq)
+
+    def reason(self, seq: int) -> str | None:
+        return self._bad(seq)[1] if seq % BAD_EVERY == 0 else None
+
+
 class SequenceProducer:
     """Background producer of sequence-numbered records; remembers where each one landed."""
 
     def __init__(self, servers: str, topic: str, rate: float, landed: dict[tuple[int, int], int] | None = None,
-                 entity_partitions: int | None = None):
+                 entity_partitions: int | None = None, records: JsonRecords | AvroRecords | None = None):
         from confluent_kafka import Producer
 
-
-
         self.topic = topic
+        self.records = records or JsonRecords()
         self.rate = rate
         # An entity campaign: each entity's records in one partition (as a keyed producer's are), chosen here because
         # the keys also carry the sequence number.
@@ -116,7 +219,8 @@ class SequenceProducer:
                     try:
                         entity = self.entity_partitions is not None
                         where = {"partition": seq % ENTITIES % self.entity_partitions} if entity else {}
-                        self.producer.produce(self.topic, key=record_key(seq, entity), value=record_value(seq, entity),
+                        value = record_value(seq, entity) if entity else self.records.value(seq)
+                        self.producer.produce(self.topic, key=record_key(seq, entity), value=value,
                                               on_delivery=self._report(seq), **where)
                         self.produced_here += 1
                         break

@@ -21,10 +21,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kafka_ledger.config.settings import kafka_for, services_for, task_services
+from kafka_ledger.config.settings import kafka_for, schema_registry, services_for, task_services
 from tools.fault_campaign import CampaignFailure, launcher
-from tools.fault_campaign.network import Toxiproxy, proxied_environment
+from tools.fault_campaign.network import Toxiproxy, proxied_environment, registry_proxied_environment
 from tools.fault_campaign.producer import (
+    AvroRecords,
+    JsonRecords,
     SequenceProducer,
     entity_of,
     expected_reason,
@@ -87,12 +89,19 @@ class Campaign(FaultStrikes):
         # An entity table (write: upsert): checked against a model of the records below the positions, the newest
         # version (or tombstone) of each entity, instead of record by record.
         self.entity = pipeline.is_entity_table
+        # Avro values through the schema registry: its faults among the kinds, every task reaching it through its
+        # proxy.
+        self.avro = pipeline.value.format == "avro"
+        if self.avro and self.entity:
+            raise CampaignFailure("an Avro campaign writes an append-only table (--write append)")
         self.shape = campaign_shape(self.runtime, os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"),
-                                    network, secured(), self.iceberg)
+                                    network, secured(), self.iceberg, self.avro)
         # Network faults: every task reaches the services through Toxiproxy; the campaign's own checks do not.
-        self.network = Toxiproxy() if network else None
-        if network and not self.network.available():
-            raise CampaignFailure("network faults need the stack's proxies: scripts/stack.sh proxies")
+        self.network_faults = network
+        self.network = Toxiproxy() if network or self.avro else None
+        if self.network is not None and not self.network.available():
+            raise CampaignFailure("network and schema registry faults need the stack's proxies: scripts/stack.sh "
+                                  "proxies")
         if network and self.runtime != "connect":
             raise CampaignFailure("network faults are injected in the connect runtime only")
         # `kinds`: a subset of the shape's (a short campaign of some kinds only).
@@ -128,7 +137,9 @@ class Campaign(FaultStrikes):
     # --- the tasks, each in its own process as Airflow runs them --------------------------------------
     def _task_env(self, failpoints: str | None, once_dir: Path | None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_LEDGER_FAILPOINTS")}
-        if self.network is not None:
+        if self.avro:
+            env = registry_proxied_environment(env)
+        if self.network_faults:
             env = proxied_environment(env)
             # A blackholed ledger ends a task's wait after the statement bound plus 15 s: 45 s here, not the
             # default's 10 minutes per blackhole (docs/how-it-works.md#every-wait-is-bounded).
@@ -158,9 +169,12 @@ class Campaign(FaultStrikes):
             return None
         return task_result(out)
 
-    def plan_try(self, run_id: str, failpoints: str | None = None) -> dict[str, Any] | None:
+    def plan_try(self, run_id: str, failpoints: str | None = None,
+                 strike: Callable[[launcher.ForkedTask], str] | None = None) -> tuple[dict[str, Any] | None, str]:
+        """One try of the plan task: (its result, None if it failed; where a fault landed)."""
         proc, _ = self._start_task(["plan", "--dag-id", self.dag_id, "--run-id", run_id], failpoints)
-        return self._finish_task(proc)
+        landed = strike(proc) if strike else ""
+        return self._finish_task(proc), landed
 
     def commit_try(self, batch_id: int, failpoints: str | None = None,
                    during: Callable[[launcher.ForkedTask, Path], str] | None = None) -> tuple[bool, str]:
@@ -268,7 +282,11 @@ class Campaign(FaultStrikes):
             self.runs += 1
         planned = None
         for try_number in range(retries + 1):
-            planned = self.plan_try(run_id, hooks.plan_failpoints if try_number == 0 else None)
+            first = try_number == 0
+            planned, landed = self.plan_try(run_id, hooks.plan_failpoints if first else None,
+                                            hooks.plan_strike if first else None)
+            if landed:
+                landings.append(landed)
             if planned is not None:
                 break
             if try_number == 0 and hooks.plan_failpoints:
@@ -617,14 +635,15 @@ class Campaign(FaultStrikes):
         lost = [rid for rid in produced if rid not in seen]
         duplicated = [rid for rid, n in seen.items() if n > 1]
         unexpected = [rid for rid in seen if rid not in produced]
+        reason = self.producer.records.reason
         wrong = []
         for p, o, event_id, amount in output:
             seq = produced.get((p, o))
-            if seq is not None and (expected_reason(seq) is not None or (event_id, amount) != (f"s{seq}", seq)):
+            if seq is not None and (reason(seq) is not None or (event_id, amount) != (f"s{seq}", seq)):
                 wrong.append(f"{p}/{o}: row {event_id},{amount} for record {seq}")
         for p, o, error in dead:
             seq = produced.get((p, o))
-            if seq is not None and expected_reason(seq) != error:
+            if seq is not None and reason(seq) != error:
                 wrong.append(f"{p}/{o}: dead letter {error!r} for record {seq}")
         report = verify_pipeline(services_for(self.dsn, self.servers), self.pipeline, full=True)
         figures = {"records_produced": len(produced), "output_rows": len(output), "dead_letters": len(dead),
@@ -666,7 +685,7 @@ class Campaign(FaultStrikes):
         """The campaign saved in `workdir`, ready to go on after its last completed iteration."""
         state = json.loads((workdir / "state.json").read_text())
         campaign = cls(pipeline, dsn, servers, state["seed"], state["faults"], state["records_per_fault"], workdir,
-                       network=state.get("shape", "").endswith("-network"),
+                       network="network" in state.get("shape", "").split("-"),
                        network_weight=state.get("network_weight", 1))
         version, internal, gauss = state["rng"]
         campaign.rng.setstate((version, tuple(internal), gauss))
@@ -703,8 +722,9 @@ class Campaign(FaultStrikes):
             from kafka_ledger.kafka.offsets import partition_offsets
 
             partitions = len(partition_offsets(kafka_for(self.servers), [self.topic]))
+        records = (AvroRecords(schema_registry().client(), self.topic) if self.avro else JsonRecords())
         self.producer = SequenceProducer(self.servers, self.topic, self.rate, landed=self.resumed_landed,
-                                         entity_partitions=partitions)
+                                         entity_partitions=partitions, records=records)
         try:
             if self.iterations:
                 # Resumed: the interruption (processes killed mid-iteration, services restarted) is recovered

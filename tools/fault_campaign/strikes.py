@@ -16,7 +16,7 @@ from typing import Any
 
 from kafka_ledger.config.settings import kafka_client, ledger_database
 from tools.fault_campaign import CampaignFailure, launcher
-from tools.fault_campaign.network import POSTGRES, SPARK_CONNECT, kafka_proxy
+from tools.fault_campaign.network import POSTGRES, SCHEMA_REGISTRY, SPARK_CONNECT, kafka_proxy
 from tools.stack import stack_command
 
 COMMON_FAULTS = (
@@ -44,6 +44,15 @@ FAULT_KINDS = {
 # With an Iceberg sink: the catalog's Postgres (the stack's) restarted while Spark writes the batch's snapshot.
 ICEBERG_FAULTS = (
     "restart_postgres_in_write",  # Postgres (the lake's catalog and the ledger) restarted while the snapshot is written
+)
+# With Avro values (--format avro): the schema registry, which every task reaches through its proxy. A task asks it
+# before anything is begun (the plan for the newest version, the Spark task for the batch's schemas).
+AVRO_FAULTS = (
+    "kill_registry_in_plan",      # the registry SIGKILLed as the plan task starts, started again once the task ended
+    "kill_registry_in_read",      # the registry SIGKILLed as the Spark task starts, started again once the task ended
+    "restart_registry",           # the registry stopped and started at a random moment of the Spark task
+    "latency_registry",           # every answer of the registry delayed through its proxy, in the plan and Spark tasks
+    "new_schema_version",         # a version added (a field with a default) while records flow: the next ones use it
 )
 # On a Spark cluster (KAFKA_LEDGER_SPARK_MASTER=spark://...): the machine running the executors is lost.
 CLUSTER_FAULTS = (
@@ -79,12 +88,13 @@ class NetworkFault:
 
 
 def campaign_shape(runtime: str, on_cluster: bool, network: bool = False, secure: bool = False,
-                   iceberg: bool = False) -> str:
+                   iceberg: bool = False, avro: bool = False) -> str:
     """What a campaign ran on: the Spark runtime, whether on the local standalone cluster, whether Kafka over
     SASL_SSL with the ledger over verified TLS (the production shape), whether through the network proxies
-    (network faults among its kinds), whether into an Iceberg table (the lake's faults among its kinds)."""
+    (network faults among its kinds), whether into an Iceberg table (the lake's faults among its kinds), whether its
+    values are Avro through the schema registry (the registry's faults among its kinds)."""
     return (runtime + ("-cluster" if on_cluster else "") + ("-secure" if secure else "")
-            + ("-network" if network else "") + ("-iceberg" if iceberg else ""))
+            + ("-network" if network else "") + ("-iceberg" if iceberg else "") + ("-avro" if avro else ""))
 
 
 def secured() -> bool:
@@ -98,7 +108,8 @@ def secured() -> bool:
 def fault_kinds(shape: str) -> tuple[str, ...]:
     runtime, *traits = shape.split("-")
     return (FAULT_KINDS[runtime] + (CLUSTER_FAULTS if "cluster" in traits else ())
-            + (NETWORK_FAULTS if "network" in traits else ()) + (ICEBERG_FAULTS if "iceberg" in traits else ()))
+            + (NETWORK_FAULTS if "network" in traits else ()) + (ICEBERG_FAULTS if "iceberg" in traits else ())
+            + (AVRO_FAULTS if "avro" in traits else ()))
 
 
 # The longest a task may wait on a blackholed service before the campaign calls its wait unbounded: Spark's
@@ -131,6 +142,7 @@ class RunHooks:
     """What to break in a run's first try of each task (later tries run clean, as retries do)."""
 
     plan_failpoints: str | None = None
+    plan_strike: Callable[[launcher.ForkedTask], str] | None = None
     spark_strike: Callable[..., str] | None = None
     commit_failpoints: str | None = None
     commit_during: Callable[[launcher.ForkedTask, Path], str] | None = None
@@ -141,9 +153,9 @@ class RunHooks:
 class FaultStrikes:
     """The faults of a Campaign (runner.py), which mixes this in: the hooks that inject each fault into a run.
 
-    Uses the campaign's rng, runtime, pipeline, servers, task_log, network (its Toxiproxy) and iceberg (whether its
-    sink is an Iceberg table), its ledger look-up (_query, batch_state) and its task processes (_start_task,
-    _finish_task).
+    Uses the campaign's rng, runtime, pipeline, servers, task_log, network (its Toxiproxy), iceberg (whether its
+    sink is an Iceberg table) and producer (its records, which an Avro campaign's faults evolve), its ledger look-up
+    (_query, batch_state) and its task processes (_start_task, _finish_task).
     """
 
     # --- where a batch is ---------------------------------------------------------------------------------
@@ -365,6 +377,60 @@ class FaultStrikes:
                     self.network.remove(proxy, f"{name}-{stream}")
         return strike
 
+    # --- the schema registry's faults (an Avro campaign's) ------------------------------------------------
+    def _registry_away(self, task: str) -> Callable[..., str]:
+        """The registry SIGKILLed as `task` starts (before it asks the registry anything: its process is still
+        importing), and started again once the task ended, so that its retry finds it."""
+        def strike(proc: Any, batch_id: int | None = None, attempts_before: int = 0,
+                   thread: threading.Thread | None = None) -> str:
+            alive = thread if thread is not None else proc
+            self._stack("kill-schema-registry")
+            self._wait(lambda: False, alive, timeout=300)
+            begun = batch_id is not None and self.batch_state(batch_id)[1] > attempts_before
+            self._stack("start")
+            if begun:
+                return f"schema registry SIGKILLed as the {task} started: the attempt began all the same (late kill)"
+            return f"schema registry SIGKILLed as the {task} started, before it asked for its schemas"
+        return strike
+
+    def _registry_restart(self, delay: float) -> Callable[..., str]:
+        """The registry stopped and started `delay` seconds after the Spark task started."""
+        def strike(proc: Any, batch_id: int, attempts_before: int, thread: threading.Thread | None = None) -> str:
+            alive = thread if thread is not None else proc
+            running = alive.is_alive if thread is not None else (lambda: proc.poll() is None)
+            time.sleep(delay)
+            began = self.batch_state(batch_id)[1] > attempts_before
+            landed = ((self.phase(batch_id, attempts_before + 1) if began else "before the attempt began")
+                      if running() else "after the task ended")
+            self._stack("restart-schema-registry")
+            return f"schema registry restarted {delay}s after the Spark task started, {landed}"
+        return strike
+
+    def _registry_latency(self, latency: int, task: str) -> Callable[..., str]:
+        """Every answer of the registry `latency` ms late, for as long as `task` runs."""
+        def strike(proc: Any, batch_id: int | None = None, attempts_before: int = 0,
+                   thread: threading.Thread | None = None) -> str:
+            alive = thread if thread is not None else proc
+            name = f"campaign-latency-registry-{task.replace(' ', '-')}"
+            self.network.add(SCHEMA_REGISTRY, name, "latency", {"latency": latency, "jitter": 50})
+            try:
+                self._wait(lambda: False, alive, timeout=600)
+            finally:
+                self.network.remove(SCHEMA_REGISTRY, name)
+            return f"{latency} ms latency on the schema registry through the {task}"
+        return strike
+
+    def _new_schema_version(self, delay: float) -> Callable[..., str]:
+        """A new version registered `delay` seconds after the Spark task started, the records after it written with
+        it (the producer writes all along)."""
+        def strike(proc: Any, batch_id: int, attempts_before: int, thread: threading.Thread | None = None) -> str:
+            time.sleep(delay)
+            schema_id = self.producer.records.evolve()
+            began = self.batch_state(batch_id)[1] > attempts_before
+            landed = self.phase(batch_id, attempts_before + 1) if began else "before the attempt began"
+            return f"schema version (id {schema_id}) registered {landed}, the records after it written with it"
+        return strike
+
     def _restart_postgres_during(self, point: str) -> Callable[[Any, Path], str]:
         def during(proc: Any, once_dir: Path) -> str:  # a process, or what stands for spark-submit's thread
             deadline = time.monotonic() + 120
@@ -419,6 +485,22 @@ class FaultStrikes:
             return "as the snapshot is written", RunHooks(spark_strike=self._strike_writing(
                 "Postgres restart", ("restart-postgres",),
                 "the Postgres of the lake's catalog and the ledger restarted"))
+        if kind == "kill_registry_in_plan":
+            return "as the plan task starts", RunHooks(plan_strike=self._registry_away("plan task"))
+        if kind == "kill_registry_in_read":
+            return "as the Spark task starts", RunHooks(spark_strike=self._registry_away("Spark task"))
+        if kind == "restart_registry":
+            delay = round(rng.uniform(0.0, high), 2)
+            return f"timed ({delay}s after the Spark task started)", RunHooks(
+                spark_strike=self._registry_restart(delay))
+        if kind == "latency_registry":
+            latency = rng.randrange(100, 800)
+            return f"{latency} ms", RunHooks(plan_strike=self._registry_latency(latency, "plan task"),
+                                             spark_strike=self._registry_latency(latency, "Spark task"))
+        if kind == "new_schema_version":
+            delay = round(rng.uniform(0.0, high), 2)
+            return f"timed ({delay}s after the Spark task started)", RunHooks(
+                spark_strike=self._new_schema_version(delay))
         if kind == "kill_spark_worker":
             delay = round(rng.uniform(low, high), 2)
             return f"timed ({delay}s after the attempt began)", RunHooks(spark_strike=self._strike_stack(
