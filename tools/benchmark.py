@@ -12,6 +12,9 @@ per round, then a summary line (medians; ratios kafka-ledger / peer as medians o
 1-minute load average at the start and the end; the commit). `--small` times a 1,000-record batch.
 `--entity-keys N` gives the records N distinct `user_id`s and also runs, each round, an entity table keyed by
 `user_id` (write: upsert) on the same topic, checked for exactly N rows: `ratio_entity_vs_append`.
+`--format avro` also writes the records as Avro (confluent-kafka's AvroSerializer through the schema registry) to a
+second topic, and runs, each round, kafka-ledger on both topics (`ratio_avro_vs_json`) and, with `--peers`, the Python
+peer decoding the Avro values with AvroDeserializer (`ratio_avro_vs_python_avro`) instead of the other peers.
 `--freshness` runs the freshness benchmark instead (tools/freshness.py). `--verify` times `kafka-ledger verify`
 instead: `--full` over the ingested topic, then incremental after one more small batch (wall time and peak resident
 memory of the verify process).
@@ -54,6 +57,7 @@ from kafka_ledger.config.settings import (
     kafka_client,
     kafka_for,
     ledger_database,
+    schema_registry,
     services_for,
 )
 from kafka_ledger.ledger import db as ledger
@@ -80,6 +84,31 @@ def produce(servers: str, topic: str, records: int, partitions: int, users: int 
     started = time.monotonic()
     for i in range(records):
         value = benchmark_peers.record_value(i, users)
+        while True:
+            try:
+                producer.produce(topic, value=value, partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.2)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    producer.flush(120)
+    return records / (time.monotonic() - started)
+
+
+def produce_avro(servers: str, topic: str, records: int, partitions: int, users: int = 5000) -> float:
+    """The same records as `produce`, as Avro values written by AvroSerializer through the schema registry (subject
+    `<topic>-value`, registered by the serializer); returns records per second."""
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    serialize = AvroSerializer(schema_registry().client(), json.dumps(benchmark_peers.AVRO_SCHEMA))
+    context = SerializationContext(topic, MessageField.VALUE)
+    producer = Producer(kafka_for(servers).confluent(**{"enable.idempotence": True, "linger.ms": 50,
+                                                        "batch.size": 1_000_000, "compression.type": "lz4"}))
+    started = time.monotonic()
+    for i in range(records):
+        value = serialize(benchmark_peers.record(i, users), context)
         while True:
             try:
                 producer.produce(topic, value=value, partition=i % partitions)
@@ -137,17 +166,19 @@ class Setup:
     sink: str = "postgres"  # where kafka-ledger publishes: postgres, or iceberg (the stack's lake)
     lake_tables: list[str] = field(default_factory=list)  # the Iceberg peer's tables, lake.benchmark.<name>
     entity_keys: int | None = None  # distinct user ids, and an entity table keyed by them each round
+    avro_topic: str | None = None  # the same records as Avro values (--format avro)
 
 
 def _pipeline(setup: Setup, name: str, delivery_mode: str, sink: str | None = None,
-              write: str = "append") -> PipelineConfig:
+              write: str = "append", value_format: str = "json") -> PipelineConfig:
     output = ({"sink": {"type": "iceberg", "namespace": SCHEMA, "table": name}} if (sink or setup.sink) == "iceberg"
               else {"output_table": name, "output_schema": SCHEMA})
     if write == "upsert":
         output.update(write="upsert", key=["user_id"])
     config = setup.workdir / f"{name}.yaml"
     config.write_text(yaml.safe_dump({"pipelines": {name: {
-        "topics": [setup.topic], **output, "columns": COLUMNS,
+        "topics": [setup.avro_topic if value_format == "avro" else setup.topic], **output, "columns": COLUMNS,
+        "value": {"format": value_format},
         "max_records_per_partition": setup.cap, "schedule": None, "delivery_mode": delivery_mode,
         "spark_runtime": setup.runtime,
     }}}))
@@ -157,17 +188,18 @@ def _pipeline(setup: Setup, name: str, delivery_mode: str, sink: str | None = No
     return pipeline
 
 
-def round_pipeline(setup: Setup, delivery_mode: str, sink: str | None = None, write: str = "append") -> PipelineConfig:
+def round_pipeline(setup: Setup, delivery_mode: str, sink: str | None = None, write: str = "append",
+                   value_format: str = "json") -> PipelineConfig:
     """The benchmark's pipeline (of `sink`, by default the run's), started afresh for a round: the last round's
     table, ledger rows and positions removed. One pipeline rather than one per round, as a deployment's batches are
     a pipeline's batches one after the other: in the connect runtime they work in the pipeline's Spark Connect
     session, where the query's generated code stays compiled (runtimes/connect.py: pipeline_session)."""
     sink = sink or setup.sink
     name = setup.topic.replace("-", "_") + ("_lake" if sink == "iceberg" else "") + (
-        "_entity" if write == "upsert" else "")
+        "_entity" if write == "upsert" else "") + ("_avro" if value_format == "avro" else "")
     for old in [p for p in setup.pipelines if p.name == name]:
         _remove_pipeline(setup, old)
-    return _pipeline(setup, name, delivery_mode, sink, write)
+    return _pipeline(setup, name, delivery_mode, sink, write, value_format)
 
 
 def _remove_pipeline(setup: Setup, pipeline: PipelineConfig) -> None:
@@ -287,13 +319,14 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
             "read_decode_transfer_encode": round(encoded, 3)}
 
 
-def run_python_peer(setup: Setup, round_no: int) -> dict[str, Any]:
-    table = f"python_peer_{round_no}"
+def run_python_peer(setup: Setup, round_no: int, value_format: str = "json") -> dict[str, Any]:
+    table = f"python_peer_{round_no}" + ("_avro" if value_format == "avro" else "")
     benchmark_peers.create_table(setup.dsn, SCHEMA, table)
     setup.tables.append(table)
     # Run by its path, as spark-submit runs the Spark peer: it needs no package of the project but kafka_ledger.
     command = [sys.executable, benchmark_peers.__file__, "python", "--servers", setup.servers,
-               "--topic", setup.topic, "--schema", SCHEMA, "--table", table]
+               "--topic", setup.avro_topic if value_format == "avro" else setup.topic, "--schema", SCHEMA,
+               "--table", table, "--format", value_format]
     done = subprocess.run(command, env={**os.environ, "KAFKA_LEDGER_DB_URL": setup.dsn}, capture_output=True,
                           text=True)
     if done.returncode != 0:
@@ -442,6 +475,16 @@ def summarise(setup: Setup, rounds: list[dict[str, Any]], partitions: int) -> di
             short = peer.split("_")[0]
             summary[f"ratio_vs_{short}"] = _median([r["kafka_ledger"]["seconds"] / r[peer]["seconds"] for r in rounds])
             exact = exact and all(r[peer]["exact"] for r in rounds)
+    if rounds and all("kafka_ledger_avro" in r for r in rounds):
+        summary["kafka_ledger_avro_seconds"] = _median([r["kafka_ledger_avro"]["seconds"] for r in rounds])
+        summary["ratio_avro_vs_json"] = _median([r["kafka_ledger_avro"]["seconds"] / r["kafka_ledger"]["seconds"]
+                                                 for r in rounds])
+        exact = exact and all(r["kafka_ledger_avro"]["exact"] for r in rounds)
+        if all("python_avro_peer" in r for r in rounds):
+            summary["python_avro_peer_seconds"] = _median([r["python_avro_peer"]["seconds"] for r in rounds])
+            summary["ratio_avro_vs_python_avro"] = _median([r["kafka_ledger_avro"]["seconds"]
+                                                            / r["python_avro_peer"]["seconds"] for r in rounds])
+            exact = exact and all(r["python_avro_peer"]["exact"] for r in rounds)
     if rounds and all("floor" in r for r in rounds):
         for part in ("kafka_read_seconds", "copy_seconds"):
             summary[f"floor_{part}"] = _median([r["floor"][part] for r in rounds])
@@ -474,7 +517,8 @@ def _clean_up(setup: Setup, admin: AdminClient) -> None:
         catalog = lake.reader("lake")
         for table in setup.lake_tables:
             catalog.purge_table(tuple(table.split(".")[1:]))
-    admin.delete_topics([setup.topic])[setup.topic].result(30)
+    for topic in filter(None, (setup.topic, setup.avro_topic)):
+        admin.delete_topics([topic])[topic].result(30)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -516,6 +560,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy-cores", type=int, default=0,
                         help="--freshness: keep this many cores busy beside the benchmark all along (a CPU hog each: "
                              "a shared machine's neighbours)")
+    parser.add_argument("--format", choices=["json", "avro"], default="json",
+                        help="avro: the records also as Avro values on a second topic, kafka-ledger run on both each "
+                             "round, and with --peers the Python peer with AvroDeserializer instead of the others")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows")
     parser.add_argument("--delivery-mode", choices=["exactly_once", "at_least_once"], default="exactly_once",
                         help="at_least_once: with spark-submit, the Spark job appends to the output table directly")
@@ -540,9 +587,11 @@ def main(argv: list[str] | None = None) -> int:
     topic = f"bench-{run_id}"
     runtime = args.runtime or deployment_spark_runtime()
     setup = Setup(servers, dsn, topic, records, args.cap, runtime, Path(tempfile.mkdtemp(prefix="kl-benchmark-")),
-                  sink=args.sink, entity_keys=args.entity_keys)
+                  sink=args.sink, entity_keys=args.entity_keys,
+                  avro_topic=f"{topic}-avro" if args.format == "avro" else None)
     admin = AdminClient(kafka_for(servers).confluent())
-    admin.create_topics([NewTopic(topic, num_partitions=args.partitions, replication_factor=1)])[topic].result(30)
+    for name in filter(None, (topic, setup.avro_topic)):
+        admin.create_topics([NewTopic(name, num_partitions=args.partitions, replication_factor=1)])[name].result(30)
     # Warm, as a worker is: the Airflow connection look-up imported once (the runtimes are imported above), and
     # the Spark Connect client started once, so that the first round times the server, not this process's
     # start-up (a fresh task process's own start-up is measured with --airflow).
@@ -556,6 +605,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rate = produce(servers, topic, records, args.partitions, args.entity_keys or 5000)
         report({"produced": records, "partitions": args.partitions, "produce_records_per_s": round(rate)})
+        if setup.avro_topic:
+            rate = produce_avro(servers, setup.avro_topic, records, args.partitions, args.entity_keys or 5000)
+            report({"produced_avro": records, "produce_records_per_s": round(rate)})
         if args.verify:
             lines = run_verify(setup, args.partitions, args.verify_extra)
             for line in lines:
@@ -574,12 +626,17 @@ def main(argv: list[str] | None = None) -> int:
             result: dict[str, Any] = {"round": round_no + 1, "kafka_ledger": contender}
             if args.entity_keys:
                 result["entity"] = run_kafka_ledger(setup, round_pipeline(setup, args.delivery_mode, write="upsert"))
+            if setup.avro_topic:
+                result["kafka_ledger_avro"] = run_kafka_ledger(setup, round_pipeline(setup, args.delivery_mode,
+                                                                                     value_format="avro"))
+                if args.peers:
+                    result["python_avro_peer"] = run_python_peer(setup, round_no, "avro")
             if args.stages and runtime == "connect" and not args.airflow and args.sink == "postgres":
                 result["spark_stages"] = run_spark_stages(setup, contender)
             if args.peers and args.sink == "iceberg":
                 result["postgres_sink"] = run_kafka_ledger(setup, round_pipeline(setup, args.delivery_mode, "postgres"))
                 result["spark_peer"] = run_spark_peer(setup, round_no)
-            elif args.peers:
+            elif args.peers and not setup.avro_topic:
                 result["python_peer"] = run_python_peer(setup, round_no)
                 result["spark_peer"] = run_spark_peer(setup, round_no)
                 if not args.airflow:

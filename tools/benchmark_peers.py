@@ -2,7 +2,8 @@
 
 - the Python peer (`python tools/benchmark_peers.py python ...`): confluent-kafka (read_committed,
   partitions assigned from the first offset) + json + psycopg2 COPY in one transaction, streaming: a chunk of
-  50,000 rows is copied while the next is read.
+  50,000 rows is copied while the next is read. With `--format avro`, the values decoded by confluent-kafka's
+  AvroDeserializer through the schema registry instead of json.
 - the Spark peer (`spark-submit tools/benchmark_peers.py spark ...`): Spark Structured Streaming with
   Trigger.AvailableNow and foreachBatch appending to the table over JDBC (`--iceberg-table`: to an Iceberg table of
   the same lake catalog kafka-ledger's Iceberg sink writes); with `--processing-time S` the streaming peer of the
@@ -46,10 +47,22 @@ FIELDS = [c["name"] for c in COLUMNS]
 TABLE_COLUMNS = ["kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", *FIELDS]
 
 
+# The same records as Avro values (tools/benchmark.py --format avro), written by confluent-kafka's AvroSerializer.
+AVRO_SCHEMA = {"type": "record", "name": "Event", "namespace": "kafka_ledger.benchmark", "fields": [
+    {"name": "event_id", "type": "string"}, {"name": "user_id", "type": "string"}, {"name": "amount", "type": "long"},
+    {"name": "price", "type": "double"}, {"name": "event_time", "type": {"type": "long",
+                                                                          "logicalType": "timestamp-millis"}}]}
+EVENT_TIME = datetime(2026, 11, 21, 10, tzinfo=UTC)
+
+
+def record(i: int, users: int = 5000) -> dict:
+    """The benchmark's record `i` (FIELDS), one of `users` distinct user ids."""
+    return {"event_id": f"e{i}", "user_id": f"u{i % users}", "amount": i, "price": i / 7, "event_time": EVENT_TIME}
+
+
 def record_value(i: int, users: int = 5000) -> bytes:
-    """The benchmark's record `i` as its JSON value (FIELDS), one of `users` distinct user ids."""
-    return json.dumps({"event_id": f"e{i}", "user_id": f"u{i % users}", "amount": i, "price": i / 7,
-                       "event_time": "2026-11-21T10:00:00Z"}).encode()
+    """The benchmark's record `i` as its JSON value."""
+    return json.dumps({**record(i, users), "event_time": "2026-11-21T10:00:00Z"}).encode()
 
 
 def create_table(dsn: str, schema: str, table: str, freshness: bool = False) -> None:
@@ -88,12 +101,25 @@ def count_rows(dsn: str, schema: str, table: str) -> int:
 CHUNK_ROWS = 50_000
 
 
-def python_peer(servers: str, dsn: str, topic: str, schema: str, table: str) -> None:
+def python_peer(servers: str, dsn: str, topic: str, schema: str, table: str, value_format: str = "json") -> None:
     """Read the whole topic with confluent-kafka and COPY its rows into `table` in one transaction, a chunk of
-    CHUNK_ROWS at a time while the next chunk is read (a reader thread; librdkafka and the COPY release the GIL)."""
+    CHUNK_ROWS at a time while the next chunk is read (a reader thread; librdkafka and the COPY release the GIL).
+    The values JSON, or Avro (`value_format`) decoded by AvroDeserializer through the schema registry."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+    decode = json.loads
+    if value_format == "avro":
+        from confluent_kafka.schema_registry.avro import AvroDeserializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
 
+        from kafka_ledger.config.settings import schema_registry
+
+        deserializer, context = AvroDeserializer(schema_registry().client()), SerializationContext(
+            topic, MessageField.VALUE)
+
+        def decode(value: bytes) -> dict:
+            fields = deserializer(value, context)
+            return {**fields, "event_time": fields["event_time"].isoformat()}
 
     consumer = Consumer(kafka_for(servers).confluent(**{"group.id": f"benchmark-python-peer-{table}",
                                                  "enable.auto.commit": False, "isolation.level": "read_committed",
@@ -115,7 +141,7 @@ def python_peer(servers: str, dsn: str, topic: str, schema: str, table: str) -> 
                             raise RuntimeError(message.error())
                         remaining.discard(message.partition())
                         continue
-                    value = json.loads(message.value())
+                    value = decode(message.value())
                     millis = message.timestamp()[1]
                     kafka_time = datetime.fromtimestamp(millis / 1000, UTC).isoformat() if millis >= 0 else None
                     writer.writerow([topic, message.partition(), message.offset(), kafka_time,
@@ -222,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The benchmark's peers, each run as its own program.")
     peers = parser.add_subparsers(dest="peer", required=True)
     python = peers.add_parser("python", help="confluent-kafka + json + COPY in chunks while reading, one transaction")
+    python.add_argument("--format", choices=["json", "avro"], default="json",
+                        help="the values' format: avro, decoded by AvroDeserializer through the schema registry")
     spark = peers.add_parser("spark", help="Structured Streaming AvailableNow + foreachBatch JDBC (spark-submit)")
     for sub in (python, spark):
         for name in ("--servers", "--topic", "--schema", "--table"):
@@ -235,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     if args.peer == "python":
-        python_peer(args.servers, os.environ["KAFKA_LEDGER_DB_URL"], args.topic, args.schema, args.table)
+        python_peer(args.servers, os.environ["KAFKA_LEDGER_DB_URL"], args.topic, args.schema, args.table,
+                    args.format)
     else:
         _spark_peer(args)
     print(json.dumps({"seconds": round(time.monotonic() - started, 3)}))
