@@ -95,3 +95,9 @@ def topic_schemas(client: Any, subject: str, reader_id: int) -> TopicSchemas:
     unreadable = {writer_id: why for writer_id, writer in writers.items()
                   if (why := unreadable_reason(reader, writer)) is not None}
     return TopicSchemas(subject, reader_id, reader, writers, unreadable)
+
+
+def newest_schemas(client: Any, subjects: dict[str, str]) -> dict[str, TopicSchemas]:
+    """Each topic's schemas with its subject's newest version as the reader (`subjects`: topic -> subject), as a
+    batch planned now would pin them (the Spark Connect server's warm-up reads with them)."""
+    return {topic: topic_schemas(client, subject, newest(client, subject)[0]) for topic, subject in subjects.items()}

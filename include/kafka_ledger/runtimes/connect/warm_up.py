@@ -12,7 +12,10 @@ from kafka_ledger.batch import read
 from kafka_ledger.batch.publish import publish_frame
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.services import Services
-from kafka_ledger.config.settings import runtime_name
+from kafka_ledger.config.settings import SettingsError, runtime_name, schema_registry
+from kafka_ledger.formats import avro_registry
+from kafka_ledger.formats.avro import AvroFormat
+from kafka_ledger.formats.base import ValueFormat
 from kafka_ledger.kafka.offsets import subscribed_offsets
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.model.ranges import OffsetRange, PartitionOffsets, PlanError, TopicPartition
@@ -80,7 +83,8 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
     makes up JSON records of every declared type, a dead letter in every 50, in the shape of its Kafka source's
     rows), and the Kafka reader, the pipeline's generated query code and its pooled consumers (its newest
     records, read as its batches read them, in its session: assigned partitions, read_committed, nothing committed
-    to Kafka). The ledger names each pipeline's session (`pipeline_session`). Writes nothing anywhere.
+    to Kafka; an Avro pipeline's with its subjects' newest versions from the schema registry). The ledger names each
+    pipeline's session (`pipeline_session`). Writes nothing anywhere.
     A pipeline whose topics are missing or empty is skipped, saying why.
     For a process of its own (`kafka-ledger warm-up`): it waits for every Spark Connect release the process has
     under way, which a worker running batches must not do (see close_session).
@@ -88,8 +92,16 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
     from pyspark.errors import PySparkException
     from pyspark.sql import functions as F
 
-    def received(frame: DataFrame, pipeline: PipelineConfig) -> int:
-        return sum(table.num_rows for table in arrow_stream(publish_frame(frame, pipeline, sink_for(pipeline), 0)))
+    def received(frame: DataFrame, pipeline: PipelineConfig, fmt: ValueFormat | None = None) -> int:
+        return sum(table.num_rows for table in arrow_stream(publish_frame(frame, pipeline, sink_for(pipeline), 0,
+                                                                          fmt=fmt)))
+
+    def value_format(pipeline: PipelineConfig, ranges: list[OffsetRange]) -> ValueFormat | None:
+        """An Avro pipeline's format with its subjects' newest versions, as its next batch will likely pin them."""
+        if pipeline.value.format != "avro":
+            return None
+        subjects = {r.topic: pipeline.value.subject_of(r.topic) for r in ranges}
+        return AvroFormat().bound(avro_registry.newest_schemas(schema_registry().client(), subjects))
 
     def session_of(pipeline: PipelineConfig) -> SparkSession:
         if services is None:
@@ -126,13 +138,19 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
             if not ranges:
                 skipped[pipeline.name] = f"its {pipeline.subscription} hold no records yet"
                 continue
+            try:
+                fmt = value_format(pipeline, ranges)
+            except (avro_registry.SchemaRegistryError, SettingsError) as exc:  # its batches will say so too
+                skipped[pipeline.name] = f"its Avro schemas could not be read: {exc}"
+                continue
             # Its batches' session: Spark keeps the generated code of a query per session (pipeline_session).
             sessions.append(session := session_of(pipeline))
             try:
                 configure(session)
                 # Fewer rows than offsets is right: a transactional producer's commit markers take offsets too.
                 pipeline_records[pipeline.name] = received(
-                    read.read_ranges(session, ranges, services.kafka, pipeline.name, pipeline.reads_headers), pipeline)
+                    read.read_ranges(session, ranges, services.kafka, pipeline.name, pipeline.reads_headers), pipeline,
+                    fmt)
             except PySparkException as exc:  # its batches will fail the same way, saying so in their task logs
                 skipped[pipeline.name] = (
                     "its Spark Connect session was closed: its next batch replaces it" if closed_session(exc)
