@@ -205,6 +205,8 @@ def test_bytes_are_read_from_avro_fields_and_whole_keys_or_headers_never_from_js
     assert parse_pipelines(pipeline_yaml(columns=raw))["p"].columns[1].type == kinds.BYTES
     in_json = pipeline_yaml(columns="[{name: id, type: string}, {name: blob, type: bytes}]")
     assert "column(s) blob: a bytes column reads an Avro bytes or fixed field" in config_error(in_json)
+    in_key = pipeline_yaml(columns="[{name: id, type: string}, {name: k, type: bytes, source: key, path: k}]")
+    assert "column(s) k: a bytes column reads an Avro bytes or fixed field" in config_error(in_key)
     assert parse_pipelines(in_json + "    value: {format: avro}\n")["p"].columns[1].type == kinds.BYTES
 
 

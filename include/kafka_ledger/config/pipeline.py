@@ -557,10 +557,10 @@ class PipelineConfig(BaseModel):
     @model_validator(mode="after")
     def _bytes_where_there_are_bytes(self) -> PipelineConfig:
         if self.value.format == "json":
-            in_json = [c.name for c in self.columns if c.type == BYTES and c.source == "value"]
+            in_json = [c.name for c in self.columns if c.type == BYTES and c.field_path]
             if in_json:
                 raise ValueError(f"column(s) {', '.join(in_json)}: a bytes column reads an Avro bytes or fixed field, "
-                                 "or a whole Kafka key or header; a JSON document has no bytes (declare the field "
+                                 "or a whole Kafka key or header; a JSON document's field has no bytes (declare it "
                                  "as a string)")
         return self
 
