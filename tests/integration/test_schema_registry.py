@@ -49,3 +49,22 @@ def test_a_restarted_registry_still_knows_every_id(how):
     client = registry.client()  # a new client: nothing cached
     assert json.loads(client.get_schema(schema_id).schema_str) == json.loads(schema)
     assert client.get_latest_version(subject).schema_id == schema_id
+
+
+def test_the_cli_declares_the_columns_of_a_subject_s_newest_version():
+    from confluent_kafka.schema_registry import Schema
+    from integration_support import cli
+
+    client = settings.schema_registry().client()
+    subject = f"it-{uuid.uuid4().hex[:8]}-value"
+    client.register_schema(subject, Schema(_schema("Order", {"name": "id", "type": "long"}), "AVRO"))
+    newest = client.register_schema(subject, Schema(_schema(
+        "Order", {"name": "id", "type": "long"}, {"name": "city", "type": ["null", "string"], "default": None},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}},
+        {"name": "lines", "type": {"type": "array", "items": "string"}, "default": []}), "AVRO"))
+    code, out, _ = cli("columns", subject)
+    assert (code, out) == (0, {"subject": subject, "version": 2, "schema_id": newest, "columns": [
+        {"name": "id", "type": "long"}, {"name": "city", "type": "string"}, {"name": "amount", "type": "decimal(9,2)"},
+        {"name": "lines", "type": "jsonb"}]})
+    code, out, err = cli("columns", f"it-{uuid.uuid4().hex[:8]}-value")
+    assert (code, out) == (3, None) and "no version of subject" in err

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from kafka_ledger.config.pipeline import parse_pipelines
 from kafka_ledger.formats.avro import TopicSchemas, columns_problems, field_type, reading, type_name
 from kafka_ledger.formats.avro_registry import unreadable_reason
@@ -59,3 +61,41 @@ def test_a_writer_the_reader_cannot_resolve_is_named_with_why():
     assert unreadable_reason(reader, reader) is None
     assert unreadable_reason(reader, writer) == ("reader type: string not compatible with writer type: long "
                                                  "(at /fields/0/type)")
+
+
+def test_every_top_level_field_is_declared_with_the_column_type_that_holds_it():
+    from kafka_ledger.formats.avro import declared_columns
+
+    schema = {**ORDER, "fields": [*ORDER["fields"],
+                                  {"name": "rate", "type": "float"}, {"name": "count", "type": "int"},
+                                  {"name": "on", "type": {"type": "int", "logicalType": "date"}},
+                                  {"name": "at", "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}]},
+                                  {"name": "state", "type": {"type": "enum", "name": "S", "symbols": ["A"]}},
+                                  {"name": "blob", "type": {"type": "fixed", "name": "F", "size": 2}},
+                                  {"name": "tags", "type": {"type": "map", "values": "long"}}]}
+    assert declared_columns(json.dumps(schema)) == [
+        {"name": "order_id", "type": "string"}, {"name": "amount", "type": "decimal(12,4)"},
+        {"name": "address", "type": "jsonb"}, {"name": "billing", "type": "jsonb"}, {"name": "total", "type": "long"},
+        {"name": "rate", "type": "double"}, {"name": "count", "type": "int"}, {"name": "on", "type": "date"},
+        {"name": "at", "type": "timestamp"}, {"name": "state", "type": "string"}, {"name": "blob", "type": "bytes"},
+        {"name": "tags", "type": "jsonb"}]
+    # What it declares reads back as a valid pipeline whose reader schema fills every column.
+    pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {
+        "topics": ["t"], "output_table": "t", "value": {"format": "avro"},
+        "columns": declared_columns(json.dumps(schema))}}}))["p"]
+    assert columns_problems(pipeline.columns, TopicSchemas("t-value", 1, json.dumps(schema), {})) == []
+
+
+def test_a_field_no_column_type_holds_is_named():
+    from kafka_ledger.formats.avro import declared_columns
+
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "either", "type": ["null", "string", "long"]},
+        {"name": "local", "type": {"type": "long", "logicalType": "local-timestamp-millis"}},
+        {"name": "huge", "type": {"type": "bytes", "logicalType": "decimal", "precision": 40, "scale": 2}},
+        {"name": "ok", "type": "boolean"}]}
+    with pytest.raises(ValueError) as raised:
+        declared_columns(json.dumps(schema))
+    assert str(raised.value) == ("field either: no column type holds union values exactly; field local: no column "
+                                 "type holds local-timestamp-millis values exactly; field huge: no column type holds "
+                                 "decimal(40,2) values exactly")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from kafka_ledger.formats import framing, sources
 from kafka_ledger.formats.base import FieldRead, Reading, ValueFormat
-from kafka_ledger.model.kinds import ColumnKind, DecimalKind
+from kafka_ledger.model.kinds import DECLARABLE, ColumnKind, DecimalKind
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -117,6 +117,38 @@ def type_name(avro_type: Any) -> str:
     if logical == "decimal":
         return f"decimal({avro_type.get('precision')},{avro_type.get('scale', 0)})"
     return logical or avro_type.get("type", "?")
+
+
+def column_kind(avro_type: Any) -> ColumnKind | None:
+    """The column type that holds values of `avro_type` as they are (widened without loss when no type holds them as
+    they are; records, arrays and maps as their JSON), or None."""
+    name = type_name(avro_type)
+    if name.startswith("decimal("):
+        try:
+            return DecimalKind(int(avro_type.get("precision", 0)), int(avro_type.get("scale", 0)))
+        except ValueError:  # more digits than any column holds
+            return None
+    return next((kind for how in ("same", "cast", "json") for kind in DECLARABLE if kind.avro_reads.get(name) == how),
+                None)
+
+
+def declared_columns(reader: str) -> list[dict[str, str]]:
+    """A `columns:` declaration of every top-level field of a reader schema, each of the column type that holds it
+    (`column_kind`); ValueError naming each field no column type holds."""
+    schema = json.loads(reader)
+    names: dict[str, Any] = {}
+    _named_types(schema, names)
+    columns, problems = [], []
+    for member in schema.get("fields", []):
+        avro_type = _resolved(_without_null(member["type"]), names)
+        kind = column_kind(avro_type)
+        if kind is None:
+            problems.append(f"field {member['name']}: no column type holds {type_name(avro_type)} values exactly")
+        else:
+            columns.append({"name": member["name"], "type": kind.declared})
+    if problems:
+        raise ValueError("; ".join(problems))
+    return columns
 
 
 def reading(kind: ColumnKind, avro_type: Any) -> str | None:

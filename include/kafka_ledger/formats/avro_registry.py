@@ -75,6 +75,13 @@ def newest(client: Any, subject: str) -> tuple[int, int]:
     return latest.schema_id, latest.version
 
 
+def newest_reader(client: Any, subject: str) -> tuple[int, int, str]:
+    """The subject's newest version: its schema id, version number and schema (Avro's JSON)."""
+    schema_id, version = newest(client, subject)
+    with _asking(f"schema id {schema_id}"):
+        return schema_id, version, _avro(client.get_schema(schema_id), f"version {version} of subject {subject}")
+
+
 def check_reader(client: Any, columns: list[ColumnSpec], subject: str, schema_id: int) -> None:
     """Refuse a reader schema that cannot fill the columns (ReaderSchemaRefused naming each one)."""
     with _asking(f"schema id {schema_id}"):

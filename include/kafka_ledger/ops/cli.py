@@ -27,6 +27,8 @@ from kafka_ledger.batch.requests import BatchRequest, RequestError, as_utc, pars
 from kafka_ledger.config import settings
 from kafka_ledger.config.pipeline import ConfigError, PipelineConfig, get_pipeline, read_pipelines
 from kafka_ledger.config.services import Services, SettingsError
+from kafka_ledger.formats import avro_registry
+from kafka_ledger.formats.avro import declared_columns
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.kafka.headroom import duration, headroom_text
 from kafka_ledger.ledger import db as ledger
@@ -383,6 +385,19 @@ def cmd_kafka(args: argparse.Namespace) -> int:
         return subprocess.run(command, check=False).returncode
 
 
+def cmd_columns(args: argparse.Namespace) -> int:
+    schema_id, version, reader = avro_registry.newest_reader(settings.schema_registry().client(), args.subject)
+    try:
+        columns = declared_columns(reader)
+    except ValueError as exc:
+        raise avro_registry.ReaderSchemaRefused(f"version {version} of subject {args.subject}: {exc}") from None
+    lines = [f"# every top-level field of subject {args.subject}, version {version} (schema id {schema_id})",
+             "columns:", *(f"  - {{name: {c['name']}, type: {json.dumps(c['type'])}}}" for c in columns)]
+    _emit(args, {"subject": args.subject, "version": version, "schema_id": schema_id, "columns": columns},
+          "\n".join(lines))
+    return 0
+
+
 def cmd_warm_up(args: argparse.Namespace) -> int:
     # PySpark loads only for this command, not for every use of the CLI.
     from pyspark.errors import PySparkException
@@ -498,6 +513,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pipeline")
     p.set_defaults(run=cmd_maintain)
 
+    p = command("columns", "print a `columns:` declaration of every top-level field of an Avro subject's newest "
+                           "version in the schema registry, each of the column type that holds it")
+    p.epilog = ("Paste it into a pipeline with `value: {format: avro}` and edit it: drop the fields you do not want, "
+                "read nested ones by `path`, add `required`. A field no column type holds (a union of several types, "
+                "a local timestamp) is refused by name.")
+    p.add_argument("subject", help="e.g. orders-value")
+    p.set_defaults(run=cmd_columns)
+
     p = command("warm-up", "warm a freshly started Spark Connect server up: run a made-up batch's decode and transfer "
                            "on it once, then read each pipeline's newest records as its batches do, so that the "
                            "first real batch finds its code compiled and its Kafka consumers made")
@@ -540,7 +563,10 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_FAILED
         print(f"kafka-ledger: refused, nothing was written: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    except (Failed, psycopg2.OperationalError, SettingsError) as exc:
+    except avro_registry.ReaderSchemaRefused as exc:
+        print(f"kafka-ledger: refused, nothing was written: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except (Failed, psycopg2.OperationalError, SettingsError, avro_registry.SchemaRegistryError) as exc:
         print(f"kafka-ledger: failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
 
