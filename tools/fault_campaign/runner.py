@@ -219,7 +219,10 @@ class Campaign(FaultStrikes):
             spark_submit_hook,
         )
 
-        os.environ.update(spark_job_environment(services_for(self.dsn, self.servers)))
+        environment = spark_job_environment(services_for(self.dsn, self.servers), self.pipeline)
+        # The job reaches the registry through its proxy, as the connect runtime's tasks do (the campaign's own
+        # producer keeps the client it made with the registry's own address).
+        os.environ.update(registry_proxied_environment(environment) if self.avro else environment)
         hook = spark_submit_hook(self.pipeline, batch_id)
         once_dir = self.workdir / "failpoints" / uuid.uuid4().hex[:8]
         if failpoints:
