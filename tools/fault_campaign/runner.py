@@ -205,7 +205,7 @@ class Campaign(FaultStrikes):
             spark_submit_hook,
         )
 
-        os.environ.update(spark_job_environment(services_for(self.dsn, self.servers)))
+        os.environ.update(spark_job_environment(services_for(self.dsn, self.servers), self.pipeline))
         hook = spark_submit_hook(self.pipeline, batch_id)
         once_dir = self.workdir / "failpoints" / uuid.uuid4().hex[:8]
         if failpoints:
