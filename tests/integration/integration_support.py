@@ -76,7 +76,7 @@ AVRO_COLUMNS = [
     {"name": "customer", "type": "string", "source": "key"},
     {"name": "digest", "type": "bytes"},
     {"name": "attachment", "type": "bytes"},
-    {"name": "raw_key", "type": "bytes", "source": "key"},
+    {"name": "trace", "type": "bytes", "source": "header:trace"},
 ]
 
 def good_value(i: int) -> bytes:

@@ -111,9 +111,10 @@ def test_values_of_every_version_decode_into_the_reader_schema_and_bad_ones_are_
     pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {
         "topics": [topic], "output_table": "t", "columns": AVRO_COLUMNS, "value": {"format": "avro"}}}}))["p"]
     records = spark.createDataFrame(
-        [(topic, 0, offset, datetime(2026, 11, 27, tzinfo=UTC), key, value)
+        [(topic, 0, offset, datetime(2026, 11, 27, tzinfo=UTC), key, value, [("trace", trace(offset))])
          for offset, (value, key, _) in enumerate(values)],
-        "topic string, partition int, offset long, timestamp timestamp, key binary, value binary")
+        "topic string, partition int, offset long, timestamp timestamp, key binary, value binary, "
+        "headers array<struct<key: string, value: binary>>")
     fmt = AvroFormat().bound({topic: schemas})
     names = [c["name"] for c in AVRO_COLUMNS]
 
@@ -133,16 +134,22 @@ def test_values_of_every_version_decode_into_the_reader_schema_and_bad_ones_are_
     assert first == {"kafka_offset": 0, "error": None, "order_id": "o1", "quantity": 1, "amount": Decimal("1.50"),
                      "ordered_on": date(2026, 11, 26), "at": first["at"], "city": "Lyon", "zip": None,
                      "status": "PAID", "tags": '["a","b"]', "total": 100, "channel": "web", "customer": "c1",
-                     "digest": digest(1), "attachment": b"\x00\xff", "raw_key": b"c1"}
+                     "digest": digest(1), "attachment": b"\x00\xff", "trace": trace(0)}
     assert first["at"].replace(tzinfo=None) == datetime(2026, 11, 27, 10, 0, 1)
     assert lean[1]["channel"] == "app"
 
 
 
+def trace(i: int) -> bytes:
+    """Record i's `trace` header: bytes that are not UTF-8 text."""
+    return b"\x00\xfe" + i.to_bytes(2, "big")
+
+
 def _produce(servers: str, topic: str, values: list[tuple[bytes | None, bytes]]) -> list[tuple[str, int, int]]:
     from integration_support import RecordedProducer
 
-    landed = RecordedProducer(servers).send(topic, [v for v, _ in values], keys=[k for _, k in values])
+    landed = RecordedProducer(servers).send(topic, [v for v, _ in values], keys=[k for _, k in values],
+                                            headers=[[("trace", trace(i))] for i in range(len(values))])
     return landed
 
 
@@ -195,7 +202,7 @@ def test_avro_values_are_published_exactly_and_a_replay_decodes_with_its_batchs_
     assert {landed[i][1:]: rows[landed[i][1:]]["channel"] for i in range(20)} == {
         landed[i][1:]: "web" if i < 10 else "app" for i in range(20)}
     assert rows[landed[3][1:]]["amount"] == Decimal("3.50") and rows[landed[3][1:]]["customer"] == "c3"
-    assert {n: bytes(rows[landed[3][1:]][n]) for n in ("digest", "raw_key")} == {"digest": digest(3), "raw_key": b"c3"}
+    assert {n: bytes(rows[landed[3][1:]][n]) for n in ("digest", "trace")} == {"digest": digest(3), "trace": trace(3)}
     assert (rows[landed[3][1:]]["attachment"], bytes(rows[landed[4][1:]]["attachment"])) == (None, b"\x00\xff")
     services = services_for(dsn, servers)
     with ledger.session(services.ledger) as conn, conn.cursor() as cur:
