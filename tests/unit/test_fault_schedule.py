@@ -187,6 +187,7 @@ def test_an_avro_campaign_adds_the_registry_s_faults_and_reaches_it_through_its_
     env = {"KAFKA_LEDGER_SCHEMA_REGISTRY_URL": "http://127.0.0.1:18585/apis/ccompat/v7", "OTHER": "18585"}
     assert registry_proxied_environment(env) == {
         "KAFKA_LEDGER_SCHEMA_REGISTRY_URL": "http://127.0.0.1:18586/apis/ccompat/v7", "OTHER": "18585"}
+    assert registry_proxied_environment(registry_proxied_environment(env)) == registry_proxied_environment(env)
     with pytest.raises(ValueError, match="not the stack's"):
         registry_proxied_environment({"KAFKA_LEDGER_SCHEMA_REGISTRY_URL": "https://registry.example.com"})
 

@@ -74,6 +74,8 @@ def registry_proxied_environment(env: dict[str, str]) -> dict[str, str]:
     """`env` with the schema registry reached through its proxy (an Avro campaign's tasks: its registry faults)."""
     port, proxy = _port("KL_SCHEMA_REGISTRY_PORT", 18085), _port("KL_SCHEMA_REGISTRY_PROXY_PORT", 18086)
     url = env["KAFKA_LEDGER_SCHEMA_REGISTRY_URL"]
+    if f":{proxy}/" in url + "/":  # through the proxy already (the submit runtime's job environment, set before)
+        return dict(env)
     if f":{port}/" not in url + "/":
         raise ValueError(f"the schema registry {url} is not the stack's (port {port}): its faults need the stack's")
     return {**env, "KAFKA_LEDGER_SCHEMA_REGISTRY_URL": re.sub(rf":{port}\b", f":{proxy}", url, count=1)}
