@@ -136,6 +136,9 @@ PIPELINES = {
                "type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name("avro_iceberg")}}))},
     "avro_refused": {"value": {"format": "avro"}, "columns": [*AVRO_COLUMNS, {"name": "coupon", "type": "string"}]},
     "avro_registry_away": {"spark_runtime": "connect", "value": {"format": "avro"}, "columns": AVRO_COLUMNS},
+    # No `columns:`: the first plan takes the reader schema's fields (None leaves the key out of the file).
+    **{f"avro_schema_columns_{runtime}": {"spark_runtime": runtime, "value": {"format": "avro"}, "columns": None}
+       for runtime in ("connect", "submit")},
     # Values framed as Confluent's JSON Schema serializer writes them, in each runtime (test_decode.py).
     **{f"framed_{runtime}": {"spark_runtime": runtime, "value": {"format": "json", "framing": "confluent"}}
        for runtime in ("connect", "submit")},
@@ -230,7 +233,7 @@ def test_pipelines_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The pipelines file of this test session, in force before any DAG is parsed."""
     pipelines = {}
     for key, overrides in PIPELINES.items():
-        pipelines[pipeline_name(key)] = {
+        entry = {
             "topics": [topic_name(key)],
             "output_table": pipeline_name(key),
             "output_schema": "it_output",
@@ -242,6 +245,8 @@ def test_pipelines_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "spark_conf": {"spark.sql.shuffle.partitions": "2"},
             **overrides,
         }
+        pipelines[pipeline_name(key)] = {field: value for field, value in entry.items() if value is not None
+                                         or field != "columns"}
     # One broken entry rides along in every session: every DAG run of the suite proves that the other
     # pipelines load and run beside it (test_airflow_rest.py checks how Airflow reports it).
     pipelines[pipeline_name(INVALID)] = {"topics": [topic_name(INVALID)], "output_table": pipeline_name(INVALID),

@@ -289,3 +289,51 @@ def test_a_registry_away_fails_the_plan_or_the_read_writing_nothing_and_the_retr
         stack("start")
     run_batch(pipeline, planned.batch_id, services)
     assert_exactly_once(dsn, servers, pipeline, {})
+
+
+@pytest.mark.parametrize("runtime", ["connect", "submit"])
+def test_a_pipeline_without_columns_takes_its_reader_schemas_fields_at_its_first_plan_and_keeps_them(
+        dsn, servers, pipeline_factory, runtime):
+    """Its first plan records every top-level field of the newest version as a column; a version registered later
+    (a field added) changes neither the columns nor the table, and its values still publish exactly."""
+    from integration_support import assert_exactly_once, catch_up, query
+
+    from kafka_ledger.config.settings import services_for
+    from kafka_ledger.ledger import db as ledger
+
+    pipeline = pipeline_factory(f"avro_schema_columns_{runtime}", partitions=2)
+    assert pipeline.columns is None
+    topic = pipeline.topics[0]
+    client = settings.schema_registry().client()
+    v1 = serializer(client, V1)
+    landed = _produce(servers, topic, [(encode(v1, topic, order(i)), f"c{i}".encode()) for i in range(6)])
+    catch_up(dsn, servers, pipeline)
+    v1_id = int.from_bytes(encode(v1, topic, order(0))[1:5], "big")
+    expected_columns = [
+        {"name": "order_id", "type": "string"}, {"name": "quantity", "type": "int"},
+        {"name": "amount", "type": "decimal(12,4)"}, {"name": "ordered_on", "type": "date"},
+        {"name": "at", "type": "timestamp"}, {"name": "address", "type": "jsonb"}, {"name": "status", "type": "string"},
+        {"name": "tags", "type": "jsonb"}, {"name": "total", "type": "long"}, {"name": "digest", "type": "bytes"},
+        {"name": "attachment", "type": "bytes"}]
+    with ledger.session(services_for(dsn, servers).ledger) as conn, conn.cursor() as cur:
+        assert ledger.pipeline_columns(cur, pipeline.name) == ledger.RecordedColumns(
+            f"{topic}-value", v1_id, 1, expected_columns)
+
+    # Version 2 adds channel (with a default): the columns stay those of version 1, and its values publish.
+    v2 = serializer(client, V2)
+    landed += _produce(servers, topic, [(encode(v2, topic, {**order(i), "channel": "app"}), f"c{i}".encode())
+                                        for i in range(6, 10)])
+    second = catch_up(dsn, servers, pipeline)
+    assert second.batch_id is not None
+    assert_exactly_once(dsn, servers, pipeline, {})
+    table = pipeline.qualified_output_table
+    schema_name, table_name = table.split(".")
+    assert [name for (name,) in query(dsn, "SELECT column_name FROM information_schema.columns WHERE table_schema = "
+                                           f"'{schema_name}' AND table_name = '{table_name}' ORDER BY ordinal_position"
+                                      )][:len(expected_columns)] == [c["name"] for c in expected_columns]
+    rows = {(p, o): rest for p, o, *rest in query(
+        dsn, f"SELECT kafka_partition, kafka_offset, order_id, amount, address, total, digest FROM {table}")}
+    assert {landed[i][1:]: rows[landed[i][1:]][0] for i in range(10)} == {landed[i][1:]: f"o{i}" for i in range(10)}
+    order_id, amount, address, total, stored_digest = rows[landed[7][1:]]
+    assert (amount, address, total, bytes(stored_digest)) == (
+        Decimal("7.5000"), {"city": "Lyon", "zip": None}, 700, digest(7))

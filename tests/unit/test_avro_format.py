@@ -86,6 +86,15 @@ def test_every_top_level_field_is_declared_with_the_column_type_that_holds_it():
     assert columns_problems(pipeline.columns, TopicSchemas("t-value", 1, json.dumps(schema), {})) == []
 
 
+def test_a_field_not_named_in_lower_case_is_read_by_a_lower_case_column_through_its_path():
+    from kafka_ledger.formats.avro import declared_columns
+
+    schema = {"type": "record", "name": "R", "fields": [{"name": "orderId", "type": "string"},
+                                                        {"name": "total", "type": "long"}]}
+    assert declared_columns(json.dumps(schema)) == [{"name": "orderid", "type": "string", "path": "orderId"},
+                                                    {"name": "total", "type": "long"}]
+
+
 def test_a_field_no_column_type_holds_is_named():
     from kafka_ledger.formats.avro import declared_columns
 

@@ -293,7 +293,9 @@ def test_bad_start_position_is_rejected():
 
 
 def test_missing_required_fields_are_reported():
-    assert "pipelines.p.columns: Field required" in config_error("pipelines:\n  p:\n    description: nothing else\n")
+    assert "declare exactly one of topics" in config_error("pipelines:\n  p:\n    description: nothing else\n")
+    assert "columns is required: the fields of the record" in config_error(
+        "pipelines:\n  p:\n    topics: [t]\n    output_table: t\n")
     message = config_error("pipelines:\n  p:\n    topics: [t]\n    columns: [{name: x, type: int}]\n")
     assert "output_table is required: the table the postgres sink publishes into" in message
 
@@ -579,3 +581,27 @@ def test_an_entity_table_declares_its_key_and_the_key_columns_become_required():
 )
 def test_impossible_entity_tables_are_refused(overrides, expected):
     assert expected in config_error(pipeline_yaml(columns=ENTITY_COLUMNS, **overrides))
+
+
+AVRO_WITHOUT_COLUMNS = "pipelines:\n  p:\n    topics: [t]\n    output_table: t\n    value: avro\n"
+
+
+def test_an_avro_pipeline_may_leave_its_columns_to_its_reader_schema_until_they_are_given():
+    pipeline = parse_pipelines(AVRO_WITHOUT_COLUMNS)["p"]
+    assert pipeline.columns_from_reader_schema and pipeline.columns is None
+    with pytest.raises(config.ColumnsUnknownError, match="takes its columns from its reader schema"):
+        _ = pipeline.reads_headers
+    given = pipeline.with_columns([{"name": "orderid", "type": "string", "path": "orderId"},
+                                   {"name": "amount", "type": "decimal(12,2)"}])
+    assert given == parse_pipelines(AVRO_WITHOUT_COLUMNS + "    columns: [{name: orderid, type: string, path: orderId},"
+                                    " {name: amount, type: 'decimal(12,2)'}]\n")["p"]
+    assert not given.columns_from_reader_schema and pipeline.columns is None
+
+
+def test_columns_given_later_are_checked_as_if_the_file_held_them():
+    upsert = parse_pipelines(AVRO_WITHOUT_COLUMNS + "    write: upsert\n    key: [order_id]\n")["p"]
+    assert upsert.with_columns([{"name": "order_id", "type": "long"}]).columns[0].required
+    with pytest.raises(ValueError, match="key column 'order_id' is not a declared column"):
+        upsert.with_columns([{"name": "id", "type": "long"}])
+    with pytest.raises(ValueError, match="column name 'kafka_offset' is reserved"):
+        upsert.with_columns([{"name": "order_id", "type": "long"}, {"name": "kafka_offset", "type": "long"}])

@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg2
 
+from kafka_ledger.batch.columns import with_columns
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.services import Services
 from kafka_ledger.kafka import consumer_group
@@ -294,6 +295,7 @@ def commit(services: Services, pipeline: PipelineConfig, batch_id: int, publicat
     advance the positions (compare-and-set: a position not at the batch's start fails the commit and nothing is
     written). Rewrite batches (replays, windows, backfills, explicit ranges) replace rows behind the positions and
     never move them. A refusal of a batch staged before is recorded on the batch."""
+    pipeline = with_columns(services.ledger, pipeline)
     try:
         with _publishing(services, pipeline, batch_id) as p:
             published = publication.publish(p)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from kafka_ledger.batch.columns import with_columns_taken
 from kafka_ledger.batch.requests import BatchRequest, RequestError
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.services import KafkaClient, Services
@@ -109,8 +110,9 @@ def plan_batch(
     kafka = services.kafka
     with ledger.session(services.ledger) as conn:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
-            sink_for(pipeline).prepare(cur)
             offsets = kafka_offsets.subscribed_offsets(kafka, pipeline)
+            pipeline = with_columns_taken(cur, pipeline, sorted({tp.topic for tp in offsets}))
+            sink_for(pipeline).prepare(cur)
             planned = _plan(cur, kafka, pipeline, offsets, request, dag_id, run_id, requested_by, backfill_window,
                             carrying)
             ledger.observe_log_starts(cur, pipeline.name, {tp: o.log_start for tp, o in offsets.items()})

@@ -66,6 +66,16 @@ class ConfigError(ValueError, Refusal):
     """The pipelines file is missing, unreadable or does not validate."""
 
 
+class ColumnsUnknownError(RuntimeError, Refusal):
+    """A pipeline that takes its columns from its reader schema has none recorded: its first plan records them
+    (batch/columns.py)."""
+
+    def __init__(self, pipeline: str):
+        super().__init__(f"pipeline {pipeline!r} takes its columns from its reader schema and none are recorded yet: "
+                         "its first plan takes them (a batch planned while it still declared `columns:` is "
+                         "finished by declaring them again)")
+
+
 def _declared_kind(value: object) -> object:
     return parse_kind(value) if isinstance(value, str) else value
 
@@ -447,10 +457,12 @@ class PipelineConfig(BaseModel):
         description="`write: upsert` (required there): the declared columns naming an entity, the table's primary "
                     "key; `string`, `int` or `long` columns, required in every value (a tombstone's come from its "
                     "Kafka key)")
-    columns: list[ColumnSpec] = Field(
-        min_length=1,
+    columns: list[ColumnSpec] | None = Field(
+        default=None, min_length=1, json_schema_extra={"reference_default": "required (format `avro`: optional)"},
         description="the fields of the record, one column each ([Columns](#columns)); names may not reuse "
-                    "the `kafka_*` columns")
+                    "the `kafka_*` columns. Format `avro` may leave them out: the pipeline's first plan then takes "
+                    "every top-level field of its reader schema, and every later batch the same ([Avro values]"
+                    "(#avro-values))")
     max_records_per_partition: int = Field(
         default=100_000, ge=1,
         description="offsets per partition per batch: bounds one batch's memory")
@@ -555,8 +567,15 @@ class PipelineConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _columns_declared(self) -> PipelineConfig:
+        if self.columns is None and self.value.format != "avro":
+            raise ValueError("columns is required: the fields of the record, one column each (only a pipeline of "
+                             "format avro may leave it out, to take its reader schema's fields)")
+        return self
+
+    @model_validator(mode="after")
     def _bytes_where_there_are_bytes(self) -> PipelineConfig:
-        if self.value.format == "json":
+        if self.value.format == "json" and self.columns is not None:
             in_json = [c.name for c in self.columns if c.type == BYTES and c.field_path]
             if in_json:
                 raise ValueError(f"column(s) {', '.join(in_json)}: a bytes column reads an Avro bytes or fixed field, "
@@ -571,7 +590,7 @@ class PipelineConfig(BaseModel):
         if self.extra_fields != "ignore":
             raise ValueError("extra_fields applies to format json: an Avro value has its schema's fields, and the "
                              "reader schema decides which are read")
-        inside = [c.name for c in self.columns if c.source != "value" and c.field_path]
+        inside = [c.name for c in self.columns or [] if c.source != "value" and c.field_path]
         if inside:
             raise ValueError(f"column(s) {', '.join(inside)}: with format avro a key or header column reads the whole "
                              "key or header (no path)")
@@ -584,14 +603,16 @@ class PipelineConfig(BaseModel):
         if isinstance(self.sink, IcebergSinkSpec):
             if self.output_table is not None:
                 raise ValueError("output_table is for the postgres sink: an iceberg sink names its table in sink.table")
-            declared = {c.name for c in self.columns} | set(RESERVED_COLUMNS)
+            declared = {c.name for c in self.columns or []} | set(RESERVED_COLUMNS)
             unknown = [c for c in self.sink.partition_columns if c not in declared]
-            if unknown:
+            if unknown and self.columns is not None:
                 raise ValueError(f"sink.partition_by names column(s) the table does not have: {', '.join(unknown)}")
         return self
 
     @model_validator(mode="after")
     def _columns_are_unique(self) -> PipelineConfig:
+        if self.columns is None:
+            return self
         names = [column.name for column in self.columns]
         duplicated = sorted({name for name in names if names.count(name) > 1})
         if duplicated:
@@ -623,6 +644,14 @@ class PipelineConfig(BaseModel):
             raise ValueError("write: upsert needs key: the declared column(s) naming an entity")
         if len(set(self.key)) != len(self.key):
             raise ValueError("key lists a column more than once")
+        if not isinstance(self.sink, PostgresSinkSpec):
+            raise ValueError("write: upsert needs sink postgres: the iceberg sink appends (docs/configuration.md"
+                             "#entity-tables)")
+        if self.delivery_mode == "at_least_once":
+            raise ValueError("write: upsert keeps one row per key: delivery_mode at_least_once (appending every "
+                             "delivery) does not apply; use exactly_once or latest_only")
+        if self.columns is None:  # checked once the reader schema gives them (with_columns)
+            return self
         declared = {c.name: c for c in self.columns}
         for name in self.key:
             if name not in declared:
@@ -630,15 +659,28 @@ class PipelineConfig(BaseModel):
             if not declared[name].type.key_capable:
                 raise ValueError(f"key column {name!r} is a {declared[name].type}: a key column is one of "
                                  f"{', '.join(str(k) for k in DECLARABLE if k.key_capable)}")
-        if not isinstance(self.sink, PostgresSinkSpec):
-            raise ValueError("write: upsert needs sink postgres: the iceberg sink appends (docs/configuration.md"
-                             "#entity-tables)")
-        if self.delivery_mode == "at_least_once":
-            raise ValueError("write: upsert keeps one row per key: delivery_mode at_least_once (appending every "
-                             "delivery) does not apply; use exactly_once or latest_only")
         # Every value must name its entity: a key column is required whatever its declaration says.
         self.columns = [c.model_copy(update={"required": True}) if c.name in self.key else c for c in self.columns]
         return self
+
+    @property
+    def columns_from_reader_schema(self) -> bool:
+        """Whether the columns are left out, to be taken from the reader schema at the pipeline's first plan."""
+        return self.columns is None
+
+    def with_columns(self, columns: list[dict[str, Any]]) -> PipelineConfig:
+        """The pipeline with `columns` (declarations, as in the file) in place of the ones it left out, validated
+        as if the file held them (ValueError saying what does not fit)."""
+        declared = self.model_dump(exclude_unset=True, exclude={"columns"})
+        try:
+            return type(self).model_validate({**declared, "columns": columns})
+        except ValidationError as exc:
+            raise ValueError("; ".join(line.strip(" -") for line in _error_lines(exc))) from None
+
+    def _known_columns(self) -> list[ColumnSpec]:
+        if self.columns is None:
+            raise ColumnsUnknownError(self.name)
+        return self.columns
 
     @property
     def is_entity_table(self) -> bool:
@@ -648,13 +690,13 @@ class PipelineConfig(BaseModel):
     @property
     def key_columns(self) -> list[ColumnSpec]:
         """The declared columns of the entity key, in key order (none for an append pipeline)."""
-        declared = {c.name: c for c in self.columns}
+        declared = {c.name: c for c in self._known_columns()}
         return [declared[name] for name in self.key]
 
     @property
     def reads_headers(self) -> bool:
         """Whether a column reads a Kafka header (the read then asks Spark for the records' headers)."""
-        return any(c.source_kind == "header" for c in self.columns)
+        return any(c.source_kind == "header" for c in self._known_columns())
 
     @property
     def dag_id(self) -> str:

@@ -45,7 +45,11 @@ BLOCK = re.compile(
 
 
 def default_text(field: FieldInfo) -> str:
-    """A field's default as the reference shows it: `required` when it has none."""
+    """A field's default as the reference shows it: `required` when it has none, or what the field's
+    `reference_default` (in its json_schema_extra) says when the model decides it."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    if "reference_default" in extra:
+        return str(extra["reference_default"])
     if field.is_required():
         return "required"
     value = field.get_default(call_default_factory=True)

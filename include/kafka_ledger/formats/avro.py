@@ -134,7 +134,8 @@ def column_kind(avro_type: Any) -> ColumnKind | None:
 
 def declared_columns(reader: str) -> list[dict[str, str]]:
     """A `columns:` declaration of every top-level field of a reader schema, each of the column type that holds it
-    (`column_kind`); ValueError naming each field no column type holds."""
+    (`column_kind`), named by the field in lower case (with the field as its `path` when that differs); ValueError
+    naming each field no column type holds."""
     schema = json.loads(reader)
     names: dict[str, Any] = {}
     _named_types(schema, names)
@@ -145,7 +146,8 @@ def declared_columns(reader: str) -> list[dict[str, str]]:
         if kind is None:
             problems.append(f"field {member['name']}: no column type holds {type_name(avro_type)} values exactly")
         else:
-            columns.append({"name": member["name"], "type": kind.declared})
+            column = {"name": member["name"].lower(), "type": kind.declared}
+            columns.append(column if column["name"] == member["name"] else {**column, "path": member["name"]})
     if problems:
         raise ValueError("; ".join(problems))
     return columns
@@ -290,7 +292,8 @@ def _as_kind(raw: Column, kind: ColumnKind, avro_type: Any, label: str) -> tuple
     if how == "cast":
         return raw.cast(kind.spark_type()), nothing
     if how == "json":
-        return F.to_json(raw), nothing
+        # A record's null field stays in its JSON (`"zip": null`), as Avro's own JSON encoding keeps it.
+        return F.to_json(raw, {"ignoreNullFields": "false"}), nothing
     # range, fit: the value narrowed; when it does not come back the same, it did not fit.
     narrowed = raw.try_cast(kind.spark_type())
     fits = narrowed.isNotNull() & (narrowed.cast(raw_type(avro_type)) == raw)

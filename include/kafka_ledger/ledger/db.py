@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import psycopg2
 import psycopg2.errors
@@ -223,6 +224,34 @@ def reader_schemas(cur: Cursor, batch_id: int) -> dict[str, ReaderSchema]:
     """The reader schemas pinned for a batch, by topic (none for a batch of JSON values)."""
     cur.execute(sql.SELECT_BATCH_READER_SCHEMAS, {"batch_id": batch_id})
     return {row[0]: ReaderSchema(*row) for row in cur.fetchall()}
+
+
+@dataclass(frozen=True)
+class RecordedColumns:
+    """The columns a pipeline that leaves `columns:` out took from its reader schema (a subject's version) at its
+    first plan: declarations as the pipelines file would hold them."""
+
+    subject: str
+    schema_id: int
+    version: int | None
+    columns: list[dict[str, Any]]
+
+
+def record_pipeline_columns(cur: Cursor, pipeline: str, recorded: RecordedColumns) -> RecordedColumns:
+    """Record a pipeline's columns unless a racing plan did first; the ones that stand."""
+    cur.execute(sql.INSERT_PIPELINE_COLUMNS, {
+        "pipeline": pipeline, "subject": recorded.subject, "schema_id": recorded.schema_id,
+        "version": recorded.version, "columns": psycopg2.extras.Json(recorded.columns)})
+    standing = pipeline_columns(cur, pipeline)
+    assert standing is not None
+    return standing
+
+
+def pipeline_columns(cur: Cursor, pipeline: str) -> RecordedColumns | None:
+    """The columns a pipeline took from its reader schema at its first plan (None: not recorded)."""
+    cur.execute(sql.SELECT_PIPELINE_COLUMNS, {"pipeline": pipeline})
+    row = cur.fetchone()
+    return RecordedColumns(*row) if row else None
 
 
 def batch_topic_ids(cur: Cursor, batch_id: int) -> dict[str, str | None]:

@@ -100,8 +100,6 @@ INSERT_BATCH_RANGE = """
                              WHERE pipeline = %(pipeline)s AND topic = %(topic)s))
 """
 
-# The topic id each topic of a batch was read under: as planned, or (ranges planned before ids were recorded)
-# the topic's anchor.
 # The reader schema of each topic of an Avro batch (format avro: formats/avro_registry.py).
 INSERT_BATCH_READER_SCHEMA = """
     INSERT INTO kafka_ledger.batch_reader_schemas (batch_id, topic, subject, schema_id, version, chosen)
@@ -112,6 +110,19 @@ SELECT_BATCH_READER_SCHEMAS = """
     WHERE batch_id = %(batch_id)s ORDER BY topic
 """
 
+# The columns an Avro pipeline without `columns:` took from its reader schema at its first plan (batch/columns.py):
+# the first plan's insert wins a race, and the loser reads the winner's.
+INSERT_PIPELINE_COLUMNS = """
+    INSERT INTO kafka_ledger.pipeline_columns (pipeline, subject, schema_id, version, columns)
+    VALUES (%(pipeline)s, %(subject)s, %(schema_id)s, %(version)s, %(columns)s)
+    ON CONFLICT (pipeline) DO NOTHING
+"""
+SELECT_PIPELINE_COLUMNS = """
+    SELECT subject, schema_id, version, columns FROM kafka_ledger.pipeline_columns WHERE pipeline = %(pipeline)s
+"""
+
+# The topic id each topic of a batch was read under: as planned, or (ranges planned before ids were recorded)
+# the topic's anchor.
 SELECT_BATCH_TOPIC_IDS = """
     SELECT DISTINCT r.topic, coalesce(r.topic_id, a.topic_id)
     FROM kafka_ledger.batch_ranges r

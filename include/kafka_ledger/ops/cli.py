@@ -392,7 +392,8 @@ def cmd_columns(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise avro_registry.ReaderSchemaRefused(f"version {version} of subject {args.subject}: {exc}") from None
     lines = [f"# every top-level field of subject {args.subject}, version {version} (schema id {schema_id})",
-             "columns:", *(f"  - {{name: {c['name']}, type: {json.dumps(c['type'])}}}" for c in columns)]
+             "columns:", *("  - {" + ", ".join(f"{k}: {json.dumps(v) if k == 'type' else v}" for k, v in c.items())
+                           + "}" for c in columns)]
     _emit(args, {"subject": args.subject, "version": version, "schema_id": schema_id, "columns": columns},
           "\n".join(lines))
     return 0

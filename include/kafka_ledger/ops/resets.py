@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from kafka_ledger.batch.columns import with_recorded_columns_or_none
 from kafka_ledger.batch.plan import compare_topic_ids
 from kafka_ledger.batch.requests import RequestError, as_utc
 from kafka_ledger.config.pipeline import PipelineConfig
@@ -121,7 +122,10 @@ def reset_positions(
         raise RequestError("a reset needs a reason (it is recorded in the audit table)")
     with ledger.session(services.ledger) as conn:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
-            sink_for(pipeline).prepare(cur)
+            # A pipeline that takes its columns from its reader schema and was never planned has no table yet.
+            prepared = with_recorded_columns_or_none(cur, pipeline)
+            if prepared is not None:
+                sink_for(prepared).prepare(cur)
             offsets = kafka_offsets.subscribed_offsets(services.kafka, pipeline)
             # A reset is how a recreated topic is re-anchored: the new positions refer to the topic Kafka has now.
             unseen, reanchored = compare_topic_ids(cur, services.kafka, pipeline, {tp.topic for tp in offsets})

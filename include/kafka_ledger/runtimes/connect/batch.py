@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from kafka_ledger.batch import commit, read
+from kafka_ledger.batch.columns import with_columns
 from kafka_ledger.batch.commit import CommitResult, Streamed, Written
 from kafka_ledger.batch.publish import publish_attempt, publish_frame
 from kafka_ledger.config.pipeline import PipelineConfig
@@ -147,6 +148,7 @@ class ConnectBatch:
 
     def run(self, services: Services) -> CommitResult:
         clock = Stopwatch()
+        self.pipeline = with_columns(services.ledger, self.pipeline)
         attempt = read.begin(services, self.pipeline, self.batch_id)
         if attempt is None:
             # Committed already (a no-op), or staged by a spark-submit attempt before the pipeline moved to

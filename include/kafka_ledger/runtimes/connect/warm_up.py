@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kafka_ledger.batch import read
+from kafka_ledger.batch.columns import with_recorded_columns_or_none
 from kafka_ledger.batch.publish import publish_frame
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.services import Services
@@ -138,6 +139,12 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
             if not ranges:
                 skipped[pipeline.name] = f"its {pipeline.subscription} hold no records yet"
                 continue
+            with ledger.transaction(services.ledger) as cur:
+                with_columns = with_recorded_columns_or_none(cur, pipeline)
+            if with_columns is None:
+                skipped[pipeline.name] = "it takes its columns from its reader schema at its first plan, not made yet"
+                continue
+            pipeline = with_columns
             try:
                 fmt = value_format(pipeline, ranges)
             except (avro_registry.SchemaRegistryError, SettingsError) as exc:  # its batches will say so too

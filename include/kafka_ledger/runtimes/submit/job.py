@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from kafka_ledger.batch import read
+from kafka_ledger.batch.columns import with_columns
 from kafka_ledger.batch.commit import CommitResult, log_read, writes_output_directly
 from kafka_ledger.batch.publish import publish_attempt
 from kafka_ledger.config.pipeline import get_pipeline
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 def run_job(pipeline_name: str, batch_id: int, config: str | None, services: Services) -> dict[str, object]:
     """Begin an attempt of the batch, read it and stage it (or mark it written with nothing to read)."""
-    pipeline = get_pipeline(pipeline_name, config)
+    pipeline = with_columns(services.ledger, get_pipeline(pipeline_name, config))
     attempt = read.begin(services, pipeline, batch_id)
     if attempt is None:
         return {"batch_id": batch_id, "staged": False}

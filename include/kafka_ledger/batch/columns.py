@@ -1,0 +1,85 @@
+"""The columns of an Avro pipeline that leaves `columns:` out: taken from its reader schema at its first plan, recorded
+in the ledger, and the same for every batch after.
+
+Every entry point that reads, publishes or prepares a pipeline's table resolves its columns here first; a pipeline
+that declares its columns passes through unchanged. Taking them once keeps the output table's shape fixed while the
+subject gains versions (a field added later is not a column until it is declared); each batch still decodes with
+the reader schema its plan pinned, which must fill these columns or the plan is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kafka_ledger.config.pipeline import ColumnsUnknownError, PipelineConfig
+from kafka_ledger.config.services import LedgerDatabase
+from kafka_ledger.config.settings import schema_registry
+from kafka_ledger.formats import avro_registry
+from kafka_ledger.formats.avro import declared_columns
+from kafka_ledger.ledger import db as ledger
+
+log = logging.getLogger(__name__)
+
+
+def _applied(pipeline: PipelineConfig, recorded: ledger.RecordedColumns) -> PipelineConfig:
+    try:
+        return pipeline.with_columns(recorded.columns)
+    except ValueError as exc:
+        raise avro_registry.ReaderSchemaRefused(
+            f"pipeline {pipeline.name} takes its columns from version {recorded.version} of subject "
+            f"{recorded.subject} (schema id {recorded.schema_id}), and they do not fit its declaration: {exc}. "
+            "Declare its `columns:` (`kafka-ledger columns SUBJECT` prints them)") from None
+
+
+def with_recorded_columns(cur: ledger.Cursor, pipeline: PipelineConfig) -> PipelineConfig:
+    """The pipeline with its columns: as declared, or those its first plan recorded (ColumnsUnknownError when none
+    was recorded yet)."""
+    if not pipeline.columns_from_reader_schema:
+        return pipeline
+    found = ledger.pipeline_columns(cur, pipeline.name)
+    if found is None:
+        raise ColumnsUnknownError(pipeline.name)
+    return _applied(pipeline, found)
+
+
+def with_recorded_columns_or_none(cur: ledger.Cursor, pipeline: PipelineConfig) -> PipelineConfig | None:
+    """The pipeline with its columns, or None when it takes them from its reader schema and was never planned."""
+    try:
+        return with_recorded_columns(cur, pipeline)
+    except ColumnsUnknownError:
+        return None
+
+
+def with_columns(db: LedgerDatabase, pipeline: PipelineConfig) -> PipelineConfig:
+    """`with_recorded_columns` in a transaction of its own (no query for a pipeline that declares its columns)."""
+    if not pipeline.columns_from_reader_schema:
+        return pipeline
+    with ledger.transaction(db) as cur:
+        return with_recorded_columns(cur, pipeline)
+
+
+def with_columns_taken(cur: ledger.Cursor, pipeline: PipelineConfig, topics: list[str]) -> PipelineConfig:
+    """At a plan (in its transaction, `topics` those it subscribes to now): the pipeline with its columns, taken
+    from the newest version of its subject (the first topic's) and recorded when this is its first plan."""
+    if not pipeline.columns_from_reader_schema:
+        return pipeline
+    found = ledger.pipeline_columns(cur, pipeline.name)
+    if found is None:
+        if pipeline.value.subject is None and not topics:
+            raise avro_registry.ReaderSchemaRefused(
+                f"pipeline {pipeline.name} takes its columns from its topics' reader schema, and none of its topics "
+                "exists yet")
+        subject = pipeline.value.subject or pipeline.value.subject_of(min(topics))
+        schema_id, version, reader = avro_registry.newest_reader(schema_registry().client(), subject)
+        try:
+            columns = declared_columns(reader)
+        except ValueError as exc:
+            raise avro_registry.ReaderSchemaRefused(
+                f"pipeline {pipeline.name} cannot take its columns from version {version} of subject {subject}: "
+                f"{exc}. Declare its `columns:`") from None
+        found = ledger.record_pipeline_columns(cur, pipeline.name, ledger.RecordedColumns(
+            subject, schema_id, version, columns))
+        log.info("pipeline %s takes its columns from version %s of subject %s (schema id %s): %s", pipeline.name,
+                 found.version, found.subject, found.schema_id,
+                 ", ".join(f"{c['name']} {c['type']}" for c in found.columns))
+    return _applied(pipeline, found)
