@@ -58,6 +58,7 @@ PIPELINES = {
     "lost": {},
     "grow": {},
     "noop": {},
+    "hand_made_table": {},
     "latest": {"start_position": "latest"},
     "partitions": {},
     "cas": {},

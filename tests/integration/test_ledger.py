@@ -180,3 +180,33 @@ def test_a_held_pipeline_lock_fails_the_plan_after_its_bound_naming_the_holder(
     conn.close()
     # The holder gone, the same plan goes through.
     assert plan_next_batch(services, pipeline).ranges == [OffsetRange(topic, 0, 0, 5)]
+
+
+def test_an_output_table_made_by_hand_needs_every_column_and_is_warned_of_without_a_record_index(dsn, caplog):
+    from integration_support import pipeline_name, query
+
+    from kafka_ledger.config.pipeline import ConfigError, get_pipeline
+    from kafka_ledger.sinks import sink_for
+
+    pipeline = get_pipeline(pipeline_name("hand_made_table"))
+    sink, table = sink_for(pipeline), pipeline.qualified_output_table
+    columns = {name: kind.postgres_type for name, kind in sink.output_columns().items()}
+    query(dsn, f"CREATE SCHEMA IF NOT EXISTS {pipeline.output_schema}; CREATE TABLE {table} (" + ", ".join(
+        f"{name} {kind}" for name, kind in columns.items() if name not in ("amount", "kafka_timestamp")) + ")")
+
+    def prepare() -> list[str]:
+        caplog.clear()
+        with ledger.transaction(LedgerDatabase(dsn)) as cur:
+            sink.prepare(cur)
+        return [r.getMessage() for r in caplog.records if "has no index leading with" in r.getMessage()]
+
+    with pytest.raises(ConfigError, match=r"lacks column\(s\) amount, kafka_timestamp; add them with ALTER TABLE"):
+        prepare()
+    query(dsn, f"ALTER TABLE {table} ADD COLUMN amount {columns['amount']}, "
+               f"ADD COLUMN kafka_timestamp {columns['kafka_timestamp']}")
+    assert prepare() == [
+        f"output table {table} has no index leading with (kafka_topic, kafka_partition, kafka_offset): a replay, "
+        "backfill or window deletes the rows of its ranges with a scan of the whole table each; add one: CREATE "
+        f'INDEX ON "{pipeline.output_schema}"."{pipeline.output_table}" (kafka_topic, kafka_partition, kafka_offset)']
+    query(dsn, f"CREATE INDEX ON {table} (kafka_topic, kafka_partition, kafka_offset, batch_id)")
+    assert prepare() == []

@@ -443,8 +443,10 @@ class PipelineConfig(BaseModel):
         default=None,
         description="sink `postgres` (required there): the published table, created if missing in `output_schema`; "
                     "it gets the declared columns plus `kafka_topic`, `kafka_partition`, `kafka_offset`, "
-                    "`kafka_timestamp`, `batch_id`. One pipeline per table: an entry whose table an entry earlier in "
-                    "the file writes is invalid")
+                    "`kafka_timestamp`, `batch_id`. A table made beforehand must have them all (else the plan is "
+                    "refused) and, appending, an index leading with `kafka_topic, kafka_partition, kafka_offset` "
+                    "(else each plan warns: a rewrite would scan the table per range). One pipeline per table: an "
+                    "entry whose table an entry earlier in the file writes is invalid")
     output_schema: Identifier = Field(default="public",
                                       description="sink `postgres`: the Postgres schema of `output_table`")
     write: WriteMode = Field(

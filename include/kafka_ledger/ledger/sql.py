@@ -414,6 +414,14 @@ SELECT_PRIMARY_KEY_COLUMNS = """
     WHERE i.indrelid = to_regclass(%(table)s) AND i.indisprimary
 """
 
+# Each index of a table, its key columns in order (a partial or expression index's too: the caller judges).
+SELECT_INDEX_COLUMNS = """
+    SELECT i.indexrelid::regclass::text, array(
+        SELECT a.attname FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, position)
+        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum ORDER BY k.position)
+    FROM pg_index i WHERE i.indrelid = to_regclass(%(table)s) AND i.indpred IS NULL
+"""
+
 SELECT_TABLE_COLUMNS = """
     SELECT column_name FROM information_schema.columns
     WHERE table_schema = %(schema)s AND table_name = %(table)s

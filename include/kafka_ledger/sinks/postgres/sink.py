@@ -15,6 +15,7 @@ from kafka_ledger.formats.envelope import Envelope, KeyedChanges
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ledger import sql as ledger_sql
 from kafka_ledger.ledger.db import Cursor
+from kafka_ledger.model.columns import COORDINATES, names
 from kafka_ledger.model.ranges import OffsetRange, TopicPartition
 from kafka_ledger.sinks.base import OutputView, TransactionalSink
 from kafka_ledger.sinks.postgres import sql
@@ -88,13 +89,26 @@ class PostgresSink(TransactionalSink):
         """Create the output and staging tables if missing; refuse an output table lacking declared columns."""
         self._create(cur)
         existing = set(_table_columns(cur, self.pipeline.output_schema, self.pipeline.output_table))
-        missing = [c.name for c in self.pipeline.columns if c.name not in existing]
+        missing = [name for name in self.output_columns() if name not in existing]
         if missing:
             raise ConfigError(
-                f"pipeline {self.pipeline.name!r}: output table {self.target} lacks declared column(s) "
+                f"pipeline {self.pipeline.name!r}: output table {self.target} lacks column(s) "
                 f"{', '.join(missing)}; add them with ALTER TABLE before running the pipeline"
             )
+        if not self.pipeline.is_entity_table:
+            self._check_record_index(cur)
         ledger.ensure_staging_table(cur, self.pipeline, self.staged_extra())
+
+    def _check_record_index(self, cur: Cursor) -> None:
+        """Warn when a table made by hand has no index leading with the Kafka coordinates: a rewrite deletes its
+        ranges' rows before publishing them again, and each range would scan the whole table."""
+        table = sql.output_table(self.pipeline).as_string(cur)
+        cur.execute(ledger_sql.SELECT_INDEX_COLUMNS, {"table": table})
+        coordinates = names(COORDINATES)
+        if not any(list(columns[:len(coordinates)]) == coordinates for _, columns in cur.fetchall()):
+            log.warning("output table %s has no index leading with (%s): a replay, backfill or window deletes the "
+                        "rows of its ranges with a scan of the whole table each; add one: CREATE INDEX ON %s (%s)",
+                        self.target, ", ".join(coordinates), table, ", ".join(coordinates))
 
     def drop(self, cur: Cursor) -> None:
         cur.execute(sql.drop_output_tables(self.pipeline))
