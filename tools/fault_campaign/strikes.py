@@ -436,7 +436,9 @@ class FaultStrikes:
 
     def _restart_postgres_during(self, point: str) -> Callable[[Any, Path], str]:
         def during(proc: Any, once_dir: Path) -> str:  # a process, or what stands for spark-submit's thread
-            deadline = time.monotonic() + 120
+            # Until the process ends: a spark-submit job on a loaded machine took over 2 minutes to get there (its
+            # JVM, its session and the read first). The bound only stops a hung process from holding the campaign.
+            deadline = time.monotonic() + 900
             while not (once_dir / point).exists():
                 if proc.poll() is not None or time.monotonic() > deadline:
                     return "Postgres restart missed: the commit never reached " + point
