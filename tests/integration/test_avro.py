@@ -318,6 +318,9 @@ def test_a_pipeline_without_columns_takes_its_reader_schemas_fields_at_its_first
     with ledger.session(services_for(dsn, servers).ledger) as conn, conn.cursor() as cur:
         assert ledger.pipeline_columns(cur, pipeline.name) == ledger.RecordedColumns(
             f"{topic}-value", v1_id, 1, expected_columns)
+    if runtime == "submit":  # its job and its commit task took the recorded columns; what follows is the runtime's
+        assert_exactly_once(dsn, servers, pipeline, {})
+        return
 
     # Version 2 adds channel (with a default): the columns stay those of version 1, and its values publish.
     v2 = serializer(client, V2)
