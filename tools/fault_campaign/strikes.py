@@ -406,7 +406,8 @@ class FaultStrikes:
             landed = ((self.phase(batch_id, attempts_before + 1) if began else "before the attempt began")
                       if running() else "after the task ended")
             self._stack("restart-schema-registry")
-            return f"schema registry restarted {delay}s after the Spark task started, {landed}"
+            # The figures in parentheses: the report groups landings by the words before them.
+            return f"schema registry restarted {landed} ({delay}s after the Spark task started)"
         return strike
 
     def _registry_latency(self, latency: int, task: str) -> Callable[..., str]:
@@ -420,7 +421,7 @@ class FaultStrikes:
                 self._wait(lambda: False, alive, timeout=600)
             finally:
                 self.network.remove(SCHEMA_REGISTRY, name)
-            return f"{latency} ms latency on the schema registry through the {task}"
+            return f"latency on the schema registry through the {task} ({latency} ms)"
         return strike
 
     def _new_schema_version(self, delay: float) -> Callable[..., str]:
@@ -431,7 +432,7 @@ class FaultStrikes:
             schema_id = self.producer.records.evolve()
             began = self.batch_state(batch_id)[1] > attempts_before
             landed = self.phase(batch_id, attempts_before + 1) if began else "before the attempt began"
-            return f"schema version (id {schema_id}) registered {landed}, the records after it written with it"
+            return f"a new schema version registered {landed}, the records after it written with it (id {schema_id})"
         return strike
 
     def _restart_postgres_during(self, point: str) -> Callable[[Any, Path], str]:
