@@ -139,8 +139,12 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
             if not ranges:
                 skipped[pipeline.name] = f"its {pipeline.subscription} hold no records yet"
                 continue
-            with ledger.transaction(services.ledger) as cur:
-                with_columns = with_recorded_columns_or_none(cur, pipeline)
+            try:
+                with ledger.transaction(services.ledger) as cur:
+                    with_columns = with_recorded_columns_or_none(cur, pipeline)
+            except avro_registry.ReaderSchemaRefused as exc:  # its plans will say so too
+                skipped[pipeline.name] = str(exc)
+                continue
             if with_columns is None:
                 skipped[pipeline.name] = "it takes its columns from its reader schema at its first plan, not made yet"
                 continue
