@@ -86,7 +86,8 @@ class PostgresSink(TransactionalSink):
         cur.execute(sql.create_output_table(self.pipeline, entity=False))
 
     def prepare(self, cur: Cursor) -> None:
-        """Create the output and staging tables if missing; refuse an output table lacking declared columns."""
+        """Create the output and staging tables if missing; refuse an output table lacking one of its columns, and
+        warn of an appending one without an index leading with the Kafka coordinates."""
         self._create(cur)
         existing = set(_table_columns(cur, self.pipeline.output_schema, self.pipeline.output_table))
         missing = [name for name in self.output_columns() if name not in existing]
