@@ -58,6 +58,14 @@ def with_columns(db: LedgerDatabase, pipeline: PipelineConfig) -> PipelineConfig
         return with_recorded_columns(cur, pipeline)
 
 
+def with_columns_or_none(db: LedgerDatabase, pipeline: PipelineConfig) -> PipelineConfig | None:
+    """`with_recorded_columns_or_none` in a transaction of its own (none for a pipeline that declares its columns)."""
+    try:
+        return with_columns(db, pipeline)
+    except ColumnsUnknownError:
+        return None
+
+
 def with_columns_taken(cur: ledger.Cursor, pipeline: PipelineConfig, topics: list[str]) -> PipelineConfig:
     """At a plan (in its transaction, `topics` those it subscribes to now): the pipeline with its columns, taken
     from the newest version of its subject (the first topic's) and recorded when this is its first plan."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kafka_ledger.batch import read
-from kafka_ledger.batch.columns import with_recorded_columns_or_none
+from kafka_ledger.batch.columns import with_columns_or_none
 from kafka_ledger.batch.publish import publish_frame
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.services import Services
@@ -140,8 +140,7 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
                 skipped[pipeline.name] = f"its {pipeline.subscription} hold no records yet"
                 continue
             try:
-                with ledger.transaction(services.ledger) as cur:
-                    with_columns = with_recorded_columns_or_none(cur, pipeline)
+                with_columns = with_columns_or_none(services.ledger, pipeline)
             except avro_registry.ReaderSchemaRefused as exc:  # its plans will say so too
                 skipped[pipeline.name] = str(exc)
                 continue
