@@ -162,9 +162,8 @@ class SequenceProducer:
     """Background producer of sequence-numbered records; remembers where each one landed."""
 
     def __init__(self, servers: str, topic: str, rate: float, landed: dict[tuple[int, int], int] | None = None,
-                 entity_partitions: int | None = None, records: JsonRecords | AvroRecords | None = None):
-        from confluent_kafka import Producer
-
+                 entity_partitions: int | None = None, records: JsonRecords | AvroRecords | None = None,
+                 delivery_timeout: float = 120):
         self.topic = topic
         self.records = records or JsonRecords()
         self.rate = rate
@@ -173,17 +172,20 @@ class SequenceProducer:
         self.entity_partitions = entity_partitions
         # With the deployment's Kafka settings (security), as every client of the project; log_level 2: no
         # connection errors while a broker restarts.
-        self.producer = Producer(kafka_for(servers).confluent(**{"enable.idempotence": True, "acks": "all",
-                                                                 "linger.ms": 20, "log_level": 2}))
+        self.servers, self.delivery_timeout = servers, delivery_timeout
+        self.producer = self._new_producer()
         # (partition, offset) -> seq; a resumed campaign starts from what earlier sessions produced.
         self.landed: dict[tuple[int, int], int] = dict(landed or {})
         self.delivered: Counter = Counter(p for p, _ in self.landed)  # partition -> records delivered
         self.journal: list[tuple[int, int, int]] = []  # landed since the last checkpoint
         self.errors: list[str] = []
+        self.failed: list[int] = []  # sequence numbers whose delivery failed, not yet produced again
+        self.notes: list[str] = []  # what the producer had to redo, for the campaign's report
         self.next_seq = max(self.landed.values(), default=-1) + 1
         self.quota = self.next_seq
         self.produced_here = self.reports_here = 0
         self.lock = threading.Lock()
+        self.producing = threading.Lock()  # held while the thread produces: a new producer is not swapped in then
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._produce, name="sequence-producer", daemon=True)
         self.thread.start()
@@ -198,11 +200,61 @@ class SequenceProducer:
             self.reports_here += 1
             if err is not None:
                 self.errors.append(f"record {seq}: {err}")
+                self.failed.append(seq)
             else:
-                self.landed[(msg.partition(), msg.offset())] = seq
-                self.delivered[msg.partition()] += 1
-                self.journal.append((msg.partition(), msg.offset(), seq))
+                self._landed(msg.partition(), msg.offset(), seq)
         return on_delivery
+
+    def _landed(self, partition: int, offset: int, seq: int) -> None:
+        self.landed[(partition, offset)] = seq
+        self.delivered[partition] += 1
+        self.journal.append((partition, offset, seq))
+
+    def _new_producer(self):  # noqa: ANN202 - confluent_kafka.Producer, imported lazily
+        from confluent_kafka import Producer
+
+        # With the deployment's Kafka settings (security), as every client of the project; log_level 2: no
+        # connection errors while a broker restarts. A record not delivered in time is reported failed (and
+        # produced again by settle) rather than waited for: a producer stuck after a broker restart stays stuck.
+        return Producer(kafka_for(self.servers).confluent(**{"enable.idempotence": True, "acks": "all",
+                                                             "linger.ms": 20, "log_level": 2,
+                                                             "message.timeout.ms": int(self.delivery_timeout * 1000)}))
+
+    def _produce_one(self, seq: int) -> None:
+        entity = self.entity_partitions is not None
+        where = {"partition": seq % ENTITIES % self.entity_partitions} if entity else {}
+        value = record_value(seq, entity) if entity else self.records.value(seq)
+        self.producer.produce(self.topic, key=record_key(seq, entity), value=value,
+                              on_delivery=self._report(seq), **where)
+        self.produced_here += 1
+
+    def _deliver_again(self) -> None:
+        """After failed deliveries (every report in): a new producer writes again those Kafka does not hold.
+
+        A record reported failed may have been written all the same (its acknowledgement lost), so Kafka is read
+        back first: such a record counts where it landed, and is not written twice."""
+        failed, errors = sorted(self.failed), self.errors[:3]
+        self.failed, self.errors = [], []
+        with self.producing:
+            old, self.producer = self.producer, self._new_producer()
+        old.purge()
+        old.flush(10)
+        wanted = set(failed)
+        found = {seq: rid for rid, seq in records_by_key(self.servers, self.topic).items()
+                 if seq in wanted and rid not in self.landed}
+        for seq, (partition, offset) in sorted(found.items()):
+            self._landed(partition, offset, seq)
+        again = [seq for seq in failed if seq not in found]
+        with self.producing:
+            for seq in again:
+                while True:
+                    try:
+                        self._produce_one(seq)
+                        break
+                    except BufferError:
+                        self.producer.poll(0.1)
+        self.notes.append(f"{len(failed)} record(s) not delivered (e.g. {'; '.join(errors)}): {len(found)} found "
+                          f"in Kafka all the same, {len(again)} produced again by a new producer")
 
     def _produce(self) -> None:
         started, sent = time.monotonic(), 0
@@ -213,20 +265,15 @@ class SequenceProducer:
                 self.producer.poll(0.05)
                 started, sent = time.monotonic(), 0
                 continue
-            for _ in range(todo):
-                seq = self.next_seq
-                while True:
-                    try:
-                        entity = self.entity_partitions is not None
-                        where = {"partition": seq % ENTITIES % self.entity_partitions} if entity else {}
-                        value = record_value(seq, entity) if entity else self.records.value(seq)
-                        self.producer.produce(self.topic, key=record_key(seq, entity), value=value,
-                                              on_delivery=self._report(seq), **where)
-                        self.produced_here += 1
-                        break
-                    except BufferError:
-                        self.producer.poll(0.1)
-                self.next_seq += 1
+            with self.producing:
+                for _ in range(todo):
+                    while True:
+                        try:
+                            self._produce_one(self.next_seq)
+                            break
+                        except BufferError:
+                            self.producer.poll(0.1)
+                    self.next_seq += 1
             sent += todo
             self.producer.poll(0)
             # Keep to the rate, so records keep arriving while the runs read.
@@ -243,6 +290,8 @@ class SequenceProducer:
             counts = dict(self.delivered)
             if all(counts.get(p, 0) >= pos for p, pos in positions.items()):
                 return
+            if self.failed and self.reports_here >= self.produced_here:
+                self._deliver_again()  # a record reported failed may be in Kafka, below the positions
             if time.monotonic() > deadline:
                 raise CampaignFailure(f"delivery reports missing below positions {positions}: have {counts}")
             time.sleep(0.1)
@@ -256,17 +305,27 @@ class SequenceProducer:
     def settle(self, timeout: float = 300) -> list[tuple[int, int, int]]:
         """Wait until the quota is produced and every record has its report; return (and forget) the new ones."""
         deadline = time.monotonic() + timeout
-        while self.next_seq < self.quota or self.reports_here < self.produced_here:
-            if time.monotonic() > deadline:
-                raise CampaignFailure(f"producer did not settle: {self.next_seq} of {self.quota} produced, "
-                                      f"{sum(self.delivered.values())} delivered")
-            self.producer.poll(0.1)
+        for attempt in range(4):
+            while self.next_seq < self.quota or self.reports_here < self.produced_here:
+                if time.monotonic() > deadline:
+                    raise CampaignFailure(f"producer did not settle: {self.next_seq} of {self.quota} produced, "
+                                          f"{sum(self.delivered.values())} delivered")
+                self.producer.poll(0.1)
+            if not self.failed:
+                break
+            if attempt == 3:
+                raise CampaignFailure(f"{len(self.failed)} records were not delivered by 4 producers: "
+                                      f"{self.errors[:5]}")
+            self._deliver_again()
+            deadline = time.monotonic() + timeout
         new, self.journal = self.journal, []
         return new
 
     def stop(self) -> None:
         self.stopping.set()
         self.thread.join()
+        if self.failed:
+            self.settle()
         if self.errors:
             raise CampaignFailure(f"{len(self.errors)} records were not delivered: {self.errors[:5]}")
 

@@ -748,7 +748,10 @@ class Campaign(FaultStrikes):
                     self.producer.wait_delivered_some(self.records_per_fault // 10)
                 report = self.run_iteration(index, kind)
                 self.iterations.append(report)
+                redone = len(self.producer.notes)
                 self.checkpoint()
+                for note in self.producer.notes[redone:]:
+                    progress(f"[{index}] producer: {note}")
                 progress(f"[{index}/{self.faults}] {kind} ({report.variant}): {report.outcome}; {report.landed}; "
                          f"recovered by {report.recovered_by}; checks OK; {report.produced_so_far} produced, "
                          f"{report.committed_offsets} committed, {report.seconds}s")
@@ -790,6 +793,8 @@ class Campaign(FaultStrikes):
             "elapsed_seconds": self.elapsed(),
             "sessions": self.sessions,
             "interruptions": self.interruptions,
+            # The campaign's own producer's failed deliveries, written again (the pipeline is not what failed).
+            "producer_redeliveries": self.producer.notes,
             "iterations": [asdict(it) for it in self.iterations],
         }
 
