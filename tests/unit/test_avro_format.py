@@ -95,6 +95,22 @@ def test_a_field_not_named_in_lower_case_is_read_by_a_lower_case_column_through_
                                                     {"name": "total", "type": "long"}]
 
 
+def test_a_change_events_columns_are_the_fields_of_its_row_image():
+    from kafka_ledger.formats.avro import declared_columns
+
+    value = {"type": "record", "name": "Value", "namespace": "shop.public.orders", "fields": [
+        {"name": "id", "type": "long"}, {"name": "Total", "type": ["null", "long"], "default": None}]}
+    event = {"type": "record", "name": "Envelope", "namespace": "shop.public.orders", "fields": [
+        {"name": "before", "type": ["null", value], "default": None},
+        {"name": "after", "type": ["null", "Value"], "default": None},
+        {"name": "source", "type": {"type": "record", "name": "Source", "fields": [{"name": "lsn", "type": "long"}]}},
+        {"name": "op", "type": "string"}, {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
+    assert declared_columns(json.dumps(event), "debezium") == [{"name": "id", "type": "long"},
+                                                               {"name": "total", "type": "long", "path": "Total"}]
+    with pytest.raises(ValueError, match="not a change event's schema: the reader schema has no field after"):
+        declared_columns(json.dumps(ORDER), "debezium")
+
+
 def test_a_field_no_column_type_holds_is_named():
     from kafka_ledger.formats.avro import declared_columns
 

@@ -217,6 +217,37 @@ def test_a_json_value_is_bare_by_default_or_framed_as_confluents_serializers_wri
     assert "pipelines.p.value.framing" in config_error(pipeline_yaml() + "    value: {framing: avro}\n")
 
 
+def test_change_events_go_into_an_entity_table_named_by_the_row_image():
+    entity = dict(write="upsert", key="[id]", columns="[{name: id, type: long}, {name: lsn, type: long, "
+                  "path: source.lsn}, {name: op, type: string, path: op}]")
+    events = parse_pipelines(pipeline_yaml(**entity) + "    value: {envelope: debezium}\n")["p"]
+    assert (events.value.format, events.value.envelope) == ("json", "debezium")
+    assert parse_pipelines(pipeline_yaml())["p"].value.envelope == "none"
+    assert "envelope debezium applies change events to an entity table: declare write: upsert" in config_error(
+        pipeline_yaml() + "    value: {envelope: debezium}\n")
+    of_event = pipeline_yaml(**{**entity, "key": "[lsn]"}) + "    value: {envelope: debezium}\n"
+    assert "key column(s) lsn: a change event's entity is named by its row image" in config_error(of_event)
+    avro = parse_pipelines(pipeline_yaml(**{**entity, "columns": "null"})
+                           + "    value: {format: avro, envelope: debezium}\n")["p"]
+    assert avro.columns_from_reader_schema
+
+
+def test_a_change_events_columns_read_the_row_image_unless_they_name_the_events_own_fields():
+    from kafka_ledger.formats.envelope import OP_COLUMN, DebeziumChanges
+
+    events = parse_pipelines(pipeline_yaml(write="upsert", key="[id]", columns=(
+        "[{name: id, type: long}, {name: city, type: string, path: address.city, required: true}, "
+        "{name: lsn, type: long, path: source.lsn}, {name: op, type: string, path: op}, "
+        "{name: tenant, type: string, source: 'header:tenant'}]")) + "    value: {envelope: debezium}\n")["p"]
+    read = DebeziumChanges().reading(events)
+    assert [(c.name, c.source, c.field_path, c.required) for c in read.columns] == [
+        ("id", "value", ("after", "id"), False), ("city", "value", ("after", "address", "city"), False),
+        ("lsn", "value", ("source", "lsn"), False), ("op", "value", ("op",), False),
+        ("tenant", "header:tenant", (), False), (OP_COLUMN, "value", ("op",), False),
+        ("debezium before id", "value", ("before", "id"), False)]
+    assert [c.name for c in events.columns] == ["id", "city", "lsn", "op", "tenant"]  # the declaration is unchanged
+
+
 @pytest.mark.parametrize("reserved", sorted(config.RESERVED_COLUMNS))
 def test_reserved_column_names_are_rejected(reserved):
     message = config_error(pipeline_yaml(columns=f"[{{name: ok, type: string}}, {{name: {reserved}, type: long}}]"))

@@ -80,7 +80,7 @@ def with_columns_taken(cur: ledger.Cursor, pipeline: PipelineConfig, topics: lis
         subject = pipeline.value.subject or pipeline.value.subject_of(min(topics))
         schema_id, version, reader = avro_registry.newest_reader(schema_registry().client(), subject)
         try:
-            columns = declared_columns(reader)
+            columns = declared_columns(reader, pipeline.value.envelope)
         except ValueError as exc:
             raise avro_registry.ReaderSchemaRefused(
                 f"pipeline {pipeline.name} cannot take its columns from version {version} of subject {subject}: "

@@ -235,7 +235,8 @@ def _reader_schemas(pipeline: PipelineConfig, topics: set[str], replayed: dict[s
             continue
         subject = pipeline.value.subject_of(topic)
         schema_id, version = avro_registry.newest(client, subject)
-        avro_registry.check_reader(client, pipeline.columns, subject, schema_id)
+        # The columns as the format reads them (a change event's row image is inside it: `after.id`).
+        avro_registry.check_reader(client, sink_for(pipeline).envelope.reading(pipeline).columns, subject, schema_id)
         pinned.append(ledger.ReaderSchema(topic, subject, schema_id, version, "newest"))
         log.info("topic %s: values read with version %s of subject %s (schema id %s)", topic, version, subject,
                  schema_id)

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from kafka_ledger.config.settings import SparkRuntime, deployment_settings
+from kafka_ledger.model import debezium
 from kafka_ledger.model.columns import RESERVED_COLUMNS
 from kafka_ledger.model.kinds import (
     BYTES,
@@ -225,6 +226,13 @@ class ValueSpec(BaseModel):
         description="format `avro`: the registry subject whose newest version is the reader schema when a batch is "
                     "planned, and whose versions are the writer schemas its values may carry; default "
                     "`<topic>-value` (Confluent's TopicNameStrategy)")
+    envelope: Literal["none", "debezium"] = Field(
+        default="none",
+        description="`none`: each value is a row (or, in an entity table, the entity's newest version); `debezium`: "
+                    "each value is a Debezium change event applied to an entity table (`write: upsert`): ops c, r "
+                    "and u upsert its row image `after`, d deletes its entity, the Kafka tombstone that follows a "
+                    "delete changes nothing; a column's `path` reads the row image unless it starts with one of the "
+                    "event's own fields (`op`, `source.lsn`, `ts_ms`) ([Change events](#change-events-debezium))")
 
     @model_validator(mode="after")
     def _options_of_the_format(self) -> ValueSpec:
@@ -583,6 +591,22 @@ class PipelineConfig(BaseModel):
                 raise ValueError(f"column(s) {', '.join(in_json)}: a bytes column reads an Avro bytes or fixed field, "
                                  "or a whole Kafka key or header; a JSON document's field has no bytes (declare it "
                                  "as a string)")
+        return self
+
+    @model_validator(mode="after")
+    def _change_events_change_entities(self) -> PipelineConfig:
+        if self.value.envelope != "debezium":
+            return self
+        if self.write != "upsert":
+            raise ValueError("envelope debezium applies change events to an entity table: declare write: upsert and "
+                             "key (the source table's primary key columns); to append the events as they are, "
+                             "leave the envelope out and read them by path (`after.id`, `op`)")
+        by_name = {c.name: c for c in self.columns or []}
+        of_event = [name for name in self.key if name in by_name and by_name[name].source_kind == "value"
+                    and debezium.event_path(by_name[name].field_path)[0] != debezium.ROW_IMAGE]
+        if of_event:
+            raise ValueError(f"key column(s) {', '.join(of_event)}: a change event's entity is named by its row "
+                             "image (a path inside `after`, written without `after.`), not by the event's own fields")
         return self
 
     @model_validator(mode="after")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from kafka_ledger.formats import framing, sources
 from kafka_ledger.formats.base import FieldRead, Reading, ValueFormat
+from kafka_ledger.model import debezium
 from kafka_ledger.model.kinds import DECLARABLE, ColumnKind, DecimalKind
 
 if TYPE_CHECKING:
@@ -132,13 +133,19 @@ def column_kind(avro_type: Any) -> ColumnKind | None:
                 None)
 
 
-def declared_columns(reader: str) -> list[dict[str, str]]:
-    """A `columns:` declaration of every top-level field of a reader schema, each of the column type that holds it
-    (`column_kind`), named by the field in lower case (with the field as its `path` when that differs); ValueError
-    naming each field no column type holds."""
+def declared_columns(reader: str, envelope: str = "none") -> list[dict[str, str]]:
+    """A `columns:` declaration of every top-level field of a reader schema (of a change event's, `envelope:
+    debezium`: every field of its row image), each of the column type that holds it (`column_kind`), named by the
+    field in lower case (with the field as its `path` when that differs); ValueError naming each field no column
+    type holds."""
     schema = json.loads(reader)
     names: dict[str, Any] = {}
     _named_types(schema, names)
+    if envelope == "debezium":
+        try:
+            schema = field_type(reader, (debezium.ROW_IMAGE,))
+        except KeyError as exc:
+            raise ValueError(f"not a change event's schema: {exc.args[0]}") from None
     columns, problems = [], []
     for member in schema.get("fields", []):
         avro_type = _resolved(_without_null(member["type"]), names)

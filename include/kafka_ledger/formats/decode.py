@@ -53,25 +53,28 @@ def decode_records(records: DataFrame, pipeline: PipelineConfig, envelope: Envel
 
     fmt = fmt or value_format(pipeline)
     keep = _KEPT + (["headers"] if pipeline.reads_headers else [])
-    frame = fmt.parse(records, pipeline, keep)
-    reading = fmt.read(pipeline)
+    read_as = envelope.reading(pipeline)
+    frame = fmt.parse(records, read_as, keep)
+    reading = fmt.read(read_as)
+    values = {read.column.name: read.value for read in reading.fields}
     column_problems = [problem for read in reading.fields
                        for problem in (*read.problems, *validate.value_problems(read))]
     required = [check for read in reading.fields if (check := validate.required(read)) is not None]
-    unexpected = [validate.unexpected_fields(reading.unexpected)] if reading.unexpected is not None else []
+    found = envelope.unexpected(reading.unexpected) if reading.unexpected is not None else None
+    unexpected = [validate.unexpected_fields(found)] if found is not None else []
     reason = F.coalesce(*reading.first, *column_problems, *required, *unexpected, *reading.last)
     if lean:
-        cheap = [*envelope.cheap_ok(), *reading.cheap_ok]
+        cheap = [*envelope.cheap_ok(pipeline, values), *reading.cheap_ok]
         for read in reading.fields:
             cheap.append(read.cheap_ok if read.cheap_ok is not None else _all([p.isNull() for p in read.problems]))
             cheap += [p.isNull() for p in validate.value_problems(read)]
             if read.column.required:
                 cheap.append(read.value.isNotNull())
-        if reading.unexpected is not None:
-            cheap.append(validate.no_unexpected_fields(reading.unexpected))
+        if found is not None:
+            cheap.append(validate.no_unexpected_fields(found))
         # A record passing every cheap check has no reason: `reason` is worked out for the others only.
         reason = F.when(~_all(cheap), reason)
-    enveloped = envelope.apply(pipeline, reason, {read.column.name: read.value for read in reading.fields})
+    enveloped = envelope.apply(pipeline, reason, values)
     return frame.select(
         F.col("topic").alias("kafka_topic"),
         F.col("partition").alias("kafka_partition"),

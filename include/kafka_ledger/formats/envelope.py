@@ -2,7 +2,7 @@
 
 The envelope is the sink's to choose (sinks/): an append table takes every record as a row, and a record with no
 value (a tombstone) is a dead letter; an entity table (write: upsert) takes a tombstone as the deletion of the entity
-its Kafka key names.
+its Kafka key names, or, with `envelope: debezium`, each value as a Debezium change event (model/debezium.py).
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kafka_ledger.model import debezium
 from kafka_ledger.model.columns import TOMBSTONE
-from kafka_ledger.model.kinds import StringKind
+from kafka_ledger.model.kinds import STRING, StringKind
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
-    from kafka_ledger.config.pipeline import PipelineConfig
+    from kafka_ledger.config.pipeline import ColumnSpec, PipelineConfig
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,21 @@ class Envelope(ABC):
     """How records become rows."""
 
     @abstractmethod
-    def cheap_ok(self) -> list[Column]:
-        """Cheap expressions that, all true, prove the envelope adds no reason of its own."""
+    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column]) -> list[Column]:
+        """Cheap expressions that, all true, prove the envelope adds no reason of its own (`values`: the columns of
+        `reading(pipeline)` as the format read them)."""
+
+    def reading(self, pipeline: PipelineConfig) -> PipelineConfig:
+        """The pipeline as the format reads the records: its own columns, unless the envelope moves or adds some."""
+        return pipeline
 
     @abstractmethod
     def apply(self, pipeline: PipelineConfig, error: Column, values: dict[str, Column]) -> Enveloped:
         """The record's reason (given the format's and the checks' `error`) and its values, for the output."""
+
+    def unexpected(self, found: Column) -> Column:
+        """Of the fields no column reads (sorted paths), those that make a record a dead letter."""
+        return found
 
     @property
     def extra_columns(self) -> list[str]:
@@ -49,7 +59,7 @@ class Envelope(ABC):
 class AppendRecords(Envelope):
     """Every record is a row; a record without a value (a tombstone) is a dead letter."""
 
-    def cheap_ok(self) -> list[Column]:
+    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column]) -> list[Column]:
         from pyspark.sql import functions as F
 
         return [F.col("value").isNotNull()]
@@ -66,7 +76,7 @@ class KeyedChanges(Envelope):
     and Debezium write keys) or, for a single key column, that column's value as text; a key column read from the
     Kafka key itself (`source: key`) has its value either way."""
 
-    def cheap_ok(self) -> list[Column]:
+    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column]) -> list[Column]:
         from pyspark.sql import functions as F
 
         return [F.col("value").isNotNull()]
@@ -104,3 +114,97 @@ class KeyedChanges(Envelope):
         keyed = {name: F.when(tombstone, named.get(name, values[name] if name in pipeline.key else F.lit(None)))
                  .otherwise(column) for name, column in values.items()}
         return Enveloped(F.when(tombstone, problem).otherwise(error), keyed, [tombstone.alias(TOMBSTONE.name)])
+
+
+# The columns a change event's reading adds (names no declared column can take: not identifiers).
+OP_COLUMN = "debezium op"
+
+
+def _old_key_column(column: ColumnSpec) -> str:
+    return f"debezium before {column.name}"
+
+
+class DebeziumChanges(Envelope):
+    """Every value is a Debezium change event (model/debezium.py) of the entity its key columns name: ops c, r and u
+    upsert the row image (`after`), d deletes the entity, its key from the old row image (`before`) or from the
+    Kafka key or a header where a key column reads those. The Kafka tombstone Debezium writes after a delete
+    changes nothing (the delete did it): a published row with no key, which the merge passes over. Any other event
+    (t, a truncate; an unknown op; no op at all) is a dead letter saying why, never applied."""
+
+    def reading(self, pipeline: PipelineConfig) -> PipelineConfig:
+        """Value columns read at their event path; none required there (a delete has no row image: the required
+        fields are checked for upserts, in `apply`); and the hidden columns: the op, and each value key column's
+        field in the old row image."""
+        moved = [c.model_copy(update={"required": False, **({"path": ".".join(debezium.event_path(c.field_path))}
+                                                             if c.source_kind == "value" else {})})
+                 for c in pipeline.columns]
+        op = moved[0].model_copy(update={"name": OP_COLUMN, "type": STRING, "source": "value",
+                                         "path": debezium.OP_FIELD, "formats": None, "years": None})
+        old_keys = [c.model_copy(update={"name": _old_key_column(c), "required": False,
+                                         "path": ".".join(debezium.old_row_path(c.field_path))})
+                    for c in pipeline.key_columns if c.source_kind == "value"]
+        return pipeline.model_copy(update={"columns": [*moved, op, *old_keys]})
+
+    @staticmethod
+    def _keys(pipeline: PipelineConfig, values: dict[str, Column]) -> dict[str, Column]:
+        """A delete's key columns: from the old row image, or as read where the column reads the key or a header."""
+        return {c.name: values[_old_key_column(c)] if c.source_kind == "value" else values[c.name]
+                for c in pipeline.key_columns}
+
+    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column]) -> list[Column]:
+        from pyspark.sql import functions as F
+
+        op = values[OP_COLUMN]
+        upsert = op.isin(*debezium.UPSERT_OPS)
+        for c in pipeline.columns:
+            if c.required:
+                upsert = upsert & values[c.name].isNotNull()
+        delete = op == F.lit(debezium.DELETE_OP)
+        for key in self._keys(pipeline, values).values():
+            delete = delete & key.isNotNull()
+        return [F.col("value").isNotNull(), F.coalesce(upsert | delete, F.lit(False))]
+
+    def apply(self, pipeline: PipelineConfig, error: Column, values: dict[str, Column]) -> Enveloped:
+        from pyspark.sql import functions as F
+
+        op = values[OP_COLUMN]
+        no_value = F.col("value").isNull()
+        upsert = F.coalesce(op.isin(*debezium.UPSERT_OPS), F.lit(False))
+        delete = F.coalesce(op == F.lit(debezium.DELETE_OP), F.lit(False))
+        event = pipeline.value.envelope
+        op_problem = (
+            F.when(op.isNull(), F.lit(f"not a change event: no op (envelope {event}; a row already unwrapped, e.g. "
+                                      "by ExtractNewRecordState, needs no envelope)"))
+            .when(op == F.lit(debezium.TRUNCATE_OP), F.lit("truncate event (op t): not applied to an entity table "
+                                                           "(delete its rows deliberately, e.g. with a reset)"))
+            .when(~upsert & ~delete, F.concat(F.lit("unknown op '"), op, F.lit("' (a change event's op is c, r, u "
+                                                                                 "or d)"))))
+        moved = {c.name: c for c in self.reading(pipeline).columns}
+        required = [F.when(upsert & values[c.name].isNull(), F.lit(moved[c.name].required_reason))
+                    for c in pipeline.columns if c.required]
+        keys = self._keys(pipeline, values)
+        where = {c.name: (moved[_old_key_column(c)] if c.source_kind == "value" else c).label
+                 for c in pipeline.key_columns}
+        missing = [F.when(delete & keys[name].isNull(), F.lit(
+            f"delete event (op d) without its key: {where[name]} is null (the source table's REPLICA IDENTITY "
+            "must hold the key)")) for name in pipeline.key]
+        reason = F.when(no_value, F.lit(None).cast("string")).otherwise(F.coalesce(error, op_problem, *required,
+                                                                                     *missing))
+        changed = {}
+        for c in pipeline.columns:
+            row_value = values[c.name]
+            old = keys.get(c.name, F.lit(None).cast(c.type.spark_type()))
+            changed[c.name] = F.when(no_value, F.lit(None).cast(c.type.spark_type())).when(delete, old).otherwise(
+                row_value)
+        return Enveloped(reason, changed, [(no_value | delete).alias(TOMBSTONE.name)])
+
+    @property
+    def extra_columns(self) -> list[str]:
+        return [TOMBSTONE.name]
+
+    def unexpected(self, found: Column) -> Column:
+        """Only the row image's fields: the event's own (`source`, `ts_ms`, ...) and the old row image are not
+        the entity's."""
+        from pyspark.sql import functions as F
+
+        return F.filter(found, lambda path: path.startswith(f"{debezium.ROW_IMAGE}."))

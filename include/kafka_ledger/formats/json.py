@@ -28,8 +28,11 @@ if TYPE_CHECKING:
     from kafka_ledger.config.pipeline import ColumnSpec, PipelineConfig
 
 CORRUPT_COLUMN = "_corrupt_record"
-# The document of a framed value (`framing: confluent`): the value's bytes after the frame, NULL when not framed.
-UNFRAMED_VALUE = "unframed value"
+# The value's document when it is not the value as it is: after the frame (`framing: confluent`; NULL when not
+# framed), and a change event's inside the JsonConverter's wrapper (`envelope: debezium`).
+VALUE_DOCUMENT = "value document"
+# Kafka Connect's JsonConverter with schemas enabled wraps each value: {"schema": {...}, "payload": <the value>}.
+_WRAPPED = r'^\s*\{\s*"schema"\s*:'
 FRAMED_LIKE_CONFLUENT = ("malformed JSON (the value starts like Confluent's wire format, a magic byte 0 and a schema "
                          "id: declare `framing: confluent`)")
 # Jackson, Spark's JSON parser, refuses documents nested deeper than this.
@@ -102,11 +105,29 @@ class _Document:
         return T.StructType([*top.fields, T.StructField(CORRUPT_COLUMN, T.StringType())])
 
 
-def _raw(source: str, framed: bool = False) -> Column:
-    """A document's bytes: the value (what follows the frame when `framed`), the key, or a header."""
+def _raw(source: str, pipeline: PipelineConfig) -> Column:
+    """A document's bytes: the value's document (VALUE_DOCUMENT when it is not the value itself), the key, or a
+    header."""
     from pyspark.sql import functions as F
 
-    return F.col(UNFRAMED_VALUE) if source == "value" and framed else sources.source_bytes(source)
+    return F.col(VALUE_DOCUMENT) if source == "value" and _has_document(pipeline) else sources.source_bytes(source)
+
+
+def _has_document(pipeline: PipelineConfig) -> bool:
+    return _framed(pipeline) or pipeline.value.envelope == "debezium"
+
+
+def _value_document(pipeline: PipelineConfig) -> Column:
+    """The value's document: after the frame when framed; a change event's payload when the JsonConverter wrapped
+    it (a document starting with a `schema` field, then holding a `payload`)."""
+    from pyspark.sql import functions as F
+
+    document = framing.payload(F.col("value")) if _framed(pipeline) else F.col("value")
+    if pipeline.value.envelope != "debezium":
+        return document
+    text = document.cast("string")
+    payload = F.when(text.rlike(_WRAPPED), F.get_json_object(text, "$.payload").cast("binary"))
+    return F.coalesce(payload, document)
 
 
 def _prefixed(prefix: str) -> Callable[[Column], Column]:
@@ -140,15 +161,14 @@ class JsonFormat(ValueFormat):
         from pyspark.sql import functions as F
 
         documents = self._documents(pipeline)
-        framed = _framed(pipeline)
-        if framed:
-            records = records.withColumn(UNFRAMED_VALUE, framing.payload(F.col("value")))
-            keep = [*keep, UNFRAMED_VALUE]
+        if _has_document(pipeline):
+            records = records.withColumn(VALUE_DOCUMENT, _value_document(pipeline))
+            keep = [*keep, VALUE_DOCUMENT]
         parsed = records.select(*keep, *[
-            F.from_json(_raw(d.source, framed).cast("string"), d.schema(),
+            F.from_json(_raw(d.source, pipeline).cast("string"), d.schema(),
                         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}).alias(d.parsed)
             for d in documents], *[
-            F.try_parse_json(_raw(d.source, framed).cast("string")).alias(d.variant)
+            F.try_parse_json(_raw(d.source, pipeline).cast("string")).alias(d.variant)
             for d in documents if d.needs_variant])
         timestamps = [(d, c) for d in documents for c in d.columns if isinstance(c.type, TimestampKind)]
         if timestamps:
@@ -176,7 +196,7 @@ class JsonFormat(ValueFormat):
         cheap: list[Column] = []
         reads: dict[str, FieldRead] = {}
         for document in documents:
-            raw = _raw(document.source, framed)
+            raw = _raw(document.source, pipeline)
             text = raw.cast("string")
             parsed = F.col(document.parsed)
             if document.is_value:
@@ -214,7 +234,7 @@ class JsonFormat(ValueFormat):
         for column in pipeline.columns:
             if not column.field_path:
                 reads[column.name] = sources.whole_source(column)
-        unexpected = self._unexpected(documents[0], framed) if pipeline.extra_fields == "dead_letter" else None
+        unexpected = self._unexpected(documents[0], pipeline) if pipeline.extra_fields == "dead_letter" else None
         return Reading(first, [reads[c.name] for c in pipeline.columns], last, cheap, unexpected)
 
     def _field(self, document: _Document, column: ColumnSpec, text: Column) -> FieldRead:
@@ -258,12 +278,12 @@ class JsonFormat(ValueFormat):
         return FieldRead(column, token, problems, cheap_ok)
 
     @staticmethod
-    def _unexpected(value: _Document, framed: bool) -> Column:
+    def _unexpected(value: _Document, pipeline: PipelineConfig) -> Column:
         """The value's fields no column reads, as sorted paths: at its top level, and inside every object a declared
         path goes through."""
         from pyspark.sql import functions as F
 
-        text = _raw("value", framed).cast("string")
+        text = _raw("value", pipeline).cast("string")
         declared: dict[tuple[str, ...], set[str]] = {(): set()}
         for column in value.columns:
             for depth in range(len(column.field_path)):

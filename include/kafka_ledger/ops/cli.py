@@ -388,10 +388,11 @@ def cmd_kafka(args: argparse.Namespace) -> int:
 def cmd_columns(args: argparse.Namespace) -> int:
     schema_id, version, reader = avro_registry.newest_reader(settings.schema_registry().client(), args.subject)
     try:
-        columns = declared_columns(reader)
+        columns = declared_columns(reader, args.envelope)
     except ValueError as exc:
         raise avro_registry.ReaderSchemaRefused(f"version {version} of subject {args.subject}: {exc}") from None
-    lines = [f"# every top-level field of subject {args.subject}, version {version} (schema id {schema_id})",
+    fields = "every field of the row image (after)" if args.envelope == "debezium" else "every top-level field"
+    lines = [f"# {fields} of subject {args.subject}, version {version} (schema id {schema_id})",
              "columns:", *("  - {" + ", ".join(f"{k}: {json.dumps(v) if k == 'type' else v}" for k, v in c.items())
                            + "}" for c in columns)]
     _emit(args, {"subject": args.subject, "version": version, "schema_id": schema_id, "columns": columns},
@@ -520,6 +521,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "read nested ones by `path`, add `required`. A field no column type holds (a union of several types, "
                 "a local timestamp) is refused by name.")
     p.add_argument("subject", help="e.g. orders-value")
+    p.add_argument("--envelope", choices=["none", "debezium"], default="none",
+                   help="debezium: the subject holds change events; declare the fields of their row image (after)")
     p.set_defaults(run=cmd_columns)
 
     p = command("warm-up", "warm a freshly started Spark Connect server up: run a made-up batch's decode and transfer "

@@ -61,11 +61,13 @@ class Sink(ABC):
     # Whether a rewrite stamps its artifact through its Spark session's settings (Iceberg's MERGE takes no write
     # options), so that it needs a session no other batch of the pipeline uses meanwhile.
     rewrites_stamp_the_session: ClassVar[bool] = False
-    # What the sink makes of records (a row each, or changes to entities).
-    envelope: ClassVar[Envelope] = AppendRecords()
-
     def __init__(self, pipeline: PipelineConfig):
         self.pipeline = pipeline
+
+    @property
+    def envelope(self) -> Envelope:
+        """What the sink makes of records (a row each, or changes to entities)."""
+        return AppendRecords()
 
     @property
     @abstractmethod

@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable, Iterator
-from typing import IO, ClassVar
+from typing import IO
 
 from psycopg2.extensions import connection
 
 from kafka_ledger.config.pipeline import ConfigError, PipelineConfig
-from kafka_ledger.formats.envelope import Envelope, KeyedChanges
+from kafka_ledger.formats.envelope import DebeziumChanges, Envelope, KeyedChanges
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ledger import sql as ledger_sql
 from kafka_ledger.ledger.db import Cursor
@@ -137,14 +137,17 @@ class PostgresSink(TransactionalSink):
 
 
 class PostgresEntitySink(PostgresSink):
-    """An entity table (write: upsert): one row per key, the newest record by Kafka order; a tombstone deletes its key.
+    """An entity table (write: upsert): one row per key, the newest record by Kafka order; a tombstone deletes its key
+    (with `envelope: debezium`, each record is a change event: formats/envelope.DebeziumChanges).
 
     A batch's rows go into a temporary table first and are merged from there (sql.merge_entities), in the commit's
     transaction. A rewrite (replay, window, backfill) removes nothing: the merge keeps whichever record is newer,
     so an older range read again never moves an entity backwards.
     """
 
-    envelope: ClassVar[Envelope] = KeyedChanges()
+    @property
+    def envelope(self) -> Envelope:
+        return DebeziumChanges() if self.pipeline.value.envelope == "debezium" else KeyedChanges()
 
     def describe(self) -> str:
         return f"one row per {', '.join(self.pipeline.key)}"

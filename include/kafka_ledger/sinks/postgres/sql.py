@@ -166,7 +166,8 @@ def merge_entities(pipeline: PipelineConfig) -> list[tuple[str, sql.Composed]]:
     """The statements that merge a batch's incoming rows into an entity table, in order, each named by what its row
     count says: the newest incoming row per key (in a partition the highest offset; across partitions the rule of
     kafka_ledger.supersedes), then rows upserted and tombstones recorded where they supersede what the table and the
-    tombstones hold. An older record never replaces a newer one, whatever order batches commit in."""
+    tombstones hold. An older record never replaces a newer one, whatever order batches commit in. A row without
+    its key changes nothing (a Debezium delete's Kafka tombstone: formats/envelope.DebeziumChanges)."""
     key = _key(pipeline)
     values = [sql.Identifier(c.name) for c in pipeline.columns] + [sql.Identifier(name)
                                                                     for name in names(OUTPUT_TRAILER)]
@@ -187,6 +188,7 @@ def merge_entities(pipeline: PipelineConfig) -> list[tuple[str, sql.Composed]]:
             CREATE TEMP TABLE {newest} ON COMMIT DROP AS
             SELECT DISTINCT ON ({key}) * FROM (
                 SELECT DISTINCT ON ({key}, kafka_topic, kafka_partition) * FROM {incoming}
+                WHERE ({key}) IS NOT NULL
                 ORDER BY {key}, kafka_topic, kafka_partition, kafka_offset DESC) AS newest_per_partition
             ORDER BY {key}, coalesce(kafka_timestamp, '-infinity') DESC, kafka_topic DESC, kafka_partition DESC
             """)),
