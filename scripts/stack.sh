@@ -24,6 +24,8 @@
 #   scripts/stack.sh proxies | stop-proxies   Toxiproxy in front of Kafka, Postgres, Spark Connect and the schema registry (built with
 #                               `go install` the first time): the fault campaign's network faults
 #   scripts/stack.sh restart-schema-registry | kill-schema-registry   the schema registry's restart; its SIGKILL
+#   scripts/stack.sh kafka-connect | stop-kafka-connect   Kafka Connect with Debezium's PostgreSQL connector on
+#                               loopback (KL_KAFKA_CONNECT_PORT): change data capture from the stack's `cdc` database
 #   scripts/stack.sh ctl ...    supervisorctl on the stack's supervisord (e.g. `ctl status`, `ctl tail -f kafka`)
 #
 # A stack lives under $KL_STATE (.stack/ by default): data, logs, supervisord's socket. What set-up downloads and
@@ -47,7 +49,7 @@ die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
 # A stamp records the hash of the inputs of a step, so a second run skips work that is already done: with the
 # cache for what every stack of the clone shares (a second stack installs nothing), with the stack for the rest.
 stamp_file() {
-  case $1 in python|kafka-libs|spark-jars|schema-registry|toxiproxy) echo "$KL_CACHE/stamps/$1" ;; *) echo "$STAMPS/$1" ;; esac
+  case $1 in python|kafka-libs|spark-jars|schema-registry|kafka-connect|toxiproxy) echo "$KL_CACHE/stamps/$1" ;; *) echo "$STAMPS/$1" ;; esac
 }
 stamp_ok() { [ -f "$(stamp_file "$1")" ] && [ "$(cat "$(stamp_file "$1")")" = "$2" ]; }
 stamp_set() { printf '%s' "$2" >"$(stamp_file "$1")"; }
@@ -90,7 +92,7 @@ CONF
 }
 
 # A service's console log (Kafka's own log4j log is kafka.log beside it).
-program_log() { case $1 in kafka) echo "$LOGS/kafka.out" ;; *) echo "$LOGS/$1.log" ;; esac; }
+program_log() { case $1 in kafka|kafka-connect) echo "$LOGS/$1.out" ;; *) echo "$LOGS/$1.log" ;; esac; }
 
 # A service's program section. Never restarted behind our back: a crash stays visible (and the fault
 # campaign's kills stay kills) until a verb of this script starts it again. Stopping signals its whole
@@ -231,7 +233,21 @@ install_schema_registry() {
   stamp_set schema-registry "$key"
 }
 
-install() { install_os_packages; install_python; install_jars; install_schema_registry; }
+# Kafka Connect's worker and, on its plugin path, Debezium's PostgreSQL connector.
+KAFKA_CONNECT_LIBS=$KL_CACHE/kafka-connect
+DEBEZIUM_PLUGINS=$KL_CACHE/debezium
+
+install_kafka_connect() {
+  local key; key=$(hash_files "$KL_HOME/stack/maven/kafka-connect/pom.xml" "$KL_HOME/stack/maven/debezium/pom.xml")
+  stamp_ok kafka-connect "$key" && return
+  say "resolving Kafka Connect and Debezium's PostgreSQL connector from Maven Central"
+  rm -rf "$KAFKA_CONNECT_LIBS" "$DEBEZIUM_PLUGINS"
+  mvn_copy "$KL_HOME/stack/maven/kafka-connect" "$KAFKA_CONNECT_LIBS"
+  mvn_copy "$KL_HOME/stack/maven/debezium" "$DEBEZIUM_PLUGINS/debezium-connector-postgres"
+  stamp_set kafka-connect "$key"
+}
+
+install() { install_os_packages; install_python; install_jars; install_schema_registry; install_kafka_connect; }
 
 # Headless Chromium and its WebDriver, Debian's packages (the same version), for the ledger page's browser test.
 install_browser() {
@@ -267,7 +283,12 @@ start_postgres() {
       psql_super -d postgres -c "SELECT pg_reload_conf()" >/dev/null
       say "postgres: access rules (pg_hba.conf) reloaded"
     fi
-    say "postgres: already running on 127.0.0.1:$KL_PG_PORT"; return
+    # A cluster started before change data capture came: restarted once with its new settings (wal_level).
+    if [ "$(psql_super -d postgres -tAc "SHOW wal_level" 2>/dev/null)" = logical ]; then
+      say "postgres: already running on 127.0.0.1:$KL_PG_PORT"; return
+    fi
+    say "postgres: restarting with wal_level=logical (Debezium's change data capture needs it)"
+    stop_service postgres postgres
   fi
   pg_ready && die "port $KL_PG_PORT is taken by another Postgres (not this stack's): stop it or set KL_PG_PORT"
   make_tls
@@ -280,7 +301,7 @@ start_postgres() {
   # The postmaster in the foreground, as the postgres user when we are root (it refuses to run as root);
   # SIGINT is its fast shutdown: sessions end, committed work is on disk. To the postmaster alone: the signal
   # means other things to its backends.
-  write_program postgres 10 INT 60 false "$bin/postgres -D $PG_DATA -c listen_addresses=127.0.0.1 -p $KL_PG_PORT -c unix_socket_directories='' -c max_connections=200 -c shared_buffers=256MB -c fsync=on -c ssl=on -c ssl_cert_file=$PG_DIR/server.pem -c ssl_key_file=$PG_DIR/server.key -c hba_file=$PG_DIR/pg_hba.conf" \
+  write_program postgres 10 INT 60 false "$bin/postgres -D $PG_DATA -c listen_addresses=127.0.0.1 -p $KL_PG_PORT -c unix_socket_directories='' -c max_connections=200 -c shared_buffers=256MB -c wal_level=logical -c fsync=on -c ssl=on -c ssl_cert_file=$PG_DIR/server.pem -c ssl_key_file=$PG_DIR/server.key -c hba_file=$PG_DIR/pg_hba.conf" \
     "directory=/$( [ "$(id -u)" = 0 ] && printf '\nuser=postgres' )"
   apply_programs
   start_and_await postgres postgres 60 pg_ready
@@ -303,19 +324,22 @@ create_databases() {
   fi
   # airflow_test: the metadata DB of the dedicated Airflow that tests/integration/test_airflow_rest.py starts.
   # lake: Iceberg's JDBC catalog of the lake (its tables' metadata pointers; the data files are in KL_LAKE_DIR).
-  say "creating roles and databases (kafka_ledger, airflow, airflow_test, lake)"
+  # cdc: the source database Debezium captures (the CDC demo's and tests' tables); its role may replicate.
+  say "creating roles and databases (kafka_ledger, airflow, airflow_test, lake, cdc)"
   local name password
-  for name in kafka_ledger airflow airflow_test lake; do
+  for name in kafka_ledger airflow airflow_test lake cdc; do
     case $name in
       kafka_ledger) password=$KL_PG_LEDGER_PASSWORD ;;
       airflow) password=$KL_PG_AIRFLOW_PASSWORD ;;
       airflow_test) password=$KL_PG_AIRFLOW_TEST_PASSWORD ;;
       lake) password=$KL_PG_LAKE_PASSWORD ;;
+      cdc) password=$KL_PG_CDC_PASSWORD ;;
     esac
     psql_super -d postgres <<SQL
 DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$name') THEN CREATE ROLE $name LOGIN; END IF; END \$\$;
 ALTER ROLE $name PASSWORD '$password';
 SQL
+    [ "$name" = cdc ] && psql_super -d postgres -c "ALTER ROLE cdc REPLICATION"
     psql_super -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$name'" | grep -q 1 \
       || psql_super -d postgres -c "CREATE DATABASE $name OWNER $name"
   done
@@ -471,6 +495,32 @@ environment=REGISTRY_DATASOURCE_URL=\"jdbc:h2:file:$KL_STATE/schema-registry/reg
   say "schema registry: $LOCAL_SCHEMA_REGISTRY (pid $(service_pid schema-registry), schemas in $KL_STATE/schema-registry, log $LOGS/schema-registry.log)"
 }
 
+# --- Kafka Connect with Debezium (change data capture from the stack's Postgres) ----------------------------------
+KAFKA_CONNECT_DIR=$KL_STATE/kafka-connect
+LOCAL_KAFKA_CONNECT=http://127.0.0.1:$KL_KAFKA_CONNECT_PORT
+
+# A standalone worker (its connectors' offsets in a file of the stack's state) writing to the local broker, its REST
+# API on loopback. The source database's password is in a file only we may read, which the worker's FileConfigProvider
+# reads when a connector's config says `${file:<that file>:password}`: the connector's config, as the REST API shows
+# it and the worker logs it, holds that reference, never the password.
+start_kafka_connect() {
+  [ "$KL_LOCAL_KAFKA" = 1 ] && [ "$KL_LOCAL_POSTGRES" = 1 ] \
+    || die "kafka connect: the local stack's Kafka and Postgres only (Debezium captures its cdc database)"
+  compgen -G "$KAFKA_CONNECT_LIBS/connect-runtime-*.jar" >/dev/null || die "no Kafka Connect in $KAFKA_CONNECT_LIBS: run scripts/stack.sh install"
+  mkdir -p "$KAFKA_CONNECT_DIR"; chmod 700 "$KAFKA_CONNECT_DIR"
+  (umask 077; printf 'password=%s\n' "$KL_PG_CDC_PASSWORD" >"$KAFKA_CONNECT_DIR/source-db.properties")
+  sed -e "s#@KAFKA@#$LOCAL_KAFKA#g" -e "s#@PORT@#$KL_KAFKA_CONNECT_PORT#g" -e "s#@STATE@#$KAFKA_CONNECT_DIR#g" \
+      -e "s#@PLUGINS@#$DEBEZIUM_PLUGINS#g" "$KL_HOME/stack/kafka-connect/worker.properties" >"$KAFKA_CONNECT_DIR/worker.properties"
+  write_program kafka-connect 25 TERM 60 true "java -Xms128m -Xmx512m -XX:+UseSerialGC -cp $KAFKA_CONNECT_LIBS/* \
+-Dlog4j2.configurationFile=$KL_HOME/stack/kafka-connect/log4j2.properties -Dkafka.logs.dir=$LOGS \
+org.apache.kafka.connect.cli.ConnectStandalone $KAFKA_CONNECT_DIR/worker.properties"
+  apply_programs
+  if running kafka-connect; then say "kafka connect: already running (pid $(service_pid kafka-connect))"; return; fi
+  port_open "$KL_KAFKA_CONNECT_PORT" && die "port $KL_KAFKA_CONNECT_PORT is taken (another Kafka Connect?): stop it or set KL_KAFKA_CONNECT_PORT"
+  start_and_await kafka-connect "Kafka Connect" 120 curl -sf -o /dev/null "$LOCAL_KAFKA_CONNECT/connector-plugins"
+  say "kafka connect: $LOCAL_KAFKA_CONNECT, Debezium's PostgreSQL connector on its plugin path (pid $(service_pid kafka-connect), log $LOGS/kafka-connect.log)"
+}
+
 # --- Toxiproxy (the fault campaign's network faults) ----------------------------------------------------
 TOXIPROXY_VERSION=v2.5.0
 TOXIPROXY=$KL_CACHE/bin/toxiproxy-server
@@ -620,6 +670,7 @@ status() {
   line spark-master "$KL_SPARK_CLUSTER_MASTER  (scripts/stack.sh cluster)"
   line spark-worker "$KL_SPARK_WORKER_CORES cores, $KL_SPARK_WORKER_MEMORY"
   line schema-registry "$LOCAL_SCHEMA_REGISTRY  log $LOGS/schema-registry.log"
+  line kafka-connect "$LOCAL_KAFKA_CONNECT  (scripts/stack.sh kafka-connect)  log $LOGS/kafka-connect.log"
   line airflow "http://127.0.0.1:$KL_AIRFLOW_PORT  log $LOGS/airflow.log"
   line toxiproxy "API 127.0.0.1:$KL_TOXIPROXY_PORT  (scripts/stack.sh proxies)"
 }
@@ -651,10 +702,12 @@ case "${1:-}" in
   cluster) ensure_supervisord; start_cluster ;;
   stop-cluster) ensure_supervisord; stop_service spark-worker "spark worker"; stop_service spark-master "spark master" ;;
   kill-spark-worker) ensure_supervisord; kill_service spark-worker "spark worker" ;;
+  kafka-connect) ensure_supervisord; start_kafka_connect ;;
+  stop-kafka-connect) ensure_supervisord; stop_service kafka-connect "kafka connect" ;;
   proxies) ensure_supervisord; start_proxies ;;
   stop-proxies) ensure_supervisord; stop_service toxiproxy toxiproxy ;;
   stop) stop_all ;;
   status) status ;;
   ctl) shift; sctl "$@" ;;
-  *) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -20,6 +20,7 @@ pytest.register_assert_rewrite("integration_support")
 
 from integration_support import (  # noqa: E402
     AVRO_COLUMNS,
+    CDC_COLUMNS,
     COLUMNS,
     LAKE_NAMESPACE,
     RICH_COLUMNS,
@@ -175,6 +176,13 @@ PIPELINES = {
              "max_records_per_partition": 7}
        for key, runtime in (("entity_connect", "connect"), ("entity_submit", "submit"),
                             ("entity_compacted", "connect"), ("entity_merge", "connect"))},
+    # Debezium's change events of a source table into an entity table, in each runtime (test_debezium.py); the
+    # topic is Debezium's: <topic prefix>.<schema>.<table>.
+    **{f"cdc_{runtime}": {"spark_runtime": runtime, "retries": 0, "write": "upsert", "key": ["id"],
+                          "value": {"format": "json", "envelope": "debezium"}, "columns": CDC_COLUMNS,
+                          "topics": [f"{topic_name(f'cdc_{runtime}')}.public.customers_{runtime}"],
+                          "max_records_per_partition": 40}
+       for runtime in ("connect", "submit")},
     # The mirror's failures and verify's report of a mirror that differs (test_consumer_group_mirror.py).
     "mirror": {"spark_runtime": "connect", "retries": 0, "mirror_consumer_group": f"kafka-ledger.it-{RUN}-mirror"},
     # Over the broker's SASL_SSL listener, in each Spark runtime (test_secured_kafka.py).

@@ -60,6 +60,17 @@ def finish(task: launcher.ForkedTask, timeout: float = 300) -> tuple[int, str, s
     return task.returncode, out, err
 
 
+# The columns of the change-data-capture pipelines (test_debezium.py): the source table's, and two of the events' own.
+CDC_COLUMNS = [
+    {"name": "id", "type": "long"},
+    {"name": "email", "type": "string", "required": True},
+    {"name": "city", "type": "string"},
+    {"name": "balance", "type": "decimal(12,2)"},
+    {"name": "updated_at", "type": "timestamp"},
+    {"name": "source_lsn", "type": "long", "path": "source.lsn"},
+    {"name": "op", "type": "string", "path": "op"},
+]
+
 # The columns of the Avro pipelines (test_avro.py): every kind an Avro field maps to, a nested path, the Kafka key.
 AVRO_COLUMNS = [
     {"name": "order_id", "type": "string", "required": True},

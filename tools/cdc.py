@@ -1,0 +1,257 @@
+"""Change data capture on the local stack: the source database Debezium captures (the stack's `cdc` database), and
+Debezium's PostgreSQL connector on the stack's Kafka Connect worker, registered and removed through its REST API."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tools.stack import stack_command
+
+CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
+
+
+def _env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise RuntimeError(f"{name} is not set: source scripts/env.sh first")
+    return value
+
+
+def source_dsn() -> str:
+    """The source database as its own role sees it (over TLS, as the stack's Postgres requires of it)."""
+    return (f"host=127.0.0.1 port={_env('KL_PG_PORT')} dbname=cdc user=cdc password={_env('KL_PG_CDC_PASSWORD')} "
+            f"sslmode=verify-full sslrootcert={_env('KL_TLS_DIR')}/ca.pem")
+
+
+def worker_url() -> str:
+    return f"http://127.0.0.1:{_env('KL_KAFKA_CONNECT_PORT')}"
+
+
+def start_worker() -> None:
+    """Start the stack's Kafka Connect worker unless it runs (scripts/stack.sh kafka-connect)."""
+    stack_command("kafka-connect")
+
+
+def _password_file() -> Path:
+    """The file the worker's FileConfigProvider reads the source database's password from (scripts/stack.sh)."""
+    return Path(_env("KL_STATE")) / "kafka-connect" / "source-db.properties"
+
+
+def _request(method: str, path: str, body: dict | None = None) -> Any:
+    request = urllib.request.Request(worker_url() + path, method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read()
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"Kafka Connect {method} {path}: HTTP {exc.code}: {exc.read().decode()[:500]}") from None
+    return json.loads(text) if text else None
+
+
+@dataclass(frozen=True)
+class Capture:
+    """One Debezium connector capturing `tables` of the source database into `<topic_prefix>.<schema>.<table>`,
+    values as JsonConverter writes them (`value_schemas`: with its {schema, payload} wrapper). Its replication slot
+    and publication are its own, dropped when it is removed."""
+
+    name: str
+    topic_prefix: str
+    tables: tuple[str, ...]
+    value_schemas: bool = False
+    partitions: int = 3
+
+    @property
+    def slot(self) -> str:
+        return "".join(c if c.isalnum() else "_" for c in self.name.lower())
+
+    def topic(self, table: str) -> str:
+        return f"{self.topic_prefix}.{table}"
+
+    def config(self) -> dict[str, str]:
+        """The connector's config: the password is a reference the worker resolves, never the password."""
+        return {
+            "connector.class": CONNECTOR_CLASS,
+            "tasks.max": "1",
+            "plugin.name": "pgoutput",
+            "database.hostname": "127.0.0.1",
+            "database.port": _env("KL_PG_PORT"),
+            "database.user": "cdc",
+            "database.password": f"${{file:{_password_file()}:password}}",
+            "database.dbname": "cdc",
+            "database.sslmode": "verify-full",
+            "database.sslrootcert": f"{_env('KL_TLS_DIR')}/ca.pem",
+            "topic.prefix": self.topic_prefix,
+            "table.include.list": ",".join(self.tables),
+            "slot.name": self.slot,
+            "slot.drop.on.stop": "true",  # a slot left behind keeps the source's WAL forever
+            "publication.name": f"{self.slot}_publication",
+            "publication.autocreate.mode": "filtered",
+            "snapshot.mode": "initial",
+            # JSON has no decimal type: Debezium's default sends a numeric's unscaled bytes; as text it stays exact.
+            "decimal.handling.mode": "string",
+            "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "key.converter.schemas.enable": "false",
+            "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "value.converter.schemas.enable": str(self.value_schemas).lower(),
+            "topic.creation.default.partitions": str(self.partitions),
+            "topic.creation.default.replication.factor": "1",
+        }
+
+    def register(self, timeout: float = 120) -> None:
+        """Create (or update) the connector and wait until it and its task run."""
+        _request("PUT", f"/connectors/{self.name}/config", self.config())
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status()
+            tasks = status.get("tasks", []) if status else []
+            failed = [t for t in tasks if t.get("state") == "FAILED"]
+            if failed:
+                raise RuntimeError(f"connector {self.name}: task failed: {failed[0].get('trace', '')[:2000]}")
+            if status and status["connector"]["state"] == "RUNNING" and tasks and \
+                    all(t["state"] == "RUNNING" for t in tasks):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"connector {self.name} not running after {timeout:.0f} s: {status}")
+            time.sleep(0.5)
+
+    def status(self) -> dict | None:
+        try:
+            return _request("GET", f"/connectors/{self.name}/status")
+        except RuntimeError as exc:
+            if "HTTP 404" in str(exc):
+                return None
+            raise
+
+    def shown_config(self) -> dict[str, str]:
+        """The connector's config as the REST API shows it."""
+        return _request("GET", f"/connectors/{self.name}/config")
+
+    def remove(self, timeout: float = 60) -> None:
+        """Delete the connector, then its replication slot and publication once its task let go of them."""
+        import psycopg2
+
+        if self.status() is not None:
+            _request("DELETE", f"/connectors/{self.name}")
+        deadline = time.monotonic() + timeout
+        with psycopg2.connect(source_dsn()) as conn, conn.cursor() as cur:
+            conn.autocommit = True
+            while True:
+                cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (self.slot,))
+                row = cur.fetchone()
+                if row is None:
+                    break
+                if not row[0]:
+                    cur.execute("SELECT pg_drop_replication_slot(%s)", (self.slot,))
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"replication slot {self.slot} still in use {timeout:.0f} s after its "
+                                       "connector was deleted")
+                time.sleep(0.5)
+            cur.execute(f'DROP PUBLICATION IF EXISTS "{self.slot}_publication"')
+        conn.close()
+
+
+def wait_for_records(servers: str, topic: str, expected: int, timeout: float = 120) -> None:
+    """Wait until `topic` holds `expected` records (Debezium's events of a known workload), no more."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from kafka_ledger.config.settings import kafka_for
+
+    consumer = Consumer(kafka_for(servers).confluent(**{"group.id": "kafka-ledger-cdc-wait",
+                                                        "enable.auto.commit": False}))
+    deadline = time.monotonic() + timeout
+    held = 0
+    try:
+        while True:
+            metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+            if metadata is not None and metadata.error is None and metadata.partitions:
+                held = 0
+                for partition in metadata.partitions:
+                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+                    held += high - low
+                if held == expected:
+                    return
+                if held > expected:
+                    raise RuntimeError(f"{topic} holds {held} records, more than the {expected} expected")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{topic} holds {held} of the {expected} records expected after {timeout:.0f} s")
+            time.sleep(0.5)
+    finally:
+        consumer.close()
+
+
+# --- a source table and changes to it ----------------------------------------------------------------------------
+
+SOURCE_COLUMNS = ("id", "email", "city", "balance", "updated_at")
+
+
+def create_source_table(cur: Any, table: str, replica_identity: str = "DEFAULT") -> None:
+    """(Re)create a source table of customers, with the REPLICA IDENTITY Debezium's deletes read their key from."""
+    cur.execute(f"DROP TABLE IF EXISTS {table}")
+    cur.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, email text NOT NULL, city text, balance numeric(12,2), "
+                "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())")
+    cur.execute(f"ALTER TABLE {table} REPLICA IDENTITY {replica_identity}")
+
+
+def source_rows(cur: Any, table: str) -> dict[int, tuple]:
+    """The source table's rows by id: (email, city, balance, updated_at)."""
+    cur.execute(f"SELECT {', '.join(SOURCE_COLUMNS)} FROM {table}")
+    return {row[0]: tuple(row[1:]) for row in cur.fetchall()}
+
+
+# The events Debezium writes for each change: an insert or update one; a delete its event and the tombstone after
+# it; a primary-key change a delete (and tombstone) of the old key and a create of the new one.
+EVENTS = {"insert": 1, "update": 1, "delete": 2, "key change": 3}
+
+
+def change_source(cur: Any, table: str, rng: Any, changes: int, next_id: int) -> tuple[Counter, int]:
+    """`changes` random inserts, updates, deletes (some of them re-inserted later, as new ids or old ones) and
+    primary-key changes on the source table, one transaction each; (the changes made by kind, the next free id)."""
+    cur.execute(f"SELECT id FROM {table}")
+    live = [row[0] for row in cur.fetchall()]
+    deleted: list[int] = []
+    made: Counter = Counter()
+    cities = ["Lyon", "Oslo", "Porto", None]
+    for _ in range(changes):
+        roll = rng.random()
+        if not live or roll < 0.3:
+            # A new id, or one deleted earlier coming back.
+            new = deleted.pop() if deleted and rng.random() < 0.3 else next_id
+            next_id = max(next_id, new + 1)
+            balance = f"{rng.randrange(-10**6, 10**6) / 100:.2f}"
+            cur.execute(f"INSERT INTO {table} (id, email, city, balance) VALUES (%s, %s, %s, %s)",
+                        (new, f"user{new}@example.org", rng.choice(cities), balance))
+            live.append(new)
+            made["insert"] += 1
+        elif roll < 0.8:
+            target = rng.choice(live)
+            cur.execute(f"UPDATE {table} SET email = %s, city = %s, balance = balance + 1.25, "
+                        "updated_at = clock_timestamp() WHERE id = %s",
+                        (f"user{target}.{rng.randrange(1000)}@example.org", rng.choice(cities), target))
+            made["update"] += 1
+        elif roll < 0.95:
+            target = live.pop(rng.randrange(len(live)))
+            cur.execute(f"DELETE FROM {table} WHERE id = %s", (target,))
+            deleted.append(target)
+            made["delete"] += 1
+        else:
+            old = live.pop(rng.randrange(len(live)))
+            cur.execute(f"UPDATE {table} SET id = %s WHERE id = %s", (next_id, old))
+            live.append(next_id)
+            next_id += 1
+            made["key change"] += 1
+    return made, next_id
+
+
+def events_of(changes: Counter) -> int:
+    """How many records Debezium writes for `changes`."""
+    return sum(EVENTS[kind] * count for kind, count in changes.items())
