@@ -16,6 +16,11 @@
 #                 before the first run), the output checked value by value against Confluent's AvroDeserializer
 #     --doorbell N  then N impressions more, published by the run the pipeline's doorbell starts under the stack's
 #                 own Airflow (scripts/stack.sh airflow: scheduler and triggerer), with the seconds it took
+#     --cdc [N]   change data capture instead: Debezium's PostgreSQL connector on the stack's Kafka Connect worker
+#                 (scripts/stack.sh kafka-connect) captures the source table cdc.public.customers; two rounds of N
+#                 (default 2000) inserts, updates, deletes and key changes, each published into the entity table
+#                 public.customers by runs of pipeline customers; ends with "matches_source": true when the entity
+#                 table equals the source table row by row
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -34,6 +39,8 @@ for arg in "$@"; do
   if [ "$previous" = --sink ] && [ "$arg" = iceberg ] || [ "$arg" = --sink=iceberg ]; then pipeline=impressions_lake; fi
   # --format avro: Avro impressions through the stack's schema registry (tools/demo.py), verified below
   if [ "$previous" = --format ] && [ "$arg" = avro ] || [ "$arg" = --format=avro ]; then pipeline=impressions_avro; fi
+  # --cdc: Debezium's change events into the entity table of pipeline customers (tools/demo.py), verified below
+  case $arg in --cdc|--cdc=*) pipeline=customers ;; esac
   previous=$arg
 done
 

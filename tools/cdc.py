@@ -61,13 +61,15 @@ def _request(method: str, path: str, body: dict | None = None) -> Any:
 class Capture:
     """One Debezium connector capturing `tables` of the source database into `<topic_prefix>.<schema>.<table>`,
     values as JsonConverter writes them (`value_schemas`: with its {schema, payload} wrapper). Its replication slot
-    and publication are its own, dropped when it is removed."""
+    and publication are its own, dropped when it is removed; `keep_slot`: kept while the worker is stopped too (the
+    changes made meanwhile are captured when it starts again), else dropped when its task stops."""
 
     name: str
     topic_prefix: str
     tables: tuple[str, ...]
     value_schemas: bool = False
     partitions: int = 3
+    keep_slot: bool = False
 
     @property
     def slot(self) -> str:
@@ -92,7 +94,8 @@ class Capture:
             "topic.prefix": self.topic_prefix,
             "table.include.list": ",".join(self.tables),
             "slot.name": self.slot,
-            "slot.drop.on.stop": "true",  # a slot left behind keeps the source's WAL forever
+            # A slot nobody reads keeps the source's WAL: dropped with the task unless the capture must go on.
+            "slot.drop.on.stop": str(not self.keep_slot).lower(),
             "publication.name": f"{self.slot}_publication",
             "publication.autocreate.mode": "filtered",
             "snapshot.mode": "initial",
@@ -109,6 +112,27 @@ class Capture:
     def register(self, timeout: float = 120) -> None:
         """Create (or update) the connector and wait until it and its task run."""
         _request("PUT", f"/connectors/{self.name}/config", self.config())
+        self._wait_running(timeout)
+
+    def start_afresh(self, timeout: float = 120) -> None:
+        """Create the connector with no offsets (the worker keeps a deleted connector's offsets under its name: they
+        would point into a slot that is gone), so that it starts with a snapshot; and wait until it runs."""
+        if self.exists():
+            self.remove()
+        _request("POST", "/connectors", {"name": self.name, "config": self.config(), "initial_state": "STOPPED"})
+        self._wait_state("STOPPED", timeout)
+        _request("DELETE", f"/connectors/{self.name}/offsets")
+        _request("PUT", f"/connectors/{self.name}/resume")
+        self._wait_running(timeout)
+
+    def _wait_state(self, state: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while (status := self.status()) is None or status["connector"]["state"] != state:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"connector {self.name} not {state} after {timeout:.0f} s: {status}")
+            time.sleep(0.3)
+
+    def _wait_running(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
             status = self.status()
@@ -122,6 +146,26 @@ class Capture:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"connector {self.name} not running after {timeout:.0f} s: {status}")
             time.sleep(0.5)
+
+    def exists(self) -> bool:
+        return self.status() is not None
+
+    def slot_exists(self) -> bool:
+        """Whether its replication slot exists (a kept slot outlives a worker's restart, which forgets its
+        connectors: a standalone worker keeps their offsets only)."""
+        import psycopg2
+
+        with psycopg2.connect(source_dsn()) as conn, conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.slot,))
+            found = cur.fetchone() is not None
+        conn.close()
+        return found
+
+    def failed(self) -> bool:
+        """Whether the connector or a task of it failed (e.g. its replication slot is gone)."""
+        status = self.status() or {}
+        states = [status.get("connector", {}).get("state"), *(t.get("state") for t in status.get("tasks", []))]
+        return "FAILED" in states
 
     def status(self) -> dict | None:
         try:
@@ -139,7 +183,12 @@ class Capture:
         """Delete the connector, then its replication slot and publication once its task let go of them."""
         import psycopg2
 
-        if self.status() is not None:
+        if self.exists():
+            # Stopped first, so that its offsets can be deleted with it: a connector of the same name later starts
+            # afresh.
+            _request("PUT", f"/connectors/{self.name}/stop")
+            self._wait_state("STOPPED", timeout)
+            _request("DELETE", f"/connectors/{self.name}/offsets")
             _request("DELETE", f"/connectors/{self.name}")
         deadline = time.monotonic() + timeout
         with psycopg2.connect(source_dsn()) as conn, conn.cursor() as cur:
@@ -160,8 +209,17 @@ class Capture:
         conn.close()
 
 
+def records_in(servers: str, topic: str) -> int:
+    """How many records `topic` holds (0 when it does not exist yet)."""
+    return _count(servers, topic, expected=None)
+
+
 def wait_for_records(servers: str, topic: str, expected: int, timeout: float = 120) -> None:
     """Wait until `topic` holds `expected` records (Debezium's events of a known workload), no more."""
+    _count(servers, topic, expected, timeout)
+
+
+def _count(servers: str, topic: str, expected: int | None, timeout: float = 120) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
     from kafka_ledger.config.settings import kafka_for
@@ -178,10 +236,10 @@ def wait_for_records(servers: str, topic: str, expected: int, timeout: float = 1
                 for partition in metadata.partitions:
                     low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
                     held += high - low
-                if held == expected:
-                    return
-                if held > expected:
-                    raise RuntimeError(f"{topic} holds {held} records, more than the {expected} expected")
+            if expected is None or held == expected:
+                return held
+            if held > expected:
+                raise RuntimeError(f"{topic} holds {held} records, more than the {expected} expected")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{topic} holds {held} of the {expected} records expected after {timeout:.0f} s")
             time.sleep(0.5)
@@ -200,6 +258,13 @@ def create_source_table(cur: Any, table: str, replica_identity: str = "DEFAULT")
     cur.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, email text NOT NULL, city text, balance numeric(12,2), "
                 "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())")
     cur.execute(f"ALTER TABLE {table} REPLICA IDENTITY {replica_identity}")
+
+
+def populate_source(cur: Any, table: str, rows: int) -> None:
+    """Insert rows 1..`rows` in one statement (a snapshot's worth: Debezium reads them as op r when it starts)."""
+    cur.execute(f"INSERT INTO {table} (id, email, city, balance) SELECT i, 'user' || i || '@example.org', "
+                "(ARRAY['Lyon', 'Oslo', 'Porto', NULL])[1 + mod(i, 4)], mod(i, 100000) / 100.0 "
+                "FROM generate_series(1, %s) AS i", (rows,))
 
 
 def source_rows(cur: Any, table: str) -> dict[int, tuple]:

@@ -1,4 +1,5 @@
-"""The demo: produce ad impressions (some malformed), run the pipeline's DAG twice, then let its doorbell run it.
+"""The demo: produce ad impressions (some malformed), run the pipeline's DAG twice, then let its doorbell run it; or,
+with `--cdc`, let Debezium capture a source table's changes and compare the entity table with it.
 
 With `--format avro` the impressions are Avro, written by Confluent's AvroSerializer through the stack's schema
 registry; a second version of their schema (a field added with a default) is registered before the first run, and
@@ -19,6 +20,7 @@ import random
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -285,6 +287,89 @@ def ring_the_doorbell(pipeline: PipelineConfig, records: int, seed: int) -> dict
             "doorbell_published_after_s": round(published_after, 1)}
 
 
+CDC_PIPELINE = "customers"
+CDC_TABLE = "customers"  # of the stack's source database, cdc
+
+
+def change_data_capture(changes: int, seed: int) -> dict[str, object]:
+    """The CDC demo (`--cdc`): Debezium on the stack's Kafka Connect captures the source table cdc.public.customers
+    (`changes` rows when it starts, its snapshot); two rounds of `changes` inserts, updates, deletes and key changes,
+    each carried to Kafka and then published by runs of the customers pipeline's DAG; the entity table compared
+    with the source table row by row."""
+    import psycopg2
+    from psycopg2 import sql as pg
+
+    from kafka_ledger.sinks import remove_pipeline
+    from tools import cdc
+
+    pipeline = get_pipeline(CDC_PIPELINE)
+    services = task_services()
+    servers = kafka_client().servers
+    topic = pipeline.topics[0]
+    capture = cdc.Capture(name="kafka-ledger-demo-customers", topic_prefix=topic.split(".")[0],
+                          tables=(f"public.{CDC_TABLE}",), partitions=6, keep_slot=True)
+    cdc.start_worker()
+    rng = random.Random(seed)
+    source = psycopg2.connect(cdc.source_dsn())
+    source.autocommit = True
+    cur = source.cursor()
+    made: Counter = Counter()
+    # A worker started again has forgotten its connectors but kept their offsets, and the slot kept the changes
+    # since: registered again, the connector goes on where it was.
+    fresh = capture.failed() or not (capture.exists() or capture.slot_exists())
+    if fresh:
+        # A first demo (or one whose capture is gone or failed): the source table, its topic and the pipeline start
+        # afresh.
+        log.info("starting the capture afresh: source table cdc.public.%s, topic %s, pipeline %s", CDC_TABLE, topic,
+                 pipeline.name)
+        capture.remove()  # its replication slot and publication, if a connector of that name left them
+        admin = AdminClient(services.kafka.confluent())
+        if topic in admin.list_topics(timeout=10).topics:
+            admin.delete_topics([topic])[topic].result()
+            time.sleep(2)  # the broker forgets the topic before Debezium creates it again
+        with psycopg2.connect(services.ledger.libpq()) as conn, conn.cursor() as ledger_cur:
+            remove_pipeline(ledger_cur, pipeline)
+        conn.close()
+        cdc.create_source_table(cur, CDC_TABLE)
+        cdc.populate_source(cur, CDC_TABLE, changes)
+        expected = changes  # Debezium's snapshot: a read event per row
+    else:
+        expected = cdc.records_in(servers, topic)
+    if fresh:
+        capture.start_afresh()
+    else:
+        capture.register()
+    dag_runs = 0
+    for _ in range(2):
+        cur.execute(pg.SQL("SELECT coalesce(max(id), 0) + 1 FROM {}").format(pg.Identifier(CDC_TABLE)))
+        changed, _ = cdc.change_source(cur, CDC_TABLE, rng, changes, next_id=cur.fetchone()[0])
+        made.update(changed)
+        expected += cdc.events_of(changed)
+        log.info("changed the source table (%s): waiting for Debezium's %d events on %s",
+                 ", ".join(f"{n} {kind}s" for kind, n in sorted(changed.items())), expected, topic)
+        cdc.wait_for_records(servers, topic, expected, timeout=300)
+        dag_runs += run_until_caught_up(pipeline)
+    source_rows = cdc.source_rows(cur, CDC_TABLE)
+    source.close()
+    with psycopg2.connect(services.ledger.libpq()) as conn, conn.cursor() as out:
+        out.execute(pg.SQL("SELECT {} FROM {}").format(pg.SQL(", ").join(map(pg.Identifier, cdc.SOURCE_COLUMNS)),
+                                                       pg.SQL(pipeline.qualified_output_table)))
+        output_rows = {row[0]: tuple(row[1:]) for row in out.fetchall()}
+        out.execute("SELECT count(*) FROM kafka_ledger.dead_letters WHERE pipeline = %s", (pipeline.name,))
+        dead_letters = out.fetchone()[0]
+    conn.close()
+    report = verify_pipeline(services, pipeline, full=True)
+    remaining = lag(services.ledger, services.kafka, pipeline)
+    differing = sorted(key for key in source_rows.keys() | output_rows.keys()
+                       if source_rows.get(key) != output_rows.get(key))
+    if differing:
+        log.error("the entity table differs from the source table at id(s) %s", differing[:20])
+    return {"events": expected, "changes": dict(sorted(made.items())), "source_rows": len(source_rows),
+            "output_rows": len(output_rows), "dead_letters": dead_letters, "lag": remaining,
+            "verify_ok": report.ok, "dag_runs": dag_runs, "matches_source": not differing,
+            "exact": report.ok and remaining == 0 and dead_letters == 0 and not differing}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the kafka-ledger demo end to end.")
     parser.add_argument("--first", type=int, default=40_000, help="impressions produced before the first run")
@@ -302,14 +387,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="then N impressions more, published by the run the pipeline's doorbell starts under the "
                              "stack's own Airflow (scheduler and triggerer; started for the while if it is not "
                              "running); 0: no doorbell (default 5000)")
+    parser.add_argument("--cdc", type=int, nargs="?", const=2_000, default=None, metavar="CHANGES",
+                        help=f"instead: change data capture. Debezium (the stack's Kafka Connect) captures the source "
+                             f"table cdc.public.{CDC_TABLE}; two rounds of CHANGES (default 2000) inserts, updates, "
+                             f"deletes and key changes, each published by runs of pipeline {CDC_PIPELINE}; the entity "
+                             "table compared with the source table row by row (`matches_source`)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    if args.cdc is not None:
+        summary = change_data_capture(args.cdc, seed)
+        exact = summary.pop("exact")
+        sys.stdout.flush()
+        print(json.dumps({**summary, "pipeline": CDC_PIPELINE, "seed": seed}), flush=True)
+        return 0 if exact else 1
 
     if args.format == "avro" and args.sink != "postgres":
         parser.error("--format avro: the demo's Avro pipeline publishes into Postgres (--sink postgres)")
     pipeline = get_pipeline(AVRO_PIPELINE if args.format == "avro" else DEMO_PIPELINES[args.sink])
     servers = kafka_client().servers
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     topic = pipeline.topics[0]
     ensure_topic(servers, topic, DEMO_PARTITIONS)
 
