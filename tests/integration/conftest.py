@@ -60,6 +60,8 @@ PIPELINES = {
     "grow": {},
     "noop": {},
     "hand_made_table": {},
+    # A declaration that gains, widens and loses columns while the pipeline runs (test_output_evolution.py).
+    "schema_change": {"spark_runtime": "connect", "retries": 0},
     "latest": {"start_position": "latest"},
     "partitions": {},
     "cas": {},

@@ -287,7 +287,12 @@ def _publishing(services: Services, pipeline: PipelineConfig, batch_id: int) -> 
             batch = ledger.pipeline_batch(cur, pipeline.name, batch_id, for_update=True)
         except ledger.LedgerError as exc:
             raise CommitError(str(exc)) from None
-        yield _Publishing(cur, batch, pipeline, sink_for(pipeline), services, started)
+        sink = sink_for(pipeline)
+        if isinstance(sink, TransactionalSink) and batch.status != "committed":
+            # Columns the declaration added appear in the same transaction as the rows that fill them.
+            sink.evolve(cur, batch_id)
+            failpoints.hit("commit_after_evolve")
+        yield _Publishing(cur, batch, pipeline, sink, services, started)
 
 
 def commit(services: Services, pipeline: PipelineConfig, batch_id: int, publication: Publication) -> CommitResult:

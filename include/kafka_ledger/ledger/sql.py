@@ -121,6 +121,26 @@ SELECT_PIPELINE_COLUMNS = """
     SELECT subject, schema_id, version, columns FROM kafka_ledger.pipeline_columns WHERE pipeline = %(pipeline)s
 """
 
+# The declared columns a pipeline has published into its Postgres output table (sinks/postgres/evolution.py).
+SELECT_OUTPUT_COLUMNS = """
+    SELECT name, type FROM kafka_ledger.output_columns WHERE pipeline = %(pipeline)s
+"""
+UPSERT_OUTPUT_COLUMN = """
+    INSERT INTO kafka_ledger.output_columns (pipeline, name, type, batch_id)
+    VALUES (%(pipeline)s, %(name)s, %(type)s, %(batch_id)s)
+    ON CONFLICT (pipeline, name) DO UPDATE SET type = excluded.type, batch_id = excluded.batch_id,
+                                               recorded_at = now()
+"""
+DELETE_OUTPUT_COLUMN = """
+    DELETE FROM kafka_ledger.output_columns WHERE pipeline = %(pipeline)s AND name = %(name)s
+"""
+# A table's columns with their types as Postgres names them (format_type: `numeric(12,2)`, `timestamp with time zone`).
+SELECT_COLUMN_TYPES = """
+    SELECT a.attname, format_type(a.atttypid, a.atttypmod)
+    FROM pg_attribute a
+    WHERE a.attrelid = to_regclass(%(table)s) AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
 # The topic id each topic of a batch was read under: as planned, or (ranges planned before ids were recorded)
 # the topic's anchor.
 SELECT_BATCH_TOPIC_IDS = """
@@ -438,7 +458,8 @@ REOPEN_WRITTEN_BATCHES = """
 DELETE_PIPELINE_LEDGER_ROWS = [
     f"DELETE FROM kafka_ledger.{table} WHERE pipeline = %(pipeline)s"
     for table in ("dead_letters", "positions", "committed_ranges", "batches", "position_resets", "verified_points",
-                  "topic_anchors", "log_starts", "spark_sessions", "carrying_runs")
+                  "topic_anchors", "log_starts", "spark_sessions", "carrying_runs", "pipeline_columns",
+                  "output_columns")
 ]
 
 SELECT_DEAD_LETTER_REASONS = """

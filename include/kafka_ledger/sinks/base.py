@@ -145,6 +145,9 @@ class TransactionalSink(Sink):
     def jdbc_table(self) -> str:
         """The table Spark's JDBC writer appends an at_least_once batch's rows to directly."""
 
+    def evolve(self, cur: Cursor, batch_id: int) -> None:  # noqa: B027 - a sink without schema changes does nothing
+        """In the commit's transaction, before the batch's rows: bring the output to the declared columns."""
+
 
 class Artifact(ABC):
     """What an artifact sink's engine wrote for one attempt of a batch, found again by its stamp."""

@@ -15,10 +15,10 @@ from kafka_ledger.formats.envelope import DebeziumChanges, Envelope, KeyedChange
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ledger import sql as ledger_sql
 from kafka_ledger.ledger.db import Cursor
-from kafka_ledger.model.columns import COORDINATES, names
+from kafka_ledger.model.columns import COORDINATES, OUTPUT_TRAILER, names
 from kafka_ledger.model.ranges import OffsetRange, TopicPartition
 from kafka_ledger.sinks.base import OutputView, TransactionalSink
-from kafka_ledger.sinks.postgres import sql
+from kafka_ledger.sinks.postgres import evolution, sql
 
 log = logging.getLogger(__name__)
 
@@ -86,19 +86,70 @@ class PostgresSink(TransactionalSink):
         cur.execute(sql.create_output_table(self.pipeline, entity=False))
 
     def prepare(self, cur: Cursor) -> None:
-        """Create the output and staging tables if missing; refuse an output table lacking one of its columns, and
-        warn of an appending one without an index leading with the Kafka coordinates."""
+        """Create the output and staging tables if missing; refuse an output table lacking one of the Kafka columns,
+        or whose columns the declaration changes in a way that would lose data (the columns it adds or widens are
+        the commit's: `evolve`); warn of an appending table without an index leading with the Kafka coordinates."""
         self._create(cur)
-        existing = set(_table_columns(cur, self.pipeline.output_schema, self.pipeline.output_table))
-        missing = [name for name in self.output_columns() if name not in existing]
+        existing = self._column_types(cur)
+        missing = [c.name for c in OUTPUT_TRAILER if c.name not in existing]
         if missing:
             raise ConfigError(
                 f"pipeline {self.pipeline.name!r}: output table {self.target} lacks column(s) "
                 f"{', '.join(missing)}; add them with ALTER TABLE before running the pipeline"
             )
+        changes = self._schema_changes(cur, existing)
+        if changes and self.pipeline.delivery_mode == "at_least_once":
+            # Spark appends a catch-up batch itself, before any commit: the table must have its columns first.
+            self._apply(cur, changes, batch_id=None)
+        elif changes:
+            log.info("output table %s: %s, by the commit of the pipeline's next batch (with its first rows)",
+                     self.target, changes.describe())
         if not self.pipeline.is_entity_table:
             self._check_record_index(cur)
         ledger.ensure_staging_table(cur, self.pipeline, self.staged_extra())
+
+    def evolve(self, cur: Cursor, batch_id: int) -> None:
+        """In the commit's transaction, before its rows: add the declared columns the table lacks and widen those
+        declared wider (a reader sees them with the rows that fill them, or not at all)."""
+        changes = self._schema_changes(cur, self._column_types(cur))
+        if changes:
+            self._apply(cur, changes, batch_id)
+
+    def _column_types(self, cur: Cursor) -> dict[str, str]:
+        cur.execute(ledger_sql.SELECT_COLUMN_TYPES, {"table": sql.output_table(self.pipeline).as_string(cur)})
+        return dict(cur.fetchall())
+
+    def _schema_changes(self, cur: Cursor, existing: dict[str, str]) -> evolution.SchemaChanges:
+        """What the declaration asks of the table (ConfigError when it would lose data). The columns the pipeline
+        published are recorded from its first look at the table on; one it stopped declaring and that the table no
+        longer has was dropped deliberately, and is forgotten."""
+        params = {"pipeline": self.pipeline.name}
+        cur.execute(ledger_sql.SELECT_OUTPUT_COLUMNS, params)
+        published = dict(cur.fetchall())
+        if not published:
+            for column in self.pipeline.columns:
+                if column.name in existing:
+                    cur.execute(ledger_sql.UPSERT_OUTPUT_COLUMN, {**params, "name": column.name,
+                                                                  "type": existing[column.name], "batch_id": None})
+                    published[column.name] = existing[column.name]
+        declared = {c.name for c in self.pipeline.columns}
+        for name in sorted(set(published) - declared - set(existing)):
+            cur.execute(ledger_sql.DELETE_OUTPUT_COLUMN, {**params, "name": name})
+            del published[name]
+        try:
+            return evolution.schema_changes(self.pipeline, self.target, existing, set(published))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def _apply(self, cur: Cursor, changes: evolution.SchemaChanges, batch_id: int | None) -> None:
+        for statement in sql.alter_output_table(self.pipeline, changes):
+            cur.execute(statement)
+        for column in [*changes.add, *(c for c, _ in changes.widen)]:
+            cur.execute(ledger_sql.UPSERT_OUTPUT_COLUMN, {"pipeline": self.pipeline.name, "name": column.name,
+                                                          "type": evolution.catalog_type(column.type),
+                                                          "batch_id": batch_id})
+        log.info("output table %s: %s%s", self.target, changes.describe(),
+                 f", in the commit of batch {batch_id}" if batch_id is not None else "")
 
     def _check_record_index(self, cur: Cursor) -> None:
         """Warn when a table made by hand has no index leading with the Kafka coordinates: a rewrite deletes its

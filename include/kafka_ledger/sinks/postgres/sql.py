@@ -3,6 +3,8 @@ ledger/sql.py)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from psycopg2 import sql
 
 from kafka_ledger.config.pipeline import PipelineConfig
@@ -14,6 +16,9 @@ from kafka_ledger.ledger.sql import (
     staging_table,
 )
 from kafka_ledger.model.columns import COORDINATES, OUTPUT_TRAILER, TOMBSTONE, names
+
+if TYPE_CHECKING:
+    from kafka_ledger.sinks.postgres.evolution import SchemaChanges
 
 # An entity table's deleted keys (write: upsert), one table per pipeline: what a tombstone deleted, kept so that
 # an older record of the key (a replay, a backfill) cannot bring the entity back.
@@ -97,6 +102,17 @@ def delete_output_ranges(pipeline: PipelineConfig) -> sql.Composed:
     """Remove the published rows of the offsets [from, until) of some partitions (ledger.sql.ranges_params), before
     they are written again."""
     return delete_within_ranges(output_table(pipeline))
+
+
+def alter_output_table(pipeline: PipelineConfig, changes: SchemaChanges) -> list[sql.Composed]:
+    """The ALTER TABLE statements of a declaration's changes to the output table (sinks/postgres/evolution.py)."""
+    table = output_table(pipeline)
+    return [
+        *(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
+            table, sql.Identifier(c.name), sql.SQL(c.type.postgres_type)) for c in changes.add),
+        *(sql.SQL("ALTER TABLE {} ALTER COLUMN {} TYPE {}").format(
+            table, sql.Identifier(c.name), sql.SQL(c.type.postgres_type)) for c, _ in changes.widen),
+    ]
 
 
 def copy_rows(target: sql.Composable, columns: list[str]) -> sql.Composed:
