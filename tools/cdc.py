@@ -267,9 +267,9 @@ def populate_source(cur: Any, table: str, rows: int) -> None:
                 "FROM generate_series(1, %s) AS i", (rows,))
 
 
-def source_rows(cur: Any, table: str) -> dict[int, tuple]:
-    """The source table's rows by id: (email, city, balance, updated_at)."""
-    cur.execute(f"SELECT {', '.join(SOURCE_COLUMNS)} FROM {table}")
+def source_rows(cur: Any, table: str, columns: tuple[str, ...] = SOURCE_COLUMNS) -> dict[int, tuple]:
+    """The source table's rows by id: (email, city, balance, updated_at), or the other `columns` after the id."""
+    cur.execute(f"SELECT {', '.join(columns)} FROM {table}")
     return {row[0]: tuple(row[1:]) for row in cur.fetchall()}
 
 

@@ -102,7 +102,7 @@ PIPELINES = {
              "sink": {"type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name(key)}}
        for key in ("iceberg", "iceberg_adopt", "iceberg_race", "iceberg_conflict", "iceberg_replay",
                    "iceberg_verify", "iceberg_rewrite_waits", "iceberg_unwritable",
-                   "iceberg_page")},
+                   "iceberg_page", "iceberg_evolve")},
     "iceberg_upkeep": {"spark_runtime": "connect", "retries": 0, "output_table": None, "sink": {
         "type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name("iceberg_upkeep"),
         "maintenance": {"schedule": None, "min_input_files": 2, "expire_after_hours": 0, "retain_last": 1}}},

@@ -90,6 +90,13 @@ AVRO_COLUMNS = [
     {"name": "trace", "type": "bytes", "source": "header:trace"},
 ]
 
+def declared(pipeline, columns: list[dict]):
+    """The pipeline as its file would declare it with `columns` (a declaration that changed)."""
+    from kafka_ledger.config.pipeline import PipelineConfig
+
+    return PipelineConfig.model_validate({**pipeline.model_dump(exclude_unset=True), "columns": columns})
+
+
 def good_value(i: int) -> bytes:
     return json.dumps(
         {"event_id": f"e{i}", "amount": i, "price": i / 4, "ok": i % 2 == 0, "event_time": "2026-11-21T10:00:00Z"}

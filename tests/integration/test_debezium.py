@@ -1,7 +1,8 @@
 """Change data capture with the real Debezium: its PostgreSQL connector on the stack's Kafka Connect worker captures
 a source table in the stack's Postgres; the pipeline (`envelope: debezium`) makes its entity table equal the source
 table row by row, through snapshots, inserts, updates, deletes, re-inserts and key changes, replays and more
-changes after them; both runtimes, REPLICA IDENTITY DEFAULT and FULL, with and without the JsonConverter's wrapper."""
+changes after them, a column added to the source table while it runs; both runtimes, REPLICA IDENTITY DEFAULT and
+FULL, with and without the JsonConverter's wrapper."""
 
 from __future__ import annotations
 
@@ -12,7 +13,16 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from integration_support import batches, cli, pipeline_name, positions_equal_end_offsets, query, topic_name
+import yaml
+from integration_support import (
+    CDC_COLUMNS,
+    batches,
+    cli,
+    pipeline_name,
+    positions_equal_end_offsets,
+    query,
+    topic_name,
+)
 
 from kafka_ledger.batch.plan import plan_next_batch
 from kafka_ledger.config.pipeline import get_pipeline
@@ -28,9 +38,9 @@ def kafka_connect():
     cdc.start_worker()
 
 
-def _entity_rows(dsn: str, pipeline) -> dict[int, tuple]:
+def _entity_rows(dsn: str, pipeline, columns: tuple[str, ...] = cdc.SOURCE_COLUMNS) -> dict[int, tuple]:
     return {row[0]: tuple(row[1:]) for row in query(
-        dsn, f"SELECT {', '.join(cdc.SOURCE_COLUMNS)} FROM {pipeline.output_schema}.{pipeline.output_table}")}
+        dsn, f"SELECT {', '.join(columns)} FROM {pipeline.output_schema}.{pipeline.output_table}")}
 
 
 def _drain(dsn: str, servers: str, pipeline) -> int:
@@ -44,8 +54,8 @@ def _drain(dsn: str, servers: str, pipeline) -> int:
 
 
 @pytest.mark.parametrize(("runtime", "identity"), [("connect", "DEFAULT"), ("submit", "FULL")])
-def test_the_entity_table_equals_the_source_table_through_every_kind_of_change(kafka_connect, dsn, servers, runtime,
-                                                                               identity):
+def test_the_entity_table_equals_the_source_table_through_every_kind_of_change(
+        kafka_connect, dsn, servers, test_pipelines_file, runtime, identity):
     key = f"cdc_{runtime}"
     pipeline = get_pipeline(pipeline_name(key))
     table = f"customers_{runtime}"
@@ -54,6 +64,7 @@ def test_the_entity_table_equals_the_source_table_through_every_kind_of_change(k
                           value_schemas=runtime == "connect")
     topic = capture.topic(f"public.{table}")
     assert pipeline.topics == [topic]
+    declaration = test_pipelines_file.read_text()
     rng = random.Random(20261127)
     source = psycopg2.connect(cdc.source_dsn())
     source.autocommit = True
@@ -91,15 +102,27 @@ def test_the_entity_table_equals_the_source_table_through_every_kind_of_change(k
         assert batches(dsn, pipeline)[-1].kind == "offset_ranges"
         assert _entity_rows(dsn, pipeline) == cdc.source_rows(cur, table)
 
-        # More changes after the replay, then the table equals the source again.
-        before = snapshot + cdc.events_of(made)
+        # A column added to the source table while the pipeline runs, and to the declaration: the commit that
+        # publishes its first values adds it to the entity table. More changes after the replay too.
+        events = snapshot + cdc.events_of(made)
+        cur.execute(f"ALTER TABLE {table} ADD COLUMN tier text")
+        cur.execute(f"UPDATE {table} SET tier = 'gold' WHERE id % 3 = 0")
+        events += cur.rowcount
         made, next_id = cdc.change_source(cur, table, rng, 60, next_id)
-        cdc.wait_for_records(servers, topic, before + cdc.events_of(made))
-        _drain(dsn, servers, pipeline)
-        rows = cdc.source_rows(cur, table)
-        assert _entity_rows(dsn, pipeline) == rows
-        assert all(isinstance(balance, Decimal) for _, _, balance, _ in rows.values())
+        cdc.wait_for_records(servers, topic, events + cdc.events_of(made))
+        # In the pipelines file: spark-submit's job reads its pipeline from there.
+        entries = yaml.safe_load(test_pipelines_file.read_text())
+        entries["pipelines"][pipeline.name]["columns"] = [*CDC_COLUMNS, {"name": "tier", "type": "string"}]
+        test_pipelines_file.write_text(yaml.safe_dump(entries))
+        with_tier = get_pipeline(pipeline.name)
+        _drain(dsn, servers, with_tier)
+        columns = (*cdc.SOURCE_COLUMNS, "tier")
+        rows = cdc.source_rows(cur, table, columns)
+        assert _entity_rows(dsn, with_tier, columns) == rows
+        assert {tier for *_, tier in rows.values()} == {"gold", None}
+        assert all(isinstance(balance, Decimal) for _, _, balance, _, _ in rows.values())
     finally:
+        test_pipelines_file.write_text(declaration)
         capture.remove()
         cur.execute(f"DROP TABLE IF EXISTS {table}")
         source.close()

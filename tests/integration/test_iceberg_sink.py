@@ -12,8 +12,10 @@ import pytest
 from integration_support import (
     assert_exactly_once,
     batches,
+    declared,
     finish,
     good_value,
+    pipeline_name,
     positions,
     start_task,
     stored,
@@ -21,6 +23,7 @@ from integration_support import (
 
 from kafka_ledger.batch.plan import plan_batch, plan_next_batch
 from kafka_ledger.batch.requests import BatchRequest, RequestError
+from kafka_ledger.config.pipeline import get_pipeline
 from kafka_ledger.runtimes.connect.batch import ConnectBatch, SparkReadError
 from kafka_ledger.runtimes.submit.runtime import SubmitRuntime
 from kafka_ledger.runtimes.submit.spark_submit import submit_batch
@@ -148,8 +151,8 @@ def test_what_the_sink_cannot_take_is_refused_before_anything_is_recorded(
     sink = IcebergSink(conflict)
     sink.catalog().create_namespace_if_not_exists(sink.spec.namespace)
     sink.catalog().create_table(sink.identifier, schema=Schema(NestedField(1, "amount", StringType())))
-    with pytest.raises(IcebergSinkError, match=r"does not fit the declared columns: column event_id is missing;.*"
-                                               r"column amount is string, not long \(long\)"):
+    with pytest.raises(IcebergSinkError, match=r"does not fit the declared columns: column amount is string, not "
+                                               r"long \(long\): declare it as the table has it"):
         plan_next_batch(services, conflict)
     nothing_recorded(conflict)
 
@@ -158,6 +161,39 @@ def test_what_the_sink_cannot_take_is_refused_before_anything_is_recorded(
     with pytest.raises(IcebergSinkError, match="catalog 'elsewhere' is not declared in .*spark-defaults.conf"):
         plan_next_batch(services, no_catalog)
     nothing_recorded(no_catalog)
+
+
+def test_columns_added_or_widened_are_in_the_schema_before_the_snapshot_that_fills_them(
+        dsn, servers, pipeline_factory, producer, services):
+    pipeline_factory("iceberg_evolve", partitions=1)
+    base = get_pipeline(pipeline_name("iceberg_evolve"))
+    first = declared(base, [{"name": "event_id", "type": "string", "required": True},
+                            {"name": "amount", "type": "int"}])
+    produce(producer, first, [good_value(i) for i in range(5)])
+    ConnectBatch(first, plan_next_batch(services, first).batch_id).run(services)
+    sink = IcebergSink(first)
+
+    def schema() -> dict[str, str]:
+        return {f.name: str(f.field_type) for f in sink.table().schema().fields if not f.name.startswith("kafka")
+                and f.name != "batch_id"}
+
+    assert schema() == {"event_id": "string", "amount": "int"}
+    second = declared(base, [{"name": "event_id", "type": "string", "required": True},
+                             {"name": "amount", "type": "long"}, {"name": "price", "type": "double"}])
+    produce(producer, second, [good_value(i) for i in range(5, 8)])
+    planned = plan_next_batch(services, second)
+    assert schema() == {"event_id": "string", "amount": "int"}  # the plan changes nothing
+    ConnectBatch(second, planned.batch_id).run(services)
+    assert schema() == {"event_id": "string", "amount": "long", "price": "double"}
+    rows = sink.table().scan(selected_fields=("kafka_offset", "event_id", "amount", "price")).to_arrow()
+    assert sorted(zip(*(rows.column(c).to_pylist() for c in ("kafka_offset", "event_id", "amount", "price")),
+                      strict=True)) == [*((i, f"e{i}", i, None) for i in range(5)),
+                                        *((i, f"e{i}", i, i / 4) for i in range(5, 8))]
+    # Narrowing it again would lose values: refused at the plan, naming the deliberate way.
+    with pytest.raises(IcebergSinkError, match=r"column amount is long, not int \(int\).*ALTER TABLE"):
+        plan_next_batch(services, declared(base, [{"name": "event_id", "type": "string"},
+                                                  {"name": "amount", "type": "int"},
+                                                  {"name": "price", "type": "double"}]))
 
 
 def test_a_replay_replaces_exactly_its_ranges_rows_in_one_snapshot(dsn, servers, pipeline_factory, producer, services):

@@ -5,7 +5,7 @@ refused at the plan, naming the deliberate way."""
 from __future__ import annotations
 
 import pytest
-from integration_support import good_value, pipeline_name, query
+from integration_support import declared, good_value, pipeline_name, query
 
 from kafka_ledger.batch.plan import plan_next_batch
 from kafka_ledger.config.pipeline import ConfigError, PipelineConfig, get_pipeline
@@ -13,11 +13,6 @@ from kafka_ledger.config.settings import services_for
 from kafka_ledger.runtimes import run_batch
 
 pytestmark = pytest.mark.integration
-
-
-def declared(pipeline: PipelineConfig, columns: list[dict]) -> PipelineConfig:
-    """The pipeline as its file would declare it with `columns`."""
-    return PipelineConfig.model_validate({**pipeline.model_dump(exclude_unset=True), "columns": columns})
 
 
 def table_columns(dsn: str, pipeline: PipelineConfig) -> dict[str, str]:

@@ -451,8 +451,10 @@ class PipelineConfig(BaseModel):
         default=None,
         description="sink `postgres` (required there): the published table, created if missing in `output_schema`; "
                     "it gets the declared columns plus `kafka_topic`, `kafka_partition`, `kafka_offset`, "
-                    "`kafka_timestamp`, `batch_id`. A table made beforehand must have them all (else the plan is "
-                    "refused) and, appending, an index leading with `kafka_topic, kafka_partition, kafka_offset` "
+                    "`kafka_timestamp`, `batch_id`. A table made beforehand must have the `kafka_*` and `batch_id` "
+                    "columns (else the plan is refused; declared columns it lacks are added by the next commit: "
+                    "[Changing the columns](#changing-the-columns)) and, appending, an index leading with "
+                    "`kafka_topic, kafka_partition, kafka_offset` "
                     "(else each plan warns: a rewrite would scan the table per range). One pipeline per table: an "
                     "entry whose table an entry earlier in the file writes is invalid")
     output_schema: Identifier = Field(default="public",

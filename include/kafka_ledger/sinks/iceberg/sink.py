@@ -10,6 +10,7 @@ one MERGE on the records' coordinates, idempotent: its rows replace the ranges' 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 
     from kafka_ledger.ledger.db import Batch
     from kafka_ledger.spark.sessions import SparkSessions
+
+log = logging.getLogger(__name__)
 
 # The table's properties kafka-ledger sets at creation (the pipeline's own come on top).
 TABLE_PROPERTIES = {
@@ -209,7 +212,9 @@ class IcebergSink(ArtifactSink):
                                              partition_spec=self._partition_spec(), properties=self._properties())
             except TableAlreadyExistsError:  # another plan made it meanwhile
                 table = catalog.load_table(self.identifier)
-        self._check_schema(table)
+        changes = self._check_schema(table)
+        if changes:
+            log.info("table %s: %s, by the next batch's write, before its snapshot", self.target, "; ".join(changes))
 
     def _schema(self) -> Any:
         from pyiceberg.schema import Schema
@@ -260,18 +265,47 @@ class IcebergSink(ArtifactSink):
         layout = {} if self.spec.partition_by else {"write.distribution-mode": "none"}
         return {**TABLE_PROPERTIES, **layout, **size, **self.spec.properties}
 
-    def _check_schema(self, table: Table) -> None:
+    def _check_schema(self, table: Table) -> list[str]:
+        """The schema changes the declared columns ask of the table (columns to add, types Iceberg promotes without
+        loss: int to long, float to double, a decimal's precision up), made by the batch's write before its snapshot
+        (`evolve_schema`); IcebergSchemaError naming any change that would lose data, and the deliberate way."""
+        from pyiceberg.exceptions import ResolveError
+        from pyiceberg.schema import promote
+
         fields = {f.name: f for f in table.schema().fields}
-        problems = []
-        for name, kind in self.output_columns().items():
+        output = self.output_columns()
+        problems, changes = [], []
+        for name, kind in output.items():
             field = fields.get(name)
             if field is None:
-                problems.append(f"column {name} is missing")
+                changes.append(f"add {name} {kind.iceberg_type()}")
             elif field.field_type != kind.iceberg_type():
-                problems.append(f"column {name} is {field.field_type}, not {kind.iceberg_type()} ({kind})")
+                try:
+                    promote(field.field_type, kind.iceberg_type())
+                    changes.append(f"widen {name} from {field.field_type} to {kind.iceberg_type()}")
+                except ResolveError:
+                    problems.append(f"column {name} is {field.field_type}, not {kind.iceberg_type()} ({kind}): declare "
+                                    f"it as the table has it, or change the table deliberately first (Spark SQL: "
+                                    f"ALTER TABLE {self.target} ALTER COLUMN {name} TYPE ..., where Iceberg allows "
+                                    "it), or publish into a new table")
+        for name in sorted(set(fields) - set(output)):
+            problems.append(f"column {name} is no longer declared, and new rows would hold NULL there: declare it "
+                            f"again, or drop it deliberately first (Spark SQL: ALTER TABLE {self.target} DROP COLUMN "
+                            f"{name})")
         if problems:
             raise IcebergSchemaError(f"pipeline {self.pipeline.name!r}: table {self.target} does not fit the declared "
-                                   f"columns: {'; '.join(problems)}. Nothing was read or published")
+                                     f"columns: {'; '.join(problems)}. Nothing was read or published")
+        return changes
+
+    def evolve_schema(self) -> None:
+        """Before a batch's snapshot: bring the table's schema to the declared columns (`_check_schema`), in one
+        metadata commit; a racing attempt's identical change is no change."""
+        table = self.table()
+        changes = self._check_schema(table)
+        if changes:
+            with table.update_schema() as update:
+                update.union_by_name(self._schema())
+            log.info("table %s: %s, before the batch's snapshot", self.target, "; ".join(changes))
 
     def current_snapshot_id(self, table: Table | None = None) -> int | None:
         snapshot = (table or self.table()).current_snapshot()

@@ -39,6 +39,8 @@ class SnapshotTable(Protocol):
 
     def table(self) -> Any: ...
 
+    def evolve_schema(self) -> None: ...
+
     def output_columns(self) -> dict[str, Any]: ...
 
     def current_snapshot_id(self, table: Any = None) -> int | None: ...
@@ -78,6 +80,9 @@ def write_attempt(sink: SnapshotTable, rows: DataFrame, batch: Batch, number: in
     table = sink.table()
     snapshot, dead = adoptable(sink.batch_snapshot(batch.batch_id, table))
     if snapshot is None:
+        # Columns the declaration added or widened: in the table's schema before the snapshot that fills them.
+        sink.evolve_schema()
+        table = sink.table()
         try:
             if not batch.moves_positions:
                 # A rewrite's MERGE: its dead letters read on their own (rewrites are an operator's, and rarer).
