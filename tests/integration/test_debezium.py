@@ -30,7 +30,9 @@ from kafka_ledger.config.settings import services_for
 from kafka_ledger.runtimes import run_batch
 from tools import cdc
 
-pytestmark = pytest.mark.integration
+# On a stack of its own (the own-stacks lane): it starts that stack's Kafka Connect worker, a JVM the shared lane
+# need not carry.
+pytestmark = [pytest.mark.integration, pytest.mark.own_stack]
 
 
 @pytest.fixture(scope="module")
