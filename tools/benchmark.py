@@ -12,6 +12,9 @@ per round, then a summary line (medians; ratios kafka-ledger / peer as medians o
 1-minute load average at the start and the end; the commit). `--small` times a 1,000-record batch.
 `--entity-keys N` gives the records N distinct `user_id`s and also runs, each round, an entity table keyed by
 `user_id` (write: upsert) on the same topic, checked for exactly N rows: `ratio_entity_vs_append`.
+`--cdc KEYS` also writes `--records` Debezium change events over KEYS keys to a third topic (a snapshot, then 60 %
+updates, 10 % deletes with their tombstones, 10 % creates, then a second snapshot; tools/benchmark.cdc_events) and runs,
+each round, an entity table of them (`envelope: debezium`), checked for exactly KEYS rows: `ratio_cdc_vs_append`.
 `--format avro` also writes the records as Avro (confluent-kafka's AvroSerializer through the schema registry) to a
 second topic, and runs, each round, kafka-ledger on both topics (`ratio_avro_vs_json`) and, with `--peers`, the Python
 peer decoding the Avro values with AvroDeserializer (`ratio_avro_vs_python_avro`) instead of the other peers.
@@ -96,6 +99,70 @@ def produce(servers: str, topic: str, records: int, partitions: int, users: int 
     return records / (time.monotonic() - started)
 
 
+# The change events' pipeline (--cdc): a source table's columns and two of the events' own (tools/cdc.py's table).
+CDC_COLUMNS = [
+    {"name": "id", "type": "long"}, {"name": "email", "type": "string", "required": True},
+    {"name": "city", "type": "string"}, {"name": "balance", "type": "decimal(12,2)"},
+    {"name": "updated_at", "type": "timestamp"}, {"name": "source_lsn", "type": "long", "path": "source.lsn"},
+    {"name": "op", "type": "string", "path": "op"},
+]
+
+
+def cdc_events(events: int, keys: int, seed: int = 20261127) -> list[tuple[str, int]]:
+    """The (op, key) of `events` change events over `keys` keys, as Debezium would write a source table's history:
+    a snapshot (op r of every key), then cycles of eight events, six updates of random keys and one key deleted
+    and created again (60 % updates, 10 % deletes, 10 % creates of the whole), then a second snapshot (an
+    incremental one, op r of every key again). `events - 2 * keys` must be a multiple of 8."""
+    import random
+
+    middle = events - 2 * keys
+    if middle < 0 or middle % 8:
+        raise ValueError(f"--cdc {keys}: --records minus twice the keys must be a positive multiple of 8")
+    rng = random.Random(seed)
+    history = [("r", key) for key in range(keys)]
+    for _ in range(middle // 8):
+        cycled = rng.randrange(keys)
+        history += [("u", rng.randrange(keys)) for _ in range(3)] + [("d", cycled)]
+        # Updates of other keys while it is gone (a deleted row is updated no more).
+        history += [("u", (cycled + 1 + rng.randrange(keys - 1)) % keys) for _ in range(3)] + [("c", cycled)]
+    return history + [("r", key) for key in range(keys)]
+
+
+def cdc_value(op: str, key: int, lsn: int) -> bytes:
+    """A Debezium PostgreSQL change event (JsonConverter without its schema wrapper) of customer `key`."""
+    row = {"id": key, "email": f"user{key}.{lsn % 997}@example.org", "city": ("Lyon", "Oslo", "Porto", None)[lsn % 4],
+           "balance": f"{(lsn % 2_000_000 - 1_000_000) / 100:.2f}", "updated_at": "2026-11-27T10:00:00.123456Z"}
+    return json.dumps({
+        "before": {"id": key, "email": None, "city": None, "balance": None, "updated_at": None} if op == "d" else None,
+        "after": None if op == "d" else row,
+        "source": {"version": "3.6.1.Final", "connector": "postgresql", "name": "bench", "ts_ms": 1795780800000,
+                   "snapshot": "true" if op == "r" else "false", "db": "cdc", "sequence": f'[null,"{lsn}"]',
+                   "schema": "public", "table": "customers", "txId": lsn // 4, "lsn": lsn, "xmin": None},
+        "op": op, "ts_ms": 1795780800000, "transaction": None}).encode()
+
+
+def produce_cdc(servers: str, topic: str, events: int, keys: int) -> tuple[float, int]:
+    """Produce `cdc_events` keyed by `{"id": key}` (a key's events in one partition, as Debezium's are), each delete
+    followed by its tombstone; returns (records per second, records produced)."""
+    producer = Producer(kafka_for(servers).confluent(**{"enable.idempotence": True, "linger.ms": 50,
+                                                        "batch.size": 1_000_000, "compression.type": "lz4"}))
+    started, produced = time.monotonic(), 0
+    for lsn, (op, key) in enumerate(cdc_events(events, keys), start=1):
+        record_key = json.dumps({"id": key}).encode()
+        for value in (cdc_value(op, key, lsn), *((None,) if op == "d" else ())):
+            while True:
+                try:
+                    producer.produce(topic, key=record_key, value=value)
+                    break
+                except BufferError:
+                    producer.poll(0.2)
+            produced += 1
+        if lsn % 10_000 == 0:
+            producer.poll(0)
+    producer.flush(120)
+    return produced / (time.monotonic() - started), produced
+
+
 def produce_avro(servers: str, topic: str, records: int, partitions: int, users: int = 5000) -> float:
     """The same records as `produce`, as Avro values written by AvroSerializer through the schema registry (subject
     `<topic>-value`, registered by the serializer); returns records per second."""
@@ -167,18 +234,22 @@ class Setup:
     lake_tables: list[str] = field(default_factory=list)  # the Iceberg peer's tables, lake.benchmark.<name>
     entity_keys: int | None = None  # distinct user ids, and an entity table keyed by them each round
     avro_topic: str | None = None  # the same records as Avro values (--format avro)
+    cdc_topic: str | None = None  # `records` change events over cdc_keys keys (--cdc), into an entity table
+    cdc_keys: int | None = None
+    cdc_records: int = 0  # the events and the tombstones after deletes
 
 
 def _pipeline(setup: Setup, name: str, delivery_mode: str, sink: str | None = None,
-              write: str = "append", value_format: str = "json") -> PipelineConfig:
+              write: str = "append", value_format: str = "json", cdc: bool = False) -> PipelineConfig:
     output = ({"sink": {"type": "iceberg", "namespace": SCHEMA, "table": name}} if (sink or setup.sink) == "iceberg"
               else {"output_table": name, "output_schema": SCHEMA})
     if write == "upsert":
-        output.update(write="upsert", key=["user_id"])
+        output.update(write="upsert", key=["id" if cdc else "user_id"])
+    topic = setup.cdc_topic if cdc else setup.avro_topic if value_format == "avro" else setup.topic
     config = setup.workdir / f"{name}.yaml"
     config.write_text(yaml.safe_dump({"pipelines": {name: {
-        "topics": [setup.avro_topic if value_format == "avro" else setup.topic], **output, "columns": COLUMNS,
-        "value": {"format": value_format},
+        "topics": [topic], **output, "columns": CDC_COLUMNS if cdc else COLUMNS,
+        "value": {"format": value_format, **({"envelope": "debezium"} if cdc else {})},
         "max_records_per_partition": setup.cap, "schedule": None, "delivery_mode": delivery_mode,
         "spark_runtime": setup.runtime,
     }}}))
@@ -189,17 +260,18 @@ def _pipeline(setup: Setup, name: str, delivery_mode: str, sink: str | None = No
 
 
 def round_pipeline(setup: Setup, delivery_mode: str, sink: str | None = None, write: str = "append",
-                   value_format: str = "json") -> PipelineConfig:
+                   value_format: str = "json", cdc: bool = False) -> PipelineConfig:
     """The benchmark's pipeline (of `sink`, by default the run's), started afresh for a round: the last round's
     table, ledger rows and positions removed. One pipeline rather than one per round, as a deployment's batches are
     a pipeline's batches one after the other: in the connect runtime they work in the pipeline's Spark Connect
     session, where the query's generated code stays compiled (runtimes/connect.py: pipeline_session)."""
     sink = sink or setup.sink
     name = setup.topic.replace("-", "_") + ("_lake" if sink == "iceberg" else "") + (
-        "_entity" if write == "upsert" else "") + ("_avro" if value_format == "avro" else "")
+        "_entity" if write == "upsert" else "") + ("_avro" if value_format == "avro" else "") + (
+        "_cdc" if cdc else "")
     for old in [p for p in setup.pipelines if p.name == name]:
         _remove_pipeline(setup, old)
-    return _pipeline(setup, name, delivery_mode, sink, write, value_format)
+    return _pipeline(setup, name, delivery_mode, sink, write, value_format, cdc)
 
 
 def _remove_pipeline(setup: Setup, pipeline: PipelineConfig) -> None:
@@ -247,9 +319,11 @@ def run_kafka_ledger(setup: Setup, pipeline: PipelineConfig) -> dict[str, Any]:
         "stages": {"plan": round(plan_seconds, 3), **result.stages,
                    **({"first_rows_after": gap} if (gap := until_first_rows(result.stages)) is not None else {})},
         "rows": rows, "dead_letters": result.records_dead_lettered,
-        # An entity table holds one row per user id; its batch still accounts for every record it read.
+        # An entity table holds one row per key; its batch still accounts for every record it read.
         "exact": batch.status == "committed" and (
-            rows == setup.entity_keys and result.records_written == setup.records if pipeline.is_entity_table
+            rows == setup.cdc_keys and result.records_written == setup.cdc_records
+            and result.records_dead_lettered == 0 if pipeline.value.envelope == "debezium"
+            else rows == setup.entity_keys and result.records_written == setup.records if pipeline.is_entity_table
             else rows + result.records_dead_lettered == setup.records),
         "peak_rss_mib": peaks,
     }
@@ -475,6 +549,11 @@ def summarise(setup: Setup, rounds: list[dict[str, Any]], partitions: int) -> di
             short = peer.split("_")[0]
             summary[f"ratio_vs_{short}"] = _median([r["kafka_ledger"]["seconds"] / r[peer]["seconds"] for r in rounds])
             exact = exact and all(r[peer]["exact"] for r in rounds)
+    if rounds and all("cdc" in r for r in rounds):
+        summary["cdc_seconds"] = _median([r["cdc"]["seconds"] for r in rounds])
+        summary["ratio_cdc_vs_append"] = _median([r["cdc"]["seconds"] / r["kafka_ledger"]["seconds"] for r in rounds])
+        summary.update(cdc_keys=setup.cdc_keys, cdc_records=setup.cdc_records)
+        exact = exact and all(r["cdc"]["exact"] for r in rounds)
     if rounds and all("kafka_ledger_avro" in r for r in rounds):
         summary["kafka_ledger_avro_seconds"] = _median([r["kafka_ledger_avro"]["seconds"] for r in rounds])
         summary["ratio_avro_vs_json"] = _median([r["kafka_ledger_avro"]["seconds"] / r["kafka_ledger"]["seconds"]
@@ -517,7 +596,7 @@ def _clean_up(setup: Setup, admin: AdminClient) -> None:
         catalog = lake.reader("lake")
         for table in setup.lake_tables:
             catalog.purge_table(tuple(table.split(".")[1:]))
-    for topic in filter(None, (setup.topic, setup.avro_topic)):
+    for topic in filter(None, (setup.topic, setup.avro_topic, setup.cdc_topic)):
         admin.delete_topics([topic])[topic].result(30)
 
 
@@ -563,6 +642,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", choices=["json", "avro"], default="json",
                         help="avro: the records also as Avro values on a second topic, kafka-ledger run on both each "
                              "round, and with --peers the Python peer with AvroDeserializer instead of the others")
+    parser.add_argument("--cdc", type=int, metavar="KEYS",
+                        help="also --records Debezium change events over KEYS keys on a second topic (a snapshot, "
+                             "60 %% updates, 10 %% deletes and their tombstones, 10 %% creates, a second snapshot), "
+                             "and each round an entity table of them (envelope: debezium) beside the append "
+                             "pipeline: ratio_cdc_vs_append")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows")
     parser.add_argument("--delivery-mode", choices=["exactly_once", "at_least_once"], default="exactly_once",
                         help="at_least_once: with spark-submit, the Spark job appends to the output table directly")
@@ -588,9 +672,10 @@ def main(argv: list[str] | None = None) -> int:
     runtime = args.runtime or deployment_spark_runtime()
     setup = Setup(servers, dsn, topic, records, args.cap, runtime, Path(tempfile.mkdtemp(prefix="kl-benchmark-")),
                   sink=args.sink, entity_keys=args.entity_keys,
-                  avro_topic=f"{topic}-avro" if args.format == "avro" else None)
+                  avro_topic=f"{topic}-avro" if args.format == "avro" else None,
+                  cdc_topic=f"{topic}-cdc" if args.cdc else None, cdc_keys=args.cdc)
     admin = AdminClient(kafka_for(servers).confluent())
-    for name in filter(None, (topic, setup.avro_topic)):
+    for name in filter(None, (topic, setup.avro_topic, setup.cdc_topic)):
         admin.create_topics([NewTopic(name, num_partitions=args.partitions, replication_factor=1)])[name].result(30)
     # Warm, as a worker is: the Airflow connection look-up imported once (the runtimes are imported above), and
     # the Spark Connect client started once, so that the first round times the server, not this process's
@@ -608,6 +693,10 @@ def main(argv: list[str] | None = None) -> int:
         if setup.avro_topic:
             rate = produce_avro(servers, setup.avro_topic, records, args.partitions, args.entity_keys or 5000)
             report({"produced_avro": records, "produce_records_per_s": round(rate)})
+        if setup.cdc_topic and setup.cdc_keys:
+            rate, setup.cdc_records = produce_cdc(servers, setup.cdc_topic, records, setup.cdc_keys)
+            report({"produced_cdc": setup.cdc_records, "events": records, "keys": setup.cdc_keys,
+                    "produce_records_per_s": round(rate)})
         if args.verify:
             lines = run_verify(setup, args.partitions, args.verify_extra)
             for line in lines:
@@ -626,6 +715,9 @@ def main(argv: list[str] | None = None) -> int:
             result: dict[str, Any] = {"round": round_no + 1, "kafka_ledger": contender}
             if args.entity_keys:
                 result["entity"] = run_kafka_ledger(setup, round_pipeline(setup, args.delivery_mode, write="upsert"))
+            if setup.cdc_topic:
+                result["cdc"] = run_kafka_ledger(setup, round_pipeline(setup, args.delivery_mode, write="upsert",
+                                                                       cdc=True))
             if setup.avro_topic:
                 result["kafka_ledger_avro"] = run_kafka_ledger(setup, round_pipeline(setup, args.delivery_mode,
                                                                                      value_format="avro"))

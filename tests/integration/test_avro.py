@@ -292,10 +292,11 @@ def test_a_registry_away_fails_the_plan_or_the_read_writing_nothing_and_the_retr
 
 
 @pytest.mark.parametrize("runtime", ["connect", "submit"])
-def test_a_pipeline_without_columns_takes_its_reader_schemas_fields_at_its_first_plan_and_keeps_them(
+def test_a_pipeline_without_columns_takes_its_reader_schemas_fields_and_the_fields_a_version_adds(
         dsn, servers, pipeline_factory, runtime):
     """Its first plan records every top-level field of the newest version as a column; a version registered later
-    (a field added) changes neither the columns nor the table, and its values still publish exactly."""
+    with a field added makes it a column at the next plan, added to the table by that batch's commit, and its values
+    publish exactly."""
     from integration_support import assert_exactly_once, catch_up, query
 
     from kafka_ledger.config.settings import services_for
@@ -322,21 +323,28 @@ def test_a_pipeline_without_columns_takes_its_reader_schemas_fields_at_its_first
         assert_exactly_once(dsn, servers, pipeline, {})
         return
 
-    # Version 2 adds channel (with a default): the columns stay those of version 1, and its values publish.
+    # Version 2 adds channel (with a default): a column from the next plan on, added to the table with the rows of
+    # its batch (the first batch's rows hold NULL there); its values, and version 1's after it, publish.
     v2 = serializer(client, V2)
     landed += _produce(servers, topic, [(encode(v2, topic, {**order(i), "channel": "app"}), f"c{i}".encode())
                                         for i in range(6, 10)])
+    landed += _produce(servers, topic, [(encode(v1, topic, order(10)), b"c10")])
     second = catch_up(dsn, servers, pipeline)
     assert second.batch_id is not None
     assert_exactly_once(dsn, servers, pipeline, {})
+    with ledger.session(services_for(dsn, servers).ledger) as conn, conn.cursor() as cur:
+        recorded = ledger.pipeline_columns(cur, pipeline.name)
+    assert (recorded.version, recorded.columns) == (2, [*expected_columns, {"name": "channel", "type": "string"}])
     table = pipeline.qualified_output_table
     schema_name, table_name = table.split(".")
     assert [name for (name,) in query(dsn, "SELECT column_name FROM information_schema.columns WHERE table_schema = "
                                            f"'{schema_name}' AND table_name = '{table_name}' ORDER BY ordinal_position"
-                                      )][:len(expected_columns)] == [c["name"] for c in expected_columns]
+                                      ) if not name.startswith("kafka_") and name != "batch_id"] == [
+        *(c["name"] for c in expected_columns), "channel"]
     rows = {(p, o): rest for p, o, *rest in query(
-        dsn, f"SELECT kafka_partition, kafka_offset, order_id, amount, address, total, digest FROM {table}")}
-    assert {landed[i][1:]: rows[landed[i][1:]][0] for i in range(10)} == {landed[i][1:]: f"o{i}" for i in range(10)}
-    order_id, amount, address, total, stored_digest = rows[landed[7][1:]]
-    assert (amount, address, total, bytes(stored_digest)) == (
-        Decimal("7.5000"), {"city": "Lyon", "zip": None}, 700, digest(7))
+        dsn, f"SELECT kafka_partition, kafka_offset, order_id, amount, address, total, digest, channel FROM {table}")}
+    assert {landed[i][1:]: rows[landed[i][1:]][0] for i in range(11)} == {landed[i][1:]: f"o{i}" for i in range(11)}
+    order_id, amount, address, total, stored_digest, channel = rows[landed[7][1:]]
+    assert (amount, address, total, bytes(stored_digest), channel) == (
+        Decimal("7.5000"), {"city": "Lyon", "zip": None}, 700, digest(7), "app")
+    assert [rows[landed[i][1:]][-1] for i in (0, 5, 10)] == [None, None, "web"]

@@ -1,10 +1,11 @@
 """The columns of an Avro pipeline that leaves `columns:` out: taken from its reader schema at its first plan, recorded
-in the ledger, and the same for every batch after.
+in the ledger, and extended by a later plan that finds a newer version with new fields.
 
 Every entry point that reads, publishes or prepares a pipeline's table resolves its columns here first; a pipeline
-that declares its columns passes through unchanged. Taking them once keeps the output table's shape fixed while the
-subject gains versions (a field added later is not a column until it is declared); each batch still decodes with
-the reader schema its plan pinned, which must fill these columns or the plan is refused.
+that declares its columns passes through unchanged. A field added to the subject becomes a column at the first plan
+that pins a version holding it, and the commit of that batch adds it to the output (sinks/postgres/evolution.py, the
+Iceberg sink's evolve_schema); each batch still decodes with the reader schema its plan pinned: one pinned before a
+column existed reads it as NULL (formats/avro.py).
 """
 
 from __future__ import annotations
@@ -72,22 +73,35 @@ def with_columns_taken(cur: ledger.Cursor, pipeline: PipelineConfig, topics: lis
     if not pipeline.columns_from_reader_schema:
         return pipeline
     found = ledger.pipeline_columns(cur, pipeline.name)
+    if found is None and pipeline.value.subject is None and not topics:
+        raise avro_registry.ReaderSchemaRefused(
+            f"pipeline {pipeline.name} takes its columns from its topics' reader schema, and none of its topics "
+            "exists yet")
+    subject = found.subject if found else pipeline.value.subject or pipeline.value.subject_of(min(topics))
+    schema_id, version, reader = avro_registry.newest_reader(schema_registry().client(), subject)
+    if found is not None and found.schema_id == schema_id:
+        return _applied(pipeline, found)
+    try:
+        columns = declared_columns(reader, pipeline.value.envelope)
+    except ValueError as exc:
+        raise avro_registry.ReaderSchemaRefused(
+            f"pipeline {pipeline.name} cannot take its columns from version {version} of subject {subject}: "
+            f"{exc}. Declare its `columns:`") from None
     if found is None:
-        if pipeline.value.subject is None and not topics:
-            raise avro_registry.ReaderSchemaRefused(
-                f"pipeline {pipeline.name} takes its columns from its topics' reader schema, and none of its topics "
-                "exists yet")
-        subject = pipeline.value.subject or pipeline.value.subject_of(min(topics))
-        schema_id, version, reader = avro_registry.newest_reader(schema_registry().client(), subject)
-        try:
-            columns = declared_columns(reader, pipeline.value.envelope)
-        except ValueError as exc:
-            raise avro_registry.ReaderSchemaRefused(
-                f"pipeline {pipeline.name} cannot take its columns from version {version} of subject {subject}: "
-                f"{exc}. Declare its `columns:`") from None
         found = ledger.record_pipeline_columns(cur, pipeline.name, ledger.RecordedColumns(
             subject, schema_id, version, columns))
         log.info("pipeline %s takes its columns from version %s of subject %s (schema id %s): %s", pipeline.name,
                  found.version, found.subject, found.schema_id,
                  ", ".join(f"{c['name']} {c['type']}" for c in found.columns))
+        return _applied(pipeline, found)
+    # A newer version: its new fields become columns, added to the output by the commit of this batch (the first
+    # that reads them). A field it no longer has stays a column: the plan's check of the reader refuses it, naming it.
+    known = {c["name"] for c in found.columns}
+    added = [c for c in columns if c["name"] not in known]
+    found = ledger.extend_pipeline_columns(cur, pipeline.name, ledger.RecordedColumns(
+        subject, schema_id, version, [*found.columns, *added]))
+    if added:
+        log.info("pipeline %s takes the new field(s) of version %s of subject %s (schema id %s) as column(s): %s; "
+                 "the commit of this batch adds them to its output", pipeline.name, version, subject, schema_id,
+                 ", ".join(f"{c['name']} {c['type']}" for c in added))
     return _applied(pipeline, found)

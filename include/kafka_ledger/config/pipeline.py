@@ -473,8 +473,8 @@ class PipelineConfig(BaseModel):
         default=None, min_length=1, json_schema_extra={"reference_default": "required (format `avro`: optional)"},
         description="the fields of the record, one column each ([Columns](#columns)); names may not reuse "
                     "the `kafka_*` columns. Format `avro` may leave them out: the pipeline's first plan then takes "
-                    "every top-level field of its reader schema, and every later batch the same ([Avro values]"
-                    "(#avro-values))")
+                    "every top-level field of its reader schema, and a later plan the fields a newer version adds "
+                    "([Avro values](#avro-values))")
     max_records_per_partition: int = Field(
         default=100_000, ge=1,
         description="offsets per partition per batch: bounds one batch's memory")

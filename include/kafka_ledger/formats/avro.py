@@ -276,10 +276,18 @@ class AvroFormat(ValueFormat):
         value: Column | None = None
         problems: Column | None = None
         for topic, schemas in sorted(self.schemas.items()):
-            raw = F.col(_decoded_column(topic))
-            for key in column.field_path:
-                raw = raw.getField(key)
-            read, problem = _as_kind(raw, column.type, field_type(schemas.reader, column.field_path), column.label)
+            try:
+                avro_type = field_type(schemas.reader, column.field_path)
+            except KeyError:
+                # A column the batch's pinned reader lacks: added to the pipeline after the batch was planned (a
+                # retry, a replay), its records have no value for it. A new batch's reader fills every column, or
+                # its plan is refused (columns_problems).
+                read, problem = F.lit(None).cast(column.type.spark_type()), F.lit(None).cast("string")
+            else:
+                raw = F.col(_decoded_column(topic))
+                for key in column.field_path:
+                    raw = raw.getField(key)
+                read, problem = _as_kind(raw, column.type, avro_type, column.label)
             is_topic = F.col("topic") == topic
             value = F.when(is_topic, read) if value is None else value.when(is_topic, read)
             problems = F.when(is_topic, problem) if problems is None else problems.when(is_topic, problem)

@@ -247,6 +247,14 @@ def record_pipeline_columns(cur: Cursor, pipeline: str, recorded: RecordedColumn
     return standing
 
 
+def extend_pipeline_columns(cur: Cursor, pipeline: str, recorded: RecordedColumns) -> RecordedColumns:
+    """Record a newer version of a pipeline's subject and its columns (the earlier ones first, then those added)."""
+    cur.execute(sql.UPDATE_PIPELINE_COLUMNS, {
+        "pipeline": pipeline, "schema_id": recorded.schema_id, "version": recorded.version,
+        "columns": psycopg2.extras.Json(recorded.columns)})
+    return recorded
+
+
 def pipeline_columns(cur: Cursor, pipeline: str) -> RecordedColumns | None:
     """The columns a pipeline took from its reader schema at its first plan (None: not recorded)."""
     cur.execute(sql.SELECT_PIPELINE_COLUMNS, {"pipeline": pipeline})

@@ -117,6 +117,12 @@ INSERT_PIPELINE_COLUMNS = """
     VALUES (%(pipeline)s, %(subject)s, %(schema_id)s, %(version)s, %(columns)s)
     ON CONFLICT (pipeline) DO NOTHING
 """
+# A newer version's fields added to them (batch/columns.py), at a plan, under the pipeline's lock.
+UPDATE_PIPELINE_COLUMNS = """
+    UPDATE kafka_ledger.pipeline_columns
+    SET schema_id = %(schema_id)s, version = %(version)s, columns = %(columns)s, recorded_at = now()
+    WHERE pipeline = %(pipeline)s
+"""
 SELECT_PIPELINE_COLUMNS = """
     SELECT subject, schema_id, version, columns FROM kafka_ledger.pipeline_columns WHERE pipeline = %(pipeline)s
 """
