@@ -38,6 +38,8 @@ KL_SCHEMA_REGISTRY_PORT=${KL_SCHEMA_REGISTRY_PORT:-$(kl_port 18085)}
 # data capture from its `cdc` database); its REST API on loopback. Started on demand (`scripts/stack.sh
 # kafka-connect`: the CDC demo and tests), never by `up`.
 KL_KAFKA_CONNECT_PORT=${KL_KAFKA_CONNECT_PORT:-$(kl_port 18083)}
+# Its REST API's user (basic authentication; the password KL_KAFKA_CONNECT_PASSWORD in $KL_SECRETS).
+KL_KAFKA_CONNECT_USER=${KL_KAFKA_CONNECT_USER:-kafka-ledger}
 # Toxiproxy (a TCP proxy with an HTTP API) between the clients and each service, for the fault campaign's network
 # faults: started on demand (`scripts/stack.sh proxies`: the tests and `scripts/fault_campaign.sh --network`), never
 # by `up`. Loopback only; its API has no authentication (a test tool: it injects faults, it holds no data).
@@ -85,7 +87,7 @@ mkdir -p "$(dirname "$KL_SECRETS")"
   flock 9  # two first runs at once: one writes, the other then reads the same values
   for name in KL_PG_SUPERUSER_PASSWORD KL_PG_LEDGER_PASSWORD KL_PG_AIRFLOW_PASSWORD KL_PG_AIRFLOW_TEST_PASSWORD \
               KL_PG_LAKE_PASSWORD KL_PG_CDC_PASSWORD KL_KAFKA_SASL_PASSWORD KL_KAFKA_KEYSTORE_PASSWORD \
-              KL_SPARK_AUTH_SECRET; do
+              KL_SPARK_AUTH_SECRET KL_KAFKA_CONNECT_PASSWORD; do
     grep -q "^$name=" "$KL_SECRETS" 2>/dev/null \
       || printf '%s=%s\n' "$name" "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" >>"$KL_SECRETS"
   done
@@ -141,7 +143,7 @@ export AIRFLOW_CONN_KAFKA_LEDGER_KAFKA=${AIRFLOW_CONN_KAFKA_LEDGER_KAFKA:-"{\"co
 
 export KL_SECRETS KL_PG_AIRFLOW_TEST_PASSWORD KL_KAFKA_SASL_PASSWORD KL_KAFKA_SASL_PORT KL_TLS_DIR KL_KAFKA_SASL_USER
 export KL_HOME KL_STACK_SLOT KL_STATE KL_CACHE KL_VENV KL_KAFKA_LIBS KL_LOCAL_KAFKA KL_LOCAL_POSTGRES KL_LOCAL_SPARK_CONNECT KL_LOCAL_SCHEMA_REGISTRY KL_KAFKA_PORT KL_LAKE_DIR KL_SCHEMA_REGISTRY_PORT
-export KL_KAFKA_CONNECT_PORT KL_PG_CDC_PASSWORD
+export KL_KAFKA_CONNECT_PORT KL_KAFKA_CONNECT_USER KL_KAFKA_CONNECT_PASSWORD KL_PG_CDC_PASSWORD
 export KL_SPARK_SLOTS KL_SPARK_POOL_DESCRIPTION KL_KAFKA_CONTROLLER_PORT KL_PG_PORT KL_AIRFLOW_PORT KL_AIRFLOW_TEST_PORT KL_SPARK_CONNECT_PORT KL_SPARK_CONNECT_MEMORY KL_SPARK_CONNECT_CORES
 # Spark's settings for every Spark process of the stack (the cluster, spark-submit, the Connect server): a
 # spark-defaults.conf made from the secrets by scripts/stack.sh, so the RPC secret is on no command line.

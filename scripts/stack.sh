@@ -499,8 +499,12 @@ environment=REGISTRY_DATASOURCE_URL=\"jdbc:h2:file:$KL_STATE/schema-registry/reg
 KAFKA_CONNECT_DIR=$KL_STATE/kafka-connect
 LOCAL_KAFKA_CONNECT=http://127.0.0.1:$KL_KAFKA_CONNECT_PORT
 
+# Up when its REST API answers, and asks a request without credentials for them (no password on a command line).
+kafka_connect_ready() { [ "$(curl -s -o /dev/null -w '%{http_code}' "$LOCAL_KAFKA_CONNECT/connectors")" = 401 ]; }
+
 # A standalone worker (its connectors' offsets in a file of the stack's state) writing to the local broker, its REST
-# API on loopback. The source database's password is in a file only we may read, which the worker's FileConfigProvider
+# API on loopback, behind basic authentication (Kafka's BasicAuthSecurityRestExtension: the user and password in a
+# JAAS property file only we may read). The source database's password is in a file only we may read, which the worker's FileConfigProvider
 # reads when a connector's config says `${file:<that file>:password}`: the connector's config, as the REST API shows
 # it and the worker logs it, holds that reference, never the password.
 start_kafka_connect() {
@@ -508,17 +512,25 @@ start_kafka_connect() {
     || die "kafka connect: the local stack's Kafka and Postgres only (Debezium captures its cdc database)"
   compgen -G "$KAFKA_CONNECT_LIBS/connect-runtime-*.jar" >/dev/null || die "no Kafka Connect in $KAFKA_CONNECT_LIBS: run scripts/stack.sh install"
   mkdir -p "$KAFKA_CONNECT_DIR"; chmod 700 "$KAFKA_CONNECT_DIR"
-  (umask 077; printf 'password=%s\n' "$KL_PG_CDC_PASSWORD" >"$KAFKA_CONNECT_DIR/source-db.properties")
+  (umask 077; printf 'password=%s\n' "$KL_PG_CDC_PASSWORD" >"$KAFKA_CONNECT_DIR/source-db.properties"
+   printf '%s: %s\n' "$KL_KAFKA_CONNECT_USER" "$KL_KAFKA_CONNECT_PASSWORD" >"$KAFKA_CONNECT_DIR/rest-credentials.properties")
+  cat >"$KAFKA_CONNECT_DIR/rest-jaas.conf" <<JAAS
+KafkaConnect {
+  org.apache.kafka.connect.rest.basic.auth.extension.PropertyFileLoginModule required
+  file="$KAFKA_CONNECT_DIR/rest-credentials.properties";
+};
+JAAS
   sed -e "s#@KAFKA@#$LOCAL_KAFKA#g" -e "s#@PORT@#$KL_KAFKA_CONNECT_PORT#g" -e "s#@STATE@#$KAFKA_CONNECT_DIR#g" \
       -e "s#@PLUGINS@#$DEBEZIUM_PLUGINS#g" "$KL_HOME/stack/kafka-connect/worker.properties" >"$KAFKA_CONNECT_DIR/worker.properties"
   write_program kafka-connect 25 TERM 60 true "java -Xms128m -Xmx512m -XX:+UseSerialGC -cp $KAFKA_CONNECT_LIBS/* \
 -Dlog4j2.configurationFile=$KL_HOME/stack/kafka-connect/log4j2.properties -Dkafka.logs.dir=$LOGS \
+-Djava.security.auth.login.config=$KAFKA_CONNECT_DIR/rest-jaas.conf \
 org.apache.kafka.connect.cli.ConnectStandalone $KAFKA_CONNECT_DIR/worker.properties"
   apply_programs
   if running kafka-connect; then say "kafka connect: already running (pid $(service_pid kafka-connect))"; return; fi
   port_open "$KL_KAFKA_CONNECT_PORT" && die "port $KL_KAFKA_CONNECT_PORT is taken (another Kafka Connect?): stop it or set KL_KAFKA_CONNECT_PORT"
-  start_and_await kafka-connect "Kafka Connect" 120 curl -sf -o /dev/null "$LOCAL_KAFKA_CONNECT/connector-plugins"
-  say "kafka connect: $LOCAL_KAFKA_CONNECT, Debezium's PostgreSQL connector on its plugin path (pid $(service_pid kafka-connect), log $LOGS/kafka-connect.log)"
+  start_and_await kafka-connect "Kafka Connect" 120 kafka_connect_ready
+  say "kafka connect: $LOCAL_KAFKA_CONNECT (user $KL_KAFKA_CONNECT_USER, password KL_KAFKA_CONNECT_PASSWORD in $KL_SECRETS), Debezium's PostgreSQL connector on its plugin path (pid $(service_pid kafka-connect), log $LOGS/kafka-connect.log)"
 }
 
 # --- Toxiproxy (the fault campaign's network faults) ----------------------------------------------------

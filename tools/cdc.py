@@ -3,6 +3,7 @@ Debezium's PostgreSQL connector on the stack's Kafka Connect worker, registered 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -46,9 +47,12 @@ def _password_file() -> Path:
 
 
 def _request(method: str, path: str, body: dict | None = None) -> Any:
+    """A request to the worker's REST API, with its user's credentials (basic authentication)."""
+    credentials = base64.b64encode(f"{_env('KL_KAFKA_CONNECT_USER')}:{_env('KL_KAFKA_CONNECT_PASSWORD')}".encode())
     request = urllib.request.Request(worker_url() + path, method=method,
                                      data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+                                     headers={"Content-Type": "application/json", "Accept": "application/json",
+                                              "Authorization": f"Basic {credentials.decode()}"})
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             text = response.read()

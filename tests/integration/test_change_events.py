@@ -57,8 +57,8 @@ CASES: list[tuple[bytes | None, str | None, tuple | None, bool]] = [
     (None, None, (None,) * 7, True),
     (event("d", None, None), "delete event (op d) without its key: field 'before.id' is null (the source table's "
                              "REPLICA IDENTITY must hold the key)", None, True),
-    (event("t", None, None), "truncate event (op t): not applied to an entity table (delete its rows deliberately, "
-                             "e.g. with a reset)", None, False),
+    (event("t", None, None), "truncate event (op t): not applied to an entity table (to apply it, delete the "
+                             "table's rows yourself)", None, False),
     (event("m", None, None), "unknown op 'm' (a change event's op is c, r, u or d)", None, False),
     (event(None, None, ANNE), "not a change event: no op (envelope debezium; a row already unwrapped, e.g. by "
                               "ExtractNewRecordState, needs no envelope)", None, False),
@@ -183,5 +183,5 @@ def test_avro_change_events_through_the_registry_decode_to_their_changes(spark):
     assert published == {0: [(*ROW, "r", 42, 7), False], 1: [(1004, "Anne", "Kretchmar", None, "u", 42, 7), False],
                          2: [(1004, *(None,) * 6), True], 3: [(None,) * 7, True]}
     assert {o: error for o, (error, _, _) in lean.items() if error is not None} == {
-        4: "truncate event (op t): not applied to an entity table (delete its rows deliberately, e.g. with a reset)",
+        4: "truncate event (op t): not applied to an entity table (to apply it, delete the table's rows yourself)",
         5: "required field 'after.first_name' is missing or null"}

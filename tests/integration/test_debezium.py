@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import random
+import urllib.error
+import urllib.request
 from decimal import Decimal
 from pathlib import Path
 
@@ -80,6 +82,10 @@ def test_the_entity_table_equals_the_source_table_through_every_kind_of_change(
         # REST API shows holds the reference only.
         shown = capture.shown_config()
         assert shown["database.password"].startswith("${file:")
+        # The worker's REST API answers its user only.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{cdc.worker_url()}/connectors/{capture.name}/config", timeout=10)
+        assert refused.value.code == 401
         password = os.environ["KL_PG_CDC_PASSWORD"]
         assert password not in str(shown)
 

@@ -176,7 +176,7 @@ class DebeziumChanges(Envelope):
             F.when(op.isNull(), F.lit(f"not a change event: no op (envelope {event}; a row already unwrapped, e.g. "
                                       "by ExtractNewRecordState, needs no envelope)"))
             .when(op == F.lit(debezium.TRUNCATE_OP), F.lit("truncate event (op t): not applied to an entity table "
-                                                           "(delete its rows deliberately, e.g. with a reset)"))
+                                                           "(to apply it, delete the table's rows yourself)"))
             .when(~upsert & ~delete, F.concat(F.lit("unknown op '"), op, F.lit("' (a change event's op is c, r, u "
                                                                                  "or d)"))))
         moved = {c.name: c for c in self.reading(pipeline).columns}

@@ -126,6 +126,9 @@ def _value_document(pipeline: PipelineConfig) -> Column:
     if pipeline.value.envelope != "debezium":
         return document
     text = document.cast("string")
+    # get_json_object writes the payload out again: integers and strings as they were, a fractional number as the
+    # double it parses to. The JsonConverter writes only doubles that way (a Connect FLOAT64; decimals are strings or
+    # bytes): nothing it wrote changes.
     payload = F.when(text.rlike(_WRAPPED), F.get_json_object(text, "$.payload").cast("binary"))
     return F.coalesce(payload, document)
 
