@@ -1,8 +1,8 @@
 """Change data capture with the real Debezium: its PostgreSQL connector on the stack's Kafka Connect worker captures
 a source table in the stack's Postgres; the pipeline (`envelope: debezium`) makes its entity table equal the source
-table row by row, through snapshots, inserts, updates, deletes, re-inserts and key changes, replays and more
-changes after them, a column added to the source table while it runs; both runtimes, REPLICA IDENTITY DEFAULT and
-FULL, with and without the JsonConverter's wrapper."""
+table row by row, through snapshots, inserts, updates, deletes, re-inserts and key changes, a replay and a backfill
+over them and more changes after, a column added to the source table while it runs; both runtimes, REPLICA IDENTITY
+DEFAULT and FULL, with and without the JsonConverter's wrapper."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import random
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from integration_support import (
     topic_name,
 )
 
-from kafka_ledger.batch.plan import plan_next_batch
+from kafka_ledger.batch.plan import plan_batch, plan_next_batch
 from kafka_ledger.config.pipeline import get_pipeline
 from kafka_ledger.config.settings import services_for
 from kafka_ledger.runtimes import run_batch
@@ -76,6 +77,7 @@ def test_the_entity_table_equals_the_source_table_through_every_kind_of_change(
     cdc.create_source_table(cur, table, identity)
     made, next_id = cdc.change_source(cur, table, rng, 40, next_id=1)   # before the connector: its snapshot
     snapshot = len(cdc.source_rows(cur, table))
+    started = datetime.now(UTC) - timedelta(seconds=5)
     capture.register()
     try:
         # The source database's password reaches the connector through the worker's config provider: the config the
@@ -108,6 +110,15 @@ def test_the_entity_table_equals_the_source_table_through_every_kind_of_change(
                               "--reason", "replay over deletes")
         assert code == 0, (data, err)
         assert batches(dsn, pipeline)[-1].kind == "offset_ranges"
+        assert _entity_rows(dsn, pipeline) == cdc.source_rows(cur, table)
+        # An Airflow backfill of the minutes the events were written in, as its plan task plans one (its data
+        # interval): the same.
+        services = services_for(dsn, servers)
+        backfill = plan_batch(services, pipeline, dag_id=pipeline.dag_id, run_id=f"backfill__{runtime}",
+                              requested_by="backfill", backfill_window=(started, datetime.now(UTC)))
+        assert backfill.batch_id is not None
+        run_batch(pipeline, backfill.batch_id, services)
+        assert batches(dsn, pipeline)[-1].kind == "backfill"
         assert _entity_rows(dsn, pipeline) == cdc.source_rows(cur, table)
 
         # A column added to the source table while the pipeline runs, and to the declaration: the commit that
