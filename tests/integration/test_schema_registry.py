@@ -68,3 +68,15 @@ def test_the_cli_declares_the_columns_of_a_subject_s_newest_version():
         {"name": "lines", "type": "jsonb"}]})
     code, out, err = cli("columns", f"it-{uuid.uuid4().hex[:8]}-value")
     assert (code, out) == (3, None) and "no version of subject" in err
+    # A subject of Debezium's change events: the fields of their row image; a subject of rows is no such subject.
+    events = f"it-{uuid.uuid4().hex[:8]}-value"
+    row = json.loads(_schema("Value", {"name": "id", "type": "long"}, {"name": "Email", "type": "string"}))
+    schema_id = client.register_schema(events, Schema(json.dumps({
+        "type": "record", "name": "Envelope", "fields": [
+            {"name": "before", "type": ["null", row], "default": None},
+            {"name": "after", "type": ["null", "Value"], "default": None}, {"name": "op", "type": "string"}]}), "AVRO"))
+    code, out, _ = cli("columns", events, "--envelope", "debezium")
+    assert (code, out) == (0, {"subject": events, "version": 1, "schema_id": schema_id, "columns": [
+        {"name": "id", "type": "long"}, {"name": "email", "type": "string", "path": "Email"}]})
+    code, out, err = cli("columns", subject, "--envelope", "debezium")
+    assert code == 3 and "not a change event's schema: the reader schema has no field after" in err
