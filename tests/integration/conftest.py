@@ -153,6 +153,8 @@ PIPELINES = {
     "campaign_network": {"max_records_per_partition": 300, "spark_runtime": "connect"},
     "campaign_entity": {"max_records_per_partition": 300, "spark_runtime": "connect", "write": "upsert",
                         "key": ["event_id"]},
+    "campaign_change_events": {"max_records_per_partition": 300, "spark_runtime": "connect", "write": "upsert",
+                               "key": ["event_id"], "value": {"format": "json", "envelope": "debezium"}},
     # Driven through a running Airflow and its REST API (test_airflow_rest.py).
     # Its positions are mirrored into a consumer group, read back with Kafka's own kafka-consumer-groups.
     "rest": {"schedule": "@hourly", "max_records_per_partition": 100,

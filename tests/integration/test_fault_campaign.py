@@ -141,3 +141,24 @@ def test_every_kind_of_fault_on_an_entity_table_loses_and_doubles_nothing(dsn, s
     assert report["verify_ok"]
     missed = [it for it in report["iterations"] if "missed" in it["landed"]]
     assert not missed, f"faults that did not land: {missed}"
+
+
+def test_every_kind_of_fault_on_debeziums_change_events_loses_and_doubles_nothing(
+        dsn, servers, pipeline_factory, tmp_path):
+    """Debezium's change events into an entity table (envelope: debezium): after each fault that strikes its merge,
+    the table holds each entity's newest row image, a deleted entity none (its delete in the tombstones), the Kafka
+    tombstones after deletes change nothing, and the events not applied are dead letters with their reasons."""
+    pipeline = pipeline_factory("campaign_change_events", partitions=4)
+    seed = int(os.environ.get("KAFKA_LEDGER_CAMPAIGN_SEED", "5"))
+    campaign = Campaign(pipeline, dsn, servers, seed=seed, faults=len(ENTITY_MERGE_FAULTS), records_per_fault=1000,
+                        workdir=tmp_path, kinds=ENTITY_MERGE_FAULTS)
+    assert campaign.entity and campaign.change_events
+    report = campaign.run_all()
+
+    assert report["faults_by_kind"] == dict.fromkeys(ENTITY_MERGE_FAULTS, 1)
+    assert (report["lost"], report["duplicated"], report["unexpected"], report["wrong_content"]) == (0, 0, 0, 0)
+    assert report["entities"] == report["output_rows"] > 0 and report["tombstones"] > 0
+    assert report["dead_letters"] > 0
+    assert report["verify_ok"]
+    missed = [it for it in report["iterations"] if "missed" in it["landed"]]
+    assert not missed, f"faults that did not land: {missed}"

@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", choices=["append", "upsert"], default="append",
                         help="the pipeline's write: append (a row per record) or upsert (an entity table keyed by "
                              "event_id: each record a version of one of 97 entities, some tombstones)")
+    parser.add_argument("--envelope", choices=["none", "debezium"], default="none",
+                        help="with --write upsert: debezium, each record a Debezium change event (updates of the "
+                             "entities' row images, deletes, the Kafka tombstones after them, events not applied)")
     parser.add_argument("--doorbell", action="store_true",
                         help="the pipeline runs by its doorbell under a dedicated Airflow (scheduler, triggerer), "
                              "whose triggerer and scheduler the faults kill (tools/fault_campaign/doorbell.py)")
@@ -76,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--doorbell: a doorbell campaign is not resumed")
     if args.format == "avro" and (args.doorbell or args.write != "append"):
         parser.error("--format avro: a campaign of plain runs (no --doorbell) into an append-only table")
+    if args.envelope != "none" and args.write != "upsert":
+        parser.error("--envelope debezium: change events go into an entity table (--write upsert)")
     if args.rate and not args.doorbell:
         parser.error("--rate: only with --doorbell (the other campaigns produce a twelfth of --records-per-fault a "
                      "second)")
@@ -118,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             command += f" --write {args.write}"
         if args.format != "json":
             command += f" --format {args.format}"
+        if args.envelope != "none":
+            command += f" --envelope {args.envelope}"
         if args.doorbell:
             command += " --doorbell"
         if args.rate:
@@ -129,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = {"command": command, "write_docs": str(args.write_docs) if args.write_docs else None,
                     "keep": args.keep, "pipeline": f"fault_campaign_{tag}", "partitions": args.partitions,
                     "runtime": runtime, "network": args.network, "sink": args.sink, "write": args.write,
-                    "doorbell": args.doorbell, "format": args.format,
+                    "doorbell": args.doorbell, "format": args.format, "envelope": args.envelope,
                     "topic": f"fault-campaign-{tag.replace('_', '-')}"}
     workdir.mkdir(parents=True, exist_ok=True)
     # Airflow's logging (which relays the Spark jobs' output) writes to stdout: point stdout at a log file,
@@ -155,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         output = ({"sink": {"type": "iceberg", "namespace": "fault_campaign", "table": name}}
                   if settings.get("sink") == "iceberg" else {"output_schema": "fault_campaign", "output_table": name})
         config.write_text(yaml.safe_dump({"pipelines": {name: {
-            "topics": [topic], **output, "columns": COLUMNS, "value": {"format": settings.get("format", "json")},
+            "topics": [topic], **output, "columns": COLUMNS,
+            "value": {"format": settings.get("format", "json"), "envelope": settings.get("envelope", "none")},
             "max_records_per_partition": max(100, args.records_per_fault // args.partitions), "schedule": None,
             "spark_conf": {"spark.sql.shuffle.partitions": "2"}, "spark_runtime": settings["runtime"],
             **({"write": "upsert", "key": ["event_id"]} if settings.get("write") == "upsert" else {}),

@@ -38,6 +38,50 @@ def record_value(seq: int, entity: bool = False) -> bytes | None:
                        "ok": seq % 2 == 0, "event_time": "2026-11-21T10:00:00Z"}).encode()
 
 
+# A change-event campaign (envelope: debezium): record `seq` is a Debezium change event of entity u<seq % ENTITIES>, an
+# update of its row image; at remainder 5 of TOMBSTONE_EVERY its delete, at remainder 7 a Kafka tombstone, which
+# changes nothing (Debezium writes one after each delete); every BAD_EVERY-th one of these events not applied.
+CDC_BAD_EVENTS: list[tuple[bytes, str]] = [
+    (b'{"op": "u", "after": {"event_id": "x", "amount": 1', "malformed JSON (not a JSON object)"),
+    (b'{"after": {"event_id": "x", "amount": 2}}', "not a change event: no op (envelope debezium; a row already "
+                                                    "unwrapped, e.g. by ExtractNewRecordState, needs no envelope)"),
+    (b'{"op": "t", "before": null, "after": null}', "truncate event (op t): not applied to an entity table (to apply "
+                                                     "it, delete the table's rows yourself)"),
+    (b'{"op": "u", "after": {"amount": 3}}', "required field 'after.event_id' is missing or null"),
+    (b'{"op": "u", "after": {"event_id": "y", "amount": "many"}}', "field 'after.amount' is not a valid long"),
+    (b'{"op": "d", "before": null, "after": null}', "delete event (op d) without its key: field 'before.event_id' is "
+                                                     "null (the source table's REPLICA IDENTITY must hold the key)"),
+]
+
+
+def change_effect(seq: int) -> str:
+    """What change event `seq` does to its entity: `row` (its newest version), `delete`, `none` (a Kafka tombstone),
+    or `dead letter`."""
+    if seq % BAD_EVERY == 0:
+        return "dead letter"
+    return {5: "delete", 7: "none"}.get(seq % TOMBSTONE_EVERY, "row")
+
+
+def change_event(seq: int) -> bytes | None:
+    """The value of change event `seq` (change_effect says what it does)."""
+    effect = change_effect(seq)
+    if effect == "dead letter":
+        return CDC_BAD_EVENTS[(seq // BAD_EVERY) % len(CDC_BAD_EVENTS)][0]
+    if effect == "none":
+        return None
+    row = json.loads(record_value(seq, entity=True) or b"{}") if effect == "row" else None
+    return json.dumps({"before": {"event_id": entity_of(seq)} if effect == "delete" else None, "after": row,
+                       "source": {"connector": "postgresql", "lsn": seq}, "op": "d" if effect == "delete" else "u",
+                       "ts_ms": 1795780800000}).encode()
+
+
+def change_event_reason(seq: int) -> str | None:
+    """The dead-letter reason of change event `seq`, None for one that is applied (or changes nothing)."""
+    if change_effect(seq) != "dead letter":
+        return None
+    return CDC_BAD_EVENTS[(seq // BAD_EVERY) % len(CDC_BAD_EVENTS)][1]
+
+
 def record_key(seq: int, entity: bool = False) -> bytes:
     """Record `seq`'s Kafka key: it carries the sequence number (a resumed campaign reads it back); an entity's
     names the entity too, a JSON object as the tombstones' keys are read."""
@@ -163,13 +207,14 @@ class SequenceProducer:
 
     def __init__(self, servers: str, topic: str, rate: float, landed: dict[tuple[int, int], int] | None = None,
                  entity_partitions: int | None = None, records: JsonRecords | AvroRecords | None = None,
-                 delivery_timeout: float = 120):
+                 delivery_timeout: float = 120, change_events: bool = False):
         self.topic = topic
         self.records = records or JsonRecords()
         self.rate = rate
         # An entity campaign: each entity's records in one partition (as a keyed producer's are), chosen here because
         # the keys also carry the sequence number.
         self.entity_partitions = entity_partitions
+        self.change_events = change_events  # an entity campaign's records as Debezium's change events
         # With the deployment's Kafka settings (security), as every client of the project; log_level 2: no
         # connection errors while a broker restarts.
         self.servers, self.delivery_timeout = servers, delivery_timeout
@@ -223,7 +268,8 @@ class SequenceProducer:
     def _produce_one(self, seq: int) -> None:
         entity = self.entity_partitions is not None
         where = {"partition": seq % ENTITIES % self.entity_partitions} if entity else {}
-        value = record_value(seq, entity) if entity else self.records.value(seq)
+        value = (change_event(seq) if self.change_events else record_value(seq, entity)) if entity else \
+            self.records.value(seq)
         self.producer.produce(self.topic, key=record_key(seq, entity), value=value,
                               on_delivery=self._report(seq), **where)
         self.produced_here += 1

@@ -28,6 +28,8 @@ from tools.fault_campaign.producer import (
     AvroRecords,
     JsonRecords,
     SequenceProducer,
+    change_effect,
+    change_event_reason,
     entity_of,
     expected_reason,
     record_value,
@@ -89,6 +91,9 @@ class Campaign(FaultStrikes):
         # An entity table (write: upsert): checked against a model of the records below the positions, the newest
         # version (or tombstone) of each entity, instead of record by record.
         self.entity = pipeline.is_entity_table
+        # Debezium's change events into the entity table (envelope: debezium): a delete event deletes, a Kafka
+        # tombstone changes nothing.
+        self.change_events = pipeline.value.envelope == "debezium"
         # Avro values through the schema registry: its faults among the kinds, every task reaching it through its
         # proxy.
         self.avro = pipeline.value.format == "avro"
@@ -562,13 +567,15 @@ class Campaign(FaultStrikes):
         for (p, o), seq in self.producer.landed.items():
             if o >= positions.get(p, 0):
                 continue
-            reason = expected_reason(seq, entity=True)
+            reason = change_event_reason(seq) if self.change_events else expected_reason(seq, entity=True)
             if reason is not None:
                 model[("dead letter", (p, o))] = reason
+            elif self.change_events and change_effect(seq) == "none":
+                continue  # the Kafka tombstone after a delete
             elif entity_of(seq) not in newest or o > newest[entity_of(seq)][1]:
                 newest[entity_of(seq)] = (p, o, seq)
         for entity, (p, o, seq) in newest.items():
-            if record_value(seq, entity=True) is None:
+            if (change_effect(seq) == "delete" if self.change_events else record_value(seq, entity=True) is None):
                 model[("tombstone", entity)] = (p, o)
             else:
                 model[("row", entity)] = (p, o, seq)
@@ -727,7 +734,8 @@ class Campaign(FaultStrikes):
             partitions = len(partition_offsets(kafka_for(self.servers), [self.topic]))
         records = (AvroRecords(schema_registry().client(), self.topic) if self.avro else JsonRecords())
         self.producer = SequenceProducer(self.servers, self.topic, self.rate, landed=self.resumed_landed,
-                                         entity_partitions=partitions, records=records)
+                                         entity_partitions=partitions, records=records,
+                                         change_events=self.change_events)
         try:
             if self.iterations:
                 # Resumed: the interruption (processes killed mid-iteration, services restarted) is recovered
