@@ -564,7 +564,8 @@ class Campaign(FaultStrikes):
         (its content is its sequence number) or a tombstone; every bad record below them as a dead letter."""
         newest: dict[str, tuple[int, int, int]] = {}
         model: dict[tuple[str, Any], Any] = {}
-        for (p, o), seq in self.producer.landed.items():
+        # A copy: the producer's delivery reports add to it meanwhile (taken in one step under the GIL).
+        for (p, o), seq in list(self.producer.landed.items()):
             if o >= positions.get(p, 0):
                 continue
             reason = change_event_reason(seq) if self.change_events else expected_reason(seq, entity=True)
