@@ -16,7 +16,7 @@ from tools.fault_campaign.producer import (
     sequence_number,
 )
 from tools.fault_campaign.report import render_report, write_docs
-from tools.fault_campaign.strikes import FAULT_KINDS, fault_schedule
+from tools.fault_campaign.strikes import FAULT_KINDS, campaign_shape, fault_kinds, fault_schedule
 
 CONNECT = FAULT_KINDS["connect"]
 
@@ -96,6 +96,23 @@ def test_a_doorbell_campaign_s_report_names_its_runs_rate_and_its_own_faults():
     assert "| pipeline runs (by state) | 260 (success: 250, failed: 12) |" in report
     assert "| `kill_task_mid_carry` | 100 | between batches: 100 |" in report
     assert "| `blackhole_kafka` | 100 |" in report and "| `kill_commit` |" not in report
+
+
+def test_a_change_event_campaign_s_report_counts_entities_and_deletes():
+    from tools.fault_campaign.producer import change_effect, change_event, change_event_reason
+
+    assert campaign_shape("connect", False, entity=True) == "connect-entity"
+    assert campaign_shape("connect", False, entity=True, change_events=True) == "connect-cdc"
+    assert fault_kinds("connect-cdc") == fault_kinds("connect")
+    effects = Counter(change_effect(seq) for seq in range(1, 1101))
+    assert effects == {"row": 882, "delete": 98, "none": 98, "dead letter": 22}
+    assert change_event(7) is None and b'"op": "d"' in change_event(5) and change_event_reason(100) is not None
+    data = {**report_data(200, 1_000_000, "connect"), "shape": "connect-cdc", "output_rows": 97, "tombstones": 0}
+    report = render_report({"connect-cdc": (data, [{"fault": "kill_commit", "recovered_by": "next run"}])})
+    assert "## Runtime `connect`, Debezium change events into an entity table" in report
+    assert "| events produced | 1,000,000 |" in report and "| entities in the table (each its newest version) | 97 |" \
+        in report and "| entities deleted (their deletes kept as tombstones) | 0 |" in report
+    assert "the Kafka tombstones after deletes change nothing" in report
 
 
 def test_each_runtime_keeps_its_last_campaign_in_the_docs(tmp_path):

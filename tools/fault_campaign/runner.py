@@ -100,7 +100,7 @@ class Campaign(FaultStrikes):
         if self.avro and self.entity:
             raise CampaignFailure("an Avro campaign writes an append-only table (--write append)")
         self.shape = campaign_shape(self.runtime, os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"),
-                                    network, secured(), self.iceberg, self.avro)
+                                    network, secured(), self.iceberg, self.avro, self.entity, self.change_events)
         # Network faults: every task reaches the services through Toxiproxy; the campaign's own checks do not.
         self.network_faults = network
         self.network = Toxiproxy() if network or self.avro else None

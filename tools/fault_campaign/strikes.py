@@ -88,13 +88,16 @@ class NetworkFault:
 
 
 def campaign_shape(runtime: str, on_cluster: bool, network: bool = False, secure: bool = False,
-                   iceberg: bool = False, avro: bool = False) -> str:
+                   iceberg: bool = False, avro: bool = False, entity: bool = False,
+                   change_events: bool = False) -> str:
     """What a campaign ran on: the Spark runtime, whether on the local standalone cluster, whether Kafka over
     SASL_SSL with the ledger over verified TLS (the production shape), whether through the network proxies
     (network faults among its kinds), whether into an Iceberg table (the lake's faults among its kinds), whether its
-    values are Avro through the schema registry (the registry's faults among its kinds)."""
+    values are Avro through the schema registry (the registry's faults among its kinds), whether into an entity
+    table (write: upsert), of Debezium's change events or not."""
     return (runtime + ("-cluster" if on_cluster else "") + ("-secure" if secure else "")
-            + ("-network" if network else "") + ("-iceberg" if iceberg else "") + ("-avro" if avro else ""))
+            + ("-network" if network else "") + ("-iceberg" if iceberg else "") + ("-avro" if avro else "")
+            + ("-cdc" if change_events else "-entity" if entity else ""))
 
 
 def secured() -> bool:
