@@ -233,6 +233,19 @@ def dsn() -> str:
     return value
 
 
+@pytest.fixture(scope="module")
+def spark():
+    """A Spark Connect session on the stack's server, in UTC (the decoding tests' Spark)."""
+    from pyspark.sql import SparkSession
+
+    from kafka_ledger.config.settings import spark_connect_url
+
+    session = SparkSession.builder.remote(spark_connect_url()).create()
+    session.conf.set("spark.sql.session.timeZone", "UTC")
+    yield session
+    session.stop()
+
+
 @pytest.fixture(scope="session")
 def services(dsn: str, servers: str):
     """The package's services for the stack's ledger and Kafka (config/services.py)."""

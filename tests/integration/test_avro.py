@@ -13,7 +13,6 @@ from integration_support import AVRO_COLUMNS
 
 from kafka_ledger.config import settings
 from kafka_ledger.config.pipeline import parse_pipelines
-from kafka_ledger.config.settings import spark_connect_url
 from kafka_ledger.sinks import sink_for
 
 pytestmark = pytest.mark.integration
@@ -50,16 +49,6 @@ def order(i: int, **changes) -> dict:
 def digest(i: int) -> bytes:
     """Four bytes that are not UTF-8 text (a NUL, an 0xff)."""
     return bytes([0, 0xFF, i % 256, 7])
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from pyspark.sql import SparkSession
-
-    session = SparkSession.builder.remote(spark_connect_url()).create()
-    session.conf.set("spark.sql.session.timeZone", "UTC")
-    yield session
-    session.stop()
 
 
 def serializer(client, schema: dict):

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from kafka_ledger.config.pipeline import parse_pipelines
-from kafka_ledger.config.settings import spark_connect_url
 from kafka_ledger.sinks import sink_for
 
 pytestmark = pytest.mark.integration
@@ -71,16 +70,6 @@ CASES: list[tuple[bytes | None, str | None, tuple | None, bool]] = [
      (7, "W", None, None, "c", None, None), False),
     (b"not json", "malformed JSON (not a JSON object)", None, False),
 ]
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from pyspark.sql import SparkSession
-
-    session = SparkSession.builder.remote(spark_connect_url()).create()
-    session.conf.set("spark.sql.session.timeZone", "UTC")
-    yield session
-    session.stop()
 
 
 def _pipeline(extra_fields: str):

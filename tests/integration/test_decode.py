@@ -20,7 +20,6 @@ from integration_support import (
 
 from kafka_ledger.airflow.dags import run_pipeline_dag
 from kafka_ledger.config.pipeline import parse_pipelines
-from kafka_ledger.config.settings import spark_connect_url
 from kafka_ledger.sinks import sink_for
 
 pytestmark = pytest.mark.integration
@@ -59,16 +58,6 @@ TRICKY: list[bytes | None] = [
     b'{"event_id": "x", "extra": 1}',
     ('{"event_id": "d", "n": ' + nested(999) + "}").encode(),
 ]
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from pyspark.sql import SparkSession
-
-    session = SparkSession.builder.remote(spark_connect_url()).create()
-    session.conf.set("spark.sql.session.timeZone", "UTC")
-    yield session
-    session.stop()
 
 
 @pytest.mark.parametrize("extra_fields", ["ignore", "dead_letter"])
