@@ -224,7 +224,7 @@ def wait_for_records(servers: str, topic: str, expected: int, timeout: float = 1
 
 
 def _count(servers: str, topic: str, expected: int | None, timeout: float = 120) -> int:
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     from kafka_ledger.config.settings import kafka_for
 
@@ -236,10 +236,14 @@ def _count(servers: str, topic: str, expected: int | None, timeout: float = 120)
         while True:
             metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
             if metadata is not None and metadata.error is None and metadata.partitions:
-                held = 0
-                for partition in metadata.partitions:
-                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-                    held += high - low
+                try:
+                    held = sum(_held(consumer, TopicPartition(topic, partition)) for partition in metadata.partitions)
+                except KafkaException:
+                    # A topic Debezium has just created may not have its leader yet: ask again, until the deadline.
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+                    continue
             if expected is None or held == expected:
                 return held
             if held > expected:
@@ -249,6 +253,11 @@ def _count(servers: str, topic: str, expected: int | None, timeout: float = 120)
             time.sleep(0.5)
     finally:
         consumer.close()
+
+
+def _held(consumer: Any, partition: Any) -> int:
+    low, high = consumer.get_watermark_offsets(partition, timeout=10)
+    return high - low
 
 
 # --- a source table and changes to it ----------------------------------------------------------------------------
