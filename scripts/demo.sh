@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Quick start, command 1: set up everything on a fresh machine (idempotent), then run the demo.
-# The demo prints its JSON accounting (counted from Kafka and Postgres); `kafka-ledger verify` then checks
+# The demo prints its JSON accounting (counted from Kafka and Postgres, and the lag the stack's Prometheus scraped
+# from kafka-ledger's metrics endpoint: "prometheus_lag": 0); `kafka-ledger verify` then checks
 # the ledger's invariants and, against Kafka, every offset committed since its last verify (all of them on a
 # first run), and exits non-zero on any problem or if it could not check.
 #
@@ -45,6 +46,7 @@ for arg in "$@"; do
 done
 
 bash scripts/stack.sh up
+bash scripts/stack.sh monitoring  # the metrics endpoint and Prometheus: the demo ends by asking it for the lag
 . scripts/env.sh
 if [ "$secure" = 1 ]; then . scripts/secured_kafka.sh || exit 1; fi
 if [ "$secure" = 1 ]; then shape="Kafka $KAFKA_LEDGER_BOOTSTRAP_SERVERS over SASL_SSL, the ledger over verified TLS"

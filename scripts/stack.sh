@@ -26,6 +26,8 @@
 #   scripts/stack.sh restart-schema-registry | kill-schema-registry   the schema registry's restart; its SIGKILL
 #   scripts/stack.sh kafka-connect | stop-kafka-connect   Kafka Connect with Debezium's PostgreSQL connector on
 #                               loopback (KL_KAFKA_CONNECT_PORT): change data capture from the stack's `cdc` database
+#   scripts/stack.sh monitoring | stop-monitoring   kafka-ledger's Prometheus endpoint (`kafka-ledger metrics serve`) on
+#                               KL_METRICS_PORT and a Prometheus scraping it on KL_PROMETHEUS_PORT, both on loopback
 #   scripts/stack.sh ctl ...    supervisorctl on the stack's supervisord (e.g. `ctl status`, `ctl tail -f kafka`)
 #
 # A stack lives under $KL_STATE (.stack/ by default): data, logs, supervisord's socket. What set-up downloads and
@@ -49,7 +51,7 @@ die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
 # A stamp records the hash of the inputs of a step, so a second run skips work that is already done: with the
 # cache for what every stack of the clone shares (a second stack installs nothing), with the stack for the rest.
 stamp_file() {
-  case $1 in python|kafka-libs|spark-jars|schema-registry|kafka-connect|toxiproxy) echo "$KL_CACHE/stamps/$1" ;; *) echo "$STAMPS/$1" ;; esac
+  case $1 in python|kafka-libs|spark-jars|schema-registry|kafka-connect|toxiproxy|prometheus) echo "$KL_CACHE/stamps/$1" ;; *) echo "$STAMPS/$1" ;; esac
 }
 stamp_ok() { [ -f "$(stamp_file "$1")" ] && [ "$(cat "$(stamp_file "$1")")" = "$2" ]; }
 stamp_set() { printf '%s' "$2" >"$(stamp_file "$1")"; }
@@ -247,7 +249,21 @@ install_kafka_connect() {
   stamp_set kafka-connect "$key"
 }
 
-install() { install_os_packages; install_python; install_jars; install_schema_registry; install_kafka_connect; }
+# Prometheus and promtool: Debian's package unpacked into the cache (no service installed, nothing in /usr).
+PROMETHEUS_DIR=$KL_CACHE/prometheus
+PROMETHEUS=$PROMETHEUS_DIR/usr/bin/prometheus
+
+install_prometheus() {
+  stamp_ok prometheus debian && [ -x "$PROMETHEUS" ] && return
+  say "unpacking Debian's prometheus package (prometheus and promtool) into $PROMETHEUS_DIR"
+  local tmp; tmp=$(mktemp -d)
+  (cd "$tmp" && { apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus >/dev/null; }; }) \
+    || die "apt-get download prometheus failed"
+  rm -rf "$PROMETHEUS_DIR"; dpkg -x "$tmp"/prometheus_*.deb "$PROMETHEUS_DIR"; rm -rf "$tmp"
+  stamp_set prometheus debian
+}
+
+install() { install_os_packages; install_python; install_jars; install_schema_registry; install_kafka_connect; install_prometheus; }
 
 # Headless Chromium and its WebDriver, Debian's packages (the same version), for the ledger page's browser test.
 install_browser() {
@@ -533,6 +549,44 @@ org.apache.kafka.connect.cli.ConnectStandalone $KAFKA_CONNECT_DIR/worker.propert
   say "kafka connect: $LOCAL_KAFKA_CONNECT (user $KL_KAFKA_CONNECT_USER, password KL_KAFKA_CONNECT_PASSWORD in $KL_SECRETS), Debezium's PostgreSQL connector on its plugin path (pid $(service_pid kafka-connect), log $LOGS/kafka-connect.log)"
 }
 
+# --- Monitoring: kafka-ledger's Prometheus endpoint, and a Prometheus scraping it ----------------------------------
+MONITORING_DIR=$KL_STATE/prometheus
+LOCAL_METRICS=http://127.0.0.1:$KL_METRICS_PORT/metrics
+LOCAL_PROMETHEUS=http://127.0.0.1:$KL_PROMETHEUS_PORT
+
+# The endpoint asks each scrape for its bearer token (KAFKA_LEDGER_METRICS_TOKEN, from the environment: on no command
+# line); Prometheus reads it from a file of the stack, and its own UI and API ask for basic auth (a bcrypt hash of
+# KL_PROMETHEUS_PASSWORD in its web config).
+start_monitoring() {
+  [ -x "$PROMETHEUS" ] || die "no Prometheus in $PROMETHEUS_DIR: run scripts/stack.sh install"
+  mkdir -p "$MONITORING_DIR/data"; chmod 700 "$MONITORING_DIR"
+  (umask 077; printf '%s' "$KAFKA_LEDGER_METRICS_TOKEN" >"$MONITORING_DIR/metrics-token"
+   printf 'basic_auth_users:\n  %s: %s\n' "$KL_PROMETHEUS_USER" \
+     "$("$KL_VENV/bin/python" -c 'import bcrypt, os; print(bcrypt.hashpw(os.environ["KL_PROMETHEUS_PASSWORD"].encode(), bcrypt.gensalt(10)).decode())')" \
+     >"$MONITORING_DIR/web.yml")
+  sed -e "s#@METRICS@#127.0.0.1:$KL_METRICS_PORT#g" -e "s#@STATE@#$MONITORING_DIR#g" -e "s#@HOME@#$KL_HOME#g" \
+    "$KL_HOME/stack/prometheus/prometheus.yml" >"$MONITORING_DIR/prometheus.yml"
+  # Its token in the program's section (a file only this user reads), for a supervisord started before it existed.
+  write_program metrics 40 TERM 10 false "$KL_VENV/bin/kafka-ledger metrics serve --listen 127.0.0.1:$KL_METRICS_PORT" \
+    "environment=KAFKA_LEDGER_METRICS_TOKEN=\"$KAFKA_LEDGER_METRICS_TOKEN\""
+  write_program prometheus 41 TERM 30 false "$PROMETHEUS --config.file=$MONITORING_DIR/prometheus.yml \
+--web.config.file=$MONITORING_DIR/web.yml --web.listen-address=127.0.0.1:$KL_PROMETHEUS_PORT \
+--storage.tsdb.path=$MONITORING_DIR/data --storage.tsdb.retention.time=7d"
+  apply_programs
+  if running metrics; then say "metrics: already running (pid $(service_pid metrics))"
+  else
+    port_open "$KL_METRICS_PORT" && die "port $KL_METRICS_PORT is taken (another metrics endpoint?): stop it or set KL_METRICS_PORT"
+    start_and_await metrics "the metrics endpoint" 60 curl -sf -o /dev/null -H "Authorization: Bearer $KAFKA_LEDGER_METRICS_TOKEN" "$LOCAL_METRICS"
+  fi
+  say "metrics: $LOCAL_METRICS (bearer token KAFKA_LEDGER_METRICS_TOKEN; pid $(service_pid metrics), log $LOGS/metrics.log)"
+  if running prometheus; then say "prometheus: already running (pid $(service_pid prometheus))"
+  else
+    port_open "$KL_PROMETHEUS_PORT" && die "port $KL_PROMETHEUS_PORT is taken (another Prometheus?): stop it or set KL_PROMETHEUS_PORT"
+    start_and_await prometheus Prometheus 60 curl -sf -o /dev/null -u "$KL_PROMETHEUS_USER:$KL_PROMETHEUS_PASSWORD" "$LOCAL_PROMETHEUS/-/ready"
+  fi
+  say "prometheus: $LOCAL_PROMETHEUS (user $KL_PROMETHEUS_USER, password KL_PROMETHEUS_PASSWORD in $KL_SECRETS), scraping the metrics every 5 s (pid $(service_pid prometheus), log $LOGS/prometheus.log)"
+}
+
 # --- Toxiproxy (the fault campaign's network faults) ----------------------------------------------------
 TOXIPROXY_VERSION=v2.5.0
 TOXIPROXY=$KL_CACHE/bin/toxiproxy-server
@@ -684,6 +738,8 @@ status() {
   line schema-registry "$LOCAL_SCHEMA_REGISTRY  log $LOGS/schema-registry.log"
   line kafka-connect "$LOCAL_KAFKA_CONNECT  (scripts/stack.sh kafka-connect)  log $LOGS/kafka-connect.log"
   line airflow "http://127.0.0.1:$KL_AIRFLOW_PORT  log $LOGS/airflow.log"
+  line metrics "$LOCAL_METRICS  (scripts/stack.sh monitoring)  log $LOGS/metrics.log"
+  line prometheus "$LOCAL_PROMETHEUS  log $LOGS/prometheus.log"
   line toxiproxy "API 127.0.0.1:$KL_TOXIPROXY_PORT  (scripts/stack.sh proxies)"
 }
 
@@ -716,6 +772,8 @@ case "${1:-}" in
   kill-spark-worker) ensure_supervisord; kill_service spark-worker "spark worker" ;;
   kafka-connect) ensure_supervisord; start_kafka_connect ;;
   stop-kafka-connect) ensure_supervisord; stop_service kafka-connect "kafka connect" ;;
+  monitoring) ensure_supervisord; start_monitoring ;;
+  stop-monitoring) ensure_supervisord; stop_service prometheus prometheus; stop_service metrics metrics ;;
   proxies) ensure_supervisord; start_proxies ;;
   stop-proxies) ensure_supervisord; stop_service toxiproxy toxiproxy ;;
   stop) stop_all ;;

@@ -83,6 +83,9 @@ PIPELINES = {
     "empty": {},
     "skip_lost": {"on_data_loss": "skip"},
     "bad_records": {"extra_fields": "dead_letter"},
+    # The Prometheus endpoint (test_prometheus_endpoint.py).
+    "metrics": {"spark_runtime": "connect", "retries": 0},
+    "metrics_secrets": {},
     "upgrade": {"retries": 0},
     "deleted": {},
     "recreated": {},

@@ -144,6 +144,16 @@ class Settings(BaseSettings):
         description="a wait for a lock: the pipeline's or a batch's, held by the one plan, commit or reset of the "
                     "pipeline that runs at a time")
 
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="the bearer token `kafka-ledger metrics serve` asks of every scrape (Prometheus: its scrape "
+                    "config's `authorization: {credentials_file: ...}`). A secret",
+        json_schema_extra={"local_stack": "$KL_METRICS_TOKEN"})
+    metrics_basic_auth: SecretStr | None = Field(
+        default=None,
+        description="`user:password` the metrics endpoint accepts through basic auth (beside or instead of the "
+                    "token). A secret")
+
     # The Airflow connections looked up while these settings were read: id -> None when read, else why not.
     _connections: dict[str, Exception | None] = PrivateAttr(default_factory=dict)
 

@@ -97,11 +97,19 @@ def partition_offsets(
     into a batch, so a range never ends inside a transaction that might still abort.
     """
     admin = admin_client(kafka)
-    metadata = admin.topics(kafka, timeout)
+    tps = _topics_partitions(admin.topics(kafka, timeout), topics, kafka)
+    return _offsets(admin, tps, topics, timeout)
+
+
+def _topics_partitions(metadata: ClusterMetadata, topics: list[str], kafka: KafkaClient) -> list[TopicPartition]:
     missing = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
     if missing:
         raise PlanError(f"topic(s) not found in Kafka at {kafka}: {', '.join(missing)}")
-    tps = sorted(TopicPartition(t, p) for t in topics for p in metadata.topics[t].partitions)
+    return sorted(TopicPartition(t, p) for t in topics for p in metadata.topics[t].partitions)
+
+
+def _offsets(admin: ReportingAdminClient, tps: list[TopicPartition], topics: list[str],
+             timeout: float) -> dict[TopicPartition, PartitionOffsets]:
     if not tps:
         return {}
     try:
@@ -112,27 +120,52 @@ def partition_offsets(
     return {tp: PartitionOffsets(log_start=starts[tp], end=ends[tp]) for tp in tps}
 
 
+def _subscribed_partitions(pipeline: PipelineConfig, metadata: ClusterMetadata,
+                           kafka: KafkaClient) -> list[TopicPartition]:
+    """The partitions the pipeline subscribes to, as the cluster's metadata has them.
+
+    A topic list must exist in full; a pattern matches whatever topics exist at this moment (so new matching topics
+    are picked up at plan time); an assignment must name existing partitions.
+    """
+    if pipeline.topic_pattern:
+        return _topics_partitions(metadata, sorted(t for t in metadata.topics if pipeline.subscribes(t)), kafka)
+    if pipeline.assignment:
+        existing = set(_topics_partitions(metadata, sorted({a.topic for a in pipeline.assignment}), kafka))
+        wanted = [TopicPartition(a.topic, a.partition) for a in pipeline.assignment]
+        missing = [str(tp) for tp in wanted if tp not in existing]
+        if missing:
+            raise PlanError(f"assigned partition(s) do not exist in Kafka: {', '.join(missing)}")
+        return sorted(wanted)
+    return _topics_partitions(metadata, pipeline.topics, kafka)
+
+
 def subscribed_offsets(
     kafka: KafkaClient, pipeline: PipelineConfig, timeout: float = 30.0
 ) -> dict[TopicPartition, PartitionOffsets]:
-    """Offsets of every partition the pipeline subscribes to, resolved now.
+    """Offsets of every partition the pipeline subscribes to, resolved now (_subscribed_partitions)."""
+    admin = admin_client(kafka)
+    tps = _subscribed_partitions(pipeline, admin.topics(kafka, timeout), kafka)
+    return _offsets(admin, tps, sorted({tp.topic for tp in tps}), timeout)
 
-    A topic list must exist in full; a pattern matches whatever topics exist at this moment (so new
-    matching topics are picked up at plan time); an assignment must name existing partitions.
-    """
-    if pipeline.topic_pattern:
-        names = list(admin_client(kafka).topics(kafka, timeout).topics)
-        matching = sorted(t for t in names if pipeline.subscribes(t))
-        return partition_offsets(kafka, matching, timeout) if matching else {}
-    if pipeline.assignment:
-        topics = sorted({a.topic for a in pipeline.assignment})
-        offsets = partition_offsets(kafka, topics, timeout)
-        wanted = [TopicPartition(a.topic, a.partition) for a in pipeline.assignment]
-        missing = [str(tp) for tp in wanted if tp not in offsets]
-        if missing:
-            raise PlanError(f"assigned partition(s) do not exist in Kafka: {', '.join(missing)}")
-        return {tp: offsets[tp] for tp in sorted(wanted)}
-    return partition_offsets(kafka, pipeline.topics, timeout)
+
+def pipelines_offsets(
+    kafka: KafkaClient, pipelines: list[PipelineConfig], timeout: float = 10.0
+) -> tuple[dict[str, dict[TopicPartition, PartitionOffsets]], dict[str, str]]:
+    """Every pipeline's subscribed partitions with their offsets, in one metadata request and one offset request
+    of each kind for them all (a scrape's look-up): the offsets by pipeline, and why a pipeline's are unknown (a
+    topic missing). KafkaUnavailable when Kafka does not answer."""
+    admin = admin_client(kafka)
+    metadata = admin.topics(kafka, timeout)
+    subscribed: dict[str, list[TopicPartition]] = {}
+    problems: dict[str, str] = {}
+    for pipeline in pipelines:
+        try:
+            subscribed[pipeline.name] = _subscribed_partitions(pipeline, metadata, kafka)
+        except PlanError as exc:
+            problems[pipeline.name] = str(exc)
+    everything = sorted({tp for tps in subscribed.values() for tp in tps})
+    offsets = _offsets(admin, everything, sorted({tp.topic for tp in everything}), timeout)
+    return {name: {tp: offsets[tp] for tp in tps} for name, tps in subscribed.items()}, problems
 
 
 def topic_ids(kafka: KafkaClient, topics: list[str], timeout: float = 30.0) -> dict[str, str]:

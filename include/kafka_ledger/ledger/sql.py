@@ -512,6 +512,18 @@ ADVANCE_VERIFIED_POINT = """
 """
 
 
+VERIFY_RESULTS = ("ok", "problems", "unverified")
+
+RECORD_VERIFY_RESULT = """
+    INSERT INTO kafka_ledger.verify_results AS v (pipeline, mode, result, problems, concluded_at)
+    VALUES (%(pipeline)s, %(mode)s, %(result)s, %(problems)s,
+            CASE WHEN %(result)s <> 'unverified' THEN now() END)
+    ON CONFLICT (pipeline) DO UPDATE
+    SET verified_at = now(), mode = EXCLUDED.mode, result = EXCLUDED.result, problems = EXCLUDED.problems,
+        concluded_at = coalesce(EXCLUDED.concluded_at, v.concluded_at)
+"""
+
+
 def staging_table(pipeline: PipelineConfig) -> sql.Composed:
     return sql.Identifier(STAGING_SCHEMA, pipeline.name)
 
@@ -621,3 +633,47 @@ SELECT_DEAD_LETTER_SAMPLES = """
 SELECT_RANGE_END_OFFSETS = """
     SELECT topic, partition, end_offset, records_read FROM kafka_ledger.batch_ranges WHERE batch_id = %(batch_id)s
 """
+
+# --- metrics (observe/metrics.py): every declared pipeline's figures in one transaction, at scrape time ----------
+METRICS_POSITIONS = """
+    SELECT pipeline, topic, partition, position, newest_timestamp FROM kafka_ledger.positions
+    WHERE pipeline = ANY(%(pipelines)s)
+"""
+
+# Batches by status, their attempts, the records the committed ones published, the newest commit.
+METRICS_BATCHES = """
+    SELECT pipeline, status, count(*), sum(attempts), sum(records_written) FILTER (WHERE status = 'committed'),
+           max(committed_at)
+    FROM kafka_ledger.batches WHERE pipeline = ANY(%(pipelines)s) GROUP BY pipeline, status
+"""
+
+METRICS_DEAD_LETTERS = """
+    SELECT pipeline, error, count(*) FROM kafka_ledger.dead_letters WHERE pipeline = ANY(%(pipelines)s)
+    GROUP BY pipeline, error
+"""
+
+# Offsets retention deleted before a batch read them, recorded by that batch (on_data_loss: skip); a reset's
+# deliberate skips are not losses.
+METRICS_LOST_OFFSETS = """
+    SELECT pipeline, sum(until_offset - from_offset) FROM kafka_ledger.committed_ranges
+    WHERE pipeline = ANY(%(pipelines)s) AND disposition = 'skipped' AND reset_id IS NULL GROUP BY pipeline
+"""
+
+METRICS_VERIFY_RESULTS = """
+    SELECT pipeline, verified_at, result, concluded_at FROM kafka_ledger.verify_results
+    WHERE pipeline = ANY(%(pipelines)s)
+"""
+
+
+def metrics_batch_durations(stages: dict[str, str], buckets: Iterable[float]) -> sql.Composed:
+    """Per pipeline and stage (name -> an SQL expression of a committed batch's seconds in it): how many batches
+    took at most each bucket's seconds, their count and their sum (a histogram's series), in one scan."""
+    stage_rows = sql.SQL(", ").join(sql.SQL("({}, ({})::double precision)").format(sql.Literal(name), sql.SQL(seconds))
+                                     for name, seconds in stages.items())
+    counts = sql.SQL(", ").join(sql.SQL("count(*) FILTER (WHERE v.s <= {})").format(sql.Literal(b)) for b in buckets)
+    return sql.SQL(
+        "SELECT b.pipeline, v.stage, ARRAY[{counts}]::bigint[], count(*), sum(v.s) "
+        "FROM kafka_ledger.batches b CROSS JOIN LATERAL (VALUES {stage_rows}) AS v(stage, s) "
+        "WHERE b.pipeline = ANY(%(pipelines)s) AND b.status = 'committed' AND v.s IS NOT NULL "
+        "GROUP BY b.pipeline, v.stage"
+    ).format(counts=counts, stage_rows=stage_rows)

@@ -33,7 +33,7 @@ from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.kafka.headroom import duration, headroom_text
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.model import ranges as planning
-from kafka_ledger.ops import overview
+from kafka_ledger.ops import metrics, overview
 from kafka_ledger.ops.resets import reset_positions
 from kafka_ledger.ops.verify import DEADLINE_FLOOR_SECONDS, DEADLINE_OFFSETS_PER_SECOND, VerifyReport, verify_pipeline
 from kafka_ledger.runtimes import runtime_for
@@ -420,6 +420,35 @@ def cmd_warm_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _metrics_collector(args: argparse.Namespace) -> metrics.LedgerCollector:
+    return metrics.LedgerCollector(_services(), lambda: read_pipelines().valid.values(),
+                                   kafka_ttl_seconds=args.kafka_cache_seconds)
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    collector = _metrics_collector(args)
+    if args.action == "show":
+        _print(metrics.exposition(collector).rstrip("\n"))
+        return 0
+    deployment = settings.deployment_settings()
+    credentials = metrics.Credentials(deployment.metrics_token, deployment.metrics_basic_auth)
+    try:
+        server = metrics.make_server(args.listen, collector, credentials, allow_unauthenticated=args.no_auth)
+    except (ValueError, OSError) as exc:
+        raise Failed(f"cannot serve metrics on {args.listen}: {exc}") from exc
+    asked = " and ".join(what for what, given in (("a bearer token", credentials.token),
+                                                   ("basic auth", credentials.basic)) if given) or "nothing"
+    print(f"kafka-ledger: serving metrics on http://{args.listen}/metrics (asking {asked} of a scrape)",
+          file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 # --- parser ------------------------------------------------------------------------------------------------
 
 
@@ -538,6 +567,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-pipelines", action="store_true", help="only the made-up batch: read no topic")
     p.add_argument("--records", type=int, default=WARM_UP_RECORDS, help="size of the made-up batch")
     p.set_defaults(run=cmd_warm_up)
+
+    p = sub.add_parser(
+        "metrics", help="Prometheus metrics of the declared pipelines, from the ledger and Kafka at scrape time",
+        description="`serve` runs the Prometheus endpoint (it asks every scrape for KAFKA_LEDGER_METRICS_TOKEN as a "
+                    "bearer token, or KAFKA_LEDGER_METRICS_BASIC_AUTH); `show` prints one scrape. "
+                    "docs/monitoring.md says what each series means.")
+    p.add_argument("action", choices=["serve", "show"])
+    p.add_argument("--listen", default=metrics.DEFAULT_LISTEN, metavar="HOST:PORT",
+                   help=f"where `serve` listens (default {metrics.DEFAULT_LISTEN}: this machine only)")
+    p.add_argument("--no-auth", action="store_true",
+                   help="serve without authentication (only on a loopback address)")
+    p.add_argument("--kafka-cache-seconds", type=float, default=metrics.KAFKA_CACHE_SECONDS, metavar="SECONDS",
+                   help=f"how long Kafka's offsets are reused between scrapes (default {metrics.KAFKA_CACHE_SECONDS})")
+    p.set_defaults(run=cmd_metrics)
 
     p = sub.add_parser(
         "kafka", help="run one of Kafka's own tools against the deployment's Kafka (servers and security settings)",

@@ -259,6 +259,11 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.problems and self.unverified is None
 
+    @property
+    def result(self) -> str:
+        """One of ledger.sql.VERIFY_RESULTS: what the ledger records of this verify."""
+        return "problems" if self.problems else "unverified" if self.unverified is not None else "ok"
+
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, **asdict(self)}
 
@@ -453,6 +458,9 @@ def verify_pipeline(
                             {"pipeline": pipeline.name, "batch_id": finished_through, "mode": report.mode})
                 point = cur.fetchone()[0]
             report.verified_point = {"before": before, "after": point, "advanced": before is None or point > before}
+        with conn, conn.cursor() as cur:
+            cur.execute(sql.RECORD_VERIFY_RESULT, {"pipeline": pipeline.name, "mode": report.mode,
+                                                   "result": report.result, "problems": len(report.problems)})
     report.seconds = round(time.monotonic() - started, 3)
     services.observer.notify(VerifyFinished(pipeline.name, report.ok, report.mode, report.partitions,
                                             report.kafka_records, len(report.problems), report.seconds))

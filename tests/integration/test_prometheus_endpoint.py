@@ -1,0 +1,136 @@
+"""The Prometheus endpoint on the real stack: its series say exactly what the ledger and Kafka hold, before and after
+a batch, to a scrape that authenticates, and to no one else."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from integration_support import CASES, good_value, listening_sockets, not_loopback, stack
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import SecretStr
+
+from kafka_ledger.airflow.dags import run_pipeline_dag
+from kafka_ledger.config import settings
+from kafka_ledger.ops import metrics
+from tools import prometheus
+from tools.stack import service_pids
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "metrics-test-token"  # noqa: S105 - a test's own token
+
+
+def scrape(url: str, token: str | None = TOKEN) -> dict[tuple[str, frozenset], float]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        text = reply.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def of(found: dict, name: str, **labels: str) -> dict[frozenset, float]:
+    """The samples of `name` whose labels include `labels`, by their labels."""
+    return {key: value for (metric, key), value in found.items()
+            if metric == name and set(labels.items()) <= key}
+
+
+def test_the_endpoint_shows_the_lag_then_the_published_offsets_records_and_dead_letters(dsn, servers, producer,
+                                                                                      pipeline_factory):
+    pipeline = pipeline_factory("metrics", partitions=2)
+    topic = pipeline.topics[0]
+    bad = {name: CASES[name] for name in ("malformed JSON", "wrong type", "missing required field")}
+    landed = producer.send(topic, [good_value(i) for i in range(40)], partition=0, timestamp_ms=1_795_000_000_000)
+    landed += producer.send(topic, [value for value, _, _ in bad.values()], partition=1,
+                            timestamp_ms=1_795_000_001_000)
+    services = settings.services_for(dsn, servers)
+    collector = metrics.LedgerCollector(services, lambda: [pipeline], kafka_ttl_seconds=0)
+    server = metrics.make_server("127.0.0.1:0", collector, metrics.Credentials(token=SecretStr(TOKEN)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    try:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            scrape(url, token=None)
+        assert refused.value.code == 401
+        with pytest.raises(urllib.error.HTTPError):
+            scrape(url, token="wrong")
+
+        label = {"pipeline": pipeline.name, "topic": topic}
+        before = scrape(url)
+        assert {k: v for k, v in of(before, "kafka_ledger_partition_lag_records", **label).items()} == {
+            frozenset({**label, "partition": "0"}.items()): 40, frozenset({**label, "partition": "1"}.items()): 3}
+        assert not of(before, "kafka_ledger_partition_committed_offset", **label)  # never read
+        assert of(before, "kafka_ledger_batches_total", pipeline=pipeline.name, status="committed") == {
+            frozenset({"pipeline": pipeline.name, "status": "committed"}.items()): 0}
+
+        assert run_pipeline_dag(pipeline).state == "success"
+
+        after = scrape(url)
+        ends = {"0": 40, "1": 3}
+        for partition, end in ends.items():
+            where = frozenset({**label, "partition": partition}.items())
+            assert of(after, "kafka_ledger_partition_end_offset", **label)[where] == end
+            assert of(after, "kafka_ledger_partition_committed_offset", **label)[where] == end
+            assert of(after, "kafka_ledger_partition_lag_records", **label)[where] == 0
+            assert of(after, "kafka_consumergroup_group_lag_seconds", group=pipeline.name,
+                      partition=partition)
+        # Caught up: no oldest unread record; the newest published one is the last good record's timestamp.
+        assert not of(after, "kafka_ledger_partition_oldest_unread_timestamp_seconds", **label)
+        assert list(of(after, "kafka_ledger_newest_published_timestamp_seconds", **label, partition="0").values()) \
+            == [1_795_000_000.0]
+        assert list(of(after, "kafka_ledger_records_published_total", pipeline=pipeline.name).values()) == [40]
+        assert {dict(k)["reason"]: v for k, v in of(after, "kafka_ledger_dead_letters_total",
+                                                     pipeline=pipeline.name).items()} == {
+            reason: 1 for _, _, reason in bad.values()}
+        assert list(of(after, "kafka_ledger_batches_total", pipeline=pipeline.name, status="committed").values()) \
+            == [1]
+        assert sum(of(after, "kafka_ledger_unfinished_batches", pipeline=pipeline.name).values()) == 0
+        assert list(of(after, "kafka_ledger_batch_duration_seconds_count", pipeline=pipeline.name,
+                       stage="total").values()) == [1]
+        assert {dict(k)["source"]: v for k, v in of(after, "kafka_ledger_up").items()} == {
+            "pipelines": 1, "ledger": 1, "kafka": 1}
+        assert len(landed) == 43
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_no_secret_reaches_a_scrape(dsn, servers, pipeline_factory):
+    pipeline = pipeline_factory("metrics_secrets", partitions=1)
+    services = settings.services_for(dsn, servers)
+    text = metrics.exposition(metrics.LedgerCollector(services, lambda: [pipeline]))
+    assert "kafka_ledger_up" in text
+    for secret in services.secrets():
+        assert secret not in text
+
+
+def test_the_stacks_prometheus_scrapes_the_endpoint_and_promtool_accepts_a_scrape(servers):
+    """`scripts/stack.sh monitoring`: the endpoint (bearer token) and Prometheus (basic auth) on loopback; a real
+    scrape passes `promtool check metrics`, and Prometheus holds what it scraped."""
+    stack("monitoring")
+    metrics_url = f"http://127.0.0.1:{os.environ['KL_METRICS_PORT']}/metrics"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(metrics_url, timeout=30)
+    assert refused.value.code == 401
+    request = urllib.request.Request(metrics_url, headers={
+        "Authorization": f"Bearer {os.environ['KAFKA_LEDGER_METRICS_TOKEN']}"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        text = reply.read()
+    promtool = Path(os.environ["KL_CACHE"]) / "prometheus" / "usr" / "bin" / "promtool"
+    checked = subprocess.run([str(promtool), "check", "metrics"], input=text, capture_output=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout.decode() + checked.stderr.decode()
+
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{prometheus.url()}/api/v1/query?query=up", timeout=30)
+    assert refused.value.code == 401
+    up = {labels["source"]: value for labels, value in prometheus.scraped_after("kafka_ledger_up", since=time.time())}
+    assert up == {"pipelines": 1, "ledger": 1, "kafka": 1}
+    pids = service_pids()
+    sockets = listening_sockets([pids["metrics"], pids["prometheus"]])
+    assert sockets and not_loopback(sockets) == set()
