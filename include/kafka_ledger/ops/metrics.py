@@ -294,8 +294,7 @@ class LedgerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         started = time.monotonic()
-        up = GaugeMetricFamily(f"{PREFIX}_up", "1 when the source answered this scrape (ledger, kafka, pipelines)",
-                               labels=["source"])
+        up = up_family()
         try:
             pipelines = sorted(self.pipelines(), key=lambda p: p.name)
         except Exception as exc:  # noqa: BLE001 - a broken pipelines file is a scrape's finding, not a crash
@@ -320,9 +319,26 @@ class LedgerCollector(Collector):
         up.add_metric(["kafka"], 0 if kafka.offsets is None else 1)
         yield from families(pipelines, found, kafka, time.time())
         yield up
-        took = GaugeMetricFamily(f"{PREFIX}_scrape_duration_seconds", "How long this scrape's look-ups took")
+        took = scrape_duration_family()
         took.add_metric([], time.monotonic() - started)
         yield took
+
+
+def up_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_up", "1 when the source answered this scrape (ledger, kafka, pipelines)",
+                             labels=["source"])
+
+
+def scrape_duration_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_scrape_duration_seconds", "How long this scrape's look-ups took")
+
+
+def served_series() -> set[str]:
+    """The name of every series the endpoint serves (a counter's with _total, a histogram's _bucket, _sum and
+    _count): what a dashboard or an alert rule may ask for."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    every = [*families([], LedgerFigures(), None, 0.0), up_family(), scrape_duration_family()]
+    return {f"{family.name}{suffix}" for family in every for suffix in suffixes[family.type]}
 
 
 class MetricsAuthError(ValueError):
