@@ -86,6 +86,7 @@ PIPELINES = {
     # The Prometheus endpoint (test_prometheus_endpoint.py).
     "metrics": {"spark_runtime": "connect", "retries": 0},
     "metrics_secrets": {},
+    "metrics_faults": {"spark_runtime": "connect", "retries": 0},
     "upgrade": {"retries": 0},
     "deleted": {},
     "recreated": {},

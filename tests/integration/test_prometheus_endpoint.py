@@ -12,11 +12,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from integration_support import CASES, good_value, listening_sockets, not_loopback, stack
+from integration_support import CASES, finish, good_value, listening_sockets, not_loopback, stack, start_task
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
 from kafka_ledger.airflow.dags import run_pipeline_dag
+from kafka_ledger.batch.commit import fail_batch
+from kafka_ledger.batch.plan import plan_next_batch
 from kafka_ledger.config import settings
 from kafka_ledger.ops import metrics
 from tools import prometheus
@@ -134,3 +136,63 @@ def test_the_stacks_prometheus_scrapes_the_endpoint_and_promtool_accepts_a_scrap
     pids = service_pids()
     sockets = listening_sockets([pids["metrics"], pids["prometheus"]])
     assert sockets and not_loopback(sockets) == set()
+
+
+def counters(found: dict) -> dict[tuple[str, frozenset], float]:
+    """The samples of every counter and histogram count: what must never go backwards."""
+    return {key: value for key, value in found.items()
+            if key[0].endswith(("_total", "_count", "_bucket", "_sum")) and key[0].startswith("kafka_ledger")}
+
+
+@pytest.mark.own_stack  # it stops and restarts Postgres
+def test_the_metrics_tell_the_truth_through_a_killed_task_and_a_postgres_restart(dsn, servers, producer,
+                                                                                 pipeline_factory, tmp_path):
+    pipeline = pipeline_factory("metrics_faults", partitions=2)
+    producer.send(pipeline.topics[0], [good_value(i) for i in range(500)])
+    services = settings.services_for(dsn, servers)
+    collector = metrics.LedgerCollector(services, lambda: [pipeline], kafka_ttl_seconds=0)
+
+    def scrape_now() -> dict[tuple[str, frozenset], float]:
+        text = metrics.exposition(collector)
+        return {(s.name, frozenset(s.labels.items())): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def one(found: dict, name: str, **labels: str) -> float:
+        (value,) = of(found, name, **labels).values()
+        return value
+
+    def lag(found: dict) -> float:
+        return sum(of(found, "kafka_ledger_partition_lag_records", pipeline=pipeline.name).values())
+
+    batch_id = plan_next_batch(services, pipeline).batch_id
+    # The task killed inside its commit's transaction, and the run giving up on it (Airflow's failure callback).
+    code, _, _ = finish(start_task(pipeline, batch_id, "commit_before_end=kill", tmp_path))
+    assert code != 0
+    fail_batch(services, pipeline.name, batch_id, "the task was killed")
+    failed = scrape_now()
+    assert one(failed, "kafka_ledger_unfinished_batches", pipeline=pipeline.name, status="failed") == 1
+    assert one(failed, "kafka_ledger_batches_total", pipeline=pipeline.name, status="committed") == 0
+    assert one(failed, "kafka_ledger_batch_attempts_total", pipeline=pipeline.name) == 1
+    assert one(failed, "kafka_ledger_records_published_total", pipeline=pipeline.name) == 0
+    assert lag(failed) == 500  # unchanged: nothing was published
+
+    code, _, err = finish(start_task(pipeline, batch_id))  # the next run resumes the same ranges
+    assert code == 0, err
+    drained = scrape_now()
+    assert lag(drained) == 0
+    assert one(drained, "kafka_ledger_unfinished_batches", pipeline=pipeline.name, status="failed") == 0
+    assert one(drained, "kafka_ledger_batches_total", pipeline=pipeline.name, status="committed") == 1
+    assert one(drained, "kafka_ledger_batch_attempts_total", pipeline=pipeline.name) == 2
+    assert one(drained, "kafka_ledger_records_published_total", pipeline=pipeline.name) == 500
+    before = counters(drained)
+
+    stack("ctl", "stop", "postgres")
+    try:
+        down = scrape_now()
+        assert {dict(k)["source"]: v for k, v in of(down, "kafka_ledger_up").items()} == {"pipelines": 1, "ledger": 0}
+        assert counters(down) == {}  # absent, not zero: Prometheus sees no reset
+    finally:
+        stack("restart-postgres")
+    after = counters(scrape_now())
+    assert after.keys() == before.keys()
+    assert [key for key, value in before.items() if after[key] < value] == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -108,6 +109,7 @@ def plan_batch(
     """
     request = request or BatchRequest()
     kafka = services.kafka
+    started = time.monotonic()
     with ledger.session(services.ledger) as conn:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
             offsets = kafka_offsets.subscribed_offsets(kafka, pipeline)
@@ -125,7 +127,8 @@ def plan_batch(
             services.observer.notify(BatchPlanned(
                 pipeline.name, planned.batch_id, planned.kind, planned.resumed, len(planned.ranges), planned.offsets,
                 planned.backlog_after, tuple(r.describe() for r in planned.ranges),
-                planned.detail + (" (dry run: nothing recorded)" if planned.dry_run else "")))
+                planned.detail + (" (dry run: nothing recorded)" if planned.dry_run else ""),
+                seconds=time.monotonic() - started))
         failpoints.hit("after_plan")
     if carrying:
         return planned

@@ -19,7 +19,7 @@ from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from kafka_ledger.model.refusals import Refusal
-from kafka_ledger.observe.observer import LogObserver, Observer
+from kafka_ledger.observe.observer import Observer, default_observer
 
 # The environment variable of settings.Settings.kafka_config, for callers that set it (a test, a Spark job's
 # environment); tests/unit/test_settings.py checks that it is the model's.
@@ -387,7 +387,7 @@ class Services:
 
     ledger: LedgerDatabase
     kafka: KafkaClient
-    observer: Observer = field(default_factory=LogObserver)
+    observer: Observer = field(default_factory=default_observer)
 
     def secrets(self) -> list[str]:
         """Every secret the services hold: the ledger's connection string and its password (a log may show either),

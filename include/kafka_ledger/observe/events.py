@@ -28,6 +28,7 @@ class BatchPlanned(Event):
     backlog_after: int
     ranges: tuple[str, ...] = ()
     detail: str = ""
+    seconds: float = 0.0  # the plan's own time: Kafka's offsets asked, the ranges decided and recorded
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Iterable
 from typing import Protocol
 
-from kafka_ledger.observe import events
+from kafka_ledger.observe import events, traces
 from kafka_ledger.observe.stages import describe
 
 log = logging.getLogger(__name__)
@@ -98,3 +98,10 @@ class Recorder:
 
     def notify(self, event: events.Event) -> None:
         self.events.append(event)
+
+
+def default_observer() -> Observer:
+    """What hears a deployment's events: the log, and OpenTelemetry traces when OTLP is configured (traces.py)."""
+    if traces.otlp_configured():
+        return Observers([LogObserver(), traces.TraceObserver(traces.otlp_provider())])
+    return LogObserver()
