@@ -28,6 +28,8 @@
 #                               loopback (KL_KAFKA_CONNECT_PORT): change data capture from the stack's `cdc` database
 #   scripts/stack.sh monitoring | stop-monitoring   kafka-ledger's Prometheus endpoint (`kafka-ledger metrics serve`) on
 #                               KL_METRICS_PORT and a Prometheus scraping it on KL_PROMETHEUS_PORT, both on loopback
+#   scripts/stack.sh otel-collector | stop-otel-collector   an OpenTelemetry Collector (built with Go the first time)
+#                               receiving OTLP over HTTP on KL_OTLP_PORT, its spans in its log: the trace tests'
 #   scripts/stack.sh ctl ...    supervisorctl on the stack's supervisord (e.g. `ctl status`, `ctl tail -f kafka`)
 #
 # A stack lives under $KL_STATE (.stack/ by default): data, logs, supervisord's socket. What set-up downloads and
@@ -51,7 +53,7 @@ die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
 # A stamp records the hash of the inputs of a step, so a second run skips work that is already done: with the
 # cache for what every stack of the clone shares (a second stack installs nothing), with the stack for the rest.
 stamp_file() {
-  case $1 in python|kafka-libs|spark-jars|schema-registry|kafka-connect|toxiproxy|prometheus) echo "$KL_CACHE/stamps/$1" ;; *) echo "$STAMPS/$1" ;; esac
+  case $1 in python|kafka-libs|spark-jars|schema-registry|kafka-connect|toxiproxy|prometheus|otel-collector) echo "$KL_CACHE/stamps/$1" ;; *) echo "$STAMPS/$1" ;; esac
 }
 stamp_ok() { [ -f "$(stamp_file "$1")" ] && [ "$(cat "$(stamp_file "$1")")" = "$2" ]; }
 stamp_set() { printf '%s' "$2" >"$(stamp_file "$1")"; }
@@ -587,6 +589,36 @@ start_monitoring() {
   say "prometheus: $LOCAL_PROMETHEUS (user $KL_PROMETHEUS_USER, password KL_PROMETHEUS_PASSWORD in $KL_SECRETS), scraping the metrics every 5 s (pid $(service_pid prometheus), log $LOGS/prometheus.log)"
 }
 
+# --- An OpenTelemetry Collector (the trace tests' OTLP receiver) -------------------------------------------------
+OTEL_BUILDER_VERSION=v0.165.0
+OTEL_COLLECTOR=$KL_CACHE/otel-collector/kafka-ledger-otelcol
+
+install_otel_collector() {
+  local key; key=$(hash_files "$KL_HOME/stack/otel-collector/manifest.yaml")
+  if stamp_ok otel-collector "$key" && [ -x "$OTEL_COLLECTOR" ]; then return; fi
+  command -v go >/dev/null || die "Go is needed to build the OpenTelemetry Collector (the trace tests' receiver)"
+  say "building an OpenTelemetry Collector (OTLP receiver, debug exporter) with its builder $OTEL_BUILDER_VERSION"
+  local out; out=$(mktemp -d)
+  { GOBIN=$out go install "go.opentelemetry.io/collector/cmd/builder@$OTEL_BUILDER_VERSION" \
+      && sed "s#^dist:#dist:\n  output_path: $KL_CACHE/otel-collector#" "$KL_HOME/stack/otel-collector/manifest.yaml" >"$out/manifest.yaml" \
+      && "$out/builder" --config "$out/manifest.yaml"; } >"$LOGS/otel-collector-build.log" 2>&1 \
+    || { tail -n 20 "$LOGS/otel-collector-build.log" >&2; die "building the OpenTelemetry Collector failed (log: $LOGS/otel-collector-build.log)"; }
+  rm -rf "$out"
+  stamp_set otel-collector "$key"
+}
+
+start_otel_collector() {
+  install_otel_collector
+  mkdir -p "$KL_STATE/otel-collector"
+  sed "s#@PORT@#$KL_OTLP_PORT#g" "$KL_HOME/stack/otel-collector/config.yaml" >"$KL_STATE/otel-collector/config.yaml"
+  write_program otel-collector 42 TERM 10 false "$OTEL_COLLECTOR --config $KL_STATE/otel-collector/config.yaml"
+  apply_programs
+  if running otel-collector; then say "otel collector: already running (pid $(service_pid otel-collector))"; return; fi
+  port_open "$KL_OTLP_PORT" && die "port $KL_OTLP_PORT is taken (another collector?): stop it or set KL_OTLP_PORT"
+  start_and_await otel-collector "the OpenTelemetry Collector" 60 port_open "$KL_OTLP_PORT"
+  say "otel collector: OTLP over HTTP on http://127.0.0.1:$KL_OTLP_PORT (OTEL_EXPORTER_OTLP_ENDPOINT), spans in $LOGS/otel-collector.log (pid $(service_pid otel-collector))"
+}
+
 # --- Toxiproxy (the fault campaign's network faults) ----------------------------------------------------
 TOXIPROXY_VERSION=v2.5.0
 TOXIPROXY=$KL_CACHE/bin/toxiproxy-server
@@ -740,6 +772,7 @@ status() {
   line airflow "http://127.0.0.1:$KL_AIRFLOW_PORT  log $LOGS/airflow.log"
   line metrics "$LOCAL_METRICS  (scripts/stack.sh monitoring)  log $LOGS/metrics.log"
   line prometheus "$LOCAL_PROMETHEUS  log $LOGS/prometheus.log"
+  line otel-collector "http://127.0.0.1:$KL_OTLP_PORT  (scripts/stack.sh otel-collector)  log $LOGS/otel-collector.log"
   line toxiproxy "API 127.0.0.1:$KL_TOXIPROXY_PORT  (scripts/stack.sh proxies)"
 }
 
@@ -774,6 +807,8 @@ case "${1:-}" in
   stop-kafka-connect) ensure_supervisord; stop_service kafka-connect "kafka connect" ;;
   monitoring) ensure_supervisord; start_monitoring ;;
   stop-monitoring) ensure_supervisord; stop_service prometheus prometheus; stop_service metrics metrics ;;
+  otel-collector) ensure_supervisord; start_otel_collector ;;
+  stop-otel-collector) ensure_supervisord; stop_service otel-collector "otel collector" ;;
   proxies) ensure_supervisord; start_proxies ;;
   stop-proxies) ensure_supervisord; stop_service toxiproxy toxiproxy ;;
   stop) stop_all ;;

@@ -658,6 +658,9 @@ def main(argv: list[str] | None = None) -> int:
                              "60 %% updates, 10 %% deletes, 10 %% creates, a second snapshot), and each round an "
                              "entity table of them (envelope: debezium) and a pipeline appending the same events as "
                              "rows: ratio_cdc_vs_append")
+    parser.add_argument("--scrape", type=int, metavar="PIPELINES",
+                        help="the Prometheus endpoint's cost instead: PIPELINES pipelines of --partitions partitions "
+                             "each, scraped --rounds times over HTTP (tools/scrape_benchmark.py)")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows")
     parser.add_argument("--delivery-mode", choices=["exactly_once", "at_least_once"], default="exactly_once",
                         help="at_least_once: with spark-submit, the Spark job appends to the output table directly")
@@ -669,6 +672,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(line), file=stdout, flush=True)
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.scrape:
+        from tools.scrape_benchmark import run_scrape_benchmark
+
+        summary = run_scrape_benchmark(kafka_client().servers, ledger_database().url, args.scrape, args.partitions,
+                                       max(args.rounds, 1))
+        report(summary)
+        return 0 if summary["exact"] else 1
     if args.freshness:
         from tools.freshness import run_freshness
 

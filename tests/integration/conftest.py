@@ -87,6 +87,7 @@ PIPELINES = {
     "metrics": {"spark_runtime": "connect", "retries": 0},
     "metrics_secrets": {},
     "metrics_faults": {"spark_runtime": "connect", "retries": 0},
+    "traces": {"spark_runtime": "connect", "retries": 0},
     "upgrade": {"retries": 0},
     "deleted": {},
     "recreated": {},
