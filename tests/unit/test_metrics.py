@@ -1,7 +1,9 @@
 """The Prometheus endpoint's pure parts: the series from the ledger's and Kafka's figures, authentication, listening."""
 
 import base64
+import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -45,7 +47,7 @@ def figures() -> metrics.LedgerFigures:
     newest = datetime(2026, 11, 27, 11, 59, tzinfo=UTC)
     return metrics.LedgerFigures(
         positions={"clicks": {TopicPartition("clicks", 0): (70, newest), TopicPartition("clicks", 1): (60, None)}},
-        batches={"clicks": {"committed": (5, 7), "failed": (1, 2), "abandoned": (1, 1)}},
+        batches={"clicks": {"committed": 5, "failed": 1, "abandoned": 1}}, attempts={"clicks": 10},
         records_published={"clicks": 130}, last_commit={"clicks": newest},
         dead_letters={"clicks": {"malformed JSON (not a JSON object)": 3}}, lost_offsets={"clicks": 10},
         verified={"clicks": (newest, "problems", newest - timedelta(days=1))},
@@ -171,3 +173,33 @@ def test_listen_addresses(listen, parsed):
 def test_bad_listen_addresses_are_refused_with_an_example(listen):
     with pytest.raises(ValueError, match="HOST:PORT"):
         metrics.parse_listen(listen)
+
+
+def test_only_the_most_frequent_dead_letter_reasons_get_a_series_of_their_own():
+    reasons = {f"unexpected field(s): f{n}": n + 1 for n in range(metrics.MAX_REASONS + 5)}
+    found = metrics.LedgerFigures(dead_letters={"clicks": reasons})
+    got = samples([pipeline()], found, None)
+    served = {dict(key)["reason"]: value for (name, key), value in got.items()
+              if name == "kafka_ledger_dead_letters_total"}
+    assert len(served) == metrics.MAX_REASONS + 1
+    assert served[metrics.OTHER_REASONS] == sum(range(1, 6))  # the five least frequent
+    assert sum(served.values()) == sum(reasons.values())
+
+
+def test_the_histogram_adds_up_the_batches_counted_under_each_bound():
+    # Counted by migration 0018's trigger: each batch under the smallest bound its seconds fit, inf above the last.
+    counts, total, seconds = metrics.histogram({0.5: (2, 0.6), 5.0: (1, 4.0), float("inf"): (1, 5000.0)})
+    assert counts[:4] == [2, 2, 2, 3] and counts[-1] == 3 and (total, seconds) == (4, 5004.6)
+
+
+def test_the_migration_counts_batches_under_the_buckets_the_endpoint_serves():
+    migration = next((Path(metrics.__file__).parents[1] / "ledger" / "migrations" / "versions").glob(
+        "0018_*.py")).read_text()
+    bounds = re.search(r'BUCKETS = "ARRAY\[([^\]]*)\]', migration).group(1)
+    assert tuple(float(b) for b in bounds.split(",")) == metrics.DURATION_BUCKETS
+
+
+def test_a_latest_only_pipeline_loses_nothing_it_skips():
+    found = metrics.LedgerFigures(lost_offsets={"clicks": 40})
+    got = samples([pipeline(delivery_mode="latest_only")], found, None)
+    assert got[at("kafka_ledger_lost_records_total", pipeline="clicks")] == 0

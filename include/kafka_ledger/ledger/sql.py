@@ -465,7 +465,7 @@ DELETE_PIPELINE_LEDGER_ROWS = [
     f"DELETE FROM kafka_ledger.{table} WHERE pipeline = %(pipeline)s"
     for table in ("dead_letters", "positions", "committed_ranges", "batches", "position_resets", "verified_points",
                   "topic_anchors", "log_starts", "spark_sessions", "carrying_runs", "pipeline_columns",
-                  "output_columns")
+                  "output_columns", "verify_results", "dead_letter_counts", "batch_totals", "batch_duration_counts")
 ]
 
 SELECT_DEAD_LETTER_REASONS = """
@@ -634,46 +634,36 @@ SELECT_RANGE_END_OFFSETS = """
     SELECT topic, partition, end_offset, records_read FROM kafka_ledger.batch_ranges WHERE batch_id = %(batch_id)s
 """
 
-# --- metrics (observe/metrics.py): every declared pipeline's figures in one transaction, at scrape time ----------
+# --- metrics (ops/metrics.py): every declared pipeline's figures in one transaction, at scrape time ---------------
+# The totals are kept by triggers as batches end and dead letters come and go (migration 0018): a scrape reads a few
+# rows per pipeline and partition, never the pipelines' history.
 METRICS_POSITIONS = """
     SELECT pipeline, topic, partition, position, newest_timestamp FROM kafka_ledger.positions
     WHERE pipeline = ANY(%(pipelines)s)
 """
 
-# Batches by status, their attempts, the records the committed ones published, the newest commit.
-METRICS_BATCHES = """
-    SELECT pipeline, status, count(*), sum(attempts), sum(records_written) FILTER (WHERE status = 'committed'),
-           max(committed_at)
-    FROM kafka_ledger.batches WHERE pipeline = ANY(%(pipelines)s) GROUP BY pipeline, status
+METRICS_BATCH_TOTALS = """
+    SELECT pipeline, committed, abandoned, attempts, records_published, skipped_offsets, last_committed_at
+    FROM kafka_ledger.batch_totals WHERE pipeline = ANY(%(pipelines)s)
+"""
+
+# Through the partial index of unfinished batches.
+METRICS_UNFINISHED_BATCHES = f"""
+    SELECT pipeline, status, count(*), sum(attempts) FROM kafka_ledger.batches
+    WHERE pipeline = ANY(%(pipelines)s) AND {UNFINISHED} GROUP BY pipeline, status
 """
 
 METRICS_DEAD_LETTERS = """
-    SELECT pipeline, error, count(*) FROM kafka_ledger.dead_letters WHERE pipeline = ANY(%(pipelines)s)
-    GROUP BY pipeline, error
+    SELECT pipeline, reason, dead_letters FROM kafka_ledger.dead_letter_counts
+    WHERE pipeline = ANY(%(pipelines)s) AND dead_letters > 0
 """
 
-# Offsets retention deleted before a batch read them, recorded by that batch (on_data_loss: skip); a reset's
-# deliberate skips are not losses.
-METRICS_LOST_OFFSETS = """
-    SELECT pipeline, sum(until_offset - from_offset) FROM kafka_ledger.committed_ranges
-    WHERE pipeline = ANY(%(pipelines)s) AND disposition = 'skipped' AND reset_id IS NULL GROUP BY pipeline
+METRICS_BATCH_DURATIONS = """
+    SELECT pipeline, stage, le, batches, seconds FROM kafka_ledger.batch_duration_counts
+    WHERE pipeline = ANY(%(pipelines)s)
 """
 
 METRICS_VERIFY_RESULTS = """
     SELECT pipeline, verified_at, result, concluded_at FROM kafka_ledger.verify_results
     WHERE pipeline = ANY(%(pipelines)s)
 """
-
-
-def metrics_batch_durations(stages: dict[str, str], buckets: Iterable[float]) -> sql.Composed:
-    """Per pipeline and stage (name -> an SQL expression of a committed batch's seconds in it): how many batches
-    took at most each bucket's seconds, their count and their sum (a histogram's series), in one scan."""
-    stage_rows = sql.SQL(", ").join(sql.SQL("({}, ({})::double precision)").format(sql.Literal(name), sql.SQL(seconds))
-                                     for name, seconds in stages.items())
-    counts = sql.SQL(", ").join(sql.SQL("count(*) FILTER (WHERE v.s <= {})").format(sql.Literal(b)) for b in buckets)
-    return sql.SQL(
-        "SELECT b.pipeline, v.stage, ARRAY[{counts}]::bigint[], count(*), sum(v.s) "
-        "FROM kafka_ledger.batches b CROSS JOIN LATERAL (VALUES {stage_rows}) AS v(stage, s) "
-        "WHERE b.pipeline = ANY(%(pipelines)s) AND b.status = 'committed' AND v.s IS NOT NULL "
-        "GROUP BY b.pipeline, v.stage"
-    ).format(counts=counts, stage_rows=stage_rows)

@@ -40,17 +40,19 @@ PREFIX = "kafka_ledger"
 DEFAULT_LISTEN = "127.0.0.1:9464"  # 9464: the port OpenTelemetry's Prometheus exporter uses too
 KAFKA_CACHE_SECONDS = 5.0
 
-# The stages of a committed batch the duration histogram shows: an SQL expression of its seconds in each.
-BATCH_STAGES = {
-    "queued": "extract(epoch FROM b.started_at - b.planned_at)",  # planned, until its last attempt began
-    "read": "b.read_seconds",  # Spark reading and decoding the ranges (overlaps publish in the connect runtime)
-    "commit": "b.commit_seconds",  # the publish and commit transaction
-    "total": "extract(epoch FROM b.committed_at - b.planned_at)",  # planned to committed
-}
+# The stages of a committed batch the duration histogram shows (counted by migration 0018's trigger): queued (planned,
+# until its last attempt began), read (Spark reading and decoding its ranges: in the connect runtime it overlaps the
+# publish), commit (the publish and commit transaction), total (planned to committed).
+BATCH_STAGES = ("queued", "read", "commit", "total")
+# Their buckets: migration 0018 counts each batch under the smallest bound its seconds fit (the same list, tested).
 DURATION_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 # Batch statuses no batch leaves (counted as counters), and those of unfinished batches (gauges).
 FINAL_STATUSES = ("committed", "abandoned")
 UNFINISHED_STATUSES = ("planned", "written", "failed")
+# A pipeline's most frequent dead-letter reasons each get their series, the rest one together: a reason may name what
+# a record held (its unexpected fields), and Prometheus must not get a series per whim of a producer.
+MAX_REASONS = 50
+OTHER_REASONS = "(other reasons)"
 # kafka-lag-exporter's dashboards select on a cluster_name label.
 LAG_EXPORTER_CLUSTER = "kafka-ledger"
 
@@ -61,8 +63,8 @@ class LedgerFigures:
 
     # pipeline -> partition -> (committed position, Kafka timestamp of its newest published record)
     positions: dict[str, dict[TopicPartition, tuple[int, datetime | None]]] = field(default_factory=dict)
-    # pipeline -> status -> (batches, their attempts)
-    batches: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    batches: dict[str, dict[str, int]] = field(default_factory=dict)  # pipeline -> status -> batches
+    attempts: dict[str, int] = field(default_factory=dict)  # pipeline -> attempts of its batches
     records_published: dict[str, int] = field(default_factory=dict)
     last_commit: dict[str, datetime] = field(default_factory=dict)
     dead_letters: dict[str, dict[str, int]] = field(default_factory=dict)  # pipeline -> reason -> count
@@ -74,28 +76,45 @@ class LedgerFigures:
 
 
 def read_ledger(cur: ledger.Cursor, pipelines: list[str]) -> LedgerFigures:
-    """The ledger's figures of `pipelines`: a handful of aggregate queries, whatever their number."""
+    """The ledger's figures of `pipelines`: their positions, and totals the ledger keeps as it goes (a few rows per
+    pipeline, whatever its history)."""
     figures, params = LedgerFigures(), {"pipelines": pipelines}
     cur.execute(sql.METRICS_POSITIONS, params)
     for pipeline, topic, partition, position, newest in cur.fetchall():
         figures.positions.setdefault(pipeline, {})[TopicPartition(topic, partition)] = (position, newest)
-    cur.execute(sql.METRICS_BATCHES, params)
-    for pipeline, status, batches, attempts, published, last_commit in cur.fetchall():
-        figures.batches.setdefault(pipeline, {})[status] = (batches, attempts or 0)
-        if status == "committed":
-            figures.records_published[pipeline] = published or 0
+    cur.execute(sql.METRICS_BATCH_TOTALS, params)
+    for pipeline, committed, abandoned, attempts, published, skipped, last_commit in cur.fetchall():
+        figures.batches[pipeline] = {"committed": committed, "abandoned": abandoned}
+        figures.attempts[pipeline] = attempts
+        figures.records_published[pipeline] = published
+        figures.lost_offsets[pipeline] = skipped
+        if last_commit is not None:
             figures.last_commit[pipeline] = last_commit
+    cur.execute(sql.METRICS_UNFINISHED_BATCHES, params)
+    for pipeline, status, batches, attempts in cur.fetchall():
+        figures.batches.setdefault(pipeline, {})[status] = batches
+        figures.attempts[pipeline] = figures.attempts.get(pipeline, 0) + (attempts or 0)
     cur.execute(sql.METRICS_DEAD_LETTERS, params)
     for pipeline, reason, count in cur.fetchall():
         figures.dead_letters.setdefault(pipeline, {})[reason] = count
-    cur.execute(sql.METRICS_LOST_OFFSETS, params)
-    figures.lost_offsets = dict(cur.fetchall())
     cur.execute(sql.METRICS_VERIFY_RESULTS, params)
     figures.verified = {pipeline: tuple(rest) for pipeline, *rest in cur.fetchall()}
-    cur.execute(sql.metrics_batch_durations(BATCH_STAGES, DURATION_BUCKETS), params)
-    for pipeline, stage, counts, batches, seconds in cur.fetchall():
-        figures.durations[pipeline, stage] = (list(counts), batches, float(seconds))
+    cur.execute(sql.METRICS_BATCH_DURATIONS, params)
+    counted: dict[tuple[str, str], dict[float, tuple[int, float]]] = {}
+    for pipeline, stage, le, batches, seconds in cur.fetchall():
+        counted.setdefault((pipeline, stage), {})[le] = (batches, seconds)
+    figures.durations = {key: histogram(by_bound) for key, by_bound in counted.items()}
     return figures
+
+
+def histogram(by_bound: dict[float, tuple[int, float]]) -> tuple[list[int], int, float]:
+    """From batches counted under the smallest bound they fit (`inf`: above the last), the cumulative count at each
+    of DURATION_BUCKETS, the count and the seconds in all."""
+    cumulative, running = [], 0
+    for bound in DURATION_BUCKETS:
+        running += by_bound.get(bound, (0, 0.0))[0]
+        cumulative.append(running)
+    return cumulative, sum(b for b, _ in by_bound.values()), sum(s for _, s in by_bound.values())
 
 
 @dataclass
@@ -154,6 +173,14 @@ class KafkaLookups:
         return {tp: stamp for (tp, _), stamp in self._stamps.items() if stamp is not None}
 
 
+def _top_reasons(counts: dict[str, int]) -> list[tuple[str, int]]:
+    """The MAX_REASONS most frequent reasons by name, the others summed as OTHER_REASONS."""
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    kept = sorted(ranked[:MAX_REASONS])
+    rest = sum(count for _, count in ranked[MAX_REASONS:])
+    return kept + ([(OTHER_REASONS, rest)] if rest else [])
+
+
 def _labels(pipeline: PipelineConfig, tp: TopicPartition) -> list[str]:
     return [pipeline.name, tp.topic, str(tp.partition)]
 
@@ -209,7 +236,8 @@ def families(pipelines: list[PipelineConfig], found: LedgerFigures, kafka: Kafka
     dead_letters = CounterMetricFamily(f"{PREFIX}_dead_letters", "Records kept as dead letters, by reason",
                                        labels=["pipeline", "reason"])
     lost = CounterMetricFamily(f"{PREFIX}_lost_records", "Offsets retention deleted before they were read, "
-                               "recorded by the batch that skipped them (on_data_loss: skip)", labels=["pipeline"])
+                               "recorded by the batch that skipped them (on_data_loss: skip; 0 for latest_only)",
+                               labels=["pipeline"])
     verified = GaugeMetricFamily(f"{PREFIX}_last_verify_timestamp_seconds", "When the pipeline's last verify ended",
                                  labels=["pipeline"])
     verify_result = GaugeMetricFamily(f"{PREFIX}_last_verify_result",
@@ -252,16 +280,17 @@ def families(pipelines: list[PipelineConfig], found: LedgerFigures, kafka: Kafka
                                                  max(0.0, now - oldest_unread[tp]))
         by_status = found.batches.get(name, {})
         for status in FINAL_STATUSES:
-            batches.add_metric([name, status], by_status.get(status, (0, 0))[0])
+            batches.add_metric([name, status], by_status.get(status, 0))
         for status in UNFINISHED_STATUSES:
-            unfinished.add_metric([name, status], by_status.get(status, (0, 0))[0])
-        attempts.add_metric([name], sum(a for _, a in by_status.values()))
+            unfinished.add_metric([name, status], by_status.get(status, 0))
+        attempts.add_metric([name], found.attempts.get(name, 0))
         published.add_metric([name], found.records_published.get(name, 0))
         if name in found.last_commit:
             last_commit.add_metric([name], _epoch(found.last_commit[name]))
-        for reason, count in sorted(found.dead_letters.get(name, {}).items()):
+        for reason, count in _top_reasons(found.dead_letters.get(name, {})):
             dead_letters.add_metric([name, reason], count)
-        lost.add_metric([name], found.lost_offsets.get(name, 0))
+        # latest_only skips on purpose what it does not read: none of it is a loss.
+        lost.add_metric([name], 0 if pipeline.delivery_mode == "latest_only" else found.lost_offsets.get(name, 0))
         if name in found.verified:
             verified_at, result, concluded_at = found.verified[name]
             verified.add_metric([name], _epoch(verified_at))
