@@ -5,8 +5,17 @@ Each runs from the project root with the project's Python, e.g. `python -m tools
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
+
+
+def stack_env(name: str) -> str:
+    """A setting of the local stack that scripts/env.sh exports (a port, a password): an error saying so if unset."""
+    value = os.environ.get(name)
+    if not value:
+        raise RuntimeError(f"{name} is not set: source scripts/env.sh first")
+    return value
 
 
 def git_commit() -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -14,26 +13,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tools import stack_env
 from tools.stack import stack_command
 
 CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 
 
-def _env(name: str) -> str:
-    value = os.environ.get(name)
-    if not value:
-        raise RuntimeError(f"{name} is not set: source scripts/env.sh first")
-    return value
-
-
 def source_dsn() -> str:
     """The source database as its own role sees it (over TLS, as the stack's Postgres requires of it)."""
-    return (f"host=127.0.0.1 port={_env('KL_PG_PORT')} dbname=cdc user=cdc password={_env('KL_PG_CDC_PASSWORD')} "
-            f"sslmode=verify-full sslrootcert={_env('KL_TLS_DIR')}/ca.pem")
+    return (f"host=127.0.0.1 port={stack_env('KL_PG_PORT')} dbname=cdc user=cdc "
+            f"password={stack_env('KL_PG_CDC_PASSWORD')} sslmode=verify-full "
+            f"sslrootcert={stack_env('KL_TLS_DIR')}/ca.pem")
 
 
 def worker_url() -> str:
-    return f"http://127.0.0.1:{_env('KL_KAFKA_CONNECT_PORT')}"
+    return f"http://127.0.0.1:{stack_env('KL_KAFKA_CONNECT_PORT')}"
 
 
 def start_worker() -> None:
@@ -43,12 +37,13 @@ def start_worker() -> None:
 
 def _password_file() -> Path:
     """The file the worker's FileConfigProvider reads the source database's password from (scripts/stack.sh)."""
-    return Path(_env("KL_STATE")) / "kafka-connect" / "source-db.properties"
+    return Path(stack_env("KL_STATE")) / "kafka-connect" / "source-db.properties"
 
 
 def _request(method: str, path: str, body: dict | None = None) -> Any:
     """A request to the worker's REST API, with its user's credentials (basic authentication)."""
-    credentials = base64.b64encode(f"{_env('KL_KAFKA_CONNECT_USER')}:{_env('KL_KAFKA_CONNECT_PASSWORD')}".encode())
+    user, password = stack_env("KL_KAFKA_CONNECT_USER"), stack_env("KL_KAFKA_CONNECT_PASSWORD")
+    credentials = base64.b64encode(f"{user}:{password}".encode())
     request = urllib.request.Request(worker_url() + path, method=method,
                                      data=None if body is None else json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json", "Accept": "application/json",
@@ -89,12 +84,12 @@ class Capture:
             "tasks.max": "1",
             "plugin.name": "pgoutput",
             "database.hostname": "127.0.0.1",
-            "database.port": _env("KL_PG_PORT"),
+            "database.port": stack_env("KL_PG_PORT"),
             "database.user": "cdc",
             "database.password": f"${{file:{_password_file()}:password}}",
             "database.dbname": "cdc",
             "database.sslmode": "verify-full",
-            "database.sslrootcert": f"{_env('KL_TLS_DIR')}/ca.pem",
+            "database.sslrootcert": f"{stack_env('KL_TLS_DIR')}/ca.pem",
             "topic.prefix": self.topic_prefix,
             "table.include.list": ",".join(self.tables),
             "slot.name": self.slot,

@@ -4,27 +4,21 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import time
 import urllib.parse
 import urllib.request
 from typing import Any
 
-
-def _env(name: str) -> str:
-    value = os.environ.get(name)
-    if not value:
-        raise RuntimeError(f"{name} is not set: source scripts/env.sh first")
-    return value
+from tools import stack_env
 
 
 def url() -> str:
-    return f"http://127.0.0.1:{_env('KL_PROMETHEUS_PORT')}"
+    return f"http://127.0.0.1:{stack_env('KL_PROMETHEUS_PORT')}"
 
 
 def query(promql: str) -> list[tuple[dict[str, str], float, float]]:
     """An instant query's vector: each series' labels, its sample's timestamp and value."""
-    user, password = _env("KL_PROMETHEUS_USER"), _env("KL_PROMETHEUS_PASSWORD")
+    user, password = stack_env("KL_PROMETHEUS_USER"), stack_env("KL_PROMETHEUS_PASSWORD")
     request = urllib.request.Request(f"{url()}/api/v1/query?{urllib.parse.urlencode({'query': promql})}", headers={
         "Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()})
     with urllib.request.urlopen(request, timeout=30) as reply:
