@@ -28,8 +28,9 @@
 #                               loopback (KL_KAFKA_CONNECT_PORT): change data capture from the stack's `cdc` database
 #   scripts/stack.sh monitoring | stop-monitoring   kafka-ledger's Prometheus endpoint (`kafka-ledger metrics serve`) on
 #                               KL_METRICS_PORT and a Prometheus scraping it on KL_PROMETHEUS_PORT, both on loopback
-#   scripts/stack.sh otel-collector | stop-otel-collector   an OpenTelemetry Collector (built with Go the first time)
-#                               receiving OTLP over HTTP on KL_OTLP_PORT, its spans in its log: the trace tests'
+#   scripts/stack.sh otel-collector | stop-otel-collector   an OpenTelemetry Collector receiving OTLP over HTTP on
+#                               KL_OTLP_PORT, its spans in its log (the trace test's); built with Go the first time
+#                               (`install-otel-collector` builds it alone)
 #   scripts/stack.sh ctl ...    supervisorctl on the stack's supervisord (e.g. `ctl status`, `ctl tail -f kafka`)
 #
 # A stack lives under $KL_STATE (.stack/ by default): data, logs, supervisord's socket. What set-up downloads and
@@ -808,11 +809,12 @@ case "${1:-}" in
   monitoring) ensure_supervisord; start_monitoring ;;
   stop-monitoring) ensure_supervisord; stop_service prometheus prometheus; stop_service metrics metrics ;;
   otel-collector) ensure_supervisord; start_otel_collector ;;
+  install-otel-collector) install_otel_collector ;;
   stop-otel-collector) ensure_supervisord; stop_service otel-collector "otel collector" ;;
   proxies) ensure_supervisord; start_proxies ;;
   stop-proxies) ensure_supervisord; stop_service toxiproxy toxiproxy ;;
   stop) stop_all ;;
   status) status ;;
   ctl) shift; sctl "$@" ;;
-  *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -7,6 +7,7 @@ Kafka's answers are cached for a few seconds (`KafkaLookups`) so that scrapes ad
 from __future__ import annotations
 
 import base64
+import gc
 import hmac
 import ipaddress
 import logging
@@ -457,4 +458,8 @@ def make_server(listen: str, collector: Collector, credentials: Credentials,
     class Server(ThreadingWSGIServer):
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
-    return wsgi_server(host, port, wsgi_app(collector, credentials), Server, handler_class=QuietHandler)
+    server = wsgi_server(host, port, wsgi_app(collector, credentials), Server, handler_class=QuietHandler)
+    # A scrape makes tens of thousands of short-lived objects, enough to start the collector's full passes, each over
+    # every object the process's imports made: 150 ms of a 100 ms scrape. Frozen, those are passed over.
+    gc.freeze()
+    return server
