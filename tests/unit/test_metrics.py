@@ -59,7 +59,7 @@ def test_a_scrape_gives_each_partitions_offsets_lag_and_timestamps_and_each_pipe
     tp0, tp1, tp2 = (TopicPartition("clicks", p) for p in range(3))
     kafka = metrics.KafkaFigures({"clicks": {tp0: PartitionOffsets(0, 100), tp1: PartitionOffsets(50, 60),
                                              tp2: PartitionOffsets(5, 9)}},
-                                 oldest_unread={tp0: NOW - 42.0})
+                                 oldest_unread={(tp0, 70): NOW - 42.0})
     got = samples([pipeline()], figures(), kafka)
 
     p0, p1, p2 = ({"pipeline": "clicks", "topic": "clicks", "partition": str(p)} for p in range(3))
@@ -203,3 +203,15 @@ def test_a_latest_only_pipeline_loses_nothing_it_skips():
     found = metrics.LedgerFigures(lost_offsets={"clicks": 40})
     got = samples([pipeline(delivery_mode="latest_only")], found, None)
     assert got[at("kafka_ledger_lost_records_total", pipeline="clicks")] == 0
+
+
+def test_two_pipelines_reading_one_topic_each_get_the_age_of_their_own_oldest_unread_record():
+    tp = TopicPartition("clicks", 0)
+    found = metrics.LedgerFigures(positions={"clicks": {tp: (70, None)}, "clicks_lake": {tp: (40, None)}})
+    held = {tp: PartitionOffsets(0, 100)}
+    kafka = metrics.KafkaFigures({"clicks": held, "clicks_lake": held},
+                                 oldest_unread={(tp, 70): NOW - 10.0, (tp, 40): NOW - 500.0})
+    got = samples([pipeline(), pipeline(name="clicks_lake")], found, kafka)
+    assert {name: got[at("kafka_ledger_partition_oldest_unread_timestamp_seconds", pipeline=name, topic="clicks",
+                         partition="0")] for name in ("clicks", "clicks_lake")} == {
+        "clicks": NOW - 10.0, "clicks_lake": NOW - 500.0}

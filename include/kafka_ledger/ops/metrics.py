@@ -124,8 +124,9 @@ class KafkaFigures:
 
     offsets: dict[str, dict[TopicPartition, PartitionOffsets]] | None
     problems: dict[str, str] = field(default_factory=dict)  # pipeline -> why its offsets are unknown
-    # The Kafka timestamp (epoch seconds) of the oldest record not yet published, by lagging partition.
-    oldest_unread: dict[TopicPartition, float] = field(default_factory=dict)
+    # The Kafka timestamp (epoch seconds) of the record at a lagging partition's position, by (partition, position):
+    # two pipelines reading one topic wait at positions of their own.
+    oldest_unread: dict[tuple[TopicPartition, int], float] = field(default_factory=dict)
     error: str | None = None
 
 
@@ -138,7 +139,7 @@ class KafkaLookups:
         self.services, self.ttl_seconds, self.clock = services, ttl_seconds, clock
         self._lock = threading.Lock()  # concurrent scrapes share one look-up
         self._offsets: tuple[float, tuple[str, ...], KafkaFigures] | None = None
-        self._stamps: dict[tuple[TopicPartition, int], float | None] = {}
+        self._stamps: dict[tuple[TopicPartition, int], float] = {}
 
     def figures(self, pipelines: list[PipelineConfig], positions: dict[str, dict[TopicPartition, int]]) -> KafkaFigures:
         with self._lock:
@@ -158,7 +159,7 @@ class KafkaLookups:
             return found
 
     def _oldest_unread(self, offsets: dict[str, dict[TopicPartition, PartitionOffsets]],
-                       positions: dict[str, dict[TopicPartition, int]]) -> dict[TopicPartition, float]:
+                       positions: dict[str, dict[TopicPartition, int]]) -> dict[tuple[TopicPartition, int], float]:
         waiting = {(tp, position) for name, held in offsets.items() for tp, o in held.items()
                    if (position := positions.get(name, {}).get(tp)) is not None and o.log_start <= position < o.end}
         asked = {tp: position for tp, position in waiting if (tp, position) not in self._stamps}
@@ -171,7 +172,7 @@ class KafkaLookups:
             # A partition that did not answer is asked again next time.
             self._stamps.update({(tp, asked[tp]): ms / 1000 for tp, ms in stamps.items()})
         self._stamps = {key: value for key, value in self._stamps.items() if key in waiting}
-        return {tp: stamp for (tp, _), stamp in self._stamps.items() if stamp is not None}
+        return dict(self._stamps)
 
 
 def _top_reasons(counts: dict[str, int]) -> list[tuple[str, int]]:
@@ -275,10 +276,11 @@ def families(pipelines: list[PipelineConfig], found: LedgerFigures, kafka: Kafka
                 group_lag.add_metric([LAG_EXPORTER_CLUSTER, group, tp.topic, str(tp.partition)], lags[tp])
                 if lags[tp] == 0:
                     group_lag_seconds.add_metric([LAG_EXPORTER_CLUSTER, group, tp.topic, str(tp.partition)], 0)
-                elif tp in oldest_unread:
-                    oldest.add_metric(labels, oldest_unread[tp])
+                elif (tp, held.get(tp, (None,))[0]) in oldest_unread:
+                    stamp = oldest_unread[tp, held[tp][0]]
+                    oldest.add_metric(labels, stamp)
                     group_lag_seconds.add_metric([LAG_EXPORTER_CLUSTER, group, tp.topic, str(tp.partition)],
-                                                 max(0.0, now - oldest_unread[tp]))
+                                                 max(0.0, now - stamp))
         by_status = found.batches.get(name, {})
         for status in FINAL_STATUSES:
             batches.add_metric([name, status], by_status.get(status, 0))
