@@ -147,10 +147,16 @@ def listening_sockets(pids: list[int]) -> set[tuple[str, int]]:
     for pid in pids:
         fd_dir = Path(f"/proc/{pid}/fd")
         try:
-            links = [os.readlink(fd_dir / fd) for fd in os.listdir(fd_dir)]
+            fds = os.listdir(fd_dir)
         except OSError:  # the process ended meanwhile
             continue
-        inodes.update(link[len("socket:["):-1] for link in links if link.startswith("socket:["))
+        for fd in fds:
+            try:
+                link = os.readlink(fd_dir / fd)
+            except OSError:  # this descriptor closed meanwhile (a busy JVM opens and closes files all the time)
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[len("socket:["):-1])
     found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
