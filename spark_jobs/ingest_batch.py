@@ -18,6 +18,7 @@ import logging
 import sys
 
 from kafka_ledger.config.settings import deployment_services
+from kafka_ledger.ledger.db import EXIT_FENCED, AttemptFenced
 from kafka_ledger.model.refusals import EXIT_REFUSED, Refusal
 from kafka_ledger.runtimes.submit.job import run_job
 
@@ -35,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         # A distinct exit code: the Airflow task fails at once instead of retrying what no retry can change.
         print(f"refused, not retried: {exc}", file=sys.stderr)
         return EXIT_REFUSED
+    except AttemptFenced as exc:
+        # Another driver of the same batch carries it (a resubmission, a zombie): this one stops, having published
+        # nothing; whoever launched it sees why by the exit code and this line.
+        print(f"fenced: {exc}", file=sys.stderr)
+        return EXIT_FENCED
     return 0
 
 

@@ -7,6 +7,7 @@ import functools
 import os
 import random
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +39,7 @@ FAULT_KINDS = {
     "submit": (
         "kill_spark_submit",      # SIGKILL of spark-submit (the driver JVM) at a random moment of its read
         "kill_spark_driver",      # SIGKILL of the PySpark driver process, timed or as its first rows are staged
+        "two_drivers",            # a second driver for the same batch while the first runs (a resubmission)
         *COMMON_FAULTS,
     ),
 }
@@ -252,6 +254,39 @@ class FaultStrikes:
             return f"{target} SIGKILLed {landed}"
         return strike
 
+    def _second_driver(self, delay: float) -> Callable[..., str]:
+        """A second spark-submit of the same batch `delay` seconds after the first one's attempt began, as a
+        resubmission after a lost worker (or a re-attached operator) starts one: exactly one of the two may publish,
+        the other must be fenced (exit EXIT_FENCED, saying so) or find the batch written already."""
+        def strike(hook: Any, batch_id: int, attempts_before: int, thread: threading.Thread) -> str:
+            from kafka_ledger.ledger.db import EXIT_FENCED
+            from kafka_ledger.runtimes.submit.spark_submit import SPARK_APPLICATION
+
+            attempt = attempts_before + 1
+            if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, thread):
+                return "second driver missed: the first ended before its attempt began"
+            time.sleep(delay)
+            landed = self.phase(batch_id, attempt)
+            if not thread.is_alive():
+                return f"second driver missed: the first had ended ({landed})"
+            # The very command the first one runs, in the same environment (spark_submit_try set it).
+            second = subprocess.run(hook._build_spark_submit_command(str(SPARK_APPLICATION)), env=dict(os.environ),
+                                    capture_output=True, text=True, timeout=900)
+            thread.join(900)
+            first = hook._submit_sp.returncode if hook._submit_sp is not None else None
+            fenced = [line for line in second.stderr.splitlines() if line.startswith("fenced:")]
+            if (first, second.returncode) == (EXIT_FENCED, 0):
+                return f"a second driver started {landed}: it published the batch, the first was fenced"
+            if (first, second.returncode) == (0, EXIT_FENCED) and fenced:
+                return f"a second driver started {landed}: the first published the batch, the second was fenced"
+            if (first, second.returncode) == (0, 0) and '"staged": false' in second.stdout:
+                return f"a second driver started {landed}: it found the batch written by the first"
+            raise CampaignFailure(
+                f"two drivers of batch {batch_id} (the second started {landed}): not one published and the other "
+                f"fenced (exit codes {first} and {second.returncode}; the second's last lines: "
+                f"{' | '.join(second.stderr.splitlines()[-3:])})")
+        return strike
+
     def _strike_stack(self, delay: float, missed: str, commands: tuple[str, ...], landed_as: str) -> Callable[..., str]:
         """A fault by scripts/stack.sh `commands`, `delay` seconds after the Spark attempt began."""
         def strike(task: Any, batch_id: int, attempts_before: int, thread: threading.Thread | None = None) -> str:
@@ -464,6 +499,10 @@ class FaultStrikes:
             delay = round(rng.uniform(low, high), 2)
             variant = f"{timing}" + (f" ({delay}s after the attempt began)" if timing == "timed" else "")
             return variant, RunHooks(spark_strike=self._strike_spark(target, timing, delay))
+        if kind == "two_drivers":
+            # The second driver's JVM takes seconds to start: it begins its attempt well after it is launched.
+            delay = round(rng.uniform(0.0, 5.0), 2)
+            return f"timed ({delay}s after the first attempt began)", RunHooks(spark_strike=self._second_driver(delay))
         if kind in ("kill_task_in_read", "kill_spark_connect", "restart_spark_connect", "racing_attempts"):
             target = {"kill_task_in_read": "task kill", "kill_spark_connect": "server kill",
                       "restart_spark_connect": "server restart", "racing_attempts": "racing attempt"}[kind]

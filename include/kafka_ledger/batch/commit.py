@@ -141,16 +141,6 @@ class Publication(ABC):
         """Put the rows and dead letters in the transaction (or say the batch was committed already)."""
 
 
-def _newest_attempt(batch: ledger.Batch, attempt: int) -> ledger.Batch:
-    """Only the attempt that began last may publish: an older (zombie) one finds the batch moved on."""
-    if batch.status != "planned" or batch.attempts != attempt:
-        raise ledger.LedgerError(
-            f"batch {batch.batch_id} attempt {attempt} may not publish: the batch is {batch.status} with "
-            f"{batch.attempts} attempts (superseded by a newer attempt?); nothing was written"
-        )
-    return batch
-
-
 @dataclass
 class Written(Publication):
     """What an attempt's Spark work wrote before the commit: the rows spark-submit staged (an at_least_once catch-up
@@ -202,7 +192,7 @@ class Streamed(Publication):
         # imports this module: the DAG file, the plan task, the CLI.
         from kafka_ledger.sinks.postgres.copy import CopyStream
 
-        batch = _newest_attempt(p.batch, self.attempt)
+        batch = ledger.check_newest_attempt(p.batch, self.attempt, "publish")
         sink = p.sink
         if not isinstance(sink, TransactionalSink):
             raise CommitError(f"{sink.target} is not written by the commit: its rows cannot be streamed into it")
@@ -249,7 +239,7 @@ class Adopted(Publication):
     clock: Stopwatch
 
     def publish(self, p: _Publishing) -> Published:
-        batch = _newest_attempt(p.batch, self.attempt)
+        batch = ledger.check_newest_attempt(p.batch, self.attempt, "publish")
         sink = p.sink
         if not isinstance(sink, ArtifactSink):
             raise CommitError(f"{sink.target} is written by the commit: it has no {type(self.artifact).__name__}")

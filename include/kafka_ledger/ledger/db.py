@@ -30,6 +30,33 @@ class LedgerError(RuntimeError):
     """The ledger refuses an operation; the transaction was rolled back."""
 
 
+# The exit code of a batch's Spark job whose attempt was fenced (AttemptFenced): not a failure of the batch.
+EXIT_FENCED = 6
+
+
+class AttemptFenced(LedgerError):
+    """An attempt may no longer write or publish its batch: a newer attempt began after it (a second driver or task
+    for the same batch), or the batch is no longer open. Nothing of this attempt was published."""
+
+    def __init__(self, batch: Batch, attempt: int, action: str):
+        self.batch_id, self.attempt = batch.batch_id, attempt
+        if batch.attempts != attempt:
+            why = (f"attempt {batch.attempts} of the same batch began after it (a second driver or task for this "
+                   f"batch: a resubmission, a zombie, a racing retry); the batch is {batch.status}, carried by the "
+                   "newest attempt")
+        else:
+            why = f"the batch is {batch.status}"
+        super().__init__(f"batch {batch.batch_id} attempt {attempt} is fenced and may not {action}: {why}. "
+                         "Nothing of this attempt was published")
+
+
+def check_newest_attempt(batch: Batch, attempt: int, action: str) -> Batch:
+    """`batch` if `attempt` is its newest and the batch is still planned; else AttemptFenced."""
+    if batch.status != "planned" or batch.attempts != attempt:
+        raise AttemptFenced(batch, attempt, action)
+    return batch
+
+
 @dataclass
 class Batch:
     """One batch of a pipeline as recorded in the ledger."""
@@ -467,11 +494,8 @@ def mark_written(
         {"batch_id": batch_id, "attempt": attempt, "records_read": records_read, "read_seconds": read_seconds},
     )
     if cur.rowcount != 1:
-        batch = get_batch(cur, batch_id)
-        raise LedgerError(
-            f"batch {batch_id} attempt {attempt} may not be marked written: the batch is {batch.status} "
-            f"with {batch.attempts} attempts (superseded by a newer attempt?)"
-        )
+        check_newest_attempt(get_batch(cur, batch_id), attempt, "be marked written")
+        raise LedgerError(f"batch {batch_id} attempt {attempt} could not be marked written")
     by_partition = {(s.topic, s.partition): s for s in stats}
     psycopg2.extras.execute_batch(
         cur,

@@ -15,6 +15,7 @@ from kafka_ledger.batch import commit
 from kafka_ledger.batch.commit import Written
 from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
 from kafka_ledger.config.settings import SPARK_SUBMIT_CONN_ID, task_services
+from kafka_ledger.ledger.db import EXIT_FENCED
 from kafka_ledger.model.refusals import EXIT_REFUSED
 from kafka_ledger.runtimes.airflow_tasks import (
     PLAN_TASK,
@@ -60,6 +61,11 @@ class SubmitBatchOperator(SparkSubmitOperator):
             if process is not None and process.returncode == EXIT_REFUSED:
                 raise AirflowFailException("refused, not retried: the batch's Spark job refused it (exit code "
                                            f"{EXIT_REFUSED}); its reason is in the job's output above") from exc
+            if process is not None and process.returncode == EXIT_FENCED:
+                raise AirflowException(
+                    f"fenced: this task's Spark driver found a newer attempt of the batch begun after its own (exit "
+                    f"code {EXIT_FENCED}; another driver of the same batch, e.g. a resubmission, carries it) and "
+                    "published nothing; the retry finds the batch as that driver leaves it") from exc
             raise
 
 
