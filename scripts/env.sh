@@ -48,6 +48,9 @@ KL_PROMETHEUS_USER=${KL_PROMETHEUS_USER:-kafka-ledger}
 # An OpenTelemetry Collector receiving OTLP over HTTP (`scripts/stack.sh otel-collector`: the trace tests); a task
 # exports its traces there when OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$KL_OTLP_PORT.
 KL_OTLP_PORT=${KL_OTLP_PORT:-$(kl_port 19318)}
+# A mock Kubernetes API server (fabric8's) the tests' spark-submit deploys a driver pod to (`scripts/stack.sh
+# kubernetes-mock`); never started by `up`. Loopback only, no authentication: a test tool that holds no data.
+KL_KUBERNETES_MOCK_PORT=${KL_KUBERNETES_MOCK_PORT:-$(kl_port 18443)}
 # Toxiproxy (a TCP proxy with an HTTP API) between the clients and each service, for the fault campaign's network
 # faults: started on demand (`scripts/stack.sh proxies`: the tests and `scripts/fault_campaign.sh --network`), never
 # by `up`. Loopback only; its API has no authentication (a test tool: it injects faults, it holds no data).
@@ -153,7 +156,7 @@ export AIRFLOW_CONN_KAFKA_LEDGER_KAFKA=${AIRFLOW_CONN_KAFKA_LEDGER_KAFKA:-"{\"co
 export KL_SECRETS KL_PG_AIRFLOW_TEST_PASSWORD KL_KAFKA_SASL_PASSWORD KL_KAFKA_SASL_PORT KL_TLS_DIR KL_KAFKA_SASL_USER
 export KL_HOME KL_STACK_SLOT KL_STATE KL_CACHE KL_VENV KL_KAFKA_LIBS KL_LOCAL_KAFKA KL_LOCAL_POSTGRES KL_LOCAL_SPARK_CONNECT KL_LOCAL_SCHEMA_REGISTRY KL_KAFKA_PORT KL_LAKE_DIR KL_SCHEMA_REGISTRY_PORT
 export KL_KAFKA_CONNECT_PORT KL_KAFKA_CONNECT_USER KL_KAFKA_CONNECT_PASSWORD KL_PG_CDC_PASSWORD
-export KL_METRICS_PORT KL_PROMETHEUS_PORT KL_PROMETHEUS_USER KL_PROMETHEUS_PASSWORD KL_OTLP_PORT
+export KL_METRICS_PORT KL_PROMETHEUS_PORT KL_PROMETHEUS_USER KL_PROMETHEUS_PASSWORD KL_OTLP_PORT KL_KUBERNETES_MOCK_PORT
 export KL_SPARK_SLOTS KL_SPARK_POOL_DESCRIPTION KL_KAFKA_CONTROLLER_PORT KL_PG_PORT KL_AIRFLOW_PORT KL_AIRFLOW_TEST_PORT KL_SPARK_CONNECT_PORT KL_SPARK_CONNECT_MEMORY KL_SPARK_CONNECT_CORES
 # Spark's settings for every Spark process of the stack (the cluster, spark-submit, the Connect server): a
 # spark-defaults.conf made from the secrets by scripts/stack.sh, so the RPC secret is on no command line.

@@ -31,6 +31,8 @@
 #   scripts/stack.sh otel-collector | stop-otel-collector   an OpenTelemetry Collector receiving OTLP over HTTP on
 #                               KL_OTLP_PORT, its spans in its log (the trace test's); built with Go the first time
 #                               (`install-otel-collector` builds it alone)
+#   scripts/stack.sh kubernetes-mock | stop-kubernetes-mock   a mock Kubernetes API server on loopback (fabric8's), that
+#                               the tests' spark-submit deploys a driver pod to (`install-kubernetes-mock` builds it alone)
 #   scripts/stack.sh ctl ...    supervisorctl on the stack's supervisord (e.g. `ctl status`, `ctl tail -f kafka`)
 #
 # A stack lives under $KL_STATE (.stack/ by default): data, logs, supervisord's socket. What set-up downloads and
@@ -54,7 +56,7 @@ die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
 # A stamp records the hash of the inputs of a step, so a second run skips work that is already done: with the
 # cache for what every stack of the clone shares (a second stack installs nothing), with the stack for the rest.
 stamp_file() {
-  case $1 in python|kafka-libs|spark-jars|schema-registry|kafka-connect|toxiproxy|prometheus|otel-collector) echo "$KL_CACHE/stamps/$1" ;; *) echo "$STAMPS/$1" ;; esac
+  case $1 in python|kafka-libs|spark-jars|schema-registry|kafka-connect|toxiproxy|prometheus|otel-collector|kubernetes-mock) echo "$KL_CACHE/stamps/$1" ;; *) echo "$STAMPS/$1" ;; esac
 }
 stamp_ok() { [ -f "$(stamp_file "$1")" ] && [ "$(cat "$(stamp_file "$1")")" = "$2" ]; }
 stamp_set() { printf '%s' "$2" >"$(stamp_file "$1")"; }
@@ -620,6 +622,30 @@ start_otel_collector() {
   say "otel collector: OTLP over HTTP on http://127.0.0.1:$KL_OTLP_PORT (OTEL_EXPORTER_OTLP_ENDPOINT), spans in $LOGS/otel-collector.log (pid $(service_pid otel-collector))"
 }
 
+# --- A mock Kubernetes API server (the tests of a driver in cluster deploy mode on Kubernetes) -------------------
+KUBERNETES_MOCK=$KL_CACHE/kubernetes-mock
+
+install_kubernetes_mock() {
+  local key; key=$(hash_files "$KL_HOME/stack/maven/kubernetes-mock/pom.xml" "$KL_HOME/stack/kubernetes-mock/MockKubeServer.java")
+  if stamp_ok kubernetes-mock "$key" && [ -f "$KUBERNETES_MOCK/classes/MockKubeServer.class" ]; then return; fi
+  say "fetching and building the mock Kubernetes API server (fabric8 kubernetes-server-mock, from Maven Central)"
+  rm -rf "$KUBERNETES_MOCK"; mkdir -p "$KUBERNETES_MOCK/classes"
+  mvn_copy "$KL_HOME/stack/maven/kubernetes-mock" "$KUBERNETES_MOCK/lib"
+  javac -nowarn -cp "$KUBERNETES_MOCK/lib/*" -d "$KUBERNETES_MOCK/classes" "$KL_HOME/stack/kubernetes-mock/MockKubeServer.java" \
+    >"$LOGS/kubernetes-mock-build.log" 2>&1 || { tail -n 20 "$LOGS/kubernetes-mock-build.log" >&2; die "compiling the mock Kubernetes API server failed"; }
+  stamp_set kubernetes-mock "$key"
+}
+
+start_kubernetes_mock() {
+  install_kubernetes_mock
+  write_program kubernetes-mock 43 TERM 10 false "java -Xmx256m -Dslf4j.internal.verbosity=ERROR -cp $KUBERNETES_MOCK/classes:$KUBERNETES_MOCK/lib/* MockKubeServer $KL_KUBERNETES_MOCK_PORT"
+  apply_programs
+  if running kubernetes-mock; then say "kubernetes mock: already running (pid $(service_pid kubernetes-mock))"; return; fi
+  port_open "$KL_KUBERNETES_MOCK_PORT" && die "port $KL_KUBERNETES_MOCK_PORT is taken: stop what holds it or set KL_KUBERNETES_MOCK_PORT"
+  start_and_await kubernetes-mock "the mock Kubernetes API server" 60 port_open "$KL_KUBERNETES_MOCK_PORT"
+  say "kubernetes mock: k8s://http://127.0.0.1:$KL_KUBERNETES_MOCK_PORT (pid $(service_pid kubernetes-mock), log $LOGS/kubernetes-mock.log)"
+}
+
 # --- Toxiproxy (the fault campaign's network faults) ----------------------------------------------------
 TOXIPROXY_VERSION=v2.5.0
 TOXIPROXY=$KL_CACHE/bin/toxiproxy-server
@@ -774,6 +800,7 @@ status() {
   line metrics "$LOCAL_METRICS  (scripts/stack.sh monitoring)  log $LOGS/metrics.log"
   line prometheus "$LOCAL_PROMETHEUS  log $LOGS/prometheus.log"
   line otel-collector "http://127.0.0.1:$KL_OTLP_PORT  (scripts/stack.sh otel-collector)  log $LOGS/otel-collector.log"
+  line kubernetes-mock "k8s://http://127.0.0.1:$KL_KUBERNETES_MOCK_PORT  (scripts/stack.sh kubernetes-mock)  log $LOGS/kubernetes-mock.log"
   line toxiproxy "API 127.0.0.1:$KL_TOXIPROXY_PORT  (scripts/stack.sh proxies)"
 }
 
@@ -810,6 +837,9 @@ case "${1:-}" in
   stop-monitoring) ensure_supervisord; stop_service prometheus prometheus; stop_service metrics metrics ;;
   otel-collector) ensure_supervisord; start_otel_collector ;;
   install-otel-collector) install_otel_collector ;;
+  kubernetes-mock) ensure_supervisord; start_kubernetes_mock ;;
+  install-kubernetes-mock) install_kubernetes_mock ;;
+  stop-kubernetes-mock) ensure_supervisord; stop_service kubernetes-mock "kubernetes mock" ;;
   stop-otel-collector) ensure_supervisord; stop_service otel-collector "otel collector" ;;
   proxies) ensure_supervisord; start_proxies ;;
   stop-proxies) ensure_supervisord; stop_service toxiproxy toxiproxy ;;

@@ -74,6 +74,11 @@ PIPELINES = {
     "reset": {},
     # The direct append of at_least_once exists in the submit runtime only (connect publishes in one transaction).
     "alo": {"delivery_mode": "at_least_once", "retries": 1, "spark_runtime": "submit"},
+    # Its driver deployed to a (mock) Kubernetes API server in cluster deploy mode (test_spark_on_kubernetes.py): the
+    # image a driver pod runs, and where spark-submit uploads what the job ships (the package, the pipelines file).
+    "on_kubernetes": {"spark_runtime": "submit", "spark_conf": {
+        "spark.kubernetes.container.image": "registry.example/kafka-ledger:1.0",
+        "spark.kubernetes.file.upload.path": f"file://{os.environ.get('KL_STATE', '/tmp')}/kubernetes-uploads"}},
     "latest_only": {"delivery_mode": "latest_only", "max_records_per_partition": 50},
     "pattern": {"topics": [], "topic_pattern": f"it-{RUN}-pattern-[a-z]+"},
     "assign": {"topics": [], "assignment": [{"topic": f"it-{RUN}-assign", "partition": 1, "start_offset": 5},

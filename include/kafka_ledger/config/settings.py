@@ -117,6 +117,13 @@ class Settings(BaseSettings):
                     "connection says another (`scripts/env.sh` makes that connection from this variable; the "
                     "local Spark Connect server uses it too)",
         json_schema_extra={"local_stack": "local[*]", "compose": "spark://spark-master:7077"})
+    spark_driver_secret: str | None = Field(
+        default=None,
+        description="the Kubernetes Secret a batch's driver in cluster deploy mode (a `k8s://` master with "
+                    "`deploy-mode: cluster` in the `spark_default` connection) reads the ledger's and Kafka's secrets "
+                    "from, in its own namespace: keys named like the variables (`KAFKA_LEDGER_DB_URL`, "
+                    "`KAFKA_LEDGER_KAFKA_CONFIG`, `KAFKA_LEDGER_SCHEMA_REGISTRY_CONFIG`); "
+                    "[Spark on Kubernetes](deployment.md#spark-on-kubernetes)")
     pipelines: Path = Field(
         default=DEFAULT_CONFIG_PATH, description="the pipelines file",
         json_schema_extra={"local_stack": "$KL_HOME/config/pipelines.yaml",

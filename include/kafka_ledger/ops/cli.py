@@ -51,6 +51,10 @@ EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REFUSED, EXIT_FAILED, EXIT_UNVERIFIED =
 log = logging.getLogger("kafka_ledger.ops.cli")
 
 
+# The Kubernetes Secret `spark-secret` writes when neither --name nor the setting names one.
+DEFAULT_DRIVER_SECRET = "kafka-ledger"
+
+
 class Failed(RuntimeError):
     """An operation started and failed (as opposed to being refused before anything was written)."""
 
@@ -420,6 +424,27 @@ def cmd_warm_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spark_secret(args: argparse.Namespace) -> int:
+    from kafka_ledger.runtimes.submit.spark_submit import driver_secret
+
+    name = args.name or settings.deployment_settings().spark_driver_secret or DEFAULT_DRIVER_SECRET
+    manifest = driver_secret(_services(), _pipelines(args.pipelines), name, args.namespace)
+    try:
+        # Created for its owner alone, never over an existing file: it holds the deployment's secrets.
+        descriptor = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise Failed(f"cannot write {args.output}: {exc.strerror} (it must not exist yet)") from exc
+    with os.fdopen(descriptor, "w") as out:
+        json.dump(manifest, out, indent=2)
+        out.write("\n")
+    keys = list(manifest["stringData"])  # type: ignore[call-overload]
+    _emit(args, {"secret": name, "namespace": args.namespace, "keys": keys, "file": args.output},
+          f"wrote the Kubernetes Secret {name!r} ({len(keys)} keys: {', '.join(keys)}; no value shown) to "
+          f"{args.output}: `kubectl apply -f {args.output}` in the drivers' namespace, then delete the file; set "
+          f"{settings.env_name('spark_driver_secret')}={name} where the DAGs run")
+    return 0
+
+
 def _metrics_collector(args: argparse.Namespace) -> metrics.LedgerCollector:
     return metrics.LedgerCollector(_services(), lambda: read_pipelines().valid.values(),
                                    kafka_ttl_seconds=args.kafka_cache_seconds)
@@ -581,6 +606,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kafka-cache-seconds", type=float, default=metrics.KAFKA_CACHE_SECONDS, metavar="SECONDS",
                    help=f"how long Kafka's offsets are reused between scrapes (default {metrics.KAFKA_CACHE_SECONDS})")
     p.set_defaults(run=cmd_metrics)
+
+    p = command("spark-secret", "write the Kubernetes Secret a batch's driver in cluster deploy mode reads the "
+                                "ledger's, Kafka's and the registry's secrets from, as a manifest file for kubectl")
+    p.epilog = ("The file is made readable by you alone and never overwritten; the command prints the keys, never a "
+                "value. docs/deployment.md#spark-on-kubernetes.")
+    p.add_argument("pipelines", nargs="*", metavar="PIPELINE",
+                   help="the pipelines whose jobs read it (default: every declared pipeline)")
+    p.add_argument("--output", required=True, metavar="FILE", help="where to write the manifest (must not exist)")
+    p.add_argument("--name", help=f"the Secret's name (default: ${settings.env_name('spark_driver_secret')}, else "
+                                  f"{DEFAULT_DRIVER_SECRET})")
+    p.add_argument("--namespace", help="the drivers' namespace (default: kubectl's)")
+    p.set_defaults(run=cmd_spark_secret)
 
     p = sub.add_parser(
         "kafka", help="run one of Kafka's own tools against the deployment's Kafka (servers and security settings)",

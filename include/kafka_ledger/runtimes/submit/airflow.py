@@ -27,10 +27,10 @@ from kafka_ledger.runtimes.airflow_tasks import (
 )
 from kafka_ledger.runtimes.submit.spark_submit import (
     SPARK_APPLICATION,
-    check_master,
+    batch_submission,
+    job_exit_code,
     spark_conf,
     spark_jars,
-    spark_job_environment,
 )
 
 
@@ -49,19 +49,20 @@ class SubmitBatchOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         with refusals_fail_at_once():
             self.jars = spark_jars()
-            check_master(self._get_hook())
             services = task_services()
             pipeline = get_pipeline(self.pipeline_name)
             mask_secrets(services, pipeline)
-            os.environ.update(spark_job_environment(services, pipeline))
+            submission = batch_submission(self._get_hook(), services, pipeline)
+            self.conf, self.files, self.py_files = submission.conf, submission.files, submission.py_files
+            os.environ.update(submission.environment)
         try:
             super().execute(context)
         except AirflowException as exc:
-            process = getattr(self._hook, "_submit_sp", None)
-            if process is not None and process.returncode == EXIT_REFUSED:
+            code = job_exit_code(self._hook)
+            if code == EXIT_REFUSED:
                 raise AirflowFailException("refused, not retried: the batch's Spark job refused it (exit code "
                                            f"{EXIT_REFUSED}); its reason is in the job's output above") from exc
-            if process is not None and process.returncode == EXIT_FENCED:
+            if code == EXIT_FENCED:
                 raise AirflowException(
                     f"fenced: this task's Spark driver found a newer attempt of the batch begun after its own (exit "
                     f"code {EXIT_FENCED}; another driver of the same batch, e.g. a resubmission, carries it) and "

@@ -3,8 +3,13 @@ provider's hook that runs it (outside Airflow too: the CLI's replay)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import tempfile
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +21,7 @@ if TYPE_CHECKING:
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
 PROJECT_ROOT = Path(__file__).resolve().parents[4]
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # include/kafka_ledger
 SPARK_APPLICATION = PROJECT_ROOT / "spark_jobs" / "ingest_batch.py"
 SPARK_LOG_CONFIG = PROJECT_ROOT / "spark_jobs" / "log4j2.properties"
 
@@ -48,6 +54,11 @@ def spark_conf(pipeline: PipelineConfig) -> dict[str, str]:
     return {**BASE_SPARK_CONF, **pipeline.spark_conf}
 
 
+# The job's settings that hold secrets (a password in the ledger's URL, SASL's in Kafka's settings, the registry's
+# basic auth): a driver in the cluster reads them from a Kubernetes Secret, never from its submission's settings.
+SECRET_SETTINGS = ("db_url", "kafka_config", "schema_registry_config")
+
+
 def spark_job_environment(services: Services, pipeline: PipelineConfig) -> dict[str, str]:
     """What the batch's Spark job reads from its environment: where the ledger, Kafka, the pipelines and (for Avro
     values) the schema registry are, and the ledger's timeouts.
@@ -67,18 +78,103 @@ def spark_job_environment(services: Services, pipeline: PipelineConfig) -> dict[
     return environment
 
 
-def spark_submit_hook(pipeline: PipelineConfig, batch_id: int) -> SparkSubmitHook:
+@dataclass(frozen=True)
+class DriverSubmission:
+    """What spark-submit needs, beside the batch's arguments, to run the batch's driver where its master and deploy
+    mode put it: the environment spark-submit inherits (a driver on this machine reads it), or the settings, files
+    and package that reach a driver in the cluster."""
+
+    conf: dict[str, str]
+    environment: dict[str, str] = field(default_factory=dict)
+    files: str | None = None
+    py_files: str | None = None
+
+
+def driver_submission(master: str, deploy_mode: str | None, services: Services, pipeline: PipelineConfig
+                      ) -> DriverSubmission:
+    """How the batch's job reaches its driver: on this machine (client deploy mode, the default) through the
+    environment; on Kubernetes in cluster deploy mode through the pod's environment, its secrets from the Secret
+    `spark_driver_secret` names, the pipelines file and kafka-ledger's package shipped with the job."""
+    environment = spark_job_environment(services, pipeline)
+    if deploy_mode != "cluster":
+        return DriverSubmission(spark_conf(pipeline), environment)
+    if not master.startswith("k8s://"):
+        raise SettingsError(
+            f"the spark_default connection puts the driver in the cluster (deploy-mode cluster) on {master!r}: "
+            "kafka-ledger runs a driver in the cluster on Kubernetes (a k8s:// master) only; on a standalone or YARN "
+            "master use client deploy mode (the default), or see docs/deployment.md#spark-on-kubernetes")
+    secret = deployment_settings().spark_driver_secret
+    if not secret:
+        raise SettingsError(
+            f"a driver in cluster deploy mode on {master} reads the ledger's and Kafka's secrets from a Kubernetes "
+            f"Secret: set {env_name('spark_driver_secret')} to its name (keys: "
+            f"{', '.join(env_name(name) for name in SECRET_SETTINGS)}; `kafka-ledger spark-secret` writes it)")
+    secrets = {env_name(name) for name in SECRET_SETTINGS}
+    pipelines = Path(environment[env_name("pipelines")])
+    # Spark downloads --files into the driver's working directory before the job starts (SPARK-33782).
+    environment[env_name("pipelines")] = pipelines.name
+    conf = {**spark_conf(pipeline), "spark.driver.extraJavaOptions": "-Duser.timezone=UTC"}  # no local log config
+    for name, value in sorted(environment.items()):
+        if name in secrets:
+            conf[f"spark.kubernetes.driver.secretKeyRef.{name}"] = f"{secret}:{name}"
+        else:
+            conf[f"spark.kubernetes.driverEnv.{name}"] = value
+    return DriverSubmission(conf, files=str(pipelines), py_files=str(package_zip()))
+
+
+def driver_secret(services: Services, pipelines: Iterable[PipelineConfig], name: str, namespace: str | None
+                  ) -> dict[str, object]:
+    """The Kubernetes Secret a driver in cluster deploy mode reads the secret settings of `pipelines`' jobs from
+    (SECRET_SETTINGS, under their variables' names), as a manifest for `kubectl apply`."""
+    secrets = {env_name(setting) for setting in SECRET_SETTINGS}
+    data: dict[str, str] = {}
+    for pipeline in pipelines:
+        data.update((key, value) for key, value in spark_job_environment(services, pipeline).items() if key in secrets)
+    metadata = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": metadata,
+            "stringData": dict(sorted(data.items()))}
+
+
+def package_zip(folder: Path | None = None) -> Path:
+    """kafka-ledger's package as a zip for --py-files (a driver in the cluster imports it from there), made once
+    per content in `folder` (the system's temporary folder by default): its name carries the content's hash."""
+    files = sorted(p for p in PACKAGE_ROOT.rglob("*")
+                   if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    folder = folder or Path(tempfile.gettempdir()) / "kafka-ledger-packages"
+    target = folder / f"kafka_ledger-{digest.hexdigest()[:16]}.zip"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".{os.getpid()}.partial")
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in files:
+            # A fixed time: the same content makes the same bytes.
+            info = zipfile.ZipInfo(str(Path(PACKAGE_ROOT.name) / path.relative_to(PACKAGE_ROOT)), (2026, 1, 1, 0, 0, 0))
+            info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
+            archive.writestr(info, path.read_bytes())
+    partial.replace(target)  # whole or not at all, when two tasks make it at once
+    return target
+
+
+def spark_submit_hook(pipeline: PipelineConfig, batch_id: int, submission: DriverSubmission | None = None
+                      ) -> SparkSubmitHook:
     """The Spark provider's hook for the batch's Spark job, set up as the DAG's operator sets it up.
 
     Uses the `spark_default` connection (AIRFLOW_CONN_SPARK_DEFAULT), or local[*] when none is defined.
-    The job's settings must be in this process's environment (spark_job_environment).
+    The job's settings must be in this process's environment (`submission.environment`) when its driver runs here.
     """
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
+    submission = submission or DriverSubmission(spark_conf(pipeline))
     return SparkSubmitHook(
-        conf=spark_conf(pipeline),
+        conf=submission.conf,
         jars=spark_jars(),
+        files=submission.files,
+        py_files=submission.py_files,
         name=f"kafka-ledger-{pipeline.name}",
         application_args=["--pipeline", pipeline.name, "--batch-id", str(batch_id)],
     )
@@ -100,11 +196,26 @@ def check_master(hook: SparkSubmitHook) -> None:
         )
 
 
+def batch_submission(hook: SparkSubmitHook, services: Services, pipeline: PipelineConfig) -> DriverSubmission:
+    """The batch's DriverSubmission for where `hook` (the provider's reading of `spark_default`) puts its driver,
+    after checking its master."""
+    check_master(hook)
+    return driver_submission(hook._connection["master"], hook._connection["deploy_mode"], services, pipeline)
+
+
+def job_exit_code(hook: SparkSubmitHook | None) -> int | None:
+    """The exit code of the batch's job once spark-submit ended: spark-submit's own, or on Kubernetes in cluster
+    deploy mode the driver container's, which spark-submit reports as it watches the pod."""
+    if hook is None:
+        return None
+    if hook._is_kubernetes and hook._connection["deploy_mode"] == "cluster":
+        return hook._spark_exit_code
+    process = getattr(hook, "_submit_sp", None)
+    return None if process is None else process.returncode
+
+
 def submit_batch(pipeline: PipelineConfig, batch_id: int, services: Services) -> None:
     """Run the batch's Spark job with spark-submit outside Airflow (the CLI's replay); raises on failure."""
-    os.environ.update(spark_job_environment(services, pipeline))
-    hook = spark_submit_hook(pipeline, batch_id)
-    check_master(hook)
-    hook.submit(str(SPARK_APPLICATION))
-
-
+    submission = batch_submission(spark_submit_hook(pipeline, batch_id), services, pipeline)
+    os.environ.update(submission.environment)
+    spark_submit_hook(pipeline, batch_id, submission).submit(str(SPARK_APPLICATION))
