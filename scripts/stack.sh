@@ -610,15 +610,22 @@ install_otel_collector() {
   stamp_set otel-collector "$key"
 }
 
+start_tool() {  # start_tool <program> <priority> <what> <port variable> <command>: a test tool on one loopback port;
+  # fails (1) when it was running already, saying so
+  local name=$1 priority=$2 what=$3 port_variable=$4 command=$5; local port=${!port_variable}
+  write_program "$name" "$priority" TERM 10 false "$command"
+  apply_programs
+  if running "$name"; then say "$name: already running (pid $(service_pid "$name"))"; return 1; fi
+  port_open "$port" && die "port $port is taken: stop what holds it or set $port_variable"
+  start_and_await "$name" "$what" 60 port_open "$port"
+}
+
 start_otel_collector() {
   install_otel_collector
   mkdir -p "$KL_STATE/otel-collector"
   sed "s#@PORT@#$KL_OTLP_PORT#g" "$KL_HOME/stack/otel-collector/config.yaml" >"$KL_STATE/otel-collector/config.yaml"
-  write_program otel-collector 42 TERM 10 false "$OTEL_COLLECTOR --config $KL_STATE/otel-collector/config.yaml"
-  apply_programs
-  if running otel-collector; then say "otel collector: already running (pid $(service_pid otel-collector))"; return; fi
-  port_open "$KL_OTLP_PORT" && die "port $KL_OTLP_PORT is taken (another collector?): stop it or set KL_OTLP_PORT"
-  start_and_await otel-collector "the OpenTelemetry Collector" 60 port_open "$KL_OTLP_PORT"
+  start_tool otel-collector 42 "the OpenTelemetry Collector" KL_OTLP_PORT \
+    "$OTEL_COLLECTOR --config $KL_STATE/otel-collector/config.yaml" || return 0
   say "otel collector: OTLP over HTTP on http://127.0.0.1:$KL_OTLP_PORT (OTEL_EXPORTER_OTLP_ENDPOINT), spans in $LOGS/otel-collector.log (pid $(service_pid otel-collector))"
 }
 
@@ -638,11 +645,9 @@ install_kubernetes_mock() {
 
 start_kubernetes_mock() {
   install_kubernetes_mock
-  write_program kubernetes-mock 43 TERM 10 false "java -Xmx256m -Dslf4j.internal.verbosity=ERROR -cp $KUBERNETES_MOCK/classes:$KUBERNETES_MOCK/lib/* MockKubeServer $KL_KUBERNETES_MOCK_PORT"
-  apply_programs
-  if running kubernetes-mock; then say "kubernetes mock: already running (pid $(service_pid kubernetes-mock))"; return; fi
-  port_open "$KL_KUBERNETES_MOCK_PORT" && die "port $KL_KUBERNETES_MOCK_PORT is taken: stop what holds it or set KL_KUBERNETES_MOCK_PORT"
-  start_and_await kubernetes-mock "the mock Kubernetes API server" 60 port_open "$KL_KUBERNETES_MOCK_PORT"
+  start_tool kubernetes-mock 43 "the mock Kubernetes API server" KL_KUBERNETES_MOCK_PORT \
+    "java -Xmx256m -Dslf4j.internal.verbosity=ERROR -cp $KUBERNETES_MOCK/classes:$KUBERNETES_MOCK/lib/* MockKubeServer $KL_KUBERNETES_MOCK_PORT" \
+    || return 0
   say "kubernetes mock: k8s://http://127.0.0.1:$KL_KUBERNETES_MOCK_PORT (pid $(service_pid kubernetes-mock), log $LOGS/kubernetes-mock.log)"
 }
 
