@@ -208,6 +208,7 @@ PIPELINES = {
     "tls_connection": {},
     # On the local Spark standalone cluster (test_spark_cluster.py).
     "cluster_submit": {"spark_runtime": "submit", "retries": 0},
+    "cluster_driver": {"spark_runtime": "submit", "retries": 0},
     "cluster_worker_loss": {"spark_runtime": "submit", "retries": 1},
     "cluster_connect": {"spark_runtime": "connect", "retries": 0},
     # Incremental and full verify (test_verify.py).

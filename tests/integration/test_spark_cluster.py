@@ -159,6 +159,35 @@ def test_spark_submit_on_the_cluster_keeps_the_database_url_off_the_command_line
     assert password not in task_log and "postgresql://" not in task_log
 
 
+def test_a_driver_in_cluster_deploy_mode_runs_on_the_worker_and_publishes_exactly_once(
+    dsn, servers, pipeline_factory, producer, cluster, monkeypatch, capfd
+):
+    """The `submit` runtime with `deploy-mode: cluster`: the batch's driver runs on the cluster's worker (Spark's
+    PythonRunner, kafka-ledger's package shipped as a zip), its settings in the environment the submission hands it,
+    its outcome read from the ledger."""
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(
+        {"conn_type": "spark", "host": cluster, "extra": {"deploy-mode": "cluster"}}))
+    monkeypatch.setenv("KAFKA_LEDGER_SPARK_MASTER", cluster)
+    pipeline = pipeline_factory("cluster_driver", partitions=3)
+    landed = producer.send(pipeline.topics[0], [good_value(i) for i in range(600)] + [BAD_VALUES[0][0]])
+    drivers_before = {d["id"] for d in ui(MASTER_UI)["completeddrivers"]}
+
+    with CommandLines() as argv:
+        outcome = run_pipeline_dag(pipeline)
+
+    assert outcome.state == "success", outcome
+    assert_exact(dsn, servers, pipeline, landed)
+    drivers = [d for d in ui(MASTER_UI)["completeddrivers"] if d["id"] not in drivers_before]
+    assert drivers and all(d["state"] == "FINISHED" for d in drivers), drivers
+    password = libpq_settings(dsn)["password"]
+    ours = [line for line in argv.seen if f"kafka-ledger-{pipeline.name}" in line or "PythonRunner" in line]
+    assert any("--deploy-mode cluster" in line and "PythonRunner" in line for line in ours), ours
+    for line in ours:
+        assert password not in line and "postgresql://" not in line, line
+    task_log = "".join(capfd.readouterr())
+    assert password not in task_log and "postgresql://" not in task_log
+
+
 def test_a_worker_lost_mid_batch_is_recovered_exactly_once(dsn, servers, pipeline_factory, producer, submit_on_cluster):
     pipeline = pipeline_factory("cluster_worker_loss", partitions=3)
     landed = producer.send(pipeline.topics[0], [good_value(i) for i in range(3000)] + [BAD_VALUES[0][0]])

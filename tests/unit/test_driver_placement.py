@@ -51,11 +51,11 @@ def test_a_driver_in_kubernetes_gets_secrets_by_reference_only_and_the_rest_in_i
     assert submission.py_files.endswith(".zip")
 
 
-def test_a_driver_in_kubernetes_needs_the_secret_named_and_other_cluster_managers_are_refused():
+def test_a_driver_in_kubernetes_needs_the_secret_named_and_one_in_yarn_is_refused():
     with pytest.raises(SettingsError, match="set KAFKA_LEDGER_SPARK_DRIVER_SECRET to its name"):
         driver_submission(K8S, "cluster", SERVICES, PIPELINE)
-    with pytest.raises(SettingsError, match="on Kubernetes .* only"):
-        driver_submission("spark://m:7077", "cluster", SERVICES, PIPELINE)
+    with pytest.raises(SettingsError, match="on YARN use client deploy mode"):
+        driver_submission("yarn", "cluster", SERVICES, PIPELINE)
 
 
 def test_the_package_is_zipped_whole_once_per_content(tmp_path):
@@ -96,3 +96,17 @@ def test_the_cli_writes_the_secret_for_its_owner_alone_and_prints_no_value(tmp_p
     out = capsys.readouterr()
     assert "KAFKA_LEDGER_DB_URL" in out.out and "s3cret" not in out.out + out.err
     assert cli.main(["--config", str(pipelines), "spark-secret", "--output", str(target)]) == 4  # never overwritten
+
+
+def test_a_driver_on_a_standalone_cluster_is_spark_s_python_runner_given_the_job_and_the_package(tmp_path,
+                                                                                                  monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    submission = driver_submission("spark://m:7077", "cluster", SERVICES, PIPELINE)
+    assert submission.java_class == "org.apache.spark.deploy.PythonRunner"
+    assert submission.application.endswith(".jar") and zipfile.is_zipfile(submission.application)
+    job, package = submission.leading_args
+    assert job.endswith("spark_jobs/ingest_batch.py") and package.endswith(".zip")
+    assert submission.application_args(PIPELINE, 7) == [job, package, "--pipeline", "p", "--batch-id", "7"]
+    # The standalone master hands the driver the submission's environment; its end is read from the ledger.
+    assert submission.environment["KAFKA_LEDGER_DB_URL"] == "postgresql://u:s3cret@h/d"
+    assert submission.outcome_in_ledger and submission.conf["spark.standalone.submit.waitAppCompletion"] == "true"

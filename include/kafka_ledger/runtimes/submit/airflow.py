@@ -27,10 +27,14 @@ from kafka_ledger.runtimes.airflow_tasks import (
 )
 from kafka_ledger.runtimes.submit.spark_submit import (
     SPARK_APPLICATION,
+    DriverSubmission,
+    SparkJobFailed,
     batch_submission,
+    check_driver_outcome,
     job_exit_code,
     spark_conf,
     spark_jars,
+    untrack_driver,
 )
 
 
@@ -45,6 +49,13 @@ class SubmitBatchOperator(SparkSubmitOperator):
     def __init__(self, *, pipeline_name: str, **kwargs: Any):
         super().__init__(**kwargs)
         self.pipeline_name = pipeline_name
+        self._submission: DriverSubmission | None = None
+
+    def _get_hook(self) -> Any:
+        hook = super()._get_hook()
+        if self._submission is not None:
+            untrack_driver(hook, self._submission)
+        return hook
 
     def execute(self, context: Any) -> None:
         with refusals_fail_at_once():
@@ -52,11 +63,20 @@ class SubmitBatchOperator(SparkSubmitOperator):
             services = task_services()
             pipeline = get_pipeline(self.pipeline_name)
             mask_secrets(services, pipeline)
-            submission = batch_submission(self._get_hook(), services, pipeline)
+            probe = self._get_hook()
+            submission = batch_submission(probe, services, pipeline)
             self.conf, self.files, self.py_files = submission.conf, submission.files, submission.py_files
+            self.application, self._java_class = submission.application, submission.java_class
+            self.application_args = [*submission.leading_args, *self.application_args]
+            self._submission = submission
             os.environ.update(submission.environment)
         try:
             super().execute(context)
+            if submission.outcome_in_ledger:
+                batch_id = int(self.application_args[self.application_args.index("--batch-id") + 1])
+                check_driver_outcome(services, pipeline, batch_id, probe._connection["master"])
+        except SparkJobFailed as exc:
+            raise AirflowException(str(exc)) from exc
         except AirflowException as exc:
             code = job_exit_code(self._hook)
             if code == EXIT_REFUSED:

@@ -88,6 +88,22 @@ class DriverSubmission:
     environment: dict[str, str] = field(default_factory=dict)
     files: str | None = None
     py_files: str | None = None
+    # What spark-submit runs: the job itself, or a JVM class and jar that runs it (then the job's path and package
+    # lead the arguments).
+    application: str = str(SPARK_APPLICATION)
+    java_class: str | None = None
+    leading_args: tuple[str, ...] = ()
+    # Whether spark-submit's end says nothing of the job's (a driver on a standalone cluster): the ledger says then.
+    outcome_in_ledger: bool = False
+
+    def application_args(self, pipeline: PipelineConfig, batch_id: int | str) -> list[str]:
+        return [*self.leading_args, "--pipeline", pipeline.name, "--batch-id", str(batch_id)]
+
+
+# Spark 4.0's spark-submit refuses a Python application in cluster deploy mode on a standalone master, not a JVM
+# one: Spark's own PythonRunner (what runs a .py driver in client mode) is one. The worker runs it with the job and
+# kafka-ledger's package as its first arguments: paths every worker must see.
+PYTHON_RUNNER = "org.apache.spark.deploy.PythonRunner"
 
 
 def driver_submission(master: str, deploy_mode: str | None, services: Services, pipeline: PipelineConfig
@@ -98,11 +114,17 @@ def driver_submission(master: str, deploy_mode: str | None, services: Services, 
     environment = spark_job_environment(services, pipeline)
     if deploy_mode != "cluster":
         return DriverSubmission(spark_conf(pipeline), environment)
+    if master.startswith("spark://"):
+        # The standalone master's submission client hands the driver spark-submit's whole environment (over its
+        # authenticated RPC, never a command line); it waits for the driver's end, but not for its exit code.
+        return DriverSubmission({**spark_conf(pipeline), "spark.standalone.submit.waitAppCompletion": "true"},
+                                environment, application=str(launcher_jar()), java_class=PYTHON_RUNNER,
+                                leading_args=(str(SPARK_APPLICATION), str(package_zip())), outcome_in_ledger=True)
     if not master.startswith("k8s://"):
         raise SettingsError(
             f"the spark_default connection puts the driver in the cluster (deploy-mode cluster) on {master!r}: "
-            "kafka-ledger runs a driver in the cluster on Kubernetes (a k8s:// master) only; on a standalone or YARN "
-            "master use client deploy mode (the default), or see docs/deployment.md#spark-on-kubernetes")
+            "kafka-ledger runs a driver in the cluster on Kubernetes (k8s://) and standalone (spark://) masters; on "
+            "YARN use client deploy mode (the default), see docs/deployment.md#spark-on-kubernetes")
     secret = deployment_settings().spark_driver_secret
     if not secret:
         raise SettingsError(
@@ -135,6 +157,23 @@ def driver_secret(services: Services, pipelines: Iterable[PipelineConfig], name:
             "stringData": dict(sorted(data.items()))}
 
 
+def launcher_jar(folder: Path | None = None) -> Path:
+    """An empty jar: the application spark-submit is given for a Python driver on a standalone cluster (its class,
+    PythonRunner, is Spark's own)."""
+    target = (folder or _packages_folder()) / "kafka-ledger-driver.jar"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(f".{os.getpid()}.partial")
+        with zipfile.ZipFile(partial, "w") as archive:
+            archive.writestr(zipfile.ZipInfo("META-INF/MANIFEST.MF", (2026, 1, 1, 0, 0, 0)), "Manifest-Version: 1.0\n")
+        partial.replace(target)
+    return target
+
+
+def _packages_folder() -> Path:
+    return Path(tempfile.gettempdir()) / "kafka-ledger-packages"
+
+
 def package_zip(folder: Path | None = None) -> Path:
     """kafka-ledger's package as a zip for --py-files (a driver in the cluster imports it from there), made once
     per content in `folder` (the system's temporary folder by default): its name carries the content's hash."""
@@ -143,7 +182,7 @@ def package_zip(folder: Path | None = None) -> Path:
     digest = hashlib.sha256()
     for path in files:
         digest.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
-    folder = folder or Path(tempfile.gettempdir()) / "kafka-ledger-packages"
+    folder = folder or _packages_folder()
     target = folder / f"kafka_ledger-{digest.hexdigest()[:16]}.zip"
     if target.exists():
         return target
@@ -170,14 +209,42 @@ def spark_submit_hook(pipeline: PipelineConfig, batch_id: int, submission: Drive
 
     os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
     submission = submission or DriverSubmission(spark_conf(pipeline))
-    return SparkSubmitHook(
+    hook = SparkSubmitHook(
         conf=submission.conf,
         jars=spark_jars(),
         files=submission.files,
         py_files=submission.py_files,
+        java_class=submission.java_class,
         name=f"kafka-ledger-{pipeline.name}",
-        application_args=["--pipeline", pipeline.name, "--batch-id", str(batch_id)],
+        application_args=submission.application_args(pipeline, batch_id),
     )
+    untrack_driver(hook, submission)
+    return hook
+
+
+def untrack_driver(hook: SparkSubmitHook, submission: DriverSubmission) -> None:
+    """A driver whose outcome the ledger tells is not tracked by the provider: on a standalone master that would be
+    through its REST submission server, which a master with an authentication secret refuses to run."""
+    if submission.outcome_in_ledger:
+        hook._should_track_driver_status = False
+
+
+def check_driver_outcome(services: Services, pipeline: PipelineConfig, batch_id: int, master: str) -> None:
+    """After a driver on a standalone cluster ended (spark-submit cannot say how): its batch must be staged or
+    committed now, else the job failed (or was fenced before staging anything)."""
+    from kafka_ledger.ledger import db as ledger
+
+    with ledger.transaction(services.ledger) as cur:
+        batch = ledger.pipeline_batch(cur, pipeline.name, batch_id)
+    if batch.status not in ("written", "committed"):
+        raise SparkJobFailed(
+            f"batch {batch_id}'s driver on {master} ended without staging it (the batch is {batch.status} after "
+            f"{batch.attempts} attempts{'; last error: ' + batch.last_error if batch.last_error else ''}); the "
+            "driver's own output is in the worker's work folder (driver-*/stderr)")
+
+
+class SparkJobFailed(RuntimeError):
+    """The batch's Spark job ended without doing its part."""
 
 
 def check_master(hook: SparkSubmitHook) -> None:
@@ -216,6 +283,9 @@ def job_exit_code(hook: SparkSubmitHook | None) -> int | None:
 
 def submit_batch(pipeline: PipelineConfig, batch_id: int, services: Services) -> None:
     """Run the batch's Spark job with spark-submit outside Airflow (the CLI's replay); raises on failure."""
-    submission = batch_submission(spark_submit_hook(pipeline, batch_id), services, pipeline)
+    hook = spark_submit_hook(pipeline, batch_id)
+    submission = batch_submission(hook, services, pipeline)
     os.environ.update(submission.environment)
-    spark_submit_hook(pipeline, batch_id, submission).submit(str(SPARK_APPLICATION))
+    spark_submit_hook(pipeline, batch_id, submission).submit(submission.application)
+    if submission.outcome_in_ledger:
+        check_driver_outcome(services, pipeline, batch_id, hook._connection["master"])
