@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from integration_support import pipeline_name, stack
+from jproperties import Properties
 
 from kafka_ledger.ledger.db import EXIT_FENCED
 
@@ -57,9 +58,12 @@ def finish_driver_pods(exit_code: int, pods: list[dict], stop: threading.Event) 
 
 
 @pytest.fixture
-def kubernetes(monkeypatch):
-    """The mock API server as the `spark_default` connection's master, in cluster deploy mode."""
+def kubernetes(monkeypatch, tmp_path):
+    """The mock API server as the `spark_default` connection's master, in cluster deploy mode, with a Spark
+    settings folder of its own (the local stack's spark-defaults.conf holds its cluster's secret and loopback
+    addresses, which a driver in Kubernetes must not get)."""
     stack("kubernetes-mock")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
     port = int(os.environ["KL_KUBERNETES_MOCK_PORT"])
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({
         "conn_type": "spark", "host": "k8s://http://127.0.0.1", "port": port,
@@ -119,7 +123,9 @@ def test_a_driver_in_kubernetes_gets_the_package_and_its_secrets_by_reference(ku
     config_maps = api(f"/api/v1/namespaces/{NAMESPACE}/configmaps")["items"]
     (properties,) = [c["data"]["spark.properties"] for c in config_maps
                      if c["metadata"]["ownerReferences"][0]["name"] == pod["metadata"]["name"]]
-    settings = dict(line.split("=", 1) for line in properties.splitlines() if "=" in line and not line.startswith("#"))
+    parsed = Properties()
+    parsed.load(properties, "utf-8")
+    settings = {key: parsed[key].data for key in parsed}
     (package,) = settings["spark.submit.pyFiles"].split(",")
     assert Path(package.removeprefix("file:")).name.startswith("kafka_ledger-")
     with zipfile.ZipFile(package.removeprefix("file:")) as archive:

@@ -19,8 +19,9 @@ K8S = "k8s://https://10.0.0.1:6443"
 
 
 @pytest.fixture(autouse=True)
-def pipelines_file(monkeypatch):
+def pipelines_file(monkeypatch, tmp_path):
     monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", "/etc/kafka-ledger/pipelines.yaml")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "no-spark-conf"))
 
 
 def test_a_driver_on_this_machine_reads_its_settings_from_the_environment_spark_submit_inherits():
@@ -110,3 +111,16 @@ def test_a_driver_on_a_standalone_cluster_is_spark_s_python_runner_given_the_job
     # The standalone master hands the driver the submission's environment; its end is read from the ledger.
     assert submission.environment["KAFKA_LEDGER_DB_URL"] == "postgresql://u:s3cret@h/d"
     assert submission.outcome_in_ledger and submission.conf["spark.standalone.submit.waitAppCompletion"] == "true"
+
+
+def test_no_setting_that_looks_like_a_secret_goes_to_a_drivers_config_map_on_kubernetes(monkeypatch, tmp_path):
+    monkeypatch.setenv("KAFKA_LEDGER_SPARK_DRIVER_SECRET", "kafka-ledger")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    (tmp_path / "spark-defaults.conf").write_text("spark.authenticate true\nspark.authenticate.secret s3cr3tv4lue\n"
+                                                  "spark.sql.catalog.lake.jdbc.password pw-9f8e7d\n")
+    with pytest.raises(SettingsError, match="spark.authenticate.secret, spark.sql.catalog.lake.jdbc.password .* would "
+                                            "be written there") as refused:
+        driver_submission(K8S, "cluster", SERVICES, PIPELINE)
+    assert "s3cr3tv4lue" not in str(refused.value) and "pw-9f8e7d" not in str(refused.value)
+    (tmp_path / "spark-defaults.conf").write_text("spark.authenticate true\n")
+    driver_submission(K8S, "cluster", SERVICES, PIPELINE)  # a Secret's references are names: allowed

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 import zipfile
 from collections.abc import Iterable
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from kafka_ledger.config.pipeline import PipelineConfig, config_path
 from kafka_ledger.config.services import Services, SettingsError
 from kafka_ledger.config.settings import SPARK_SUBMIT_CONN_ID, deployment_settings, env_name, schema_registry
+from kafka_ledger.spark.defaults import SPARK_DEFAULTS, spark_conf_dir, spark_defaults
 
 if TYPE_CHECKING:
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -131,6 +133,7 @@ def driver_submission(master: str, deploy_mode: str | None, services: Services, 
             f"a driver in cluster deploy mode on {master} reads the ledger's and Kafka's secrets from a Kubernetes "
             f"Secret: set {env_name('spark_driver_secret')} to its name (keys: "
             f"{', '.join(env_name(name) for name in SECRET_SETTINGS)}; `kafka-ledger spark-secret` writes it)")
+    _refuse_secrets_in_settings(spark_conf(pipeline), master)
     secrets = {env_name(name) for name in SECRET_SETTINGS}
     pipelines = Path(environment[env_name("pipelines")])
     # Spark downloads --files into the driver's working directory before the job starts (SPARK-33782).
@@ -142,6 +145,27 @@ def driver_submission(master: str, deploy_mode: str | None, services: Services, 
         else:
             conf[f"spark.kubernetes.driverEnv.{name}"] = value
     return DriverSubmission(conf, files=str(pipelines), py_files=str(package_zip()))
+
+
+# Setting names the Spark provider masks as secrets too; a Secret's own references are names, not values.
+_SECRET_SETTING = re.compile(r"secret|password", re.IGNORECASE)
+_SECRET_REFERENCES = ("spark.kubernetes.driver.secretKeyRef.", "spark.kubernetes.executor.secretKeyRef.",
+                      "spark.kubernetes.driver.secrets.", "spark.kubernetes.executor.secrets.")
+
+
+def _refuse_secrets_in_settings(conf: dict[str, str], master: str) -> None:
+    """spark-submit writes every Spark setting of a driver on Kubernetes (spark-defaults.conf's, the pipeline's) into a
+    ConfigMap of its namespace, readable in clear: refuse those that look like secrets."""
+    conf_dir = spark_conf_dir()
+    defaults = conf_dir / SPARK_DEFAULTS if conf_dir else None
+    found = {**(spark_defaults(defaults) if defaults and defaults.exists() else {}), **conf}
+    secret = sorted(key for key in found if _SECRET_SETTING.search(key) and not key.startswith(_SECRET_REFERENCES))
+    if secret:
+        raise SettingsError(
+            f"a driver in cluster deploy mode on {master} gets every Spark setting in a ConfigMap of its namespace, "
+            f"in clear: {', '.join(secret)} (from {defaults or 'the pipeline'} or the pipeline's spark_conf) would be "
+            "written there. Leave them out of the settings a submission carries (Spark on Kubernetes makes its own "
+            "authentication secret); see docs/deployment.md#spark-on-kubernetes")
 
 
 def driver_secret(services: Services, pipelines: Iterable[PipelineConfig], name: str, namespace: str | None

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlsplit
 
-from jproperties import Properties
 from sqlalchemy.engine import URL
+
+from kafka_ledger.spark.defaults import SPARK_DEFAULTS, spark_conf_dir, spark_defaults
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
-# Spark's own settings file: every Spark process reads it (spark-submit, the Spark Connect server), and so does
-# kafka-ledger to reach the same catalogs without Spark. One home for a catalog's settings.
-SPARK_DEFAULTS = "spark-defaults.conf"
 # The libpq connection parameters a JDBC URL's query may carry over to the reader's psycopg2 connection.
 _LIBPQ_PARAMETERS = {"sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout", "application_name"}
 
@@ -24,29 +21,21 @@ class LakeError(RuntimeError):
     """A lake catalog is not declared, or declared in a way kafka-ledger cannot read without Spark."""
 
 
-def spark_conf_dir() -> Path:
-    """Spark's configuration folder, as spark-submit finds it: $SPARK_CONF_DIR, else $SPARK_HOME/conf."""
-    if os.environ.get("SPARK_CONF_DIR"):
-        return Path(os.environ["SPARK_CONF_DIR"])
-    if os.environ.get("SPARK_HOME"):
-        return Path(os.environ["SPARK_HOME"]) / "conf"
-    raise LakeError("the lake's catalogs are declared in Spark's spark-defaults.conf: set SPARK_CONF_DIR to its "
-                    "folder (scripts/env.sh does for the local stack)")
-
-
 def catalog_settings(name: str, conf_dir: Path | None = None) -> dict[str, str]:
     """The Spark settings of catalog `name` (`spark.sql.catalog.<name>.<key>`) as {key: value}."""
-    path = (conf_dir or spark_conf_dir()) / SPARK_DEFAULTS
-    properties = Properties()
+    conf_dir = conf_dir or spark_conf_dir()
+    if conf_dir is None:
+        raise LakeError("the lake's catalogs are declared in Spark's spark-defaults.conf: set SPARK_CONF_DIR to its "
+                        "folder (scripts/env.sh does for the local stack)")
+    path = conf_dir / SPARK_DEFAULTS
     try:
-        with path.open("rb") as handle:
-            properties.load(handle, "utf-8")
+        properties = spark_defaults(path)
     except FileNotFoundError:
         raise LakeError(f"no {path}: the lake's catalogs are declared there (spark.sql.catalog.<name>.*)") from None
     prefix = f"spark.sql.catalog.{name}"
     if prefix not in properties:
         raise LakeError(f"catalog {name!r} is not declared in {path} (no {prefix})")
-    return {key[len(prefix) + 1:]: properties[key].data for key in properties if key.startswith(prefix + ".")}
+    return {key[len(prefix) + 1:]: value for key, value in properties.items() if key.startswith(prefix + ".")}
 
 
 def reader_properties(name: str, settings: dict[str, str]) -> dict[str, str]:
