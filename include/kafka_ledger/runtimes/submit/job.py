@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from kafka_ledger.formats.base import ValueFormat
 
 
+# Where a standalone cluster's worker puts the cluster's authentication secret for what it launches (Spark's
+# SecurityManager.ENV_AUTH_SECRET).
+WORKER_AUTH_SECRET = "_SPARK_AUTH_SECRET"
+
+
 def run_job(pipeline_name: str, batch_id: int, config: str | None, services: Services) -> dict[str, object]:
     """Begin an attempt of the batch, read it and stage it (or mark it written with nothing to read)."""
     pipeline = with_columns(services.ledger, get_pipeline(pipeline_name, config))
@@ -41,7 +46,13 @@ def run_job(pipeline_name: str, batch_id: int, config: str | None, services: Ser
     os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     from pyspark.sql import SparkSession  # heavy: only once we know there is work
 
-    spark = SparkSession.builder.appName(f"kafka-ledger {pipeline.name} batch {batch_id}").getOrCreate()
+    builder = SparkSession.builder.appName(f"kafka-ledger {pipeline.name} batch {batch_id}")
+    if os.environ.get(WORKER_AUTH_SECRET):
+        # A driver in cluster deploy mode on a standalone cluster: its worker hands it the cluster's secret in its
+        # environment (the settings it got from the submission drop it on the way), while Spark's driver asks for
+        # the setting.
+        builder = builder.config("spark.authenticate.secret", os.environ[WORKER_AUTH_SECRET])
+    spark = builder.getOrCreate()
     try:
         started = time.monotonic()
         sink = sink_for(pipeline)
