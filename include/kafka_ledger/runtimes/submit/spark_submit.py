@@ -111,8 +111,10 @@ PYTHON_RUNNER = "org.apache.spark.deploy.PythonRunner"
 def driver_submission(master: str, deploy_mode: str | None, services: Services, pipeline: PipelineConfig
                       ) -> DriverSubmission:
     """How the batch's job reaches its driver: on this machine (client deploy mode, the default) through the
-    environment; on Kubernetes in cluster deploy mode through the pod's environment, its secrets from the Secret
-    `spark_driver_secret` names, the pipelines file and kafka-ledger's package shipped with the job."""
+    environment spark-submit inherits; on a standalone cluster's worker (cluster deploy mode) through that same
+    environment, which the master's submission client hands over, with Spark's PythonRunner as the application; on
+    Kubernetes (cluster deploy mode) through the pod's environment, its secrets from the Secret `spark_driver_secret`
+    names, the pipelines file and kafka-ledger's package shipped with the job."""
     environment = spark_job_environment(services, pipeline)
     if deploy_mode != "cluster":
         return DriverSubmission(spark_conf(pipeline), environment)
