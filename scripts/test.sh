@@ -36,8 +36,8 @@ done
 # So are the trace test's OpenTelemetry Collector (built with Go the first time: minutes, off the lanes' clock) and
 # the Kubernetes test's mock API server (fetched from Maven Central and compiled the first time).
 { bash scripts/stack.sh install-otel-collector && bash scripts/stack.sh install-kubernetes-mock; } \
-  >"$LOGS/test-otel-collector-build.log" 2>&1 &
-otel_build=$!
+  >"$LOGS/test-tools-build.log" 2>&1 &
+tools_build=$!
 
 echo "[test] lane 1: unit tests"
 started=$SECONDS
@@ -52,7 +52,7 @@ for slot in 1 2; do
   pid_var=stack_$slot
   wait "${!pid_var}" || { cat "$LOGS/test-stack-$slot-up.log" >&2; echo "[test] stack $slot did not come up" >&2; exit 1; }
 done
-wait "$otel_build" || { cat "$LOGS/test-otel-collector-build.log" >&2; echo "[test] the OpenTelemetry Collector or the Kubernetes mock did not build" >&2; exit 1; }
+wait "$tools_build" || { cat "$LOGS/test-tools-build.log" >&2; echo "[test] the OpenTelemetry Collector or the Kubernetes mock did not build" >&2; exit 1; }
 lane_took stacks $((SECONDS - started))
 
 echo "[test] lanes 2 and 3 at once: integration tests on stack 0 (2 workers), and on stacks 1 and 2 (-m own_stack)"

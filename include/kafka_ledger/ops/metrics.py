@@ -274,10 +274,11 @@ def families(pipelines: list[PipelineConfig], found: LedgerFigures, kafka: Kafka
                 log_start.add_metric(labels, held_offsets[tp].log_start)
                 lag.add_metric(labels, lags[tp])
                 group_lag.add_metric([LAG_EXPORTER_CLUSTER, group, tp.topic, str(tp.partition)], lags[tp])
+                # The record a lagging pipeline waits for is the one at its own position.
+                stamp = oldest_unread.get((tp, held[tp][0])) if tp in held else None
                 if lags[tp] == 0:
                     group_lag_seconds.add_metric([LAG_EXPORTER_CLUSTER, group, tp.topic, str(tp.partition)], 0)
-                elif (tp, held.get(tp, (None,))[0]) in oldest_unread:
-                    stamp = oldest_unread[tp, held[tp][0]]
+                elif stamp is not None:
                     oldest.add_metric(labels, stamp)
                     group_lag_seconds.add_metric([LAG_EXPORTER_CLUSTER, group, tp.topic, str(tp.partition)],
                                                  max(0.0, now - stamp))

@@ -61,6 +61,10 @@ def spark_conf(pipeline: PipelineConfig) -> dict[str, str]:
 SECRET_SETTINGS = ("db_url", "kafka_config", "schema_registry_config")
 
 
+class SparkJobFailed(RuntimeError):
+    """The batch's Spark job ended without doing its part."""
+
+
 def spark_job_environment(services: Services, pipeline: PipelineConfig) -> dict[str, str]:
     """What the batch's Spark job reads from its environment: where the ledger, Kafka, the pipelines and (for Avro
     values) the schema registry are, and the ledger's timeouts.
@@ -186,41 +190,39 @@ def driver_secret(services: Services, pipelines: Iterable[PipelineConfig], name:
 def launcher_jar(folder: Path | None = None) -> Path:
     """An empty jar: the application spark-submit is given for a Python driver on a standalone cluster (its class,
     PythonRunner, is Spark's own)."""
-    target = (folder or _packages_folder()) / "kafka-ledger-driver.jar"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(f".{os.getpid()}.partial")
-        with zipfile.ZipFile(partial, "w") as archive:
-            archive.writestr(zipfile.ZipInfo("META-INF/MANIFEST.MF", (2026, 1, 1, 0, 0, 0)), "Manifest-Version: 1.0\n")
-        partial.replace(target)
-    return target
+    return _zip_once((folder or _packages_folder()) / "kafka-ledger-driver.jar",
+                     {"META-INF/MANIFEST.MF": b"Manifest-Version: 1.0\n"})
+
+
+def package_zip(folder: Path | None = None) -> Path:
+    """kafka-ledger's package as a zip for --py-files (a driver in the cluster imports it from there), made once
+    per content in `folder` (the system's temporary folder by default): its name carries the content's hash."""
+    entries = {f"{PACKAGE_ROOT.name}/{path.relative_to(PACKAGE_ROOT)}": path.read_bytes()
+               for path in sorted(PACKAGE_ROOT.rglob("*"))
+               if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"}
+    digest = hashlib.sha256()
+    for name, content in entries.items():
+        digest.update(name.encode() + b"\0" + content + b"\0")
+    return _zip_once((folder or _packages_folder()) / f"kafka_ledger-{digest.hexdigest()[:16]}.zip", entries)
 
 
 def _packages_folder() -> Path:
     return Path(tempfile.gettempdir()) / "kafka-ledger-packages"
 
 
-def package_zip(folder: Path | None = None) -> Path:
-    """kafka-ledger's package as a zip for --py-files (a driver in the cluster imports it from there), made once
-    per content in `folder` (the system's temporary folder by default): its name carries the content's hash."""
-    files = sorted(p for p in PACKAGE_ROOT.rglob("*")
-                   if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
-    folder = folder or _packages_folder()
-    target = folder / f"kafka_ledger-{digest.hexdigest()[:16]}.zip"
+def _zip_once(target: Path, entries: dict[str, bytes]) -> Path:
+    """`target`, a zip of `entries` (name -> content), written unless it exists: whole or not at all when two tasks
+    make it at once, and the same bytes for the same entries (a fixed time on each)."""
     if target.exists():
         return target
-    folder.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(f".{os.getpid()}.partial")
-    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in files:
-            # A fixed time: the same content makes the same bytes.
-            info = zipfile.ZipInfo(str(Path(PACKAGE_ROOT.name) / path.relative_to(PACKAGE_ROOT)), (2026, 1, 1, 0, 0, 0))
+    with zipfile.ZipFile(partial, "w") as archive:
+        for name, content in entries.items():
+            info = zipfile.ZipInfo(name, (2026, 1, 1, 0, 0, 0))
             info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
-            archive.writestr(info, path.read_bytes())
-    partial.replace(target)  # whole or not at all, when two tasks make it at once
+            archive.writestr(info, content)
+    partial.replace(target)
     return target
 
 
@@ -267,10 +269,6 @@ def check_driver_outcome(services: Services, pipeline: PipelineConfig, batch_id:
             f"batch {batch_id}'s driver on {master} ended without staging it (the batch is {batch.status} after "
             f"{batch.attempts} attempts{'; last error: ' + batch.last_error if batch.last_error else ''}); the "
             "driver's own output is in the worker's work folder (driver-*/stderr)")
-
-
-class SparkJobFailed(RuntimeError):
-    """The batch's Spark job ended without doing its part."""
 
 
 def check_master(hook: SparkSubmitHook) -> None:
