@@ -6,7 +6,7 @@ import time
 import weakref
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from kafka_ledger.config.services import KafkaClient
 from kafka_ledger.kafka import offsets as kafka_offsets
@@ -46,3 +46,40 @@ def test_an_admin_client_ends_with_its_last_reference_not_at_the_next_full_garba
         assert ended() is None
     finally:
         gc.enable()
+
+
+class _Answers:
+    """An admin client's list_offsets whose partitions answer, request by request, as scripted."""
+
+    def __init__(self, *rounds: dict[int, int | KafkaError]):
+        self.rounds, self.asked = list(rounds), []
+
+    def list_offsets(self, request, **_):
+        from concurrent.futures import Future
+
+        answers = self.rounds.pop(0)
+        self.asked.append(sorted(k.partition for k in request))
+        futures = {}
+        for key in request:
+            future, answer = Future(), answers[key.partition]
+            if isinstance(answer, KafkaError):
+                future.set_exception(KafkaException(answer))
+            else:
+                future.set_result(type("Info", (), {"offset": answer}))
+            futures[key] = future
+        return futures
+
+
+def test_partitions_whose_leader_is_moving_are_asked_again_and_other_errors_fail_at_once():
+    from confluent_kafka.admin import OffsetSpec
+
+    from kafka_ledger.model.ranges import TopicPartition
+
+    tps = [TopicPartition("t", 0), TopicPartition("t", 1)]
+    moving = KafkaError(KafkaError.UNKNOWN_LEADER_EPOCH)
+    admin = _Answers({0: 5, 1: moving}, {1: 7})
+    assert kafka_offsets.list_offsets(admin, tps, OffsetSpec.latest(), 10) == {tps[0]: 5, tps[1]: 7}
+    assert admin.asked == [[0, 1], [1]]
+    with pytest.raises(KafkaException):
+        kafka_offsets.list_offsets(_Answers({0: 5, 1: KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)}), tps,
+                                   OffsetSpec.latest(), 10)

@@ -21,6 +21,7 @@ class KafkaUnavailable(PlanError):
 
 # librdkafka's own log lines repeat a connection failure many times a second; the failure reaches the user
 # once, in the error that stops the plan (ReportingAdminClient.unreachable).
+log = logging.getLogger(__name__)
 LIBRDKAFKA_LOG = logging.getLogger("kafka_ledger.librdkafka")
 LIBRDKAFKA_LOG.setLevel(logging.CRITICAL)
 LIBRDKAFKA_LOG.propagate = False
@@ -77,15 +78,38 @@ def admin_client(kafka: KafkaClient) -> ReportingAdminClient:
     return ReportingAdminClient(kafka.confluent(**{"socket.timeout.ms": 10_000}))
 
 
+# What a partition answers while its leadership moves (a broker restarted, a leader being elected): asked again.
+LEADERSHIP_IN_FLUX = frozenset({
+    KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH, KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE})
+
+
 def list_offsets(admin: ReportingAdminClient, tps: list[TopicPartition], spec: OffsetSpec,
                  timeout: float) -> dict[TopicPartition, int]:
-    """Each partition's offset as `spec` asks (read_committed), in one request."""
-    futures = admin.list_offsets(
-        {KafkaTopicPartition(tp.topic, tp.partition): spec for tp in tps},
-        isolation_level=IsolationLevel.READ_COMMITTED,
-        request_timeout=timeout,
-    )
-    return {TopicPartition(k.topic, k.partition): f.result().offset for k, f in futures.items()}
+    """Each partition's offset as `spec` asks (read_committed), in one request; the partitions whose leadership was
+    moving asked again until `timeout`."""
+    deadline = time.monotonic() + timeout
+    found: dict[TopicPartition, int] = {}
+    asked = tps
+    while asked:
+        futures = admin.list_offsets(
+            {KafkaTopicPartition(tp.topic, tp.partition): spec for tp in asked},
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=max(1.0, deadline - time.monotonic()),
+        )
+        moving = []
+        for k, f in futures.items():
+            try:
+                found[TopicPartition(k.topic, k.partition)] = f.result().offset
+            except KafkaException as exc:
+                if exc.args[0].code() not in LEADERSHIP_IN_FLUX or time.monotonic() >= deadline:
+                    raise
+                moving.append(TopicPartition(k.topic, k.partition))
+        if moving:
+            log.info("asking again for the offsets of %d partition(s) whose leader is moving", len(moving))
+            time.sleep(0.5)
+        asked = moving
+    return found
 
 
 def partition_offsets(
