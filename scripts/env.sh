@@ -143,6 +143,10 @@ export AIRFLOW__API__PORT=${AIRFLOW__API__PORT:-$KL_AIRFLOW_PORT}
 export AIRFLOW__API__HOST=${AIRFLOW__API__HOST:-127.0.0.1}
 # Task processes report to the api-server's execution API: it must name the port we serve on.
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL=${AIRFLOW__CORE__EXECUTION_API_SERVER_URL:-http://127.0.0.1:$KL_AIRFLOW_PORT/execution/}
+# A DAG file's parse may take several seconds on a busy 2-core machine (the tests' file declares 140 DAGs); past
+# Airflow's 30 s default every DAG of the file would vanish as an import error until the next parse succeeds.
+export AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT=${AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT:-120}
+export AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT=${AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT:-180}
 export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL=${AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL:-30}
 # A doorbell's watcher starts at its DAG's first parse after the DAG is unpaused (Airflow registers the watchers of
 # unpaused DAGs only): the DAG files are parsed every 5 s (Airflow's default: 30), so that the first records after an

@@ -195,8 +195,14 @@ install_python() {
   say "installing Python packages into $KL_VENV (frozen in requirements.lock)"
   [ -x "$KL_VENV/bin/python" ] || python3 -m venv "$KL_VENV"
   "$KL_VENV/bin/pip" install -q uv==0.13.8
-  "$KL_VENV/bin/uv" pip install -q --python "$KL_VENV/bin/python" -r "$KL_HOME/requirements.txt" -c "$KL_HOME/requirements.lock"
+  # Bytecode compiled once here: uv writes none by default, and where PYTHONDONTWRITEBYTECODE is set no process
+  # ever caches any, so every task process and every DAG parse compiled Airflow, PySpark and the Kubernetes
+  # client anew (a parse of the tests' DAG file took 5.8 s instead of 2.0 s).
+  "$KL_VENV/bin/uv" pip install -q --compile-bytecode --python "$KL_VENV/bin/python" \
+    -r "$KL_HOME/requirements.txt" -c "$KL_HOME/requirements.lock"
   "$KL_VENV/bin/uv" pip install -q --python "$KL_VENV/bin/python" --no-deps -e "$KL_HOME"
+  "$KL_VENV/bin/python" -m compileall -q -j 0 "$KL_HOME/include" "$KL_HOME/dags" "$KL_HOME/plugins" \
+    "$KL_HOME/spark_jobs" "$KL_HOME/tools" >/dev/null
   stamp_set python "$key"
 }
 

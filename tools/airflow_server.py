@@ -559,8 +559,13 @@ class AirflowClient:
             time.sleep(interval)
 
     def wait_for_dag(self, dag_id: str, timeout: float = 120.0) -> dict[str, Any]:
-        """Until the dag-processor has parsed the DAG and the API knows it."""
-        return self._poll(f"the dag-processor to parse {dag_id}", lambda: self.dag(dag_id), timeout)
+        """Until the dag-processor has parsed the DAG and the API knows it; a timeout names the import errors."""
+        try:
+            return self._poll(f"the dag-processor to parse {dag_id}", lambda: self.dag(dag_id), timeout)
+        except AirflowError as timed_out:
+            errors = self.request("GET", "/api/v2/importErrors", params={"limit": 20}).json()["import_errors"]
+            found = "\n".join(f"{e['filename']} at {e['timestamp']}: {e['stack_trace'][-1500:]}" for e in errors)
+            raise AirflowError(f"{timed_out}\nimport errors: {found or 'none'}") from None
 
     def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 600.0) -> dict[str, Any]:
         """Until the run is success or failed; on timeout the message shows every task's state."""
