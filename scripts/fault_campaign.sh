@@ -3,6 +3,8 @@
 # fault per iteration while records flow, checking that no record is lost or doubled.
 #   bash scripts/fault_campaign.sh --faults 200 --seed 20261121 --write-docs docs   # the full campaign
 #   bash scripts/fault_campaign.sh --cluster --runtime connect --faults 40   # on the local Spark cluster
+#   bash scripts/fault_campaign.sh --cluster --driver-in-cluster --runtime submit --faults 40   # each batch's
+#       # driver on the cluster's worker (cluster deploy mode): the driver killed there, the worker lost, two drivers
 #   bash scripts/fault_campaign.sh --network --runtime connect --faults 40   # through Toxiproxy, with network faults
 #   bash scripts/fault_campaign.sh --runtime connect --sink iceberg --faults 40   # into an Iceberg table of the lake
 #   bash scripts/fault_campaign.sh --runtime connect --write upsert --faults 40   # into an entity table (97 entities)
@@ -21,8 +23,16 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 for arg in "$@"; do
-  # Before set-up and env.sh: the stack then starts the cluster and puts both runtimes' Spark on it.
-  [ "$arg" != --cluster ] || export KAFKA_LEDGER_SPARK_MASTER="spark://127.0.0.1:${KL_SPARK_MASTER_PORT:-17077}"
+  case $arg in
+    # Before set-up and env.sh: the stack then starts the cluster and puts both runtimes' Spark on it (the
+    # cluster's address is this stack slot's, read from env.sh in a subshell).
+    --cluster) KAFKA_LEDGER_SPARK_MASTER=$(. scripts/env.sh && echo "$KL_SPARK_CLUSTER_MASTER")
+               export KAFKA_LEDGER_SPARK_MASTER ;;
+    # Drivers on the worker each hold a core and a gigabyte beside the Spark Connect server's executor: room for two
+    # of them (a resubmission, racing runs) and their executors.
+    --driver-in-cluster) export KL_SPARK_WORKER_CORES=${KL_SPARK_WORKER_CORES:-4} \
+                           KL_SPARK_WORKER_MEMORY=${KL_SPARK_WORKER_MEMORY:-6g} ;;
+  esac
 done
 bash scripts/stack.sh up >&2
 proxies=0  # network faults, and an Avro campaign's registry faults, go through Toxiproxy

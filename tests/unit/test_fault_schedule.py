@@ -137,6 +137,19 @@ def test_a_campaign_on_a_cluster_adds_the_loss_of_a_worker_to_its_runtime_s_faul
     assert "kill_spark_worker" in CLUSTER_FAULTS
 
 
+def test_a_campaign_with_its_drivers_on_the_cluster_has_the_driver_faults_and_says_where_the_drivers_ran():
+    from tools.fault_campaign.report import render_campaign
+    from tools.fault_campaign.strikes import CLUSTER_FAULTS, campaign_shape, fault_kinds
+
+    shape = campaign_shape("submit", on_cluster=True, secure=True, driver_in_cluster=True)
+    assert shape == "submit-cluster-driver-secure"
+    assert fault_kinds(shape) == FAULT_KINDS["submit"] + CLUSTER_FAULTS
+    assert {"kill_spark_driver", "kill_spark_worker", "two_drivers"} <= set(fault_kinds(shape))
+    report = "\n".join(render_campaign({**report_data(200, 1_000_000), "shape": shape}, []))
+    assert "its driver on the cluster's worker (cluster deploy mode)" in report
+    assert "in cluster deploy mode on the local standalone cluster" in report
+
+
 def test_network_shapes_add_the_network_faults():
     from tools.fault_campaign.strikes import CLUSTER_FAULTS, NETWORK_FAULTS, campaign_shape, fault_kinds
 

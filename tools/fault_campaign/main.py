@@ -39,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", action="store_true",
                         help="on the local Spark standalone cluster (scripts/fault_campaign.sh --cluster starts it and "
                              "sets KAFKA_LEDGER_SPARK_MASTER), adding the fault kill_spark_worker")
+    parser.add_argument("--driver-in-cluster", action="store_true",
+                        help="with --cluster and the submit runtime: each batch's driver runs on the cluster's worker "
+                             "(the spark_default connection's deploy-mode cluster; scripts/fault_campaign.sh gives "
+                             "the worker 4 cores and 6 GB, room for two drivers and their executors)")
     parser.add_argument("--network", action="store_true",
                         help="every task reaches Kafka, the ledger and the Spark Connect server through Toxiproxy "
                              "(scripts/fault_campaign.sh --network starts it), adding the network faults (runtime "
@@ -75,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cluster and not os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"):
         parser.error("--cluster: KAFKA_LEDGER_SPARK_MASTER names no cluster: run scripts/fault_campaign.sh --cluster")
+    if args.driver_in_cluster and not (args.cluster and args.runtime == "submit"):
+        parser.error("--driver-in-cluster: with --cluster --runtime submit (the connect runtime's driver: its server)")
     if args.doorbell and args.resume:
         parser.error("--doorbell: a doorbell campaign is not resumed")
     if args.format == "avro" and (args.doorbell or args.write != "append"):
@@ -115,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             command += " --secure"
         if args.cluster:
             command += " --cluster"
+        if args.driver_in_cluster:
+            command += " --driver-in-cluster"
         if args.network:
             command += " --network"
         if args.sink != "postgres":
@@ -137,7 +145,12 @@ def main(argv: list[str] | None = None) -> int:
                     "keep": args.keep, "pipeline": f"fault_campaign_{tag}", "partitions": args.partitions,
                     "runtime": runtime, "network": args.network, "sink": args.sink, "write": args.write,
                     "doorbell": args.doorbell, "format": args.format, "envelope": args.envelope,
+                    "driver_in_cluster": args.driver_in_cluster,
                     "topic": f"fault-campaign-{tag.replace('_', '-')}"}
+    if settings.get("driver_in_cluster"):
+        # The submit runtime's spark-submit puts the driver on the cluster, as a deployment's connection would.
+        os.environ["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({
+            "conn_type": "spark", "host": os.environ["KAFKA_LEDGER_SPARK_MASTER"], "extra": {"deploy-mode": "cluster"}})
     workdir.mkdir(parents=True, exist_ok=True)
     # Airflow's logging (which relays the Spark jobs' output) writes to stdout: point stdout at a log file,
     # and keep the console for the progress lines.
@@ -165,7 +178,11 @@ def main(argv: list[str] | None = None) -> int:
             "topics": [topic], **output, "columns": COLUMNS,
             "value": {"format": settings.get("format", "json"), "envelope": settings.get("envelope", "none")},
             "max_records_per_partition": max(100, args.records_per_fault // args.partitions), "schedule": None,
-            "spark_conf": {"spark.sql.shuffle.partitions": "2"}, "spark_runtime": settings["runtime"],
+            # A driver on the worker holds one of its cores: each application one executor core at most, so that
+            # two drivers (a resubmission, racing runs) never hold every core while their executors wait for one.
+            "spark_conf": {"spark.sql.shuffle.partitions": "2",
+                           **({"spark.cores.max": "1"} if settings.get("driver_in_cluster") else {})},
+            "spark_runtime": settings["runtime"],
             **({"write": "upsert", "key": ["event_id"]} if settings.get("write") == "upsert" else {}),
             # A doorbell campaign's killed Spark task is retried within seconds (the default waits a minute).
             **({"trigger": {"type": "doorbell", "poll_seconds": 1}, "retry_delay_seconds": 2}

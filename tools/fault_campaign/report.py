@@ -40,6 +40,9 @@ RUNTIMES = {
                        "cluster (one master, one worker), the task publishing and committing in one transaction",
     "submit-cluster": "Spark 4.0.0 through one spark-submit per batch on the local standalone cluster (one master, "
                       "one worker), staging then committing",
+    "submit-cluster-driver": "Spark 4.0.0 through one spark-submit per batch in cluster deploy mode on the local "
+                             "standalone cluster (one master, one worker running the batch's driver and its "
+                             "executor), staging then committing",
 }
 
 # How an Iceberg sink's batch is published, in either runtime (lake_publish.py).
@@ -65,8 +68,9 @@ def render_campaign(data: dict[str, Any], iterations: list[dict[str, Any]]) -> l
     network, secure, iceberg = "network" in traits, "secure" in traits, "iceberg" in traits
     doorbell, avro = "doorbell" in traits, "avro" in traits
     change_events, entity = "cdc" in traits, "entity" in traits or "cdc" in traits
-    spark = runtime + ("-cluster" if "cluster" in traits else "")
+    spark = runtime + ("-cluster" if "cluster" in traits else "") + ("-driver" if "driver" in traits else "")
     lines = [f"## Runtime `{runtime}`" + (" on a Spark cluster" if "cluster" in traits else "")
+             + (", its driver on the cluster's worker (cluster deploy mode)" if "driver" in traits else "")
              + (", Kafka over SASL_SSL and the ledger over verified TLS" if secure else "")
              + (", through network proxies" if network else "")
              + (", into an Iceberg table" if iceberg else "")

@@ -100,7 +100,8 @@ class Campaign(FaultStrikes):
         if self.avro and self.entity:
             raise CampaignFailure("an Avro campaign writes an append-only table (--write append)")
         self.shape = campaign_shape(self.runtime, os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"),
-                                    network, secured(), self.iceberg, self.avro, self.entity, self.change_events)
+                                    network, secured(), self.iceberg, self.avro, self.entity, self.change_events,
+                                    self.runtime == "submit" and self.driver_submission().outcome_in_ledger)
         # Network faults: every task reaches the services through Toxiproxy; the campaign's own checks do not.
         self.network_faults = network
         self.network = Toxiproxy() if network or self.avro else None
@@ -218,28 +219,29 @@ class Campaign(FaultStrikes):
         """The submit runtime's Spark task: spark-submit of the batch's job, driven from a thread. `failpoints`
         (an Iceberg sink's commit faults: its job commits) reach the job's environment alone."""
 
-        from kafka_ledger.runtimes.submit.spark_submit import (
-            SPARK_APPLICATION,
-            spark_job_environment,
-            spark_submit_hook,
-        )
+        from kafka_ledger.runtimes.submit.spark_submit import check_driver_outcome, spark_submit_hook
 
-        environment = spark_job_environment(services_for(self.dsn, self.servers), self.pipeline)
+        submission = self.driver_submission()
         # The job reaches the registry through its proxy, as the connect runtime's tasks do (the campaign's own
         # producer keeps the client it made with the registry's own address).
+        environment = submission.environment
         os.environ.update(registry_proxied_environment(environment) if self.avro else environment)
-        hook = spark_submit_hook(self.pipeline, batch_id)
+        hook = spark_submit_hook(self.pipeline, batch_id, submission)
         once_dir = self.workdir / "failpoints" / uuid.uuid4().hex[:8]
         if failpoints:
-            # spark-submit's environment, beside the inherited one (no secret among them).
-            hook._env_vars = {key: value for key, value in self._task_env(failpoints, once_dir).items()
+            # spark-submit's environment, beside the inherited one (no secret among them): a driver here inherits
+            # it, and a standalone master's submission client hands it to a driver on the cluster.
+            hook._env = {key: value for key, value in self._task_env(failpoints, once_dir).items()
                          if key.startswith("KAFKA_LEDGER_FAILPOINTS")}
         attempts_before = self.batch_state(batch_id)[1]
         outcome: dict[str, str] = {}
 
         def submit() -> None:
             try:
-                hook.submit(str(SPARK_APPLICATION))
+                hook.submit(submission.application)
+                if submission.outcome_in_ledger:
+                    check_driver_outcome(services_for(self.dsn, self.servers), self.pipeline, batch_id,
+                                         hook._connection["master"])
                 outcome["ok"] = "yes"
             except Exception as exc:  # noqa: BLE001 - the Spark task failed, whatever the reason
                 outcome["error"] = str(exc)
@@ -261,6 +263,14 @@ class Campaign(FaultStrikes):
             if (once_dir / point).exists():
                 landed = f"Spark job died at {point}, inside its transaction"
         return "ok" in outcome, landed
+
+    def driver_submission(self) -> Any:
+        """How a batch's driver is submitted where the `spark_default` connection puts it (on this machine, or on
+        the cluster's worker in cluster deploy mode), as the DAG's Spark task submits it."""
+        from kafka_ledger.runtimes.submit.spark_submit import batch_submission, spark_submit_hook
+
+        return batch_submission(spark_submit_hook(self.pipeline, 0), services_for(self.dsn, self.servers),
+                                self.pipeline)
 
     @staticmethod
     def _kill_process_tree(hook: Any) -> None:

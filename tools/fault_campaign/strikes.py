@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kafka_ledger.config.settings import kafka_client, ledger_database
-from tools.fault_campaign import CampaignFailure, launcher
+from tools.fault_campaign import PROJECT_ROOT, CampaignFailure, launcher
 from tools.fault_campaign.network import POSTGRES, SCHEMA_REGISTRY, SPARK_CONNECT, kafka_proxy
 from tools.stack import stack_command
 
@@ -91,13 +91,15 @@ class NetworkFault:
 
 def campaign_shape(runtime: str, on_cluster: bool, network: bool = False, secure: bool = False,
                    iceberg: bool = False, avro: bool = False, entity: bool = False,
-                   change_events: bool = False) -> str:
-    """What a campaign ran on: the Spark runtime, whether on the local standalone cluster, whether Kafka over
+                   change_events: bool = False, driver_in_cluster: bool = False) -> str:
+    """What a campaign ran on: the Spark runtime, whether on the local standalone cluster (with the submit runtime's
+    driver on its worker, cluster deploy mode, or not), whether Kafka over
     SASL_SSL with the ledger over verified TLS (the production shape), whether through the network proxies
     (network faults among its kinds), whether into an Iceberg table (the lake's faults among its kinds), whether its
     values are Avro through the schema registry (the registry's faults among its kinds), whether into an entity
     table (write: upsert), of Debezium's change events or not."""
-    return (runtime + ("-cluster" if on_cluster else "") + ("-secure" if secure else "")
+    return (runtime + ("-cluster" if on_cluster else "") + ("-driver" if driver_in_cluster else "")
+            + ("-secure" if secure else "")
             + ("-network" if network else "") + ("-iceberg" if iceberg else "") + ("-avro" if avro else "")
             + ("-cdc" if change_events else "-entity" if entity else ""))
 
@@ -221,8 +223,6 @@ class FaultStrikes:
 
     def _strike_spark(self, target: str, timing: str, delay: float) -> Callable[..., str]:
         def strike(hook: Any, batch_id: int, attempts_before: int, thread: threading.Thread) -> str:
-            import psutil
-
             attempt = attempts_before + 1
             if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, thread):
                 return f"{target} kill missed: the job ended before its attempt began"
@@ -240,13 +240,7 @@ class FaultStrikes:
             if target == "spark-submit":
                 os.kill(proc.pid, signal.SIGKILL)
             else:
-                drivers = []
-                for child in psutil.Process(proc.pid).children(recursive=True):
-                    try:
-                        if any("ingest_batch.py" in part for part in child.cmdline()):
-                            drivers.append(child)
-                    except psutil.Error:  # exited meanwhile
-                        continue
+                drivers = self._driver_processes(batch_id, proc.pid)
                 if not drivers:
                     return f"driver kill missed: no driver process ({landed})"
                 for driver in drivers:
@@ -254,13 +248,30 @@ class FaultStrikes:
             return f"{target} SIGKILLed {landed}"
         return strike
 
+    def _driver_processes(self, batch_id: int, spark_submit: int) -> list[Any]:
+        """The batch's driver: the PySpark process spark-submit starts here (client deploy mode), or on a standalone
+        cluster's worker (cluster deploy mode) the worker's DriverWrapper JVM and the PySpark process it starts."""
+        import psutil
+
+        arguments = ["--pipeline", self.pipeline.name, "--batch-id", str(batch_id)]
+        drivers = []
+        for process in psutil.process_iter():
+            try:
+                command = process.cmdline()
+            except psutil.Error:  # exited meanwhile, or not ours to read
+                continue
+            ours = any(part.endswith("ingest_batch.py") for part in command) and any(
+                command[i:i + len(arguments)] == arguments for i in range(len(command)))
+            if ours and process.pid != spark_submit:
+                drivers.append(process)
+        return drivers
+
     def _second_driver(self, delay: float) -> Callable[..., str]:
         """A second spark-submit of the same batch `delay` seconds after the first one's attempt began, as a
         resubmission after a lost worker (or a re-attached operator) starts one: exactly one of the two may publish,
         the other must be fenced (exit EXIT_FENCED, saying so) or find the batch written already."""
         def strike(hook: Any, batch_id: int, attempts_before: int, thread: threading.Thread) -> str:
             from kafka_ledger.ledger.db import EXIT_FENCED
-            from kafka_ledger.runtimes.submit.spark_submit import SPARK_APPLICATION
 
             attempt = attempts_before + 1
             if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, thread):
@@ -270,9 +281,25 @@ class FaultStrikes:
             if not thread.is_alive():
                 return f"second driver missed: the first had ended ({landed})"
             # The very command the first one runs, in the same environment (spark_submit_try set it).
-            second = subprocess.run(hook._build_spark_submit_command(str(SPARK_APPLICATION)), env=dict(os.environ),
+            submission = self.driver_submission()
+            second = subprocess.run(hook._build_spark_submit_command(submission.application), env=dict(os.environ),
                                     capture_output=True, text=True, timeout=900)
             thread.join(900)
+            if submission.outcome_in_ledger:
+                # Drivers on a standalone cluster's worker: spark-submit's exit says nothing of theirs; the ledger
+                # does, and what they printed is in the worker's work folder.
+                status = self.batch_state(batch_id)[0]
+                if status not in ("written", "committed"):
+                    raise CampaignFailure(f"two drivers of batch {batch_id} on the cluster (the second started "
+                                          f"{landed}): neither staged the batch (it is {status})")
+                if self._driver_said(f"fenced: batch {batch_id} attempt"):
+                    return f"a second driver started {landed} on the cluster: one staged the batch, one was fenced"
+                if self._driver_said(f'{{"batch_id": {batch_id}, "staged": false}}'):
+                    return f"a second driver started {landed} on the cluster: one staged the batch, one found it so"
+                raise CampaignFailure(
+                    f"two drivers of batch {batch_id} on the cluster (the second started {landed}): one staged the "
+                    "batch, but the other neither said it was fenced nor found the batch staged (their output: "
+                    "the worker's work folder, driver-*/stdout and stderr)")
             first = hook._submit_sp.returncode if hook._submit_sp is not None else None
             # The second begins the newer attempt: it publishes and fences the first, or finds the batch written.
             if (first, second.returncode) == (EXIT_FENCED, 0):
@@ -284,6 +311,12 @@ class FaultStrikes:
                 f"fenced (exit codes {first} and {second.returncode}; the second's last lines: "
                 f"{' | '.join(second.stderr.splitlines()[-3:])})")
         return strike
+
+    @staticmethod
+    def _driver_said(line: str) -> bool:
+        """Whether a driver on the local cluster's worker printed `line` (its output is in the worker's work folder)."""
+        work = Path(os.environ.get("KL_STATE", PROJECT_ROOT / ".stack")) / "spark-work"
+        return any(line in output.read_text(errors="replace") for output in work.glob("driver-*/std*"))
 
     def _strike_stack(self, delay: float, missed: str, commands: tuple[str, ...], landed_as: str) -> Callable[..., str]:
         """A fault by scripts/stack.sh `commands`, `delay` seconds after the Spark attempt began."""

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kafka_ledger.batch import wide_read
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.services import KafkaClient, LedgerDatabase, Services
 from kafka_ledger.config.settings import schema_registry
@@ -193,7 +194,12 @@ def read_records(spark: SparkSession, attempt: Attempt, kafka: KafkaClient) -> D
 
 def read_ranges(spark: SparkSession, ranges: list[OffsetRange], kafka: KafkaClient, pipeline: str,
                 headers: bool = False) -> DataFrame:
-    """A bounded read of exactly `ranges` as the pipeline's batches read them (its consumer group, its tuning)."""
+    """A bounded read of exactly `ranges` as the pipeline's batches read them (its consumer group, its tuning):
+    by Spark's Kafka source, or wide (wide_read.py) when they are more partitions than its consumers."""
+    if wide_read.reads_wide(ranges):
+        group = read_group_id(pipeline, {**kafka.spark_options(), "kafka.isolation.level": "read_committed"})
+        return wide_read.read_wide(spark, ranges, kafka.confluent(**{"group.id": group}), OFFSETS_PER_TASK,
+                                   headers, KAFKA_POLL_TIMEOUT_MS / 1000)
     records = spark.read.format("kafka").options(**kafka_read_options(ranges, kafka, pipeline, headers)).load()
     tasks = read_tasks(ranges)
     return records.coalesce(tasks) if tasks else records

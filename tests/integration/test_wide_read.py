@@ -1,0 +1,120 @@
+"""A batch of more partitions than Spark's Kafka source keeps consumers for is read wide (batch/wide_read.py): the
+very rows the Kafka source reads, committed records only, each range to its end and not one offset beyond."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from kafka_ledger.batch import read, wide_read
+from kafka_ledger.config.services import KafkaClient
+from kafka_ledger.kafka import offsets as kafka_offsets
+from kafka_ledger.model.ranges import OffsetRange
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = wide_read.WIDE_READ_PARTITIONS + 36
+
+
+def _rows(frame) -> list[tuple]:
+    return [tuple(row) for row in frame.orderBy("topic", "partition", "offset").collect()]
+
+
+@pytest.fixture(scope="module")
+def wide_topic(servers: str) -> Iterator[tuple[str, list[OffsetRange]]]:
+    """A topic of 100 partitions: plain records (keys, none, tombstones, headers), an aborted and a committed
+    transaction in every fifth one; the ranges skip each partition's first record and its last two."""
+    topic = f"it-wide-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])[topic].result()
+    plain = Producer({"bootstrap.servers": servers, "enable.idempotence": True, "linger.ms": 5})
+    transactional = Producer({"bootstrap.servers": servers, "transactional.id": f"it-wide-{topic}"})
+    transactional.init_transactions(30)
+    for partition in range(PARTITIONS):
+        for i in range(3 + partition % 4):
+            plain.produce(topic, partition=partition, key=None if i == 1 else f"k{partition}-{i}".encode(),
+                          value=None if i == 2 else f'{{"p": {partition}, "i": {i}}}'.encode(),
+                          headers=[("h", f"{i}".encode()), ("empty", b"")] if i % 2 else None)
+        plain.flush(30)
+        if partition % 5 == 0:
+            for commit in (False, True):
+                transactional.begin_transaction()
+                transactional.produce(topic, partition=partition, value=f"txn {commit}".encode())
+                transactional.flush(30)  # on the log before the abort (an abort purges what is still queued)
+                (transactional.commit_transaction if commit else transactional.abort_transaction)(30)
+            plain.produce(topic, partition=partition, value=b"after the transactions")
+            plain.produce(topic, partition=partition, value=b"last")
+            plain.flush(30)
+    ends = {tp.partition: offsets.end
+            for tp, offsets in kafka_offsets.partition_offsets(KafkaClient(servers), [topic]).items()}
+    ranges = [OffsetRange(topic, p, 1, ends[p] - 2) for p in range(PARTITIONS)]
+    yield topic, ranges
+    admin.delete_topics([topic])[topic].result(timeout=30)
+
+
+def expected_records(servers: str, ranges: list[OffsetRange]) -> list[tuple[str, int, int]]:
+    """Every record in the ranges but the aborted ones, as a read_uncommitted consumer sees the log (the
+    transactions' markers, written by the coordinator after the commit returns, land where they land)."""
+    consumer = Consumer({"bootstrap.servers": servers, "group.id": "it-wide-check", "enable.partition.eof": True,
+                         "isolation.level": "read_uncommitted", "fetch.wait.max.ms": 10})
+    expected = []
+    try:
+        for r in ranges:
+            consumer.assign([KafkaTopicPartition(r.topic, r.partition, r.from_offset)])
+            while (message := consumer.poll(10)) is not None and message.error() is None:
+                if message.offset() >= r.until_offset:
+                    break
+                if message.value() != b"txn False":
+                    expected.append((r.topic, r.partition, message.offset()))
+    finally:
+        consumer.close()
+    return expected
+
+
+def test_a_wide_read_gives_the_kafka_sources_very_rows_committed_only_and_within_the_ranges(spark, servers,
+                                                                                              wide_topic):
+    topic, ranges = wide_topic
+    kafka = KafkaClient(servers)
+    assert wide_read.reads_wide(ranges)
+    for headers in (False, True):
+        wide = _rows(read.read_ranges(spark, ranges, kafka, "it_wide", headers))
+        source = _rows(spark.read.format("kafka").options(
+            **read.kafka_read_options(ranges, kafka, "it_wide", headers)).load())
+        assert wide == source
+        assert [(row[2], row[3], row[4]) for row in wide] == expected_records(servers, ranges)
+        assert not any(row[1] == b"txn False" for row in wide)  # the aborted transaction's record
+        assert sum(row[1] == b"txn True" for row in wide) == PARTITIONS // 5  # the committed one's
+        if headers:
+            assert any(row[7] for row in wide) and any(row[7] is None for row in wide)
+
+
+def test_a_range_past_its_partitions_end_fails_the_read_with_its_reason(servers, wide_topic):
+    topic, ranges = wide_topic
+    config = KafkaClient(servers).confluent(**{"group.id": "it-wide"})
+    first = ranges[3]
+    beyond = [(topic, first.partition, first.from_offset, first.until_offset + 10)]
+    with pytest.raises(wide_read.WideReadError, match=rf"{topic}-3 ends at offset \d+, before the batch's range"):
+        list(wide_read.read_group(config, beyond, False, 10.0))
+
+
+def test_an_offset_deleted_under_the_read_fails_it_rather_than_skipping(servers):
+    topic = f"it-wide-deleted-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": servers})
+    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result()
+    producer = Producer({"bootstrap.servers": servers})
+    for i in range(5):
+        producer.produce(topic, partition=0, value=f"{i}".encode())
+    producer.flush(30)
+    deleted = admin.delete_records([KafkaTopicPartition(topic, 0, 2)])
+    next(iter(deleted.values())).result(30)
+    config = KafkaClient(servers).confluent(**{"group.id": "it-wide"})
+    try:
+        with pytest.raises(KafkaException, match="(?i)offset"):
+            list(wide_read.read_group(config, [(topic, 0, 0, 5)], False, 10.0))
+    finally:
+        admin.delete_topics([topic])[topic].result(timeout=30)
