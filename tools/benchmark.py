@@ -49,7 +49,7 @@ from typing import Any
 
 import yaml
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from kafka_ledger.batch.plan import plan_next_batch
 from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
@@ -78,6 +78,24 @@ log = logging.getLogger("tools.benchmark")
 
 SCHEMA = "benchmark"
 SMALL_BATCH = 1_000
+
+
+# KRaft refuses to create more than about 10,000 partitions' records in one request: a wider topic grows in steps.
+PARTITIONS_PER_REQUEST = 4_000
+
+
+def create_topic(admin: AdminClient, topic: str, partitions: int) -> None:
+    """A topic of `partitions` partitions, all of them known to the broker's metadata when this returns."""
+    created = min(partitions, PARTITIONS_PER_REQUEST)
+    admin.create_topics([NewTopic(topic, num_partitions=created, replication_factor=1)])[topic].result(60)
+    while created < partitions:
+        created = min(partitions, created + PARTITIONS_PER_REQUEST)
+        admin.create_partitions([NewPartitions(topic, created)])[topic].result(60)
+    deadline = time.monotonic() + 120
+    while len(admin.list_topics(topic, timeout=60).topics[topic].partitions) < partitions:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{topic}: the broker's metadata never showed its {partitions} partitions")
+        time.sleep(1)
 
 
 def produce(servers: str, topic: str, records: int, partitions: int, users: int = 5000) -> float:
@@ -697,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
                   cdc_topic=f"{topic}-cdc" if args.cdc else None, cdc_keys=args.cdc)
     admin = AdminClient(kafka_for(servers).confluent())
     for name in filter(None, (topic, setup.avro_topic, setup.cdc_topic)):
-        admin.create_topics([NewTopic(name, num_partitions=args.partitions, replication_factor=1)])[name].result(30)
+        create_topic(admin, name, args.partitions)
     # Warm, as a worker is: the Airflow connection look-up imported once (the runtimes are imported above), and
     # the Spark Connect client started once, so that the first round times the server, not this process's
     # start-up (a fresh task process's own start-up is measured with --airflow).

@@ -215,6 +215,8 @@ PIPELINES = {
     "verify": {"spark_runtime": "connect", "retries": 0},
     # Three pipelines run at once under the scheduler (test_airflow_rest.py).
     **{f"parallel_{n}": {} for n in range(3)},
+    # A batch of more partitions than Spark's Kafka source keeps consumers for, read wide (test_wide_read.py).
+    "wide": {"spark_runtime": "submit", "retries": 0},
 }
 
 

@@ -10,6 +10,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from integration_support import BAD_VALUES, assert_exactly_once, catch_up, cli, good_value
 
 from kafka_ledger.batch import read, wide_read
 from kafka_ledger.config.services import KafkaClient
@@ -118,3 +119,28 @@ def test_an_offset_deleted_under_the_read_fails_it_rather_than_skipping(servers)
             list(wide_read.read_group(config, [(topic, 0, 0, 5)], False, 10.0))
     finally:
         admin.delete_topics([topic])[topic].result(timeout=30)
+
+
+def test_a_batch_of_many_partitions_publishes_exactly_once_and_its_status_comes_in_pages(
+        dsn, servers, pipeline_factory, producer):
+    """End to end in the submit runtime (a classic Spark session; the comparison above ran on Spark Connect): a
+    wide batch's rows and dead letters exact, its partitions a page at a time."""
+    pipeline = pipeline_factory("wide", partitions=PARTITIONS)
+    topic = pipeline.topics[0]
+    expected_dead = {}
+    for partition in range(PARTITIONS):
+        producer.send(topic, [good_value(partition * 10 + i) for i in range(2)], partition=partition)
+        if partition % 9 == 0:
+            value, reason = BAD_VALUES[partition % len(BAD_VALUES)]
+            (landed,) = producer.send(topic, [value], partition=partition)
+            expected_dead[landed] = reason
+    batch = catch_up(dsn, servers, pipeline)
+    assert batch.status == "committed", batch
+    assert_exactly_once(dsn, servers, pipeline, expected_dead)
+
+    code, status, _ = cli("status", pipeline.name, "--page", "2", "--page-size", "30")
+    assert code == 0, status
+    assert [p["partition"] for p in status["partitions"]] == list(range(30, 60))
+    assert (status["page"], status["pages"], status["partitions_total"], status["partitions_lagging"]) == (2, 4, 100, 0)
+    code, _, stderr = cli("status", pipeline.name, "--page", "5", "--page-size", "30")
+    assert code == 2 and "page 5 does not exist" in stderr

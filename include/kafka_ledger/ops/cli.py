@@ -93,6 +93,16 @@ def _pipelines(names: list[str]) -> list[PipelineConfig]:
     return list(declarations.valid.values())
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
 def _range_arg(text: str) -> dict[str, Any]:
     try:
         topic, partition, lo, hi = text.rsplit(":", 3)
@@ -156,7 +166,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     services = _services()
     report, lines = [], []
     for pipeline in pipelines:
-        entry = overview.pipeline_status(services, pipeline)
+        try:
+            entry = overview.partition_page(overview.pipeline_status(services, pipeline), args.page,
+                                            None if args.all else args.page_size)
+        except overview.PageError as exc:
+            print(f"kafka-ledger: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         report.append(entry)
         holds = sink_for(pipeline).describe()
         lines.append(f"pipeline {pipeline.name} ({pipeline.delivery_mode}{', ' + holds if holds else ''}, "
@@ -169,6 +184,12 @@ def cmd_status(args: argparse.Namespace) -> int:
               duration(p["lag_seconds"]), overview.instant(p["newest_published_at"]), duration(p["age_seconds"]),
               p["skipped_offsets"], headroom_text(p["headroom"]), p["note"]] for p in entry["partitions"]],
         ))
+        if entry["pages"] > 1:
+            behind = ", ".join(f"{p['topic']}-{p['partition']} ({p['lag']}, {duration(p['lag_seconds'])})"
+                               for p in entry["most_behind"])
+            lines.append(f"page {entry['page']} of {entry['pages']} ({entry['partitions_total']} partitions, "
+                         f"{entry['partitions_lagging']} lagging{': most behind ' + behind if behind else ''}); "
+                         "--page N for another, --all for every partition")
         for message in (entry["retention_warning"], entry["headroom_error"], entry["freshness_error"]):
             if message:
                 lines.append(message)
@@ -511,6 +532,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("status", "per partition: committed position, log start, end offset, lag, skipped offsets")
     p.add_argument("pipelines", nargs="*", metavar="PIPELINE", help="default: every declared pipeline")
+    p.add_argument("--page", type=_positive, default=1, help="which page of partitions (topic and partition order)")
+    p.add_argument("--page-size", type=_positive, default=overview.PARTITIONS_PER_PAGE,
+                   help=f"partitions a page (default {overview.PARTITIONS_PER_PAGE})")
+    p.add_argument("--all", action="store_true", help="every partition, on one page")
     p.set_defaults(run=cmd_status)
 
     p = command("batches", "list a pipeline's batches, or show one with its ranges, counts, timings and run")

@@ -124,6 +124,33 @@ def pipeline_status(services: Services, pipeline: PipelineConfig, tolerate_kafka
     }
 
 
+# Partitions a status shows at once (kafka-ledger status, the pipeline's page): a pipeline over 10,000 partitions
+# reads as pages of them, its totals and most-behind partitions above.
+PARTITIONS_PER_PAGE = 100
+MOST_BEHIND = 5
+
+
+class PageError(ValueError):
+    """A page of partitions that the status does not have."""
+
+
+def partition_page(status: dict[str, Any], page: int = 1, size: int | None = PARTITIONS_PER_PAGE) -> dict[str, Any]:
+    """The status with one page of its partitions in topic and partition order (`size` None: all of them), the
+    page's number, how many pages and partitions there are, how many lag, and the most behind of them all."""
+    partitions = status["partitions"]
+    size = size or max(1, len(partitions))
+    pages = max(1, -(-len(partitions) // size))
+    if not 1 <= page <= pages:
+        raise PageError(f"page {page} does not exist: {status['pipeline']} has {len(partitions)} partition(s), "
+                        f"{pages} page(s) of {size}")
+    lagging = [p for p in partitions if p["lag"]]
+    behind = sorted(lagging, key=lambda p: (-(p["lag_seconds"] or 0.0), -p["lag"], p["topic"], p["partition"]))
+    return {**status, "partitions": partitions[(page - 1) * size:page * size], "page": page, "pages": pages,
+            "partitions_total": len(partitions), "partitions_lagging": len(lagging),
+            "most_behind": [{"topic": p["topic"], "partition": p["partition"], "lag": p["lag"],
+                             "lag_seconds": p["lag_seconds"]} for p in behind[:MOST_BEHIND]]}
+
+
 def batch_summary(b: ledger.Batch) -> dict[str, Any]:
     """A batch as reports show it: what it is for, its counts and timings, its Airflow run and its ranges."""
     summary = {

@@ -111,10 +111,11 @@ def create_app(dependencies: Sequence[Any] = ()) -> FastAPI:
         return _jsonable(found)
 
     @app.get("/api/pipelines/{name}")
-    def api_pipeline(name: str) -> dict[str, Any]:
-        """One pipeline: its status, recent batches, dead letters by reason, resets and verified point."""
+    def api_pipeline(name: str, page: int = 1) -> dict[str, Any]:
+        """One pipeline: its status (a page of its partitions), recent batches, dead letters by reason, resets and
+        verified point."""
         pipeline = _pipeline(name)
-        return _jsonable({**_status(pipeline), **_ledger_view(pipeline)})
+        return _jsonable({**_status_page(pipeline, page), **_ledger_view(pipeline)})
 
     @app.get("/api/pipelines/{name}/batches/{batch_id}")
     def api_batch(name: str, batch_id: int) -> dict[str, Any]:
@@ -140,8 +141,8 @@ def create_app(dependencies: Sequence[Any] = ()) -> FastAPI:
         raise HTTPException(404, f"DAG {dag_id!r} is not a kafka-ledger pipeline")
 
     @app.get("/pipelines/{name}", response_class=HTMLResponse)
-    def pipeline_page(request: Request, name: str) -> HTMLResponse:
-        return _pipeline_page(request, _pipeline(name), verify=None)
+    def pipeline_page(request: Request, name: str, page: int = 1) -> HTMLResponse:
+        return _pipeline_page(request, _pipeline(name), verify=None, page=page)
 
     @app.post("/pipelines/{name}/verify", response_class=HTMLResponse)
     def verify_page(request: Request, name: str) -> HTMLResponse:
@@ -160,10 +161,18 @@ def create_app(dependencies: Sequence[Any] = ()) -> FastAPI:
     return app
 
 
-def _pipeline_page(request: Request, pipeline: PipelineConfig, verify: VerifyReport | None) -> HTMLResponse:
+def _status_page(pipeline: PipelineConfig, page: int) -> dict[str, Any]:
+    try:
+        return overview.partition_page(_status(pipeline), page)
+    except overview.PageError as exc:
+        raise HTTPException(404, str(exc)) from exc
+
+
+def _pipeline_page(request: Request, pipeline: PipelineConfig, verify: VerifyReport | None, page: int = 1
+                   ) -> HTMLResponse:
     view = _ledger_view(pipeline)
     return templates.TemplateResponse(request, "pipeline.html", {
-        "root": _to_app_root(request), "pipeline": pipeline, "status": _status(pipeline), **view,
+        "root": _to_app_root(request), "pipeline": pipeline, "status": _status_page(pipeline, page), **view,
         "charts": _charts(view["history"]), "verify": verify,
         # An artifact sink's batches name their artifact (an Iceberg snapshot).
         "snapshots": isinstance(sink_for(pipeline), ArtifactSink),
