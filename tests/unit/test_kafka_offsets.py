@@ -80,6 +80,9 @@ def test_partitions_whose_leader_is_moving_are_asked_again_and_other_errors_fail
     admin = _Answers({0: 5, 1: moving}, {1: 7})
     assert kafka_offsets.list_offsets(admin, tps, OffsetSpec.latest(), 10) == {tps[0]: 5, tps[1]: 7}
     assert admin.asked == [[0, 1], [1]]
+    no_leaders = KafkaError(KafkaError._NOENT, "Failed to query partition leaders: No leaders found")
+    assert kafka_offsets.list_offsets(_Answers({0: no_leaders, 1: 2}, {0: 3}), tps, OffsetSpec.latest(), 10) == {
+        tps[0]: 3, tps[1]: 2}
     with pytest.raises(KafkaException):
         kafka_offsets.list_offsets(_Answers({0: 5, 1: KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)}), tps,
                                    OffsetSpec.latest(), 10)

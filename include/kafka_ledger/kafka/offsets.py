@@ -79,9 +79,11 @@ def admin_client(kafka: KafkaClient) -> ReportingAdminClient:
 
 
 # What a partition answers while its leadership moves (a broker restarted, a leader being elected): asked again.
+# _NOENT is the client's own "Failed to query partition leaders: No leaders found", while a restarted broker
+# still loads its logs.
 LEADERSHIP_IN_FLUX = frozenset({
     KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH, KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE})
+    KafkaError.LEADER_NOT_AVAILABLE, KafkaError._NOENT})
 
 
 def list_offsets(admin: ReportingAdminClient, tps: list[TopicPartition], spec: OffsetSpec,
