@@ -87,10 +87,10 @@ PARTITIONS_PER_REQUEST = 4_000
 def create_topic(admin: AdminClient, topic: str, partitions: int) -> None:
     """A topic of `partitions` partitions, all of them known to the broker's metadata when this returns."""
     created = min(partitions, PARTITIONS_PER_REQUEST)
-    admin.create_topics([NewTopic(topic, num_partitions=created, replication_factor=1)])[topic].result(60)
+    admin.create_topics([NewTopic(topic, num_partitions=created, replication_factor=1)])[topic].result(300)
     while created < partitions:
         created = min(partitions, created + PARTITIONS_PER_REQUEST)
-        admin.create_partitions([NewPartitions(topic, created)])[topic].result(60)
+        admin.create_partitions([NewPartitions(topic, created)])[topic].result(300)
     deadline = time.monotonic() + 120
     while len(admin.list_topics(topic, timeout=60).topics[topic].partitions) < partitions:
         if time.monotonic() > deadline:
