@@ -35,3 +35,29 @@ def test_a_big_partition_keeps_a_group_of_its_own_and_no_group_is_empty():
 def test_only_more_partitions_than_the_kafka_sources_consumers_read_wide():
     assert not wide_read.reads_wide(ranges([5] * wide_read.WIDE_READ_PARTITIONS))
     assert wide_read.reads_wide(ranges([5] * (wide_read.WIDE_READ_PARTITIONS + 1)))
+
+
+def test_the_reader_reaches_the_executors_as_code_that_needs_no_kafka_ledger_there(tmp_path):
+    """A cluster's workers have confluent-kafka and pyarrow, not kafka-ledger: the pickled reader imports none of
+    it (read_wide registers its module to be pickled by value)."""
+    import functools
+    import subprocess
+    import sys
+
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[wide_read.__name__])
+    reader = functools.partial(wide_read.read_groups, {"bootstrap.servers": "x"}, [[("t", 0, 0, 1)]], False, 1.0)
+    (tmp_path / "reader.pickle").write_bytes(cloudpickle.dumps(reader))
+    executor = f"""
+import importlib.abc, pickle, sys
+class NoKafkaLedger(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "kafka_ledger":
+            raise ImportError(name)
+sys.meta_path.insert(0, NoKafkaLedger())
+reader = pickle.loads(open({str(tmp_path / "reader.pickle")!r}, "rb").read())
+print(list(reader(iter([]))))
+"""
+    done = subprocess.run([sys.executable, "-c", executor], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr

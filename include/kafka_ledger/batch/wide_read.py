@@ -60,6 +60,13 @@ def range_groups(ranges: list[OffsetRange], offsets_per_task: int) -> list[list[
 def read_wide(spark: SparkSession, ranges: list[OffsetRange], consumer_config: dict[str, object],
               offsets_per_task: int, headers: bool = False, poll_timeout_s: float = 60.0) -> DataFrame:
     """A bounded read of exactly `ranges`, one Spark task and one consumer per group of ranges."""
+    import sys
+
+    from pyspark import cloudpickle
+
+    # The reader travels to the executors as code, not as a name to import there: an executor's Python needs
+    # confluent-kafka and pyarrow, never kafka-ledger itself (a cluster's workers do not have it installed).
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     groups = range_groups(ranges, offsets_per_task)
     spec = [[(r.topic, r.partition, r.from_offset, r.until_offset) for r in group] for group in groups]
     reader = functools.partial(read_groups, consumer_config, spec, headers, poll_timeout_s)
