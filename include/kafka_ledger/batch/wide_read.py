@@ -24,8 +24,13 @@ if TYPE_CHECKING:
 # Beyond this many partitions in one batch, the batch is read wide: Spark's Kafka source keeps 64 consumers
 # (spark.kafka.consumer.cache.capacity) and sets up a new one, about 35 ms, for every partition beyond.
 WIDE_READ_PARTITIONS = 64
-# Records per Arrow batch handed to Spark.
+# An Arrow batch handed to Spark holds at most this many records, or about this many bytes of keys and values
+# (records up to Kafka's message size limit must not make a batch of gigabytes).
 ROWS_PER_ARROW_BATCH = 10_000
+BYTES_PER_ARROW_BATCH = 32 << 20
+# Records taken from the consumer at a time: a few hundred keeps what one call holds small with records of a
+# megabyte, and costs small records little.
+RECORDS_PER_CONSUME = 200
 
 # Spark's Kafka source schema (KafkaRecordToRowConverter), with and without the headers column.
 RECORD_SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
@@ -108,8 +113,8 @@ def read_group(consumer_config: dict[str, object], ranges: list[tuple[str, int, 
         consumer.assign([TopicPartition(topic, partition, start) for topic, partition, start, _ in ranges])
         quiet_since = time.monotonic()
         while until:
-            # consume() waits for a whole batch's worth up to its timeout: a short one ends a range's tail soon.
-            messages = consumer.consume(num_messages=ROWS_PER_ARROW_BATCH, timeout=0.2)
+            # consume() waits for all it asks for up to its timeout: a short one ends a range's tail soon.
+            messages = consumer.consume(num_messages=RECORDS_PER_CONSUME, timeout=0.2)
             if messages:
                 quiet_since = time.monotonic()
             elif time.monotonic() - quiet_since > poll_timeout_s:
@@ -151,7 +156,7 @@ def read_group(consumer_config: dict[str, object], ranges: list[tuple[str, int, 
                     done.append(TopicPartition(*key))
             if done:
                 consumer.pause(done)  # fetch no more of them
-            if len(rows) >= ROWS_PER_ARROW_BATCH:
+            if len(rows) >= ROWS_PER_ARROW_BATCH or rows.bytes >= BYTES_PER_ARROW_BATCH:
                 yield rows.take()
         if len(rows):
             yield rows.take()
@@ -165,6 +170,7 @@ class _Rows:
     def __init__(self, headers: bool):
         self.headers = headers
         self.columns: dict[str, list[Any]] = {name: [] for name in self._names()}
+        self.bytes = 0
 
     def _names(self) -> list[str]:
         return ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType",
@@ -175,8 +181,10 @@ class _Rows:
 
     def add(self, message: Any) -> None:
         columns = self.columns
-        columns["key"].append(message.key())
-        columns["value"].append(message.value())
+        key, value = message.key(), message.value()
+        columns["key"].append(key)
+        columns["value"].append(value)
+        self.bytes += len(key or b"") + len(value or b"")
         columns["topic"].append(message.topic())
         columns["partition"].append(message.partition())
         columns["offset"].append(message.offset())
@@ -199,4 +207,5 @@ class _Rows:
         batch = pa.RecordBatch.from_arrays([pa.array(self.columns[name], types[name]) for name in self._names()],
                                            names=self._names())
         self.columns = {name: [] for name in self._names()}
+        self.bytes = 0
         return batch
