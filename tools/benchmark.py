@@ -49,7 +49,7 @@ from typing import Any
 
 import yaml
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from kafka_ledger.batch.plan import plan_next_batch
 from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
@@ -72,30 +72,13 @@ from kafka_ledger.sinks import IcebergSink, remove_pipeline, sink_for
 from tools import benchmark_peers, git_commit
 from tools.benchmark_peers import COLUMNS
 from tools.demo import accounting
+from tools.kafka_topics import create_topic
 from tools.stack import service_pids, stack_command
 
 log = logging.getLogger("tools.benchmark")
 
 SCHEMA = "benchmark"
 SMALL_BATCH = 1_000
-
-
-# KRaft refuses to create more than about 10,000 partitions' records in one request: a wider topic grows in steps.
-PARTITIONS_PER_REQUEST = 4_000
-
-
-def create_topic(admin: AdminClient, topic: str, partitions: int) -> None:
-    """A topic of `partitions` partitions, all of them known to the broker's metadata when this returns."""
-    created = min(partitions, PARTITIONS_PER_REQUEST)
-    admin.create_topics([NewTopic(topic, num_partitions=created, replication_factor=1)])[topic].result(300)
-    while created < partitions:
-        created = min(partitions, created + PARTITIONS_PER_REQUEST)
-        admin.create_partitions([NewPartitions(topic, created)])[topic].result(300)
-    deadline = time.monotonic() + 120
-    while len(admin.list_topics(topic, timeout=60).topics[topic].partitions) < partitions:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{topic}: the broker's metadata never showed its {partitions} partitions")
-        time.sleep(1)
 
 
 def produce(servers: str, topic: str, records: int, partitions: int, users: int = 5000) -> float:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 import yaml
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 # The shared helpers assert too: pytest rewrites their asserts as it does the tests' (told before the import).
 pytest.register_assert_rewrite("integration_support")
@@ -29,6 +29,8 @@ from integration_support import (  # noqa: E402
     pipeline_name,
     topic_name,
 )
+
+from tools.kafka_topics import create_topic  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -308,9 +310,7 @@ def pipeline_factory(servers: str):
 
     def make(key: str, partitions: int = 3, topic_config: dict[str, str] | None = None):
         topic = topic_name(key)
-        admin = AdminClient({"bootstrap.servers": servers})
-        new = NewTopic(topic, num_partitions=partitions, replication_factor=1, config=topic_config or {})
-        admin.create_topics([new])[topic].result()
+        create_topic(AdminClient({"bootstrap.servers": servers}), topic, partitions, config=topic_config)
         return get_pipeline(pipeline_name(key))
 
     return make

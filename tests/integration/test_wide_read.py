@@ -9,13 +9,14 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 from integration_support import BAD_VALUES, assert_exactly_once, catch_up, cli, good_value
 
 from kafka_ledger.batch import read, wide_read
 from kafka_ledger.config.services import KafkaClient
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.model.ranges import OffsetRange
+from tools.kafka_topics import create_topic
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +33,7 @@ def wide_topic(servers: str) -> Iterator[tuple[str, list[OffsetRange]]]:
     transaction in every fifth one; the ranges skip each partition's first record and its last two."""
     topic = f"it-wide-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": servers})
-    admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])[topic].result()
+    create_topic(admin, topic, PARTITIONS)
     plain = Producer({"bootstrap.servers": servers, "enable.idempotence": True, "linger.ms": 5})
     transactional = Producer({"bootstrap.servers": servers, "transactional.id": f"it-wide-{topic}"})
     transactional.init_transactions(30)
@@ -106,7 +107,7 @@ def test_a_range_past_its_partitions_end_fails_the_read_with_its_reason(servers,
 def test_an_offset_deleted_under_the_read_fails_it_rather_than_skipping(servers):
     topic = f"it-wide-deleted-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": servers})
-    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result()
+    create_topic(admin, topic, 1)
     producer = Producer({"bootstrap.servers": servers})
     for i in range(5):
         producer.produce(topic, partition=0, value=f"{i}".encode())

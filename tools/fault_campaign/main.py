@@ -19,6 +19,7 @@ from tools.fault_campaign.network import proxied_environment
 from tools.fault_campaign.report import write_docs
 from tools.fault_campaign.runner import NETWORK_DB_STATEMENT_SECONDS, Campaign, task_main
 from tools.fault_campaign.strikes import FAULT_KINDS, secured
+from tools.kafka_topics import create_topic
 from tools.records import COLUMNS
 
 
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import psycopg2
     import yaml
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
 
     from kafka_ledger.config.pipeline import get_pipeline
     from kafka_ledger.config.settings import deployment_spark_runtime
@@ -190,9 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         }}}))
         # Every acknowledged record on disk at once, so a campaign resumed after the machine stopped still has
         # them all (the broker otherwise leaves flushing to the OS).
-        new_topic = NewTopic(topic, num_partitions=args.partitions, replication_factor=1,
-                             config={"flush.messages": "1"})
-        admin.create_topics([new_topic])[topic].result()
+        create_topic(admin, topic, args.partitions, config={"flush.messages": "1"})
         pipeline = get_pipeline(name)
         campaign = None if args.doorbell else Campaign(pipeline, dsn, servers, args.seed, args.faults,
                                                        args.records_per_fault, workdir, network=settings["network"],
