@@ -5,6 +5,7 @@ record-by-record check), and the `task` sub-command that runs one task of a run 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -101,7 +102,7 @@ class Campaign(FaultStrikes):
             raise CampaignFailure("an Avro campaign writes an append-only table (--write append)")
         self.shape = campaign_shape(self.runtime, os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"),
                                     network, secured(), self.iceberg, self.avro, self.entity, self.change_events,
-                                    self.runtime == "submit" and self.driver_submission().outcome_in_ledger)
+                                    self.runtime == "submit" and self.submission.outcome_in_ledger)
         # Network faults: every task reaches the services through Toxiproxy; the campaign's own checks do not.
         self.network_faults = network
         self.network = Toxiproxy() if network or self.avro else None
@@ -221,7 +222,7 @@ class Campaign(FaultStrikes):
 
         from kafka_ledger.runtimes.submit.spark_submit import check_driver_outcome, spark_submit_hook
 
-        submission = self.driver_submission()
+        submission = self.submission
         # The job reaches the registry through its proxy, as the connect runtime's tasks do (the campaign's own
         # producer keeps the client it made with the registry's own address).
         environment = submission.environment
@@ -264,9 +265,11 @@ class Campaign(FaultStrikes):
                 landed = f"Spark job died at {point}, inside its transaction"
         return "ok" in outcome, landed
 
-    def driver_submission(self) -> Any:
+    @functools.cached_property
+    def submission(self) -> Any:
         """How a batch's driver is submitted where the `spark_default` connection puts it (on this machine, or on
-        the cluster's worker in cluster deploy mode), as the DAG's Spark task submits it."""
+        the cluster's worker in cluster deploy mode), as the DAG's Spark task submits it: the same for every batch
+        of the campaign, so worked out (the package zipped, the hook read) once."""
         from kafka_ledger.runtimes.submit.spark_submit import batch_submission, spark_submit_hook
 
         return batch_submission(spark_submit_hook(self.pipeline, 0), services_for(self.dsn, self.servers),

@@ -281,7 +281,7 @@ class FaultStrikes:
             if not thread.is_alive():
                 return f"second driver missed: the first had ended ({landed})"
             # The very command the first one runs, in the same environment (spark_submit_try set it).
-            submission = self.driver_submission()
+            submission = self.submission
             second = subprocess.run(hook._build_spark_submit_command(submission.application), env=dict(os.environ),
                                     capture_output=True, text=True, timeout=900)
             thread.join(900)

@@ -68,7 +68,7 @@ def kafka_read_options(ranges: list[OffsetRange], kafka: KafkaClient, pipeline: 
         assign.setdefault(r.topic, []).append(r.partition)
         starting.setdefault(r.topic, {})[str(r.partition)] = r.from_offset
         ending.setdefault(r.topic, {})[str(r.partition)] = r.until_offset
-    client = {**kafka.spark_options(), "kafka.isolation.level": "read_committed", **KAFKA_READER_TUNING}
+    client = _reader_client(kafka)
     return {
         **client,
         "assign": json.dumps(assign),
@@ -81,6 +81,11 @@ def kafka_read_options(ranges: list[OffsetRange], kafka: KafkaClient, pipeline: 
         "kafka.default.api.timeout.ms": str(KAFKA_LOOKUP_TIMEOUT_MS),
         "kafka.group.id": read_group_id(pipeline, client),
     }
+
+
+def _reader_client(kafka: KafkaClient) -> dict[str, str]:
+    """The Kafka client settings of every read of a batch (Spark's Kafka source's names)."""
+    return {**kafka.spark_options(), "kafka.isolation.level": "read_committed", **KAFKA_READER_TUNING}
 
 
 def read_group_id(pipeline: str, client: dict[str, str]) -> str:
@@ -197,7 +202,7 @@ def read_ranges(spark: SparkSession, ranges: list[OffsetRange], kafka: KafkaClie
     """A bounded read of exactly `ranges` as the pipeline's batches read them (its consumer group, its tuning):
     by Spark's Kafka source, or wide (wide_read.py) when they are more partitions than its consumers."""
     if wide_read.reads_wide(ranges):
-        group = read_group_id(pipeline, {**kafka.spark_options(), "kafka.isolation.level": "read_committed"})
+        group = read_group_id(pipeline, _reader_client(kafka))  # the pipeline's one read group, either reader
         return wide_read.read_wide(spark, ranges, kafka.confluent(**{"group.id": group}), OFFSETS_PER_TASK,
                                    headers, KAFKA_POLL_TIMEOUT_MS / 1000)
     records = spark.read.format("kafka").options(**kafka_read_options(ranges, kafka, pipeline, headers)).load()
