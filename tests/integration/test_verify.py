@@ -10,6 +10,7 @@ from integration_support import batches, catch_up, cli, good_value, query
 
 from kafka_ledger.batch.plan import plan_batch
 from kafka_ledger.batch.requests import parse_request
+from kafka_ledger.ops import verify as verify_module
 from kafka_ledger.ops.cli import EXIT_PROBLEMS, EXIT_UNVERIFIED
 from kafka_ledger.runtimes import run_batch
 
@@ -40,7 +41,7 @@ def closed_port() -> int:
 
 
 def test_incremental_verify_checks_what_changed_since_the_verified_point(
-        dsn, servers, pipeline_factory, producer, services):
+        dsn, servers, pipeline_factory, producer, services, monkeypatch):
     pipeline = pipeline_factory("verify", partitions=2)
     topic = pipeline.topics[0]
     table = f"{pipeline.output_schema}.{pipeline.output_table}"
@@ -106,6 +107,13 @@ def test_incremental_verify_checks_what_changed_since_the_verified_point(
         assert (report["missing"], report["duplicates"], report["outside_committed"]) == (1, 1, 1), report
         assert f"{deleted[0]}-{deleted[1]}@{deleted[2]}" in report["problems"][0]
         assert report["verified_point"] == {"before": before, "after": before, "advanced": False}
+    # The same found with every partition read on its own, streamed (as a partition with much to read is).
+    with monkeypatch.context() as patched:
+        patched.setattr(verify_module, "SMALL_PARTITION_OFFSETS", 0)
+        for full in (False, True):
+            streamed = verify_module.verify_pipeline(services, pipeline, full=full)
+            assert (streamed.missing, streamed.duplicates, streamed.outside_committed) == (1, 1, 1), streamed
+            assert f"{deleted[0]}-{deleted[1]}@{deleted[2]}" in streamed.problems[0]
     assert verify(pipeline)[1]["checked_ranges"] == ranges_of(fourth)
 
     # Repaired (the replay restores the row and replaces the dead letter); the stray row removed: all clean.

@@ -10,12 +10,13 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
-from integration_support import BAD_VALUES, assert_exactly_once, catch_up, cli, good_value
+from integration_support import BAD_VALUES, assert_exactly_once, catch_up, cli, good_value, query
 
 from kafka_ledger.batch import read, wide_read
 from kafka_ledger.config.services import KafkaClient
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.model.ranges import OffsetRange
+from kafka_ledger.ops.cli import EXIT_PROBLEMS
 from tools.kafka_topics import create_topic
 
 pytestmark = pytest.mark.integration
@@ -145,3 +146,18 @@ def test_a_batch_of_many_partitions_publishes_exactly_once_and_its_status_comes_
     assert (status["page"], status["pages"], status["partitions_total"], status["partitions_lagging"]) == (2, 4, 100, 0)
     code, _, stderr = cli("status", pipeline.name, "--page", "5", "--page-size", "30")
     assert code == 2 and "page 5 does not exist" in stderr
+
+    # Verify checks the hundred partitions together (one query, one consumer assignment), and finds what is planted
+    # in any of them.
+    code, verified, err = cli("verify", pipeline.name)
+    assert code == 0 and verified["pipelines"][0]["ok"], (verified, err)
+    assert verified["pipelines"][0]["kafka_records"] == 2 * PARTITIONS + len(expected_dead)
+    table = f"{pipeline.output_schema}.{pipeline.output_table}"
+    query(dsn, f"DELETE FROM {table} WHERE kafka_partition = 57 AND kafka_offset = 1")
+    query(dsn, "INSERT INTO kafka_ledger.dead_letters (pipeline, kafka_topic, kafka_partition, kafka_offset, error, "
+               f"batch_id) SELECT %s, kafka_topic, kafka_partition, kafka_offset, 'planted', batch_id FROM {table} "
+               "WHERE kafka_partition = 63 AND kafka_offset = 0", pipeline.name)
+    code, verified, err = cli("verify", pipeline.name, "--full")
+    (report,) = verified["pipelines"]
+    assert code == EXIT_PROBLEMS and (report["missing"], report["duplicates"]) == (1, 1), (report, err)
+    assert f"{topic}-57@1" in report["problems"][0] and f"{topic}-63@0" in report["problems"][1], report

@@ -156,3 +156,21 @@ def test_a_stalled_read_ends_at_its_deadline():
     with pytest.raises(TimeoutError, match=r"t-0 \[0, 10\) back from Kafka passed its deadline"):
         list(partition_record_offsets(consumer, TP, 0, 10, time.monotonic() + 0.05))
     assert consumer.assigned[-1] == []
+
+
+def test_small_partitions_are_checked_together_within_the_groups_bounds(monkeypatch):
+    from kafka_ledger.ops import verify
+
+    monkeypatch.setattr(verify, "GROUP_PARTITIONS", 3)
+    monkeypatch.setattr(verify, "GROUP_OFFSETS", 100)
+
+    def work(partition: int, *kafka_spans):
+        return verify._PartitionWork(TopicPartition("t", partition), [], None, [(0, OPEN_END)], list(kafka_spans))
+
+    # 0-2: a full group by count; 3, 4: a group cut short by 5, which reads two stretches (checked alone, streamed);
+    # 6 (60 offsets) and 7 (50) would hold more than 100 offsets together; 8 reads nothing; 9 is past the small size.
+    items = [work(0, (0, 5)), work(1, (0, 5)), work(2), work(3, (0, 5)), work(4), work(5, (0, 2), (4, 6)),
+             work(6, (0, 60)), work(7, (0, 50)), work(8), work(9, (0, verify.SMALL_PARTITION_OFFSETS + 1))]
+    groups = [[w.tp.partition for w in group] for group in verify._groups(items)]
+    assert groups == [[0, 1, 2], [3, 4], [5], [6], [7, 8], [9]]
+    assert [verify._small(w) for w in items] == [True] * 5 + [False, True, True, True, False]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, Message
@@ -15,7 +15,7 @@ from kafka_ledger.config.services import KafkaClient, LedgerDatabase
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ledger import sql
-from kafka_ledger.model.ranges import PartitionOffsets, TopicPartition, partition_lag
+from kafka_ledger.model.ranges import OffsetRange, PartitionOffsets, TopicPartition, partition_lag
 from kafka_ledger.sinks import sink_for
 
 RecordId = tuple[str, int, int]  # (topic, partition, offset)
@@ -83,6 +83,55 @@ def partition_record_offsets(
                     return
     finally:
         consumer.unassign()
+
+
+def ranges_record_offsets(
+    consumer: Consumer, ranges: Sequence[OffsetRange], deadline: float
+) -> dict[TopicPartition, list[int]]:
+    """Offsets of the committed records in each of these ranges (one per partition), ascending, read by one
+    assignment of all their partitions and held: for many small ranges (see partition_record_offsets, which streams
+    one). Gap-aware the same way; raises TimeoutError once time.monotonic() passes `deadline`."""
+    found: dict[TopicPartition, list[int]] = {r.topic_partition: [] for r in ranges}
+    if len(found) != len(ranges):
+        raise ValueError("ranges_record_offsets reads one range a partition")
+    remaining = {(r.topic, r.partition): r for r in ranges if r.from_offset < r.until_offset}
+    next_offsets = {key: r.from_offset for key, r in remaining.items()}
+    if not remaining:
+        return found
+    consumer.assign([KafkaTopicPartition(r.topic, r.partition, r.from_offset) for r in remaining.values()])
+
+    def done(key: tuple[str, int]) -> None:
+        del remaining[key]
+        consumer.pause([KafkaTopicPartition(*key)])  # the rest of its fetch is not wanted
+
+    try:
+        while remaining:
+            if time.monotonic() > deadline:
+                shown = ", ".join(str(r) for r in list(remaining.values())[:3])
+                raise TimeoutError(f"reading {len(remaining)} range(s) back from Kafka ({shown}, ...) passed its "
+                                   "deadline")
+            # As in partition_record_offsets: never more messages than the offsets left (each range's end comes as
+            # its last record, a record past it or the partition's end), so the last call returns at once.
+            left = sum(remaining[key].until_offset - next_offsets[key] for key in remaining)
+            for message in consumer.consume(num_messages=max(1, min(10_000, left)), timeout=1.0):
+                key = (message.topic(), message.partition())
+                r = remaining.get(key)
+                if r is None:
+                    continue
+                if message.error() is not None:
+                    if message.error().code() == KafkaError._PARTITION_EOF:
+                        done(key)
+                        continue
+                    raise KafkaReadError(f"reading {r.topic_partition} back from Kafka failed: {message.error()}")
+                offset = message.offset()
+                if offset < r.until_offset:
+                    found[r.topic_partition].append(offset)
+                    next_offsets[key] = offset + 1
+                if offset + 1 >= r.until_offset:
+                    done(key)
+    finally:
+        consumer.unassign()
+    return found
 
 
 def read_back(

@@ -23,14 +23,18 @@ in full, and so is the identity of every read range's topic: a range read from a
 recreated under the same name holds rows whose offsets name other records now (one Kafka look-up of the topic
 ids; no per-row cost).
 
-Bounded in memory: partition by partition, Kafka's offsets (ascending as they are read) are merged against
-the partition's rows and dead letters streamed in offset order from a server-side cursor; only counts and
-a few examples are kept.
+Bounded in memory: Kafka's offsets (ascending as they are read) are merged against the rows and dead letters
+streamed in offset order from server-side cursors; only counts and a few examples are kept. A partition with
+much to read is checked on its own, streamed; small ones (a few new records, or only the offsets outside the read
+ranges, which hold no row when all is well) are checked many at a time, with one query for their rows, one for
+their dead letters and one consumer assignment for their records (held: at most GROUP_OFFSETS offsets), so that a
+verify of thousands of partitions costs a few round trips, not thousands.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import time
 import uuid
@@ -73,6 +77,11 @@ DEADLINE_OFFSETS_PER_SECOND = 20_000
 OPEN_END = 2**63 - 1  # the largest bigint: "to the end of the partition"
 EXAMPLES = 5
 FETCH_ROWS = 50_000
+# A partition whose check reads at most this many Kafka offsets (in one stretch) is checked together with others,
+# up to GROUP_PARTITIONS partitions and GROUP_OFFSETS offsets a group (their Kafka offsets held meanwhile).
+SMALL_PARTITION_OFFSETS = 10_000
+GROUP_OFFSETS = 100_000
+GROUP_PARTITIONS = 2_000
 
 READ, AWAITING, OUTSIDE = "read", "awaiting", "outside"
 
@@ -317,6 +326,96 @@ def _kafka_offsets(consumer: Any, tp: TopicPartition, spans: list[Span], deadlin
         yield from readback.partition_record_offsets(consumer, tp, lo, hi, deadline)
 
 
+def _small(w: _PartitionWork) -> bool:
+    """Whether the partition's check is checked together with others' (its Kafka records held meanwhile)."""
+    return len(w.kafka_spans) <= 1 and sum(hi - lo for lo, hi in w.kafka_spans) <= SMALL_PARTITION_OFFSETS
+
+
+def _groups(work: list[_PartitionWork]) -> Iterator[list[_PartitionWork]]:
+    """The partitions in their order, small ones gathered into groups of at most GROUP_PARTITIONS partitions and
+    GROUP_OFFSETS Kafka offsets, every other one alone."""
+    group: list[_PartitionWork] = []
+    held = 0
+    for w in work:
+        if not _small(w):
+            if group:
+                yield group
+            group, held = [], 0
+            yield [w]
+            continue
+        size = sum(hi - lo for lo, hi in w.kafka_spans)
+        if group and (len(group) >= GROUP_PARTITIONS or held + size > GROUP_OFFSETS):
+            yield group
+            group, held = [], 0
+        group.append(w)
+        held += size
+    if group:
+        yield group
+
+
+@dataclass
+class _Check:
+    """Compares partitions' Kafka records with their stored rows into one tally: one partition streamed span by
+    span, or many small ones together (one query for their rows, one for their dead letters, one assignment of
+    their partitions: a verify of thousands of partitions is not thousands of round trips each)."""
+
+    tally: Tally
+    conn: psycopg2.extensions.connection
+    pipeline: PipelineConfig
+    output: OutputView
+    has_output: bool
+    consumer: Any
+    offsets: dict[TopicPartition, PartitionOffsets]
+    compacted: set[str]
+    deadline: float
+
+    def _compare(self, w: _PartitionWork, kafka: Iterable[int], stored: Iterable[tuple[int, bool]]) -> None:
+        log_start = self.offsets[w.tp].log_start if w.tp in self.offsets else None
+        compare_partition(self.tally, w.tp, kafka, stored, _Where(w.read, w.position), log_start,
+                          w.tp.topic in self.compacted)
+
+    def partition(self, w: _PartitionWork) -> None:
+        for span in w.spans:
+            kafka_spans = [s for s in w.kafka_spans if span[0] <= s[0] < span[1]]
+            self._compare(
+                w,
+                _kafka_offsets(self.consumer, w.tp, kafka_spans, self.deadline) if kafka_spans else (),
+                _stored_offsets(self.conn, self.pipeline, self.output, w.tp, span) if self.has_output else (),
+            )
+
+    def together(self, group: list[_PartitionWork]) -> None:
+        kafka = readback.ranges_record_offsets(
+            self.consumer, [OffsetRange(w.tp.topic, w.tp.partition, *w.kafka_spans[0]) for w in group if w.kafka_spans],
+            self.deadline) if any(w.kafka_spans for w in group) else {}
+        # Each span's rows come back in the spans' order, so the partitions' rows arrive one partition after another.
+        spans = [OffsetRange(w.tp.topic, w.tp.partition, lo, hi) for w in group for lo, hi in w.spans]
+        owner = [i for i, w in enumerate(group) for _ in w.spans]
+        stored = _stored_within(self.conn, self.pipeline, self.output, spans) if self.has_output else iter(())
+        rows_by_partition = itertools.groupby(stored, key=lambda row: owner[row[0]])
+        current = next(rows_by_partition, None)
+        for i, w in enumerate(group):
+            if current is not None and current[0] == i:
+                self._compare(w, kafka.get(w.tp, ()), ((offset, dead) for _, offset, dead in current[1]))
+                current = next(rows_by_partition, None)
+            else:
+                self._compare(w, kafka.get(w.tp, ()), ())
+
+
+def _stored_within(conn: psycopg2.extensions.connection, pipeline: PipelineConfig, output: OutputView,
+                   spans: list[OffsetRange]) -> Iterator[tuple[int, int, bool]]:
+    """(i, offset, is_dead_letter) of the rows and dead letters inside spans[i], by i and then offset: both read by
+    one statement each and merged as they stream."""
+    def dead_letters() -> Iterator[tuple[int, int, bool]]:
+        with conn.cursor(name=f"verify_{uuid.uuid4().hex}") as cur:
+            cur.itersize = FETCH_ROWS
+            cur.execute(sql.SELECT_DEAD_LETTER_OFFSETS_WITHIN_RANGES,
+                        {"pipeline": pipeline.name, **sql.ranges_params(spans)})
+            for range_no, offset in cur:
+                yield range_no - 1, offset, True
+
+    return heapq.merge(((i, offset, False) for i, offset in output.offsets_within(spans)), dead_letters())
+
+
 def _ledger_checks(report: VerifyReport, positions: dict[TopicPartition, ledger.PositionRow],
                    coverage: dict[TopicPartition, list[Coverage]]) -> None:
     for tp, row in sorted(positions.items()):
@@ -530,25 +629,21 @@ def _check_data(
     deadline = time.monotonic() + deadline_seconds(to_read, timeout)
     tally = Tally()
     consumer = readback.readback_consumer(kafka, **readback.ONE_PARTITION_FETCH) if to_read else None
+    check = _Check(tally, conn, pipeline, output, has_output, consumer, offsets, compacted, deadline)
     try:
-        for w in work:
+        for group in _groups(work):
             began, rows_before = time.monotonic(), tally.output_rows + tally.dead_letters
             records_before = tally.kafka_records
-            for span in w.spans:
-                kafka_spans = [s for s in w.kafka_spans if span[0] <= s[0] < span[1]]
-                compare_partition(
-                    tally, w.tp,
-                    _kafka_offsets(consumer, w.tp, kafka_spans, deadline) if kafka_spans else (),
-                    _stored_offsets(conn, pipeline, output, w.tp, span) if has_output else (),
-                    _Where(w.read, w.position),
-                    offsets[w.tp].log_start if w.tp in offsets else None,
-                    w.tp.topic in compacted,
-                )
-            if w.kafka_spans:
+            if len(group) == 1 and not _small(group[0]):
+                check.partition(group[0])
+            else:
+                check.together(group)
+            if any(w.kafka_spans for w in group):
                 seconds = time.monotonic() - began
                 records = tally.kafka_records - records_before
                 log.info("verify %s %s: %d records compared with %d rows in %.1f s (%d records/s)",
-                         pipeline.name, w.tp, records, tally.output_rows + tally.dead_letters - rows_before,
+                         pipeline.name, group[0].tp if len(group) == 1 else f"{len(group)} partitions ({group[0].tp} "
+                         f"to {group[-1].tp})", records, tally.output_rows + tally.dead_letters - rows_before,
                          seconds, records / seconds if seconds > 0 else 0)
     except TimeoutError as exc:
         report.unverified = (f"{exc} ({deadline_seconds(to_read, timeout):.0f} s for {to_read} offsets; "

@@ -12,7 +12,7 @@ sinks/ asks a sink what it can do (its class of the two, `envelope`, `maintenanc
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 from kafka_ledger.config.pipeline import PipelineConfig
@@ -50,6 +50,13 @@ class OutputView(ABC):
     @abstractmethod
     def offsets(self, tp: TopicPartition, from_offset: int, until_offset: int) -> Iterator[int]:
         """The offsets of the partition's rows in [from, until), ascending, as they stream."""
+
+    def offsets_within(self, ranges: Sequence[OffsetRange]) -> Iterator[tuple[int, int]]:
+        """(i, offset) of the rows inside ranges[i], by i and then ascending offset, as they stream: many small
+        ranges at once (a sink may answer them all with one read; this one reads range by range)."""
+        for i, r in enumerate(ranges):
+            for offset in self.offsets(r.topic_partition, r.from_offset, r.until_offset):
+                yield i, offset
 
 
 class Sink(ABC):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import IO
 
 from psycopg2.extensions import connection
@@ -54,6 +54,14 @@ class _TableView(OutputView):
                 "until_offset": until_offset})
             for (offset,) in cur:
                 yield offset
+
+    def offsets_within(self, ranges: Sequence[OffsetRange]) -> Iterator[tuple[int, int]]:
+        # One statement for all the ranges, streamed from a server-side cursor.
+        with self._conn.cursor(name=f"verify_{uuid.uuid4().hex}") as cur:
+            cur.itersize = FETCH_ROWS
+            cur.execute(sql.select_output_offsets_within_ranges(self._pipeline), ledger_sql.ranges_params(ranges))
+            for range_no, offset in cur:
+                yield range_no - 1, offset
 
 
 class _EntityView(_TableView):

@@ -13,6 +13,7 @@ from kafka_ledger.ledger.sql import (
     delete_within_ranges,
     distinct_partitions,
     ledger_columns,
+    offsets_within_ranges,
     staging_table,
 )
 from kafka_ledger.model.columns import COORDINATES, OUTPUT_TRAILER, TOMBSTONE, names
@@ -96,6 +97,12 @@ def select_output_offsets(pipeline: PipelineConfig) -> sql.Composed:
         ORDER BY kafka_offset
         """
     ).format(output=output_table(pipeline))
+
+
+def select_output_offsets_within_ranges(pipeline: PipelineConfig) -> sql.Composed:
+    """(range_no, offset) of the output rows inside the numbered ranges (ledger.sql.ranges_params), in the ranges'
+    order and then by offset."""
+    return offsets_within_ranges(output_table(pipeline))
 
 
 def delete_output_ranges(pipeline: PipelineConfig) -> sql.Composed:
