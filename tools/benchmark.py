@@ -79,6 +79,7 @@ log = logging.getLogger("tools.benchmark")
 
 SCHEMA = "benchmark"
 SMALL_BATCH = 1_000
+CAP_DEFAULT = 10_000_000
 
 
 def produce(servers: str, topic: str, records: int, partitions: int, users: int = 5000) -> float:
@@ -302,7 +303,8 @@ def output_rows(setup: Setup, pipeline: PipelineConfig) -> int:
 
 
 def run_kafka_ledger(setup: Setup, pipeline: PipelineConfig) -> dict[str, Any]:
-    """Plan, read, publish and commit one batch of the whole topic, as the pipeline DAG does."""
+    """Plan, read, publish and commit the whole topic, as the pipeline DAG does: one batch, or (a backlog over the
+    pipeline's cap) batch after batch until it is caught up."""
     pids = {"client": os.getpid()}
     server = service_pids().get("spark-connect") if setup.runtime == "connect" else None
     if server:
@@ -313,28 +315,36 @@ def run_kafka_ledger(setup: Setup, pipeline: PipelineConfig) -> dict[str, Any]:
         planned = plan_next_batch(services_for(setup.dsn, setup.servers), pipeline)
         plan_seconds = time.monotonic() - started
         result = run_batch(pipeline, planned.batch_id, services_for(setup.dsn, setup.servers))
+        batch_ids, written, dead = [planned.batch_id], result.records_written, result.records_dead_lettered
+        first_batch_peaks = dict(rss.peak_mib)
+        while (more := plan_next_batch(services_for(setup.dsn, setup.servers), pipeline)).batch_id is not None:
+            later = run_batch(pipeline, more.batch_id, services_for(setup.dsn, setup.servers))
+            batch_ids.append(more.batch_id)
+            written, dead = written + later.records_written, dead + later.records_dead_lettered
         seconds = time.monotonic() - started
     peaks = dict(rss.peak_mib)
     if setup.runtime == "submit":  # the spark-submit driver JVM, a child that has exited
         peaks["spark_submit"] = max(children_before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) >> 10
     with ledger.transaction(LedgerDatabase(setup.dsn)) as cur:
-        batch = ledger.get_batch(cur, planned.batch_id)
+        batches = [ledger.get_batch(cur, batch_id) for batch_id in batch_ids]
     rows = output_rows(setup, pipeline)
     return {
         "table": pipeline.output_table, "pipeline": pipeline.name, "batch_id": planned.batch_id,
         "seconds": round(seconds, 3), "plan_seconds": round(plan_seconds, 3),
-        "read_seconds": round(batch.read_seconds or 0.0, 3), "commit_seconds": round(result.seconds, 3),
-        # The task's stages (stages.STAGES) with planning before them, and the gap before its first rows.
+        "read_seconds": round(batches[0].read_seconds or 0.0, 3), "commit_seconds": round(result.seconds, 3),
+        # The first batch's stages (stages.STAGES) with planning before them, and the gap before its first rows.
         "stages": {"plan": round(plan_seconds, 3), **result.stages,
                    **({"first_rows_after": gap} if (gap := until_first_rows(result.stages)) is not None else {})},
-        "rows": rows, "dead_letters": result.records_dead_lettered,
+        # A backlog drained batch after batch: the peaks after its first batch, to be compared with its whole drain's.
+        **({"batches": len(batches), "first_batch_peak_rss_mib": first_batch_peaks} if len(batches) > 1 else {}),
+        "rows": rows, "dead_letters": dead,
         # An entity table holds one row per key; its batch still accounts for every record it read.
-        "exact": batch.status == "committed" and (
-            rows == setup.cdc_keys and result.records_written == setup.cdc_records
-            and result.records_dead_lettered == 0 if pipeline.value.envelope == "debezium"
+        "exact": all(b.status == "committed" for b in batches) and (
+            rows == setup.cdc_keys and written == setup.cdc_records
+            and dead == 0 if pipeline.value.envelope == "debezium"
             else rows == setup.cdc_records if pipeline.topics == [setup.cdc_topic]
-            else rows == setup.entity_keys and result.records_written == setup.records if pipeline.is_entity_table
-            else rows + result.records_dead_lettered == setup.records),
+            else rows == setup.entity_keys and written == setup.records if pipeline.is_entity_table
+            else rows + dead == setup.records),
         "peak_rss_mib": peaks,
     }
 
@@ -627,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small", action="store_true", help=f"time a {SMALL_BATCH:,}-record batch (sets --records)")
     parser.add_argument("--runtime", choices=["connect", "submit"],
                         help="Spark runtime of kafka-ledger (default: the deployment's, $KAFKA_LEDGER_SPARK_RUNTIME)")
-    parser.add_argument("--cap", type=int, default=10_000_000, help="max records per partition (one batch)")
+    parser.add_argument("--cap", type=int, default=CAP_DEFAULT, help="max records per partition (one batch)")
     parser.add_argument("--airflow", action="store_true",
                         help="drain the topic through the pipeline DAG (dag.test()), capped by --cap, each round")
     parser.add_argument("--verify", action="store_true",
@@ -662,6 +672,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scrape", type=int, metavar="PIPELINES",
                         help="the Prometheus endpoint's cost instead: PIPELINES pipelines of --partitions partitions "
                              "each, scraped --rounds times over HTTP (tools/scrape_benchmark.py)")
+    parser.add_argument("--sizes", action="store_true",
+                        help="the size benchmark instead (tools/size_benchmark.py): W1, 2 M, a 10 M backlog drained "
+                             "in batches of --cap records a partition (default here 100,000) and 50,000 records over "
+                             "1,000 partitions, --rounds times each in the same run: records/s against W1's, peak "
+                             "memory")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows")
     parser.add_argument("--delivery-mode", choices=["exactly_once", "at_least_once"], default="exactly_once",
                         help="at_least_once: with spark-submit, the Spark job appends to the output table directly")
@@ -678,6 +693,14 @@ def main(argv: list[str] | None = None) -> int:
 
         summary = run_scrape_benchmark(kafka_client().servers, ledger_database().url, args.scrape, args.partitions,
                                        max(args.rounds, 1))
+        report(summary)
+        return 0 if summary["exact"] else 1
+    if args.sizes:
+        from tools.size_benchmark import BACKLOG_CAP, run_sizes
+
+        summary = run_sizes(kafka_client().servers, ledger_database().url, args.runtime or deployment_spark_runtime(),
+                            max(args.rounds, 1), BACKLOG_CAP if args.cap == CAP_DEFAULT else args.cap, report,
+                            keep=args.keep)
         report(summary)
         return 0 if summary["exact"] else 1
     if args.freshness:
