@@ -38,6 +38,8 @@ from kafka_ledger.observe.events import BatchPlanned
 from kafka_ledger.sinks import sink_for
 
 log = logging.getLogger(__name__)
+# How many new partitions the plan names in its log line (their start offsets).
+NEW_PARTITIONS_NAMED = 20
 
 
 @dataclass(frozen=True)
@@ -196,8 +198,10 @@ def _subscribed_positions(
             if tp in starts and assigned.start_offset is not None:
                 starts[tp] = assigned.start_offset
         ledger.insert_start_positions(cur, pipeline.name, starts)
-        log.info("%d new partition(s) start at: %s", len(new),
-                 ", ".join(f"{tp}@{pos}" for tp, pos in sorted(starts.items())))
+        # A few named, not thousands: a pipeline over a topic of 10,000 partitions starts them all at once.
+        named = sorted(starts.items())[:NEW_PARTITIONS_NAMED]
+        more = f" and {len(starts) - len(named)} more" if len(starts) > len(named) else ""
+        log.info("%d new partition(s) start at: %s%s", len(new), ", ".join(f"{tp}@{pos}" for tp, pos in named), more)
         known = {**known, **starts}
     if pipeline.topic_pattern:
         # A matching topic that was deleted simply stops being read.
