@@ -18,6 +18,7 @@ from kafka_ledger.config.settings import services_for
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ledger import sql
 from kafka_ledger.model.ranges import LostDataError, OffsetRange
+from kafka_ledger.runtimes import run_batch
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +41,10 @@ def test_plan_fails_naming_the_lost_ranges_when_retention_deleted_unread_data(
 
     assert raised.value.lost == [OffsetRange(topic, 0, 0, 40)]
     assert f"{topic}-0 [0, 40)" in str(raised.value)
+    # The read, before it begins, finds the same (the log start offsets looked up again).
+    with pytest.raises(LostDataError) as raised:
+        run_batch(pipeline, planned.batch_id, services)
+    assert raised.value.lost == [OffsetRange(topic, 0, 0, 40)]
     with ledger.connect(LedgerDatabase(dsn)) as conn, conn.cursor() as cur:
         assert set(ledger.positions(cur, pipeline.name).values()) == {0}  # no offset moved
 

@@ -220,7 +220,7 @@ def _resume(
     dag_id: str | None,
     run_id: str | None,
 ) -> PlannedBatch:
-    lost = lost_ranges(batch.ranges, offsets)
+    lost = lost_ranges(batch.ranges, {tp: o.log_start for tp, o in offsets.items()})
     if lost:
         raise LostDataError(lost)
     ledger.set_batch_owner(cur, batch.batch_id, dag_id, run_id)

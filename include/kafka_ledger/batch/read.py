@@ -107,7 +107,7 @@ def _settings_fingerprint(settings: bytes) -> str:
 
 def check_not_deleted(kafka: KafkaClient, ranges: list[OffsetRange]) -> None:
     """Fail if retention deleted any offset of the ranges (the log start moved past a from-offset)."""
-    lost = lost_ranges(ranges, kafka_offsets.partition_offsets(kafka, sorted({r.topic for r in ranges})))
+    lost = lost_ranges(ranges, kafka_offsets.log_start_offsets(kafka, sorted({r.topic for r in ranges})))
     if lost:
         raise LostDataError(lost)
 

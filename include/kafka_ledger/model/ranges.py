@@ -424,15 +424,15 @@ def plan_reset(
     return [PositionChange(tp.topic, tp.partition, positions.get(tp), target) for tp, target in sorted(targets.items())]
 
 
-def lost_ranges(ranges: Iterable[OffsetRange], offsets: Mapping[TopicPartition, PartitionOffsets]) -> list[OffsetRange]:
+def lost_ranges(ranges: Iterable[OffsetRange], log_starts: Mapping[TopicPartition, int]) -> list[OffsetRange]:
     """The parts of planned ranges that Kafka no longer holds (log start moved past their from-offset)."""
-    gone = sorted(str(r) for r in ranges if r.topic_partition not in offsets)
+    gone = sorted(str(r) for r in ranges if r.topic_partition not in log_starts)
     if gone:
         raise PlanError(f"partitions of the batch no longer exist in Kafka: {', '.join(gone)}")
     return [
-        OffsetRange(r.topic, r.partition, r.from_offset, min(offsets[r.topic_partition].log_start, r.until_offset))
+        OffsetRange(r.topic, r.partition, r.from_offset, min(log_starts[r.topic_partition], r.until_offset))
         for r in ranges
-        if offsets[r.topic_partition].log_start > r.from_offset
+        if log_starts[r.topic_partition] > r.from_offset
     ]
 
 
