@@ -45,10 +45,44 @@ component() {
   done
 }
 
+# Airflow's Edge executor, with KL_AIRFLOW_EDGE_WORKERS workers (0: the LocalExecutor of the environment): the
+# scheduler queues task instances as edge jobs, the workers take them over the api-server's edge API (authenticated
+# with the jwt_secret of the shared airflow.cfg) and run them. Every worker has a home of its own (the edge worker
+# keeps its status files there, whatever its --pid) and reads the shared configuration through AIRFLOW_CONFIG.
+edge_workers=${KL_AIRFLOW_EDGE_WORKERS:-0}
+if (( edge_workers > 0 )); then
+  export AIRFLOW__CORE__EXECUTOR=airflow.providers.edge3.executors.EdgeExecutor
+  export AIRFLOW__EDGE__API_ENABLED=True
+  export AIRFLOW__EDGE__API_URL=http://127.0.0.1:$AIRFLOW__API__PORT/edge_worker/v1/rpcapi
+  # A job is picked up within a second; a worker lost is noticed after 5 heartbeats.
+  export AIRFLOW__EDGE__JOB_POLL_INTERVAL=${AIRFLOW__EDGE__JOB_POLL_INTERVAL:-1}
+  export AIRFLOW__EDGE__HEARTBEAT_INTERVAL=${AIRFLOW__EDGE__HEARTBEAT_INTERVAL:-10}
+  # The workers share the components' log folder: pushed to the api-server as well, every line would be there twice.
+  export AIRFLOW__EDGE__PUSH_LOGS=False
+  export AIRFLOW_CONFIG=${AIRFLOW_CONFIG:-$AIRFLOW_HOME/airflow.cfg}
+fi
+
+# One edge worker, started again whenever it ends, not only when a signal killed it: a worker gives up when the
+# api-server did not answer before its request's token expired (a slow start), and a worker started again at once
+# after a crash is refused until its old registration ages out (5 heartbeats). SIGTERM to the subshell stops it.
+edge_worker() {  # edge_worker <n>
+  local child home=$AIRFLOW_HOME/edge-worker-$1
+  trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 0' TERM INT
+  mkdir -p "$home"
+  while true; do
+    AIRFLOW_HOME=$home airflow edge worker --edge-hostname "kafka-ledger-edge-$1" --pid "$home/worker.pid" \
+      --concurrency "${KL_AIRFLOW_EDGE_CONCURRENCY:-2}" & child=$!
+    wait "$child"
+    echo "[airflow.sh] edge worker $1 ended (exit status $?): starting it again in 5 s" >&2
+    sleep 5
+  done
+}
+
 component api-server & pids+=($!)
 component scheduler --skip-serve-logs & pids+=($!)
 component dag-processor & pids+=($!)
 component triggerer --skip-serve-logs & pids+=($!)
+for n in $(seq 1 "$edge_workers"); do edge_worker "$n" & pids+=($!); done
 wait -n
 echo "[airflow.sh] an Airflow component exited with $?: stopping the others" >&2
 stop 1

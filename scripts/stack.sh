@@ -793,11 +793,17 @@ migrate() {
 # Airflow's components, as scripts/airflow.sh runs them (the one list of them, shared with the tests'
 # dedicated Airflow); stopping the program stops its whole process group.
 start_airflow() {
-  write_program airflow 50 TERM 60 true "bash $KL_HOME/scripts/airflow.sh"
+  # KL_AIRFLOW_EDGE_WORKERS (0: the LocalExecutor) in the program's own section: a start asking for another number
+  # restarts Airflow with it.
+  write_program airflow 50 TERM 60 true "bash $KL_HOME/scripts/airflow.sh" \
+    "environment=KL_AIRFLOW_EDGE_WORKERS=\"${KL_AIRFLOW_EDGE_WORKERS:-0}\""
   apply_programs
   if running airflow; then say "airflow: already running (pid $(service_pid airflow))"; return; fi
   start_and_await airflow airflow 120 curl -sf -o /dev/null "http://127.0.0.1:$KL_AIRFLOW_PORT/api/v2/monitor/health"
   say "airflow: UI and REST API on http://127.0.0.1:$KL_AIRFLOW_PORT (user admin, password in $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated; log $LOGS/airflow.log)"
+  if (( ${KL_AIRFLOW_EDGE_WORKERS:-0} > 0 )); then
+    say "airflow: the Edge executor, $KL_AIRFLOW_EDGE_WORKERS workers (kafka-ledger-edge-1..$KL_AIRFLOW_EDGE_WORKERS)"
+  fi
 }
 
 status() {

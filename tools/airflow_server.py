@@ -74,13 +74,14 @@ def airflow_test_settings() -> AirflowSettings:
     )
 
 
-def airflow_env(settings: AirflowSettings, extra_dags: Path | None = None) -> dict[str, str]:
+def airflow_env(settings: AirflowSettings, extra_dags: Path | None = None, edge_workers: int = 0) -> dict[str, str]:
     """The environment of every test Airflow process.
 
     It inherits this process's environment on purpose: KAFKA_LEDGER_PIPELINES (set by conftest to the
     session's pipelines file) makes the dag-processor generate the test pipelines' DAGs, and the
     KAFKA_LEDGER_* / AIRFLOW_CONN_* variables of scripts/env.sh reach the tasks. `extra_dags`: a folder of DAGs
-    loaded as a bundle of its own beside the project's dags/ (the tests' downstream DAGs).
+    loaded as a bundle of its own beside the project's dags/ (the tests' downstream DAGs). `edge_workers`: the Edge
+    executor with that many workers (scripts/airflow.sh) instead of the LocalExecutor.
     """
     env = dict(os.environ)
     env.update({
@@ -112,6 +113,12 @@ def airflow_env(settings: AirflowSettings, extra_dags: Path | None = None) -> di
                 "kwargs": {"path": str(extra_dags)}}] if extra_dags else []),
         ]),
     })
+    if edge_workers:
+        env.update({
+            "KL_AIRFLOW_EDGE_WORKERS": str(edge_workers),
+            # A task whose worker was lost (its heartbeats stopped) is failed, and retried, within half a minute.
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
+        })
     # scripts/airflow.sh starts the components by bare name: the venv's airflow must come first on PATH.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
@@ -390,10 +397,11 @@ def stack_airflow() -> Iterator[AirflowClient]:
 
 
 @contextlib.contextmanager
-def running_airflow(startup_timeout: float = 300.0, extra_dags: Path | None = None) -> Iterator[AirflowClient]:
+def running_airflow(startup_timeout: float = 300.0, extra_dags: Path | None = None,
+                    edge_workers: int = 0) -> Iterator[AirflowClient]:
     """Start a dedicated Airflow (scripts/airflow.sh), yield a REST client, and stop every process it started."""
     settings = airflow_test_settings()
-    env = airflow_env(settings, extra_dags)
+    env = airflow_env(settings, extra_dags, edge_workers)
     with _exclusive(settings):
         _stop_stale_airflow(settings)
         if _port_answers(settings.port):
