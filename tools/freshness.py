@@ -108,12 +108,12 @@ def _delays(dsn: str, source: str, load_started: datetime) -> tuple[np.ndarray, 
     return both[:, 0], both[:, 1]
 
 
-def _count(dsn: str, source: str) -> int:
+def _scalar(dsn: str, query: str) -> int:
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-        cur.execute(f"SELECT count(*) FROM {source}")
-        (count,) = cur.fetchone()
+        cur.execute(query)
+        (value,) = cur.fetchone()
     conn.close()
-    return count
+    return value
 
 
 def delay_report(at_seconds: np.ndarray, delays: np.ndarray) -> dict[str, Any]:
@@ -133,14 +133,6 @@ def delay_report(at_seconds: np.ndarray, delays: np.ndarray) -> dict[str, Any]:
 
 def _kafka_ledger_rows(table: str) -> str:
     return f"{SCHEMA}.{table} o JOIN kafka_ledger.batches b USING (batch_id)"
-
-
-def _distinct_offsets(dsn: str, table: str) -> int:
-    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-        cur.execute(f"SELECT count(DISTINCT (kafka_partition, kafka_offset)) FROM {SCHEMA}.{table}")
-        (count,) = cur.fetchone()
-    conn.close()
-    return count
 
 
 def _peer_rows(table: str) -> str:
@@ -334,10 +326,12 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
             summary["kafka_ledger_batches"] = batch_stages(dsn, name)
             client.set_paused(pipeline.dag_id, True)
         # Exact: every record (warm-up included) published once; the delays are the load's records'.
-        summary["exact"] = _count(dsn, _kafka_ledger_rows(name)) == total and _distinct_offsets(dsn, name) == total
+        summary["exact"] = (_scalar(dsn, f"SELECT count(*) FROM {_kafka_ledger_rows(name)}") == total and _scalar(
+            dsn, f"SELECT count(DISTINCT (kafka_partition, kafka_offset)) FROM {SCHEMA}.{name}") == total)
         summary["kafka_ledger"] = delay_report(*_delays(dsn, _kafka_ledger_rows(name), load_started))
         if peer_process is not None:
-            summary["exact"] = summary["exact"] and _count(dsn, _peer_rows(peer_table)) == total
+            peer_rows = _scalar(dsn, f"SELECT count(*) FROM {_peer_rows(peer_table)}")
+            summary["exact"] = summary["exact"] and peer_rows == total
             summary["spark_streaming_peer"] = delay_report(*_delays(dsn, _peer_rows(peer_table), load_started))
     finally:
         for hog in hogs:

@@ -7,18 +7,14 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from integration_support import BAD_VALUES, good_value, query
+from integration_support import BAD_VALUES, assert_exactly_once, good_value, query
 
 from kafka_ledger.config.pipeline import PipelineConfig
-from kafka_ledger.config.services import LedgerDatabase
-from kafka_ledger.config.settings import kafka_for
-from kafka_ledger.ops import readback as audit
 from tools.airflow_server import AirflowClient, airflow_test_settings, running_airflow
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_stack]
@@ -93,10 +89,5 @@ def test_a_worker_lost_mid_batch_leaves_it_to_the_other_worker_exactly_once(
               if ti["state"] != "skipped"}
     assert ran_on == set(WORKERS), ran_on
 
-    produced = audit.kafka_record_ids(kafka_for(servers), pipeline.topics)
-    stored = audit.postgres_record_ids(LedgerDatabase(dsn), pipeline)
-    output, dead = Counter(stored.output), Counter(stored.dead_letters)
-    assert max(output.values()) == 1 and max(dead.values()) == 1, "a record is stored twice"
-    assert set(output) | set(dead) == produced and not set(output) & set(dead)
-    assert set(dead) == {bad}, reason
+    assert_exactly_once(dsn, servers, pipeline, {bad: reason})
     airflow.set_paused(pipeline.dag_id, True)
