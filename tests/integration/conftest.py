@@ -188,8 +188,8 @@ PIPELINES = {
                         "retry_delay_seconds": 2, "trigger": {"type": "doorbell", "poll_seconds": 1}},
     # Airflow's Edge executor (test_edge_executor.py): batches small enough for a run to take several, a task whose
     # worker was lost retried within seconds of being failed.
-    "edge": {"spark_runtime": "connect", "schedule": None, "max_records_per_partition": 2_000, "retries": 2,
-             "retry_delay_seconds": 2},
+    **{key: {"spark_runtime": "connect", "schedule": None, "max_records_per_partition": 2_000, "retries": 2,
+             "retry_delay_seconds": 2} for key in ("edge", "edge_race")},
     # Entity tables (test_entity_tables.py): one row per event_id, small batches so that versions of a key meet
     # in one batch and across batches.
     **{key: {"spark_runtime": runtime, "retries": 0, "write": "upsert", "key": ["event_id"],

@@ -129,7 +129,8 @@ COMMIT_FAIL_POINTS = {"connect": ("after_staging", "commit_after_publish", "comm
                       "submit": ("commit_after_publish", "commit_before_end")}
 ICEBERG_FAIL_POINTS = ("after_snapshot",)
 # When a timed fault strikes, after the attempt began: spark-submit spends its first seconds starting a JVM. A
-# connect attempt of a short campaign's batch (about 1,000 records) takes about 3 s: a later strike would miss it.
+# connect attempt of a short campaign's batch (about 1,000 records) takes 2–3 s: its timed strikes strike as the rows
+# begin to stream when that comes sooner (_until_streaming), or they would miss it.
 STRIKE_DELAYS = {"connect": (0.2, 2.5), "submit": (1.0, 15.0)}
 
 
@@ -142,6 +143,13 @@ def fault_schedule(faults: int, rng: random.Random, kinds: tuple[str, ...], netw
         rng.shuffle(round_)
         schedule.extend(round_)
     return schedule[:faults]
+
+
+def _variant(timing: str, delay: float, or_as_rows_stream: bool = False) -> str:
+    """How a strike is timed, as an iteration reports it."""
+    if timing != "timed":
+        return timing
+    return f"timed ({delay}s after the attempt began{', or as rows stream if sooner' if or_as_rows_stream else ''})"
 
 
 @dataclass
@@ -220,6 +228,13 @@ class FaultStrikes:
                 return True
             time.sleep(0.01)
         return False
+
+    def _until_streaming(self, batch_id: int, proc: launcher.ForkedTask, delay: float | None) -> None:
+        """Wait until the connect runtime's task streams the batch's rows (or is past them), at most `delay` seconds
+        (None: as long as the task lives). A timed strike lands before the commit even when the attempt is shorter
+        than its delay: a batch of an entity table's 1,000 change events was read and committed within 2.3 s."""
+        self._wait(lambda: self.streaming(batch_id) or self.batch_state(batch_id)[0] != "planned", proc,
+                   timeout=300 if delay is None else delay)
 
     def _strike_spark(self, target: str, timing: str, delay: float) -> Callable[..., str]:
         def strike(hook: Any, batch_id: int, attempts_before: int, thread: threading.Thread) -> str:
@@ -357,10 +372,7 @@ class FaultStrikes:
             attempt = attempts_before + 1
             if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, proc):
                 return f"{target} missed: the task ended before its attempt began"
-            if timing == "as rows stream":
-                self._wait(lambda: self.streaming(batch_id) or self.batch_state(batch_id)[0] != "planned", proc)
-            else:
-                time.sleep(delay)
+            self._until_streaming(batch_id, proc, None if timing == "as rows stream" else delay)
             landed = self.phase(batch_id, attempt)
             if target == "task kill":
                 if proc.poll() is not None:
@@ -414,10 +426,8 @@ class FaultStrikes:
                 return f"{what} missed: the task ended before its attempt began"
             name = f"campaign-{kind}"
             try:
-                if timing == "as rows stream" or effect == "restart":
-                    self._wait(lambda: self.streaming(batch_id) or self.batch_state(batch_id)[0] != "planned", proc)
-                else:
-                    time.sleep(delay)
+                self._until_streaming(batch_id, proc,
+                                      None if timing == "as rows stream" or effect == "restart" else delay)
                 if effect == "restart":
                     # Only once rows stream: slowed before, the attempt's own look-ups (the retention check of
                     # its begin) would time out, and the task would end before the broker restarted.
@@ -528,7 +538,7 @@ class FaultStrikes:
             target = "spark-submit" if kind == "kill_spark_submit" else "driver"
             timing = rng.choice(["timed", "first staged rows"])
             delay = round(rng.uniform(low, high), 2)
-            variant = f"{timing}" + (f" ({delay}s after the attempt began)" if timing == "timed" else "")
+            variant = _variant(timing, delay)
             return variant, RunHooks(spark_strike=self._strike_spark(target, timing, delay))
         if kind == "two_drivers":
             # The second driver's JVM takes seconds to start: it begins its attempt well after it is launched.
@@ -539,12 +549,12 @@ class FaultStrikes:
                       "restart_spark_connect": "server restart", "racing_attempts": "racing attempt"}[kind]
             timing = rng.choice(["timed", "as rows stream"])
             delay = round(rng.uniform(low, high), 2)
-            variant = f"{timing}" + (f" ({delay}s after the attempt began)" if timing == "timed" else "")
+            variant = _variant(timing, delay, or_as_rows_stream=True)
             return variant, RunHooks(spark_strike=self._strike_connect(target, timing, delay))
         if kind in NETWORK_FAULTS:
             timing = "as rows stream" if kind == "restart_kafka_streaming" else rng.choice(["timed", "as rows stream"])
             delay = round(rng.uniform(low, high), 2)
-            variant = f"{timing}" + (f" ({delay}s after the attempt began)" if timing == "timed" else "")
+            variant = _variant(timing, delay, or_as_rows_stream=True)
             return variant, RunHooks(spark_strike=self._strike_network(kind, timing, delay))
         # An Iceberg sink's commit is lake_publish's, in either runtime: the connect runtime's fail points.
         commit_points = (COMMIT_FAIL_POINTS["connect"] + ICEBERG_FAIL_POINTS if self.iceberg
