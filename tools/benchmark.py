@@ -317,10 +317,13 @@ def run_kafka_ledger(setup: Setup, pipeline: PipelineConfig) -> dict[str, Any]:
         result = run_batch(pipeline, planned.batch_id, services_for(setup.dsn, setup.servers))
         batch_ids, written, dead = [planned.batch_id], result.records_written, result.records_dead_lettered
         first_batch_peaks = dict(rss.peak_mib)
-        while (more := plan_next_batch(services_for(setup.dsn, setup.servers), pipeline)).batch_id is not None:
+        # As the DAG does (its drain_backlog): another batch only while the last plan left offsets beyond its cap.
+        backlog = planned.backlog_after
+        while backlog and (more := plan_next_batch(services_for(setup.dsn, setup.servers), pipeline)).batch_id:
             later = run_batch(pipeline, more.batch_id, services_for(setup.dsn, setup.servers))
             batch_ids.append(more.batch_id)
             written, dead = written + later.records_written, dead + later.records_dead_lettered
+            backlog = more.backlog_after
         seconds = time.monotonic() - started
     peaks = dict(rss.peak_mib)
     if setup.runtime == "submit":  # the spark-submit driver JVM, a child that has exited

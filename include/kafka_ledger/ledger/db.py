@@ -215,15 +215,11 @@ def create_batch(
          "window_start": window[0] if window else None, "window_end": window[1] if window else None},
     )
     batch_id = cur.fetchone()[0]
-    psycopg2.extras.execute_batch(
-        cur,
-        sql.INSERT_BATCH_RANGE,
-        [
-            {"batch_id": batch_id, "pipeline": pipeline, "topic": r.topic, "partition": r.partition,
-             "from_offset": r.from_offset, "until_offset": r.until_offset, "skipped_from": r.skipped_from,
-             "end_offset": (end_offsets or {}).get(r.topic_partition)}
-            for r in ranges
-        ],
+    psycopg2.extras.execute_values(
+        cur, sql.INSERT_BATCH_RANGES,
+        [(batch_id, pipeline, r.topic, r.partition, r.from_offset, r.until_offset, r.skipped_from,
+          (end_offsets or {}).get(r.topic_partition)) for r in ranges],
+        template=sql.BATCH_RANGE_VALUES, page_size=len(ranges) or 1,
     )
     return get_batch(cur, batch_id)
 
@@ -466,11 +462,10 @@ def replace_spark_session(cur: Cursor, pipeline: str, closed: str, replacement: 
 
 
 def insert_start_positions(cur: Cursor, pipeline: str, starts: dict[TopicPartition, int]) -> None:
-    psycopg2.extras.execute_batch(
-        cur,
-        sql.INSERT_START_POSITION,
-        [{"pipeline": pipeline, "topic": tp.topic, "partition": tp.partition, "position": pos}
-         for tp, pos in starts.items()],
+    psycopg2.extras.execute_values(
+        cur, sql.INSERT_START_POSITIONS,
+        [(pipeline, tp.topic, tp.partition, pos) for tp, pos in starts.items()],
+        template=sql.START_POSITION_VALUES, page_size=len(starts) or 1,
     )
 
 
@@ -497,13 +492,12 @@ def mark_written(
         check_newest_attempt(get_batch(cur, batch_id), attempt, "be marked written")
         raise LedgerError(f"batch {batch_id} attempt {attempt} could not be marked written")
     by_partition = {(s.topic, s.partition): s for s in stats}
-    psycopg2.extras.execute_batch(
-        cur,
-        sql.UPDATE_RANGE_RECORDS_READ,
-        [{"batch_id": batch_id, "topic": r.topic, "partition": r.partition,
-          "records_read": read.records if (read := by_partition.get((r.topic, r.partition))) else 0,
-          "newest_timestamp": read.newest_timestamp if read else None}
-         for r in get_batch(cur, batch_id).ranges],
+    ranges = get_batch(cur, batch_id).ranges
+    psycopg2.extras.execute_values(
+        cur, sql.UPDATE_RANGES_RECORDS_READ,
+        [(batch_id, r.topic, r.partition, read.records if (read := by_partition.get((r.topic, r.partition))) else 0,
+          read.newest_timestamp if read else None) for r in ranges],
+        template=sql.RANGE_RECORDS_READ_VALUES, page_size=len(ranges) or 1,
     )
 
 

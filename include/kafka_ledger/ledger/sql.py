@@ -92,13 +92,16 @@ INSERT_BATCH = """
 """
 
 # A range records the id its topic is anchored to: planning checked it against Kafka's a moment before.
-INSERT_BATCH_RANGE = """
+# A batch's ranges in one statement (psycopg2.extras.execute_values fills VALUES %s with rows of the template
+# beside it): a batch can have 10,000 partitions, and a statement each cost 10,000 executions.
+INSERT_BATCH_RANGES = """
     INSERT INTO kafka_ledger.batch_ranges
         (batch_id, topic, partition, from_offset, until_offset, skipped_from, end_offset, topic_id)
-    VALUES (%(batch_id)s, %(topic)s, %(partition)s, %(from_offset)s, %(until_offset)s, %(skipped_from)s,
-            %(end_offset)s, (SELECT topic_id FROM kafka_ledger.topic_anchors
-                             WHERE pipeline = %(pipeline)s AND topic = %(topic)s))
+    SELECT r.batch_id, r.topic, r.partition, r.from_offset, r.until_offset, r.skipped_from, r.end_offset, a.topic_id
+    FROM (VALUES %s) AS r (batch_id, pipeline, topic, partition, from_offset, until_offset, skipped_from, end_offset)
+    LEFT JOIN kafka_ledger.topic_anchors a ON a.pipeline = r.pipeline AND a.topic = r.topic
 """
+BATCH_RANGE_VALUES = "(%s::bigint, %s, %s, %s::int, %s::bigint, %s::bigint, %s::bigint, %s::bigint)"
 
 # The reader schema of each topic of an Avro batch (format avro: formats/avro_registry.py).
 INSERT_BATCH_READER_SCHEMA = """
@@ -175,11 +178,13 @@ SELECT_POSITIONS = """
 """
 
 # New partitions get their start position once; an existing position is never overwritten here.
-INSERT_START_POSITION = """
+INSERT_START_POSITIONS = """
     INSERT INTO kafka_ledger.positions (pipeline, topic, partition, position, start_offset)
-    VALUES (%(pipeline)s, %(topic)s, %(partition)s, %(position)s, %(position)s)
+    SELECT p.pipeline, p.topic, p.partition, p.position, p.position
+    FROM (VALUES %s) AS p (pipeline, topic, partition, position)
     ON CONFLICT (pipeline, topic, partition) DO NOTHING
 """
+START_POSITION_VALUES = "(%s, %s, %s::int, %s::bigint)"
 
 SELECT_POSITION_ROWS = """
     SELECT topic, partition, position, start_offset, last_batch_id, updated_at, newest_timestamp
@@ -309,10 +314,12 @@ MARK_WRITTEN = """
     WHERE batch_id = %(batch_id)s AND attempts = %(attempt)s AND status = 'planned'
 """
 
-UPDATE_RANGE_RECORDS_READ = """
-    UPDATE kafka_ledger.batch_ranges SET records_read = %(records_read)s, newest_timestamp = %(newest_timestamp)s
-    WHERE batch_id = %(batch_id)s AND topic = %(topic)s AND partition = %(partition)s
+UPDATE_RANGES_RECORDS_READ = """
+    UPDATE kafka_ledger.batch_ranges AS r SET records_read = v.records_read, newest_timestamp = v.newest_timestamp
+    FROM (VALUES %s) AS v (batch_id, topic, partition, records_read, newest_timestamp)
+    WHERE r.batch_id = v.batch_id AND r.topic = v.topic AND r.partition = v.partition
 """
+RANGE_RECORDS_READ_VALUES = "(%s::bigint, %s, %s::int, %s::bigint, %s::timestamptz)"
 
 # A batch that was never written goes to failed; a written one keeps its staged rows for the commit.
 MARK_FAILED = """
