@@ -715,6 +715,8 @@ kill_service() {  # kill_service <program> <what> [port]
 write_spark_conf() {
   [ "$SPARK_CONF_DIR" = "$KL_STATE/spark-conf" ] || return 0  # a deployment's own folder is left alone
   mkdir -p "$SPARK_CONF_DIR"
+  # Spark on this machine runs the venv's Python, where kafka-ledger is installed: its Python daemon forks workers
+  # with pyarrow and pandas loaded (kafka_ledger/spark/python_daemon.py).
   if [ "$KL_SPARK_ON_THIS_MACHINE" = 1 ]; then
     (umask 077; cat >"$SPARK_CONF_DIR/spark-defaults.conf.tmp" <<CONF
 spark.authenticate                 true
@@ -722,6 +724,7 @@ spark.authenticate.secret          $KL_SPARK_AUTH_SECRET
 spark.driver.bindAddress           127.0.0.1
 spark.driver.host                  127.0.0.1
 spark.ui.killEnabled               false
+spark.python.daemon.module         kafka_ledger.spark.python_daemon
 CONF
     )
   else
