@@ -187,9 +187,10 @@ PIPELINES = {
     "doorbell_faults": {"spark_runtime": "connect", "schedule": None, "max_records_per_partition": 300,
                         "retry_delay_seconds": 2, "trigger": {"type": "doorbell", "poll_seconds": 1}},
     # Airflow's Edge executor (test_edge_executor.py): batches small enough for a run to take several, a task whose
-    # worker was lost retried within seconds of being failed.
-    **{key: {"spark_runtime": "connect", "schedule": None, "max_records_per_partition": 2_000, "retries": 2,
-             "retry_delay_seconds": 2} for key in ("edge", "edge_race")},
+    # worker was lost or frozen retried within seconds of being failed; the racing one's batches big enough for
+    # their rows to stream into COPY for a moment the test can strike in.
+    **{key: {"spark_runtime": "connect", "schedule": None, "max_records_per_partition": cap, "retries": 2,
+             "retry_delay_seconds": 2} for key, cap in (("edge", 2_000), ("edge_race", 5_000))},
     # Entity tables (test_entity_tables.py): one row per event_id, small batches so that versions of a key meet
     # in one batch and across batches.
     **{key: {"spark_runtime": runtime, "retries": 0, "write": "upsert", "key": ["event_id"],

@@ -47,88 +47,152 @@ def reading_batch(dsn: str, pipeline: PipelineConfig, timeout: float = 300.0) ->
                           "AND attempts >= 1", pipeline.name)
         if rows:
             return rows[0][0]
-        time.sleep(0.1)
+        time.sleep(0.05)
     raise AssertionError(f"no batch of {pipeline.name} was read within {timeout} s")
 
 
-def catching_up(airflow: AirflowClient, dsn: str, pipeline: PipelineConfig, producer) -> tuple[dict, int, str, str]:
-    """Records for several batches (and a bad one), a catch-up run triggered; returns the bad record's expected dead
-    letter, the batch being read first, its run and the worker whose task reads it."""
+def streaming_into_copy(dsn: str, pipeline: PipelineConfig, batch_id: int) -> bool:
+    """Wait until the batch's rows flow into COPY (True), or the batch is no longer planned (False: missed)."""
+    while query(dsn, "SELECT status FROM kafka_ledger.batches WHERE batch_id = %s", batch_id)[0][0] == "planned":
+        if query(dsn, "SELECT 1 FROM pg_stat_activity WHERE query LIKE 'COPY%%' AND query LIKE %s",
+                 f"%{pipeline.output_table}%"):
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def attempts_of(dsn: str, batch_id: int) -> int:
+    return query(dsn, "SELECT attempts FROM kafka_ledger.batches WHERE batch_id = %s", batch_id)[0][0]
+
+
+def catching_up(airflow: AirflowClient, dsn: str, pipeline: PipelineConfig, producer, records: int = 6_000) -> dict:
+    """Records for several batches in each of 4 partitions (and a bad one), a catch-up run triggered; returns the bad
+    record's expected dead letter."""
     topic = pipeline.topics[0]
     for partition in range(4):
-        producer.send(topic, [good_value(partition * 10_000 + i) for i in range(6_000)], partition=partition)
+        producer.send(topic, [good_value(partition * 100_000 + i) for i in range(records)], partition=partition)
     value, reason = BAD_VALUES[0]
     (bad,) = producer.send(topic, [value], partition=1)
     airflow.wait_for_dag(pipeline.dag_id)
     airflow.set_paused(pipeline.dag_id, False)
     airflow.trigger(pipeline.dag_id, {"mode": "catch_up"})
-    batch_id = reading_batch(dsn, pipeline)
+    return {bad: reason}
+
+
+def spark_task_of(airflow: AirflowClient, dsn: str, pipeline: PipelineConfig, batch_id: int) -> tuple[str, str]:
+    """The run carrying the batch, and the worker its Spark task runs on."""
     (run_id,) = [r[0] for r in query(dsn, "SELECT run_id FROM kafka_ledger.batches WHERE batch_id = %s", batch_id)]
     (task,) = [ti for ti in airflow.task_instances(pipeline.dag_id, run_id) if ti["task_id"] == SPARK_TASK]
     assert task["hostname"] in WORKERS, task
-    return {bad: reason}, batch_id, run_id, task["hostname"]
+    return run_id, task["hostname"]
+
+
+def spark_task_tries(airflow: AirflowClient, pipeline: PipelineConfig, run_id: str) -> list[dict]:
+    return sorted(airflow.request(
+        "GET", f"/api/v2/dags/{pipeline.dag_id}/dagRuns/{run_id}/taskInstances/{SPARK_TASK}/tries",
+    ).json()["task_instances"], key=lambda t: t["try_number"])
+
+
+def all_runs_succeeded(airflow: AirflowClient, pipeline: PipelineConfig) -> list[dict]:
+    """The pipeline's runs once it is idle, every one succeeded; and both workers ran its tasks (a task skipped ran
+    nowhere)."""
+    runs = airflow.wait_until_idle(pipeline.dag_id, timeout=900)
+    failed = [r for r in runs if r["state"] != "success"]
+    assert not failed, "runs did not succeed:\n" + airflow.describe_runs(pipeline.dag_id, failed)
+    ran_on = {ti["hostname"] for r in runs for ti in airflow.task_instances(pipeline.dag_id, r["dag_run_id"])
+              if ti["state"] != "skipped"}
+    assert ran_on == set(WORKERS), ran_on
+    return runs
 
 
 def assert_retried_elsewhere(airflow: AirflowClient, dsn: str, pipeline: PipelineConfig, batch_id: int, run_id: str,
                              first: str) -> list[dict]:
-    """Every run succeeded; the batch's first try ran on `first`, its last on the other worker, which committed it
-    in a later attempt; both workers ran the pipeline's tasks. Returns the Spark task's tries."""
-    runs = airflow.wait_until_idle(pipeline.dag_id, timeout=900)
-    failed = [r for r in runs if r["state"] != "success"]
-    assert not failed, "runs did not succeed:\n" + airflow.describe_runs(pipeline.dag_id, failed)
-    tries = sorted(airflow.request(
-        "GET", f"/api/v2/dags/{pipeline.dag_id}/dagRuns/{run_id}/taskInstances/{SPARK_TASK}/tries",
-    ).json()["task_instances"], key=lambda t: t["try_number"])
+    """The batch's Spark task's first try ran on `first`, its last on the other worker; the batch is committed.
+    Returns the tries."""
+    tries = spark_task_tries(airflow, pipeline, run_id)
     hosts = [t["hostname"] for t in tries]
     assert hosts[0] == first and hosts[-1] in WORKERS and hosts[-1] != first, tries
-    (status, attempts) = query(dsn, "SELECT status, attempts FROM kafka_ledger.batches WHERE batch_id = %s",
-                               batch_id)[0]
-    assert status == "committed" and attempts >= 2, (status, attempts)
-    # Both workers ran the pipeline's tasks (a task skipped ran nowhere).
-    ran_on = {ti["hostname"] for r in runs for ti in airflow.task_instances(pipeline.dag_id, r["dag_run_id"])
-              if ti["state"] != "skipped"}
-    assert ran_on == set(WORKERS), ran_on
+    assert query(dsn, "SELECT status FROM kafka_ledger.batches WHERE batch_id = %s", batch_id)[0][0] == "committed"
     return tries
 
 
 def test_a_worker_lost_mid_batch_leaves_it_to_the_other_worker_exactly_once(
         airflow: AirflowClient, dsn: str, servers: str, pipeline_factory, producer):
     pipeline = pipeline_factory("edge", partitions=4)
-    dead_letters, batch_id, run_id, lost = catching_up(airflow, dsn, pipeline, producer)
+    dead_letters = catching_up(airflow, dsn, pipeline, producer)
+    batch_id = reading_batch(dsn, pipeline)
+    run_id, lost = spark_task_of(airflow, dsn, pipeline, batch_id)
 
     # The batch's task's worker is lost (the worker and every process it started, at once): its try fails once its
-    # heartbeats stop, and the other worker's retry resumes the batch.
+    # heartbeats stop, and the other worker's retry resumes the batch in a newer attempt.
     for process in worker_processes(lost):
         os.kill(process.pid, signal.SIGKILL)
 
+    all_runs_succeeded(airflow, pipeline)
     assert_retried_elsewhere(airflow, dsn, pipeline, batch_id, run_id, lost)
+    assert attempts_of(dsn, batch_id) >= 2
     assert_exactly_once(dsn, servers, pipeline, dead_letters)
     airflow.set_paused(pipeline.dag_id, True)
 
 
-def test_a_frozen_workers_task_racing_the_other_workers_retry_publishes_nothing(
+def test_frozen_workers_tasks_racing_the_other_workers_retries_publish_each_batch_once(
         airflow: AirflowClient, dsn: str, servers: str, pipeline_factory, producer):
-    """Two workers take the same batch's task at once: the first's worker frozen (a long GC pause, a VM suspended)
-    is failed for its silence, the other worker's retry begins a newer attempt, and then the first's task is thawed
-    and carries on with its read and commit beside the retry. The ledger fences it: exactly once."""
+    """Two workers take the same batch's task at once, twice (the racing runs' short campaign across workers): the
+    first's worker is frozen (a long GC pause, a suspended VM) and failed for its silence, the other worker's retry
+    takes the batch, and then the frozen task alone is thawed and carries on beside the retry, its supervisor still
+    frozen and unable to stop it (a zombie). Frozen as it reads, the retry's newer attempt fences it; frozen as its
+    rows stream into COPY, it holds the batch locked in its commit's transaction, publishes it once thawed, and the
+    retry finds the batch committed. Either way: each batch published once."""
     pipeline = pipeline_factory("edge_race", partitions=4)
-    dead_letters, batch_id, run_id, frozen = catching_up(airflow, dsn, pipeline, producer)
-    (frozen_attempt,) = [r[0] for r in query(dsn, "SELECT attempts FROM kafka_ledger.batches WHERE batch_id = %s",
-                                             batch_id)]
-    processes = worker_processes(frozen)
-    # The edge worker forks a supervisor for each task, which forks the task's process.
-    (task,) = [child for supervisor in processes[0].children() for child in supervisor.children()]
+    dead_letters = catching_up(airflow, dsn, pipeline, producer, records=20_000)
+    races = [(moment, *race_a_frozen_task(airflow, dsn, pipeline, moment)) for moment in ("reading", "streaming")]
+
+    all_runs_succeeded(airflow, pipeline)
+    for moment, batch_id, run_id, frozen, frozen_attempt in races:
+        tries = assert_retried_elsewhere(airflow, dsn, pipeline, batch_id, run_id, frozen)
+        first_try = airflow.task_log(pipeline.dag_id, run_id, SPARK_TASK, tries[0]["try_number"])
+        last_try = airflow.task_log(pipeline.dag_id, run_id, SPARK_TASK, tries[-1]["try_number"])
+        fenced = any(f"batch {batch_id} attempt {frozen_attempt} is fenced" in line for line in first_try)
+        found_committed = any(f"batch {batch_id} " in line and "nothing to read" in line for line in last_try)
+        assert fenced != found_committed, (moment, "\n".join(first_try[-20:]), "\n".join(last_try[-20:]))
+        # As it reads, the retry's attempt begins first and fences the frozen one.
+        assert fenced or moment == "streaming", (moment, "\n".join(first_try[-20:]))
+    assert_exactly_once(dsn, servers, pipeline, dead_letters)
+    airflow.set_paused(pipeline.dag_id, True)
+
+
+def race_a_frozen_task(airflow: AirflowClient, dsn: str, pipeline: PipelineConfig,
+                       moment: str) -> tuple[int, str, str, int]:
+    """Freeze the worker of a batch's Spark task, with everything it started, as the task reads the batch or as its
+    rows stream into COPY; once the other worker's retry runs (and has begun its attempt, unless the frozen commit's
+    lock holds it back), thaw the task alone and let it work until it waits on its frozen supervisor; then thaw
+    the rest. Returns the batch, its run, the frozen worker and the frozen attempt."""
+    deadline = time.monotonic() + 600
+    while True:
+        batch_id = reading_batch(dsn, pipeline)
+        run_id, frozen = spark_task_of(airflow, dsn, pipeline, batch_id)
+        processes = worker_processes(frozen)
+        if moment == "reading" or streaming_into_copy(dsn, pipeline, batch_id):
+            break
+        assert time.monotonic() < deadline, f"no batch of {pipeline.name} was seen streaming into COPY"
     for process in processes:
         os.kill(process.pid, signal.SIGSTOP)
+    frozen_attempt = attempts_of(dsn, batch_id)
+    # The edge worker forks a supervisor for each task, which forks the task's process.
+    (task,) = [child for supervisor in processes[0].children() for child in supervisor.children()]
     try:
-        # The retry on the other worker has begun a newer attempt: the frozen task's own read is still open.
-        deadline = time.monotonic() + 300
-        while query(dsn, "SELECT attempts FROM kafka_ledger.batches WHERE batch_id = %s", batch_id)[0][0] \
-                == frozen_attempt:
-            assert time.monotonic() < deadline, "no retry began a newer attempt within 300 s"
+        # Failed for its silence: the retry runs on the other worker.
+        while not any(t["try_number"] >= 2 and t["state"] == "running"
+                      for t in spark_task_tries(airflow, pipeline, run_id)):
+            assert time.monotonic() < deadline, f"no retry of {run_id}'s Spark task ran"
+            time.sleep(0.5)
+        begun = time.monotonic() + (120 if moment == "reading" else 10)
+        while attempts_of(dsn, batch_id) == frozen_attempt and time.monotonic() < begun:
             time.sleep(0.1)
+        if moment == "reading":
+            assert attempts_of(dsn, batch_id) > frozen_attempt, "the retry began no attempt"
         os.kill(task.pid, signal.SIGCONT)  # only the task: its supervisor, still frozen, cannot stop it
-        # It reads on and reaches its commit, fenced, then waits for its frozen supervisor to take its last words.
+        # It carries on to its commit, then waits on its frozen supervisor to take its last words.
         idle_since, cpu = time.monotonic(), sum(task.cpu_times()[:2])
         while time.monotonic() - idle_since < 5:
             assert time.monotonic() < deadline, "the thawed task kept working for minutes"
@@ -139,10 +203,4 @@ def test_a_frozen_workers_task_racing_the_other_workers_retry_publishes_nothing(
         for process in processes:
             if process.is_running():
                 os.kill(process.pid, signal.SIGCONT)
-
-    tries = assert_retried_elsewhere(airflow, dsn, pipeline, batch_id, run_id, frozen)
-    first_try = airflow.task_log(pipeline.dag_id, run_id, SPARK_TASK, tries[0]["try_number"])
-    assert any(f"batch {batch_id} attempt {frozen_attempt} is fenced" in line for line in first_try), \
-        "\n".join(first_try[-30:])
-    assert_exactly_once(dsn, servers, pipeline, dead_letters)
-    airflow.set_paused(pipeline.dag_id, True)
+    return batch_id, run_id, frozen, frozen_attempt
