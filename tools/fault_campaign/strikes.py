@@ -229,11 +229,12 @@ class FaultStrikes:
             time.sleep(0.01)
         return False
 
-    def _until_streaming(self, batch_id: int, proc: launcher.ForkedTask, delay: float | None) -> None:
-        """Wait until the connect runtime's task streams the batch's rows (or is past them), at most `delay` seconds
-        (None: as long as the task lives). A timed strike lands before the commit even when the attempt is shorter
-        than its delay: a batch of an entity table's 1,000 change events was read and committed within 2.3 s."""
-        self._wait(lambda: self.streaming(batch_id) or self.batch_state(batch_id)[0] != "planned", proc,
+    def _until_streaming(self, batch_id: int, alive: threading.Thread | launcher.ForkedTask,
+                         delay: float | None = None) -> None:
+        """Wait until the Spark work streams the batch's rows (or is past them), at most `delay` seconds (None: as
+        long as the task lives). A timed strike lands before the commit even when the attempt is shorter than its
+        delay: a batch of an entity table's 1,000 change events was read and committed within 2.3 s."""
+        self._wait(lambda: self.streaming(batch_id) or self.batch_state(batch_id)[0] != "planned", alive,
                    timeout=300 if delay is None else delay)
 
     def _strike_spark(self, target: str, timing: str, delay: float) -> Callable[..., str]:
@@ -359,7 +360,7 @@ class FaultStrikes:
             attempt = attempts_before + 1
             if not self._wait(lambda: self.batch_state(batch_id)[1] >= attempt, alive):
                 return f"{missed} missed: the task ended before its attempt began"
-            self._wait(lambda: self.streaming(batch_id) or self.batch_state(batch_id)[0] != "planned", alive)
+            self._until_streaming(batch_id, alive)
             landed = self.phase(batch_id, attempt) if running() else "after the task ended"
             for command in commands:
                 self._stack(command)
