@@ -33,6 +33,7 @@ from kafka_ledger.runtimes.connect.batch import (
 )
 from tools.fault_campaign import launcher
 from tools.fault_campaign.runner import task_result
+from tools.fault_campaign.strikes import copying_into
 
 pytestmark = pytest.mark.integration
 
@@ -58,13 +59,7 @@ def wait_for_rows_streaming(dsn: str, pipeline, task: launcher.ForkedTask | thre
     alive = task.is_alive if isinstance(task, threading.Thread) else (lambda: task.poll() is None)
     deadline = time.monotonic() + timeout
     while True:
-        with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-            # Active: a finished COPY stays the session's `query` until its next statement.
-            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'COPY%%' "
-                        "AND query LIKE %s", (f"%{pipeline.output_table}%",))
-            copying = cur.fetchone()[0]
-        conn.close()
-        if copying:
+        if copying_into(lambda statement, params: query(dsn, statement, *params), pipeline.output_table):
             return
         assert alive(), "the task ended before it streamed rows"
         assert time.monotonic() < deadline, "the task never streamed rows"

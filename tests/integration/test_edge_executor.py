@@ -13,14 +13,14 @@ from pathlib import Path
 
 import psutil
 import pytest
-from integration_support import BAD_VALUES, assert_exactly_once, good_value, query
+from integration_support import BAD_VALUES, assert_exactly_once, good_value, query, spark_task
 
 from kafka_ledger.config.pipeline import PipelineConfig
 from tools.airflow_server import AirflowClient, airflow_test_settings, running_airflow
+from tools.fault_campaign.strikes import copying_into
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_stack]
 
-SPARK_TASK = "read_and_commit"
 WORKERS = ("kafka-ledger-edge-1", "kafka-ledger-edge-2")
 
 
@@ -40,12 +40,13 @@ def worker_processes(name: str) -> list[psutil.Process]:
     return [worker, *worker.children(recursive=True)]
 
 
-def reading_batch(dsn: str, pipeline: PipelineConfig, timeout: float = 300.0) -> int:
-    """A batch of the pipeline an attempt is reading (planned, attempt begun), once there is one."""
+def reading_batch(dsn: str, pipeline: PipelineConfig, timeout: float = 300.0, besides: tuple[int, ...] = ()) -> int:
+    """A batch of the pipeline an attempt is reading (planned, attempt begun), once there is one; not one of
+    `besides`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rows = query(dsn, "SELECT batch_id FROM kafka_ledger.batches WHERE pipeline = %s AND status = 'planned' "
-                          "AND attempts >= 1", pipeline.name)
+                          "AND attempts >= 1 AND NOT batch_id = ANY(%s)", pipeline.name, list(besides))
         if rows:
             return rows[0][0]
         time.sleep(0.05)
@@ -55,8 +56,8 @@ def reading_batch(dsn: str, pipeline: PipelineConfig, timeout: float = 300.0) ->
 def streaming_into_copy(dsn: str, pipeline: PipelineConfig, batch_id: int) -> bool:
     """Wait until the batch's rows flow into COPY (True), or the batch is no longer planned (False: missed)."""
     while query(dsn, "SELECT status FROM kafka_ledger.batches WHERE batch_id = %s", batch_id)[0][0] == "planned":
-        if query(dsn, "SELECT 1 FROM pg_stat_activity WHERE query LIKE 'COPY%%' AND query LIKE %s",
-                 f"%{pipeline.output_table}%"):
+        if copying_into(lambda statement, params: query(dsn, statement, *params), pipeline.output_table,
+                        running=False):
             return True
         time.sleep(0.005)
     return False
@@ -80,17 +81,17 @@ def catching_up(airflow: AirflowClient, dsn: str, pipeline: PipelineConfig, prod
     return {bad: reason}
 
 
-def spark_task_of(airflow: AirflowClient, dsn: str, pipeline: PipelineConfig, batch_id: int) -> tuple[str, str]:
-    """The run carrying the batch, and the worker its Spark task runs on."""
+def spark_task_of(airflow: AirflowClient, dsn: str, pipeline: PipelineConfig, batch_id: int) -> tuple[str, str, int]:
+    """The run carrying the batch, the worker its Spark task runs on, and the task's try."""
     (run_id,) = [r[0] for r in query(dsn, "SELECT run_id FROM kafka_ledger.batches WHERE batch_id = %s", batch_id)]
-    (task,) = [ti for ti in airflow.task_instances(pipeline.dag_id, run_id) if ti["task_id"] == SPARK_TASK]
+    (task,) = [ti for ti in airflow.task_instances(pipeline.dag_id, run_id) if ti["task_id"] == spark_task(pipeline)]
     assert task["hostname"] in WORKERS, task
-    return run_id, task["hostname"]
+    return run_id, task["hostname"], task["try_number"]
 
 
 def spark_task_tries(airflow: AirflowClient, pipeline: PipelineConfig, run_id: str) -> list[dict]:
     return sorted(airflow.request(
-        "GET", f"/api/v2/dags/{pipeline.dag_id}/dagRuns/{run_id}/taskInstances/{SPARK_TASK}/tries",
+        "GET", f"/api/v2/dags/{pipeline.dag_id}/dagRuns/{run_id}/taskInstances/{spark_task(pipeline)}/tries",
     ).json()["task_instances"], key=lambda t: t["try_number"])
 
 
@@ -107,14 +108,14 @@ def all_runs_succeeded(airflow: AirflowClient, pipeline: PipelineConfig) -> list
 
 
 def assert_retried_elsewhere(airflow: AirflowClient, dsn: str, pipeline: PipelineConfig, batch_id: int, run_id: str,
-                             first: str) -> list[dict]:
-    """The batch's Spark task's first try ran on `first`, its last on the other worker; the batch is committed.
-    Returns the tries."""
-    tries = spark_task_tries(airflow, pipeline, run_id)
-    hosts = [t["hostname"] for t in tries]
-    assert hosts[0] == first and hosts[-1] in WORKERS and hosts[-1] != first, tries
+                             lost: str, lost_try: int) -> tuple[dict, dict]:
+    """The batch's Spark task's try `lost_try` ran on the worker `lost`, the next on the other worker; the batch is
+    committed. Returns those two tries."""
+    tries = {t["try_number"]: t for t in spark_task_tries(airflow, pipeline, run_id)}
+    assert tries[lost_try]["hostname"] == lost, tries
+    assert tries[lost_try + 1]["hostname"] in set(WORKERS) - {lost}, tries
     assert query(dsn, "SELECT status FROM kafka_ledger.batches WHERE batch_id = %s", batch_id)[0][0] == "committed"
-    return tries
+    return tries[lost_try], tries[lost_try + 1]
 
 
 def test_a_worker_lost_mid_batch_leaves_it_to_the_other_worker_exactly_once(
@@ -122,7 +123,7 @@ def test_a_worker_lost_mid_batch_leaves_it_to_the_other_worker_exactly_once(
     pipeline = pipeline_factory("edge", partitions=4)
     dead_letters = catching_up(airflow, dsn, pipeline, producer)
     batch_id = reading_batch(dsn, pipeline)
-    run_id, lost = spark_task_of(airflow, dsn, pipeline, batch_id)
+    run_id, lost, lost_try = spark_task_of(airflow, dsn, pipeline, batch_id)
 
     # The batch's task's worker is lost (the worker and every process it started, at once): its try fails once its
     # heartbeats stop, and the other worker's retry resumes the batch in a newer attempt.
@@ -130,7 +131,7 @@ def test_a_worker_lost_mid_batch_leaves_it_to_the_other_worker_exactly_once(
         os.kill(process.pid, signal.SIGKILL)
 
     all_runs_succeeded(airflow, pipeline)
-    assert_retried_elsewhere(airflow, dsn, pipeline, batch_id, run_id, lost)
+    assert_retried_elsewhere(airflow, dsn, pipeline, batch_id, run_id, lost, lost_try)
     assert attempts_of(dsn, batch_id) >= 2
     assert_exactly_once(dsn, servers, pipeline, dead_letters)
     airflow.set_paused(pipeline.dag_id, True)
@@ -147,15 +148,18 @@ def test_frozen_workers_tasks_racing_the_other_workers_retries_publish_each_batc
     committed. Either way: each batch published once."""
     pipeline = pipeline_factory("edge_race", partitions=4)
     dead_letters = catching_up(airflow, dsn, pipeline, producer, records=20_000)
-    races = [(moment, *race_a_frozen_task(airflow, dsn, pipeline, moment)) for moment in ("reading", "streaming")]
+    races = []
+    for moment in ("reading", "streaming"):
+        # Another batch than the last race's, whose retry may still be reading it.
+        races.append((moment, *race_a_frozen_task(airflow, dsn, pipeline, moment, besides=tuple(r[1] for r in races))))
 
     all_runs_succeeded(airflow, pipeline)
-    for moment, batch_id, run_id, frozen, frozen_attempt in races:
-        tries = assert_retried_elsewhere(airflow, dsn, pipeline, batch_id, run_id, frozen)
+    for moment, batch_id, run_id, frozen, frozen_try_number, frozen_attempt in races:
+        tries = assert_retried_elsewhere(airflow, dsn, pipeline, batch_id, run_id, frozen, frozen_try_number)
         (published_by,) = [r[0] for r in query(dsn, "SELECT staged_attempt FROM kafka_ledger.batches "
                                                     "WHERE batch_id = %s", batch_id)]
-        frozen_try = airflow.task_log(pipeline.dag_id, run_id, SPARK_TASK, tries[0]["try_number"])
-        last_try = airflow.task_log(pipeline.dag_id, run_id, SPARK_TASK, tries[-1]["try_number"])
+        frozen_try, retry = (airflow.task_log(pipeline.dag_id, run_id, spark_task(pipeline), t["try_number"])
+                             for t in tries)
         print(f"{moment}: batch {batch_id}, frozen attempt {frozen_attempt}, published by attempt {published_by}")
         if moment == "reading":
             # The retry's newer attempt began first: the thawed one never publishes. It is fenced at its commit,
@@ -163,22 +167,23 @@ def test_frozen_workers_tasks_racing_the_other_workers_retries_publish_each_batc
             assert published_by > frozen_attempt, (published_by, "\n".join(frozen_try[-20:]))
         elif published_by == frozen_attempt:
             # It held the batch locked in its commit's transaction: the retry waited, then found the batch committed.
-            assert any(f"batch {batch_id} " in line and "nothing to read" in line for line in last_try), \
-                "\n".join(last_try[-20:])
+            assert any(f"batch {batch_id} " in line and "nothing to read" in line for line in retry), \
+                "\n".join(retry[-20:])
     assert_exactly_once(dsn, servers, pipeline, dead_letters)
     airflow.set_paused(pipeline.dag_id, True)
 
 
-def race_a_frozen_task(airflow: AirflowClient, dsn: str, pipeline: PipelineConfig,
-                       moment: str) -> tuple[int, str, str, int]:
+def race_a_frozen_task(airflow: AirflowClient, dsn: str, pipeline: PipelineConfig, moment: str,
+                       besides: tuple[int, ...]) -> tuple[int, str, str, int, int]:
     """Freeze the worker of a batch's Spark task, with everything it started, as the task reads the batch or as its
     rows stream into COPY; once the other worker's retry runs (and has begun its attempt, unless the frozen commit's
     lock holds it back), thaw the task alone and let it work until it waits on its frozen supervisor; then thaw
-    the rest. Returns the batch, its run, the frozen worker and the frozen attempt."""
+    the rest. The batch is not one of `besides`. Returns the batch, its run, the frozen worker, the frozen try of
+    its Spark task and the frozen attempt."""
     deadline = time.monotonic() + 600
     while True:
-        batch_id = reading_batch(dsn, pipeline)
-        run_id, frozen = spark_task_of(airflow, dsn, pipeline, batch_id)
+        batch_id = reading_batch(dsn, pipeline, besides=besides)
+        run_id, frozen, frozen_try = spark_task_of(airflow, dsn, pipeline, batch_id)
         if moment == "reading" or streaming_into_copy(dsn, pipeline, batch_id):
             break
         assert time.monotonic() < deadline, f"no batch of {pipeline.name} was seen streaming into COPY"
@@ -193,7 +198,7 @@ def race_a_frozen_task(airflow: AirflowClient, dsn: str, pipeline: PipelineConfi
                if child.status() == psutil.STATUS_STOPPED]
     try:
         # Failed for its silence: the retry runs on the other worker.
-        while not any(t["try_number"] >= 2 and t["state"] == "running"
+        while not any(t["try_number"] > frozen_try and t["state"] == "running"
                       for t in spark_task_tries(airflow, pipeline, run_id)):
             assert time.monotonic() < deadline, f"no retry of {run_id}'s Spark task ran"
             time.sleep(0.5)
@@ -214,4 +219,4 @@ def race_a_frozen_task(airflow: AirflowClient, dsn: str, pipeline: PipelineConfi
         for process in processes:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGCONT)
-    return batch_id, run_id, frozen, frozen_attempt
+    return batch_id, run_id, frozen, frozen_try, frozen_attempt

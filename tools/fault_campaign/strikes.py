@@ -165,6 +165,15 @@ class RunHooks:
     repeat_commit: bool = False
 
 
+def copying_into(run: Callable[[str, tuple], list[tuple]], table: str, *, running: bool = True) -> bool:
+    """Whether a session copies rows into the table: its COPY is running, or (not `running`) the COPY has ended and
+    its transaction goes on (a COPY stays its session's `query` until the session's next statement). `run` runs a
+    statement with its parameters on a connection to the table's Postgres."""
+    states = ["active"] if running else ["active", "idle in transaction"]
+    return bool(run("SELECT count(*) FROM pg_stat_activity WHERE state = ANY(%s) AND query LIKE 'COPY%%' "
+                    "AND query LIKE %s", (states, f"%{table}%"))[0][0])
+
+
 class FaultStrikes:
     """The faults of a Campaign (runner.py), which mixes this in: the hooks that inject each fault into a run.
 
@@ -190,8 +199,7 @@ class FaultStrikes:
             (started,) = self._query("SELECT extract(epoch FROM started_at) FROM kafka_ledger.batches WHERE "
                                      "batch_id = %(b)s", {"b": batch_id})[0]
             return started is not None and any(f.stat().st_mtime > float(started) for f in self._lake_data_files())
-        return bool(self._query("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'COPY%%' AND query LIKE "
-                                "%(t)s", {"t": f"%{self.pipeline.output_table}%"})[0][0])
+        return copying_into(self._query, self.pipeline.output_table, running=False)
 
     def _lake_data_files(self) -> list[Path]:
         folder = self._lake_data_folder()
