@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from kafka_ledger.airflow.dags import build_pipeline_dag, doorbell_asset
-from kafka_ledger.airflow.doorbell import DoorbellTrigger, Look, RingRule
+from kafka_ledger.airflow.doorbell import DoorbellTrigger, Look, Lookout, RingRule
 from kafka_ledger.config.pipeline import ConfigError, DoorbellSpec, parse_pipelines
-from kafka_ledger.model.ranges import TopicPartition
+from kafka_ledger.model.ranges import PlanError, TopicPartition
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
 
@@ -107,3 +109,45 @@ def test_the_doorbell_asset_watches_with_the_pipelines_trigger():
     assert watcher.trigger.serialize()[1] == {"pipeline": "bell", "min_backlog": 100, "poll_seconds": 2.0,
                                               "ring_again_seconds": 300.0}
     assert doorbell_asset(PIPELINES["plain"]) is None
+
+
+class AnsweringLookout(Lookout):
+    """A lookout whose look-up of all the pipelines asked at once answers from `answers` (the gathering alone)."""
+
+    def __init__(self, answers):
+        super().__init__(services=None)
+        self.answers, self.asked = answers, []
+
+    def look_all(self, pipelines, now):
+        self.asked.append(sorted(p.name for p in pipelines))
+        if isinstance(self.answers, Exception):
+            raise self.answers
+        return {p.name: self.answers[p.name] for p in pipelines}
+
+
+def test_doorbells_that_poll_at_once_share_one_look_up_and_each_hears_its_own_answer():
+    missing = PlanError("topic(s) not found in Kafka: t")
+    lookout = AnsweringLookout({"bell": Look(progress=3, lag={A: 5}), "bell_only": Look(progress=None, lag={A: 0}),
+                                "plain": missing})
+
+    async def polls():
+        return await asyncio.gather(*(lookout.look(PIPELINES[name]) for name in ("bell", "bell_only", "plain", "bell")),
+                                    return_exceptions=True)
+
+    bell, bell_only, plain, bell_again = asyncio.run(polls())
+    assert lookout.asked == [["bell", "bell_only", "plain"]]  # one look-up; a pipeline asked twice, once in it
+    assert (bell.backlog, bell_only.backlog, bell_again.backlog) == (5, 0, 5)
+    assert plain is missing
+
+
+def test_when_the_look_up_fails_every_doorbell_that_asked_hears_why_and_the_next_poll_looks_again():
+    lookout = AnsweringLookout(ConnectionError("the ledger does not answer"))
+
+    async def polls():
+        first = await asyncio.gather(*(lookout.look(PIPELINES[n]) for n in ("bell", "plain")), return_exceptions=True)
+        lookout.answers = {"bell": Look(progress=1, lag={})}
+        return first, await lookout.look(PIPELINES["bell"])
+
+    first, again = asyncio.run(polls())
+    assert [str(e) for e in first] == ["the ledger does not answer"] * 2
+    assert again.progress == 1 and lookout.asked == [["bell", "plain"], ["bell"]]

@@ -1,10 +1,11 @@
 """The doorbell: Airflow's triggerer starts a pipeline's run when new data waits in Kafka, without reading it.
 
-Each poll compares the read_committed end offsets of the pipeline's partitions with the ledger's positions (one
-ledger query, one Kafka offsets request; the subscription's partitions and their log starts again once a minute)
-and rings when at least `min_backlog` offsets wait (planning.partition_lag: the one definition of lag). It never
-joins a consumer group, commits an offset or writes anything. A ring only asks for a run: the run plans from the
-ledger, never from the event, so a duplicate, lost or late ring costs at most one empty run, never a record.
+Each poll compares the read_committed end offsets of the pipeline's partitions with the ledger's positions (for all
+the doorbells of a triggerer at once: one ledger transaction, one Kafka offsets request; the subscriptions'
+partitions and their log starts again once a minute: Lookout) and rings when at least `min_backlog` offsets wait
+(planning.partition_lag: the one definition of lag). It never joins a consumer group, commits an offset or writes
+anything. A ring only asks for a run: the run plans from the ledger, never from the event, so a duplicate, lost or
+late ring costs at most one empty run, never a record.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,6 +21,7 @@ from typing import Any
 
 import psycopg2
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import OffsetSpec
 
 from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
@@ -26,7 +29,7 @@ from kafka_ledger.config.services import Services
 from kafka_ledger.config.settings import task_services
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
-from kafka_ledger.model.ranges import PartitionOffsets, TopicPartition, partition_lag
+from kafka_ledger.model.ranges import PartitionOffsets, PlanError, TopicPartition, partition_lag
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,8 @@ log = logging.getLogger(__name__)
 PARTITIONS_REFRESH_SECONDS = 60.0
 # Kafka's answer to one offsets request is waited for this long; the poll then fails and the next one tries again.
 KAFKA_TIMEOUT_SECONDS = 10.0
+# The doorbells whose polls ask within this long of the first are looked up together.
+GATHER_SECONDS = 0.1
 
 
 @dataclass
@@ -79,42 +84,117 @@ class Look:
                 "rung_at": datetime.now(UTC).isoformat(timespec="seconds")}
 
 
-class Probe:
-    """The look-ups of one doorbell, on connections it keeps between polls (closed on an error, opened again)."""
+class Lookout:
+    """The look-ups of every doorbell of a triggerer process that talks to the same ledger and Kafka: at each poll,
+    one ledger transaction and one Kafka offsets request for all the pipelines whose doorbells look at that moment
+    (their polls fall on the same ticks: DoorbellTrigger.run), on one ledger connection and one Kafka admin client
+    kept between polls. A connection each would hold a Postgres connection slot each: two hundred pipelines took
+    every slot of the ledger's `max_connections`."""
 
-    def __init__(self, pipeline: PipelineConfig, services: Services):
-        self.pipeline, self.services = pipeline, services
+    def __init__(self, services: Services):
+        self.services = services
         self._conn: psycopg2.extensions.connection | None = None
         self._admin: kafka_offsets.ReportingAdminClient | None = None
-        self._log_starts: dict[TopicPartition, int] = {}
-        self._refreshed_at = float("-inf")
+        # Each pipeline's subscribed partitions with their log starts, and when they were looked up.
+        self._log_starts: dict[str, tuple[float, dict[TopicPartition, int]]] = {}
+        self._asked: dict[str, tuple[PipelineConfig, list[asyncio.Future[Look]]]] = {}
+        self._gathering: asyncio.Task[None] | None = None
 
-    def look(self, now: float) -> Look:
-        if self._conn is None:
-            self._conn = ledger.connect(self.services.ledger)
-        with self._conn, self._conn.cursor() as cur:
-            rows = ledger.position_rows(cur, self.pipeline.name)
-            carrying = ledger.carrying_run(cur, self.pipeline.name) is not None
-        positions = {row.topic_partition: row.position for row in rows}
-        if now - self._refreshed_at >= PARTITIONS_REFRESH_SECONDS:
-            offsets = kafka_offsets.subscribed_offsets(self.services.kafka, self.pipeline, KAFKA_TIMEOUT_SECONDS)
-            self._log_starts = {tp: o.log_start for tp, o in offsets.items()}
-            self._refreshed_at = now
-        elif self._log_starts:
-            if self._admin is None:
-                self._admin = kafka_offsets.admin_client(self.services.kafka)
-            ends = kafka_offsets.list_offsets(self._admin, sorted(self._log_starts), OffsetSpec.latest(),
-                                              KAFKA_TIMEOUT_SECONDS)
-            offsets = {tp: PartitionOffsets(log_start=start, end=ends[tp]) for tp, start in self._log_starts.items()}
-        else:  # a pattern that matches no topic yet
-            offsets = {}
-        progress = max((row.last_batch_id for row in rows if row.last_batch_id is not None), default=None)
-        return Look(progress, partition_lag(positions, offsets, self.pipeline.start_position), carrying)
+    async def look(self, pipeline: PipelineConfig) -> Look:
+        """What the pipeline's poll sees, looked up with the other doorbells' that ask within GATHER_SECONDS."""
+        seen: asyncio.Future[Look] = asyncio.get_running_loop().create_future()
+        self._asked.setdefault(pipeline.name, (pipeline, []))[1].append(seen)
+        if self._gathering is None or self._gathering.done():
+            self._gathering = asyncio.create_task(self._gather())
+        return await seen
 
-    def close(self) -> None:
+    async def _gather(self) -> None:
+        while self._asked:
+            await asyncio.sleep(GATHER_SECONDS)
+            asked, self._asked = self._asked, {}
+            try:
+                looks = await asyncio.to_thread(self.look_all, [p for p, _ in asked.values()], time.monotonic())
+            except Exception as exc:  # neither the ledger nor Kafka answered: every doorbell hears why
+                looks = dict.fromkeys(asked, exc)
+            for name, (_, waiting) in asked.items():
+                for seen in waiting:
+                    if seen.done():  # its doorbell was cancelled meanwhile
+                        continue
+                    if isinstance(found := looks[name], Exception):
+                        seen.set_exception(found)
+                    else:
+                        seen.set_result(found)
+
+    def look_all(self, pipelines: list[PipelineConfig], now: float) -> dict[str, Look | Exception]:
+        """Each pipeline's look, or why its own could not be had (a topic Kafka lacks); raises when the ledger or
+        Kafka did not answer at all."""
+        names = [p.name for p in pipelines]
+        try:
+            if self._conn is None:
+                self._conn = ledger.connect(self.services.ledger)
+            with self._conn, self._conn.cursor() as cur:
+                positions = ledger.doorbell_positions(cur, names)
+                carrying = ledger.carrying_pipelines(cur, names)
+        except psycopg2.Error:
+            self._close_ledger()
+            raise
+        try:
+            offsets, problems = self._offsets(pipelines, now)
+        except (KafkaException, PlanError):
+            self._admin = None  # a client made again: its reports of the connections' errors start afresh
+            raise
+        looks: dict[str, Look | Exception] = {}
+        for pipeline in pipelines:
+            if pipeline.name in problems:
+                looks[pipeline.name] = PlanError(problems[pipeline.name])
+                continue
+            held = positions[pipeline.name]
+            lag = partition_lag({tp: position for tp, (position, _) in held.items()}, offsets[pipeline.name],
+                                pipeline.start_position)
+            progress = max((batch for _, batch in held.values() if batch is not None), default=None)
+            looks[pipeline.name] = Look(progress, lag, pipeline.name in carrying)
+        return looks
+
+    def _offsets(self, pipelines: list[PipelineConfig],
+                 now: float) -> tuple[dict[str, dict[TopicPartition, PartitionOffsets]], dict[str, str]]:
+        """Each pipeline's partitions with their offsets. Their partitions and log starts are looked up again once a
+        minute (a topic's new partitions, a pattern's new topics), and at once for a pipeline new to this lookout or
+        whose topics were missing; between, only the end offsets."""
+        if self._admin is None:
+            self._admin = kafka_offsets.admin_client(self.services.kafka)
+        stale = [p for p in pipelines
+                 if now - self._log_starts.get(p.name, (float("-inf"), {}))[0] >= PARTITIONS_REFRESH_SECONDS]
+        offsets, problems = (kafka_offsets.pipelines_offsets(self.services.kafka, stale, KAFKA_TIMEOUT_SECONDS,
+                                                             self._admin) if stale else ({}, {}))
+        for name, found in offsets.items():
+            self._log_starts[name] = (now, {tp: o.log_start for tp, o in found.items()})
+        for name in problems:
+            self._log_starts.pop(name, None)
+        fresh = [p.name for p in pipelines if p.name not in offsets and p.name not in problems]
+        asked = sorted({tp for name in fresh for tp in self._log_starts[name][1]})
+        ends = (kafka_offsets.list_offsets(self._admin, asked, OffsetSpec.latest(), KAFKA_TIMEOUT_SECONDS)
+                if asked else {})
+        for name in fresh:
+            offsets[name] = {tp: PartitionOffsets(log_start=start, end=ends[tp])
+                             for tp, start in self._log_starts[name][1].items()}
+        return offsets, problems
+
+    def _close_ledger(self) -> None:
         if self._conn is not None:
             self._conn.close()
-        self._conn, self._admin = None, None
+        self._conn = None
+
+
+# One lookout per event loop (a triggerer runs its triggers in one) and per ledger and Kafka.
+_lookouts: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[object, ...], Lookout]] = (
+    weakref.WeakKeyDictionary())
+
+
+def lookout_for(services: Services) -> Lookout:
+    """The lookout of the running event loop for those services."""
+    kafka = services.kafka
+    key = (services.ledger, kafka.servers, tuple(sorted(kafka.settings.items())))
+    return _lookouts.setdefault(asyncio.get_running_loop(), {}).setdefault(key, Lookout(services))
 
 
 class DoorbellTrigger(BaseEventTrigger):
@@ -134,35 +214,32 @@ class DoorbellTrigger(BaseEventTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         rule = RingRule(self.min_backlog, self.ring_again_seconds)
-        probe: Probe | None = None
+        pipeline: PipelineConfig | None = None
+        lookout: Lookout | None = None
         trouble = ""  # the last poll's error: said once as a warning, not every poll while it lasts
-        try:
-            while True:
-                try:
-                    if probe is None:
-                        probe = await asyncio.to_thread(_probe, self.pipeline)
-                    look = await asyncio.to_thread(probe.look, time.monotonic())
-                    if trouble:
-                        self.log.info("doorbell of %s looks again", self.pipeline)
-                        trouble = ""
-                    if rule.rings(look.progress, look.backlog, time.monotonic(), look.carrying):
-                        event = look.event(self.pipeline)
-                        self.log.info("doorbell of %s rings: %d offsets wait in %d partitions", self.pipeline,
-                                      event["backlog"], event["partitions_waiting"])
-                        yield TriggerEvent(event)
-                except Exception as exc:  # a service away for a while: the next poll looks again, nothing is lost
-                    if str(exc) != trouble:
-                        self.log.warning("doorbell of %s could not look: %s", self.pipeline, exc)
-                    trouble = str(exc)
-                    if probe is not None:
-                        probe.close()
-                    probe = None
-                await asyncio.sleep(self.poll_seconds)
-        finally:  # cancelled (the DAG paused, its declaration changed, the triggerer stopping)
-            if probe is not None:
-                probe.close()
+        while True:
+            try:
+                if lookout is None or pipeline is None:
+                    pipeline, services = await asyncio.to_thread(_pipeline_and_services, self.pipeline)
+                    lookout = lookout_for(services)
+                look = await lookout.look(pipeline)
+                if trouble:
+                    self.log.info("doorbell of %s looks again", self.pipeline)
+                    trouble = ""
+                if rule.rings(look.progress, look.backlog, time.monotonic(), look.carrying):
+                    event = look.event(self.pipeline)
+                    self.log.info("doorbell of %s rings: %d offsets wait in %d partitions", self.pipeline,
+                                  event["backlog"], event["partitions_waiting"])
+                    yield TriggerEvent(event)
+            except Exception as exc:  # a service away for a while: the next poll looks again, nothing is lost
+                if str(exc) != trouble:
+                    self.log.warning("doorbell of %s could not look: %s", self.pipeline, exc)
+                trouble = str(exc)
+                lookout = None  # the pipeline's declaration and the services are read again
+            # On the poll's ticks of the clock: the doorbells of one poll_seconds look together (Lookout).
+            await asyncio.sleep(self.poll_seconds - time.time() % self.poll_seconds)
 
 
-def _probe(pipeline_name: str) -> Probe:
+def _pipeline_and_services(pipeline_name: str) -> tuple[PipelineConfig, Services]:
     # In the triggerer, from the environment or the Airflow connections, as a task finds them.
-    return Probe(get_pipeline(pipeline_name), task_services())
+    return get_pipeline(pipeline_name), task_services()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import deque
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -38,7 +39,7 @@ class ConnectionReports:
     """What librdkafka reports about a client's connections (its error callback)."""
 
     def __init__(self) -> None:
-        self.errors: list[str] = []
+        self.errors: deque[str] = deque(maxlen=100)  # the latest: a client kept for days reports on and on
         self.refusals = 0
 
     def __call__(self, error: KafkaError) -> None:
@@ -186,12 +187,14 @@ def subscribed_offsets(
 
 
 def pipelines_offsets(
-    kafka: KafkaClient, pipelines: list[PipelineConfig], timeout: float = 10.0
+    kafka: KafkaClient, pipelines: list[PipelineConfig], timeout: float = 10.0,
+    admin: ReportingAdminClient | None = None,
 ) -> tuple[dict[str, dict[TopicPartition, PartitionOffsets]], dict[str, str]]:
     """Every pipeline's subscribed partitions with their offsets, in one metadata request and one offset request
-    of each kind for them all (a scrape's look-up): the offsets by pipeline, and why a pipeline's are unknown (a
-    topic missing). KafkaUnavailable when Kafka does not answer."""
-    admin = admin_client(kafka)
+    of each kind for them all (a scrape's look-up, the doorbells'): the offsets by pipeline, and why a pipeline's
+    are unknown (a topic missing). KafkaUnavailable when Kafka does not answer. Through `admin` if given (a client
+    kept between look-ups), else a client of its own."""
+    admin = admin or admin_client(kafka)
     metadata = admin.topics(kafka, timeout)
     subscribed: dict[str, list[TopicPartition]] = {}
     problems: dict[str, str] = {}

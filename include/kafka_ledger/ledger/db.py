@@ -443,6 +443,21 @@ def carrying_run(cur: Cursor, pipeline: str) -> str | None:
     return row[0] if row else None
 
 
+def doorbell_positions(cur: Cursor, pipelines: list[str]) -> dict[str, dict[TopicPartition, tuple[int, int | None]]]:
+    """Each pipeline's positions, with the batch that moved each last (None: none did), by partition."""
+    cur.execute(sql.DOORBELL_POSITIONS, {"pipelines": pipelines})
+    found: dict[str, dict[TopicPartition, tuple[int, int | None]]] = {name: {} for name in pipelines}
+    for pipeline, topic, partition, position, last_batch_id in cur.fetchall():
+        found[pipeline][TopicPartition(topic, partition)] = (position, last_batch_id)
+    return found
+
+
+def carrying_pipelines(cur: Cursor, pipelines: list[str]) -> set[str]:
+    """Those of the pipelines a DAG run carries the batches of now (an unexpired lease: carrying_run)."""
+    cur.execute(sql.DOORBELL_CARRYING, {"pipelines": pipelines})
+    return {row[0] for row in cur.fetchall()}
+
+
 def spark_session(cur: Cursor, pipeline: str) -> str | None:
     """The Spark Connect session that replaced the pipeline's default one, if the server ever closed that."""
     cur.execute(sql.SELECT_SPARK_SESSION, {"pipeline": pipeline})

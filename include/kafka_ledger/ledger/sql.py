@@ -256,8 +256,20 @@ RELEASE_CARRYING_LEASE = """
     WHERE pipeline = %(pipeline)s AND dag_id = %(dag_id)s AND run_id = %(run_id)s
 """
 
-SELECT_CARRYING_RUN = """
-    SELECT run_id FROM kafka_ledger.carrying_runs WHERE pipeline = %(pipeline)s AND until > now()
+LEASE_HELD = "until > now()"
+
+SELECT_CARRYING_RUN = f"""
+    SELECT run_id FROM kafka_ledger.carrying_runs WHERE pipeline = %(pipeline)s AND {LEASE_HELD}
+"""
+
+# --- the doorbells' look (airflow/doorbell.py): every pipeline of a triggerer in one transaction, at each poll ----
+DOORBELL_POSITIONS = """
+    SELECT pipeline, topic, partition, position, last_batch_id FROM kafka_ledger.positions
+    WHERE pipeline = ANY(%(pipelines)s)
+"""
+
+DOORBELL_CARRYING = f"""
+    SELECT pipeline FROM kafka_ledger.carrying_runs WHERE pipeline = ANY(%(pipelines)s) AND {LEASE_HELD}
 """
 
 SELECT_SPARK_SESSION = "SELECT session_id::text FROM kafka_ledger.spark_sessions WHERE pipeline = %(pipeline)s"
