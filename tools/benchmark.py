@@ -680,6 +680,10 @@ def main(argv: list[str] | None = None) -> int:
                              "in batches of --cap records a partition (default here 100,000) and 50,000 records over "
                              "1,000 partitions, --rounds times each in the same run: records/s against W1's, peak "
                              "memory")
+    parser.add_argument("--pipelines", type=int, metavar="PIPELINES",
+                        help="many pipelines on one Airflow instead (tools/pipelines_benchmark.py): PIPELINES doorbell "
+                             "pipelines of --partitions partitions each, their DAG file's processing time, the "
+                             "triggerer's CPU while idle, `kafka-ledger status` and the page timed --rounds times")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows")
     parser.add_argument("--delivery-mode", choices=["exactly_once", "at_least_once"], default="exactly_once",
                         help="at_least_once: with spark-submit, the Spark job appends to the output table directly")
@@ -698,6 +702,13 @@ def main(argv: list[str] | None = None) -> int:
                                        max(args.rounds, 1))
         report(summary)
         return 0 if summary["exact"] else 1
+    if args.pipelines:
+        from tools.pipelines_benchmark import run_pipelines_benchmark
+
+        summary = run_pipelines_benchmark(kafka_client().servers, ledger_database().url, args.pipelines,
+                                          args.partitions, max(args.rounds, 1))
+        report(summary)
+        return 0 if summary["ok"] else 1
     if args.sizes:
         from tools.size_benchmark import BACKLOG_CAP, run_sizes
 
