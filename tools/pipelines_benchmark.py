@@ -126,8 +126,8 @@ def run_pipelines_benchmark(servers: str, dsn: str, pipelines: int, partitions: 
             summary["idle_cpu_cores"] = {name: round((_cpu_seconds(pids) - before[name]) / IDLE_SECONDS, 3)
                                          for name, pids in components.items()}
             summary["idle_over_s"] = IDLE_SECONDS
-            # Each doorbell keeps a ledger connection of its own between polls (airflow/doorbell.py Probe): with
-            # 200, Postgres (max_connections 200) had none left for `kafka-ledger status`.
+            # The doorbells of a triggerer share one ledger connection (airflow/doorbell.py Lookout). One each,
+            # before, left Postgres (max_connections 200) none for `kafka-ledger status` at 200 pipelines.
             with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
                 cur.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")
                 summary["postgres_connections_while_idle"] = cur.fetchone()[0]
