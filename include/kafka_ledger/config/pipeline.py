@@ -382,8 +382,9 @@ class DoorbellSpec(BaseModel):
         description="the offsets that must wait, over all the pipeline's partitions, before the doorbell rings")
     poll_seconds: float = Field(
         default=5.0, ge=0.5, le=3600,
-        description="how often the triggerer looks: one ledger query and one Kafka offsets request a poll (and the "
-                    "subscription's partitions again once a minute)")
+        description="how often the triggerer looks, on the clock's ticks: the doorbells that poll at the same tick "
+                    "share one ledger transaction and one Kafka offsets request (and their subscriptions' partitions "
+                    "again once a minute)")
     ring_again_seconds: float = Field(
         default=300.0, ge=10,
         description="while data waits and no batch has committed since the doorbell rang, it rings again after "
