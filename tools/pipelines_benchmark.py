@@ -29,7 +29,7 @@ import psycopg2
 import yaml
 from confluent_kafka.admin import AdminClient
 
-from kafka_ledger.config.pipeline import PipelineConfig, read_pipelines
+from kafka_ledger.config.pipeline import DAG_ID_PREFIX, PipelineConfig, read_pipelines
 from kafka_ledger.config.services import LedgerDatabase
 from kafka_ledger.config.settings import env_name, kafka_for
 from kafka_ledger.ledger import db as ledger
@@ -57,11 +57,13 @@ def declare(workdir: Path, run_id: str, pipelines: int) -> list[PipelineConfig]:
     return list(read_pipelines(config).all_valid().values())
 
 
-def _dags(client: AirflowClient, run_id: str) -> list[dict[str, Any]]:
+def _dags(client: AirflowClient, run_id: str = "", stale_too: bool = False) -> list[dict[str, Any]]:
+    """The DAGs of this run's pipelines (of every run's, without `run_id`)."""
     dags: list[dict[str, Any]] = []
     while True:
         page = client.request("GET", "/api/v2/dags", params={
-            "dag_id_pattern": f"fleet_{run_id}_", "limit": 100, "offset": len(dags)}).json()["dags"]
+            "dag_id_pattern": f"fleet_{run_id}", "exclude_stale": not stale_too, "limit": 100,
+            "offset": len(dags)}).json()["dags"]
         dags.extend(page)
         if len(page) < 100:
             return dags
@@ -110,6 +112,11 @@ def run_pipelines_benchmark(servers: str, dsn: str, pipelines: int, partitions: 
                 if time.monotonic() - started > 600:
                     raise RuntimeError(f"{len(dags)} of {pipelines} DAGs parsed after 600 s (log: {client.log_path})")
                 time.sleep(2)
+            # An earlier run's DAGs stay in Airflow's database (stale, their pipelines no longer declared) with
+            # their doorbells still watched: they would count in the triggerer's CPU.
+            for dag in _dags(client, stale_too=True):
+                if not dag["dag_id"].startswith(f"{DAG_ID_PREFIX}fleet_{run_id}_"):
+                    client.request("DELETE", f"/api/v2/dags/{dag['dag_id']}", expect=(200, 204, 404))
             errors = client.request("GET", "/api/v2/importErrors").json()["total_entries"]
             durations = [d["last_parse_duration"] for d in dags if d.get("last_parse_duration") is not None]
             summary["dags"] = {"parsed": len(dags), "import_errors": errors, "seen_after_s": round(

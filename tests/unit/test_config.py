@@ -427,6 +427,15 @@ def test_get_pipeline_unknown_name_lists_declared_names(tmp_path):
     assert "(declared: clicks, views)" in message
 
 
+def test_get_pipeline_unknown_name_among_hundreds_names_twenty_and_counts_the_rest(tmp_path):
+    path = tmp_path / "pipelines.yaml"
+    path.write_text("pipelines:\n" + "".join(
+        f"  p{n:03}:\n    topics: [t]\n    output_table: p{n:03}\n    columns: [{{name: id, type: string}}]\n"
+        for n in range(200)))
+    with pytest.raises(ConfigError, match=r"\(declared: p000, p001, .*, p019 and 180 more\)$"):
+        get_pipeline("orders", path)
+
+
 def test_get_pipeline_in_empty_file_says_none_declared(tmp_path):
     path = tmp_path / "pipelines.yaml"
     path.write_text("")

@@ -61,6 +61,8 @@ Identifier = Annotated[str, AfterValidator(_identifier)]
 
 # Every pipeline's DAG id is this prefix and the pipeline's name.
 DAG_ID_PREFIX = "kafka_ledger__"
+# A pipeline unknown by name: this many of the declared names in the error (hundreds would fill the log line).
+NAMES_IN_ERRORS = 20
 
 
 class ConfigError(ValueError, Refusal):
@@ -872,6 +874,8 @@ def get_pipeline(name: str, path: Path | str | None = None) -> PipelineConfig:
     if name in declarations.invalid:
         raise declarations.problem(name)
     if name not in declarations.valid:
-        known = ", ".join(sorted(declarations.valid)) or "none"
-        raise ConfigError(f"pipeline {name!r} is not declared in {declarations.source} (declared: {known})")
+        declared = sorted(declarations.valid)
+        known = ", ".join(declared[:NAMES_IN_ERRORS]) or "none"
+        more = f" and {len(declared) - NAMES_IN_ERRORS} more" if len(declared) > NAMES_IN_ERRORS else ""
+        raise ConfigError(f"pipeline {name!r} is not declared in {declarations.source} (declared: {known}{more})")
     return declarations.valid[name]

@@ -164,16 +164,34 @@ def partition_headroom(
     applies, the oldest unread record's timestamp (one small fetch per such partition, unless `oldest_unread_ms`
     has them already) come from Kafka."""
     tps = sorted(tp for tp in positions if tp in offsets)
-    retention = {topic: Retention.from_config(config) for topic, config in
-                 kafka_offsets.topic_configs(kafka, sorted({tp.topic for tp in tps})).items()}
+    retention = topics_retention(kafka, sorted({tp.topic for tp in tps}))
     aged = {tp: positions[tp] for tp in tps
             if retention[tp.topic].deletes and retention[tp.topic].ms is not None
             and offsets[tp].log_start <= positions[tp] < offsets[tp].end}
     stamps = (kafka_offsets.record_timestamps(kafka, aged) if oldest_unread_ms is None
               else oldest_unread_ms)
+    return assess_all(pipeline, positions, offsets, retention, log_start_rates, stamps)
+
+
+def topics_retention(kafka: KafkaClient, topics: list[str]) -> dict[str, Retention]:
+    """Each topic's retention settings, in one request."""
+    configs = kafka_offsets.topic_configs(kafka, topics)
+    return {topic: Retention.from_config(config) for topic, config in configs.items()}
+
+
+def assess_all(
+    pipeline: PipelineConfig,
+    positions: Mapping[TopicPartition, int],
+    offsets: Mapping[TopicPartition, PartitionOffsets],
+    retention: Mapping[str, Retention],
+    log_start_rates: Mapping[TopicPartition, float],
+    oldest_unread_ms: Mapping[TopicPartition, int],
+) -> list[Headroom]:
+    """The headroom of every partition with a position, from what Kafka said (no look-up of its own)."""
     now_ms = int(time.time() * 1000)
-    return [assess(tp, positions[tp], offsets[tp], retention[tp.topic], stamps.get(tp), log_start_rates.get(tp),
-                   now_ms, pipeline.retention_warning_fraction) for tp in tps]
+    return [assess(tp, positions[tp], offsets[tp], retention[tp.topic], oldest_unread_ms.get(tp),
+                   log_start_rates.get(tp), now_ms, pipeline.retention_warning_fraction)
+            for tp in sorted(tp for tp in positions if tp in offsets)]
 
 
 def look_up(

@@ -165,10 +165,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     pipelines = _pipelines(args.pipelines)
     services = _services()
     report, lines = [], []
-    for pipeline in pipelines:
+    for pipeline, status in zip(pipelines, overview.pipelines_status(services, pipelines), strict=True):
         try:
-            entry = overview.partition_page(overview.pipeline_status(services, pipeline), args.page,
-                                            None if args.all else args.page_size)
+            entry = overview.partition_page(status, args.page, None if args.all else args.page_size)
         except overview.PageError as exc:
             print(f"kafka-ledger: {exc}", file=sys.stderr)
             return EXIT_USAGE

@@ -75,36 +75,95 @@ def partition_report(
 
 
 def pipeline_status(services: Services, pipeline: PipelineConfig, tolerate_kafka: bool = False) -> dict[str, Any]:
-    """The pipeline's partitions (position, log start, end offset, lag) and its unfinished batches.
-
-    tolerate_kafka: Kafka unreachable (or a topic missing) is reported in `kafka_error`, with the ledger's figures
-    only, instead of raised.
+    """The pipeline's partitions (position, log start, end offset, lag) and its unfinished batches (pipelines_status).
     """
-    kafka_error = None
+    (status,) = pipelines_status(services, [pipeline], tolerate_kafka)
+    return status
+
+
+def pipelines_status(services: Services, pipelines: list[PipelineConfig],
+                     tolerate_kafka: bool = False) -> list[dict[str, Any]]:
+    """Each pipeline's partitions (position, log start, end offset, lag) and its unfinished batches, looked up for
+    them all at once: Kafka's offsets, the topics' retention and the oldest waiting records' timestamps in one
+    request each, the ledger in one transaction. Two hundred pipelines one by one took 16 s.
+
+    tolerate_kafka: Kafka unreachable (or a subscribed topic missing) is reported in a status's `kafka_error`, with
+    the ledger's figures only, instead of raised.
+    """
+    offsets: dict[str, dict[TopicPartition, PartitionOffsets]] = {p.name: {} for p in pipelines}
+    kafka_errors: dict[str, str] = {}
     try:
-        offsets = kafka_offsets.subscribed_offsets(services.kafka, pipeline)
-    except planning.PlanError as exc:  # Kafka unreachable, or a subscribed topic missing
+        found, kafka_errors = kafka_offsets.pipelines_offsets(services.kafka, pipelines)
+        offsets.update(found)
+    except planning.PlanError as exc:  # Kafka unreachable
         if not tolerate_kafka:
             raise
-        offsets, kafka_error = {}, str(exc)
+        kafka_errors = dict.fromkeys(offsets, str(exc))
+    if kafka_errors and not tolerate_kafka:  # a subscribed topic missing
+        raise planning.PlanError(next(iter(kafka_errors.values())))
     with ledger.transaction(services.ledger) as cur:
-        rows = {r.topic_partition: r for r in ledger.position_rows(cur, pipeline.name)}
-        coverage = ledger.coverage(cur, pipeline.name)
-        unfinished = ledger.in_flight_batches(cur, pipeline.name)
-        rates = ledger.log_start_rates(cur, pipeline.name)
+        held = {p.name: ({r.topic_partition: r for r in ledger.position_rows(cur, p.name)},
+                         ledger.coverage(cur, p.name), ledger.in_flight_batches(cur, p.name),
+                         ledger.log_start_rates(cur, p.name)) for p in pipelines}
     # The oldest waiting record of each lagging partition (one small fetch each): its lag in seconds, and its
     # retention headroom.
-    waiting = {tp: rows[tp].position for tp, o in offsets.items()
-               if tp in rows and o.log_start <= rows[tp].position < o.end}
-    stamps, freshness_error = {}, None
+    waiting = {p.name: {tp: held[p.name][0][tp].position for tp, o in offsets[p.name].items()
+                        if tp in held[p.name][0] and o.log_start <= held[p.name][0][tp].position < o.end}
+               for p in pipelines}
+    stamps: dict[str, dict[TopicPartition, int]] = {name: {} for name in waiting}
+    freshness_error = None
     try:
-        stamps = kafka_offsets.record_timestamps(services.kafka, waiting)
+        stamps = _record_timestamps(services, waiting)
     except (planning.PlanError, KafkaException) as exc:  # a lag in seconds is worth a report, not a failure
         freshness_error = f"lag in seconds unknown: {exc}"
-    positions = {tp: r.position for tp, r in rows.items()}
-    found, headroom_error = (headroom.look_up(services.kafka, pipeline, positions, offsets, rates, stamps) if offsets
-                             else (None, None))
-    margins = {TopicPartition(h.topic, h.partition): h for h in found or []}
+    retention: dict[str, headroom.Retention] = {}
+    retention_error = None
+    try:
+        retention = headroom.topics_retention(
+            services.kafka, sorted({tp.topic for name in offsets for tp in offsets[name]}))
+    except (planning.PlanError, KafkaException) as exc:
+        retention_error = str(exc)
+    statuses = []
+    for pipeline in pipelines:
+        rows, coverage, unfinished, rates = held[pipeline.name]
+        found_offsets = offsets[pipeline.name]
+        margins, headroom_error = {}, None
+        if found_offsets:
+            if retention_error:
+                headroom_error = f"retention headroom of {pipeline.name} not computed: {retention_error}"
+            else:
+                margins = {TopicPartition(h.topic, h.partition): h for h in headroom.assess_all(
+                    pipeline, {tp: r.position for tp, r in rows.items()}, found_offsets, retention, rates,
+                    stamps[pipeline.name])}
+        statuses.append(_status(pipeline, found_offsets, rows, coverage, unfinished, margins, stamps[pipeline.name],
+                                kafka_errors.get(pipeline.name), headroom_error, freshness_error))
+    return statuses
+
+
+def _record_timestamps(services: Services,
+                       waiting: dict[str, dict[TopicPartition, int]]) -> dict[str, dict[TopicPartition, int]]:
+    """record_timestamps of every pipeline's waiting partitions, in one fetch for them all; two pipelines reading
+    one partition at positions of their own, in one fetch more for each further position."""
+    stamps: dict[str, dict[TopicPartition, int]] = {name: {} for name in waiting}
+    left = {name: dict(positions) for name, positions in waiting.items()}
+    while any(left.values()):
+        asked: dict[TopicPartition, int] = {}
+        for positions in left.values():
+            for tp, position in positions.items():
+                asked.setdefault(tp, position)
+        answered = kafka_offsets.record_timestamps(services.kafka, asked)
+        for name, positions in left.items():
+            for tp in [tp for tp, position in positions.items() if asked[tp] == position]:
+                if tp in answered:
+                    stamps[name][tp] = answered[tp]
+                del positions[tp]
+    return stamps
+
+
+def _status(pipeline: PipelineConfig, offsets: dict[TopicPartition, PartitionOffsets],
+            rows: dict[TopicPartition, ledger.PositionRow], coverage: dict[TopicPartition, list[Coverage]],
+            unfinished: list[Any], margins: dict[TopicPartition, headroom.Headroom], stamps: dict[TopicPartition, int],
+            kafka_error: str | None, headroom_error: str | None, freshness_error: str | None) -> dict[str, Any]:
     partitions = partition_report(pipeline, offsets, rows, coverage, margins,
                                   {tp: datetime.fromtimestamp(ms / 1000, UTC) for tp, ms in stamps.items()})
     known = [p["lag_seconds"] for p in partitions if p["lag_seconds"] is not None]

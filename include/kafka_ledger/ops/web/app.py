@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from kafka_ledger.sinks import ArtifactSink, sink_for
 
 URL_PREFIX = "/kafka-ledger"
 RECENT_BATCHES = 20
-STATUS_THREADS = 8
 CHARTED_BATCHES = 60
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
@@ -61,9 +59,8 @@ def _status(pipeline: PipelineConfig) -> dict[str, Any]:
 
 
 def _statuses(pipelines: list[PipelineConfig]) -> list[dict[str, Any]]:
-    """Every pipeline's status, several at once: each waits on Kafka and Postgres round trips, not on the CPU."""
-    with ThreadPoolExecutor(max_workers=STATUS_THREADS) as pool:
-        return list(pool.map(_status, pipelines))
+    """Every pipeline's status, looked up together."""
+    return overview.pipelines_status(settings.task_services(), pipelines, tolerate_kafka=True)
 
 
 def _ledger_view(pipeline: PipelineConfig) -> dict[str, Any]:
