@@ -799,6 +799,17 @@ class PipelineDeclarations:
             raise ConfigError(f"{self.source}: invalid pipeline configuration:\n" + "\n".join(self.invalid.values()))
         return self.valid
 
+    def pipeline(self, name: str) -> PipelineConfig:
+        """One pipeline by name, valid whatever the other entries hold, with a helpful error when it is not."""
+        if name in self.invalid:
+            raise self.problem(name)
+        if name not in self.valid:
+            declared = sorted(self.valid)
+            known = ", ".join(declared[:NAMES_IN_ERRORS]) or "none"
+            more = f" and {len(declared) - NAMES_IN_ERRORS} more" if len(declared) > NAMES_IN_ERRORS else ""
+            raise ConfigError(f"pipeline {name!r} is not declared in {self.source} (declared: {known}{more})")
+        return self.valid[name]
+
 
 def _declare(name: str, body: object) -> PipelineConfig:
     # Pipelines are keyed by name in YAML; the key is copied into the body so a pipeline knows its name.
@@ -870,12 +881,4 @@ def load_pipelines(path: Path | str | None = None) -> dict[str, PipelineConfig]:
 
 def get_pipeline(name: str, path: Path | str | None = None) -> PipelineConfig:
     """One pipeline by name, valid whatever the other entries hold, with a helpful error when it is not."""
-    declarations = read_pipelines(path)
-    if name in declarations.invalid:
-        raise declarations.problem(name)
-    if name not in declarations.valid:
-        declared = sorted(declarations.valid)
-        known = ", ".join(declared[:NAMES_IN_ERRORS]) or "none"
-        more = f" and {len(declared) - NAMES_IN_ERRORS} more" if len(declared) > NAMES_IN_ERRORS else ""
-        raise ConfigError(f"pipeline {name!r} is not declared in {declarations.source} (declared: {known}{more})")
-    return declarations.valid[name]
+    return read_pipelines(path).pipeline(name)
