@@ -96,8 +96,9 @@ class Lookout:
         self.services = services
         self._conn: psycopg2.extensions.connection | None = None
         self._admin: kafka_offsets.ReportingAdminClient | None = None
-        # Each pipeline's subscribed partitions with their log starts, and when they were looked up.
-        self._log_starts: dict[str, tuple[float, dict[TopicPartition, int]]] = {}
+        # Each pipeline's subscribed partitions with their log starts, and when they were looked up; by its name and
+        # subscription (a pipeline declared anew with other topics is looked up at once).
+        self._log_starts: dict[tuple[str, str], tuple[float, dict[TopicPartition, int]]] = {}
         self._asked: dict[str, tuple[PipelineConfig, list[asyncio.Future[Look]]]] = {}
         self._gathering: asyncio.Task[None] | None = None
 
@@ -163,21 +164,25 @@ class Lookout:
         whose topics were missing; between, only the end offsets."""
         if self._admin is None:
             self._admin = kafka_offsets.admin_client(self.services.kafka)
+        def known(pipeline: PipelineConfig) -> tuple[str, str]:
+            return pipeline.name, pipeline.subscription
+
         stale = [p for p in pipelines
-                 if now - self._log_starts.get(p.name, (float("-inf"), {}))[0] >= PARTITIONS_REFRESH_SECONDS]
+                 if now - self._log_starts.get(known(p), (float("-inf"), {}))[0] >= PARTITIONS_REFRESH_SECONDS]
         offsets, problems = (kafka_offsets.pipelines_offsets(self.services.kafka, stale, KAFKA_TIMEOUT_SECONDS,
                                                              self._admin) if stale else ({}, {}))
-        for name, found in offsets.items():
-            self._log_starts[name] = (now, {tp: o.log_start for tp, o in found.items()})
-        for name in problems:
-            self._log_starts.pop(name, None)
-        fresh = [p.name for p in pipelines if p.name not in offsets and p.name not in problems]
-        asked = sorted({tp for name in fresh for tp in self._log_starts[name][1]})
+        for pipeline in stale:
+            if pipeline.name in offsets:
+                self._log_starts[known(pipeline)] = (now, {tp: o.log_start for tp, o in offsets[pipeline.name].items()})
+            else:
+                self._log_starts.pop(known(pipeline), None)
+        fresh = [p for p in pipelines if p.name not in offsets and p.name not in problems]
+        asked = sorted({tp for p in fresh for tp in self._log_starts[known(p)][1]})
         ends = (kafka_offsets.list_offsets(self._admin, asked, OffsetSpec.latest(), KAFKA_TIMEOUT_SECONDS)
                 if asked else {})
-        for name in fresh:
-            offsets[name] = {tp: PartitionOffsets(log_start=start, end=ends[tp])
-                             for tp, start in self._log_starts[name][1].items()}
+        for pipeline in fresh:
+            offsets[pipeline.name] = {tp: PartitionOffsets(log_start=start, end=ends[tp])
+                                      for tp, start in self._log_starts[known(pipeline)][1].items()}
         return offsets, problems
 
     def _close_ledger(self) -> None:
