@@ -9,11 +9,15 @@ kafka-ledger's modules afresh. `start` returns a `ForkedTask` with the few of su
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import multiprocessing
 import os
 import subprocess
 import sys
 import tempfile
+import threading
+import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,17 +41,39 @@ def _forkserver() -> Any:
 
 def _run(main: Callable[[list[str]], int], argv: list[str], env: Mapping[str, str], stdout: str, stderr: str) -> None:
     """In the forked task: its own environment, stdout to a file the harness reads, stderr appended to the task log,
-    then `main(argv)`'s return for the exit code."""
+    then `main(argv)`'s return for the exit code (1 for an exception, its traceback in the log)."""
     os.environ.clear()
     os.environ.update(env)
     os.dup2(os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 1)
     os.dup2(os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), 2)
     sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the process's own stdout, for its whole life
     sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-    code = main(argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(code)
+    code = 1
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        _exit(code)
+
+
+def _exit(code: int) -> None:
+    """End the task as Airflow ends a task's process (its supervisor's `_fork_main`): the exit functions, then
+    os._exit. A process ending normally would first wait for every thread a library left running: a task whose
+    COPY failed once waited for minutes on such a thread (the network campaign at 2e49fb8), where Airflow's would have
+    ended. The threads still running are named in the task's log."""
+    left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if left:
+        print(f"the task ends with threads still running: {', '.join(left)}", file=sys.stderr)
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(ValueError, OSError):
+                stream.flush()
+        os._exit(code)
 
 
 def _temporary(suffix: str) -> str:
