@@ -33,6 +33,7 @@ from kafka_ledger.ops import readback as audit
 from kafka_ledger.runtimes import run_batch
 from tools.fault_campaign import launcher
 from tools.fault_campaign.runner import task_main
+from tools.fault_campaign.strikes import copying_into
 
 # The columns of every test pipeline, and bad records with the reason the dead-letter table must give for each:
 # the fault campaign's too, so defined once, in tools/records.py.
@@ -329,6 +330,12 @@ def query(dsn: str, statement: str, *params) -> list[tuple]:
         rows = cur.fetchall() if cur.description else []
     conn.close()
     return rows
+
+
+def copying(dsn: str, table: str, running: bool = True) -> bool:
+    """strikes.copying_into on a connection of the test's own: a COPY into the table runs (or its transaction goes
+    on, not `running`)."""
+    return copying_into(lambda statement, params: query(dsn, statement, *params), table, running=running)
 
 
 def positions(dsn: str, pipeline) -> dict[tuple[str, int], int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from integration_support import assert_exactly_once, batches, finish, good_value, query, start_task, stored
+from integration_support import assert_exactly_once, batches, copying, finish, good_value, query, start_task, stored
 
 from kafka_ledger.batch.plan import plan_next_batch
 from kafka_ledger.config.settings import kafka_for, services_for
@@ -33,7 +33,6 @@ from kafka_ledger.runtimes.connect.batch import (
 )
 from tools.fault_campaign import launcher
 from tools.fault_campaign.runner import task_result
-from tools.fault_campaign.strikes import copying_into
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +58,7 @@ def wait_for_rows_streaming(dsn: str, pipeline, task: launcher.ForkedTask | thre
     alive = task.is_alive if isinstance(task, threading.Thread) else (lambda: task.poll() is None)
     deadline = time.monotonic() + timeout
     while True:
-        if copying_into(lambda statement, params: query(dsn, statement, *params), pipeline.output_table):
+        if copying(dsn, pipeline.output_table):
             return
         assert alive(), "the task ended before it streamed rows"
         assert time.monotonic() < deadline, "the task never streamed rows"

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from integration_support import BAD_VALUES, assert_exactly_once, good_value, query, spark_task
+from integration_support import BAD_VALUES, assert_exactly_once, copying, good_value, query, spark_task
 
 from kafka_ledger.config.pipeline import PipelineConfig
 from tools.airflow_server import AirflowClient, airflow_test_settings, running_airflow
-from tools.fault_campaign.strikes import copying_into
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_stack]
 
@@ -56,8 +55,7 @@ def reading_batch(dsn: str, pipeline: PipelineConfig, timeout: float = 300.0, be
 def streaming_into_copy(dsn: str, pipeline: PipelineConfig, batch_id: int) -> bool:
     """Wait until the batch's rows flow into COPY (True), or the batch is no longer planned (False: missed)."""
     while query(dsn, "SELECT status FROM kafka_ledger.batches WHERE batch_id = %s", batch_id)[0][0] == "planned":
-        if copying_into(lambda statement, params: query(dsn, statement, *params), pipeline.output_table,
-                        running=False):
+        if copying(dsn, pipeline.output_table, running=False):
             return True
         time.sleep(0.005)
     return False

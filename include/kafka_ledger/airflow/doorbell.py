@@ -200,7 +200,10 @@ def lookout_for(services: Services) -> Lookout:
     """The lookout of the running event loop for those services."""
     kafka = services.kafka
     key = (services.ledger, kafka.servers, tuple(sorted(kafka.settings.items())))
-    return _lookouts.setdefault(asyncio.get_running_loop(), {}).setdefault(key, Lookout(services))
+    lookouts = _lookouts.setdefault(asyncio.get_running_loop(), {})
+    if key not in lookouts:
+        lookouts[key] = Lookout(services)
+    return lookouts[key]
 
 
 class DoorbellTrigger(BaseEventTrigger):
