@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 from pydantic import SecretStr
 
 from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.ledger.db import PositionRow
 from kafka_ledger.model.ranges import PartitionOffsets, TopicPartition
 from kafka_ledger.ops import metrics
 
@@ -43,10 +44,15 @@ def at(name: str, **labels) -> tuple[str, frozenset]:
     return name, frozenset(labels.items())
 
 
+def position_row(topic: str, partition: int, position: int, newest: datetime | None = None) -> PositionRow:
+    return PositionRow(topic, partition, position, 0, None, datetime(2026, 11, 27, tzinfo=UTC), newest)
+
+
 def figures() -> metrics.LedgerFigures:
     newest = datetime(2026, 11, 27, 11, 59, tzinfo=UTC)
     return metrics.LedgerFigures(
-        positions={"clicks": {TopicPartition("clicks", 0): (70, newest), TopicPartition("clicks", 1): (60, None)}},
+        positions={"clicks": {TopicPartition("clicks", 0): position_row("clicks", 0, 70, newest),
+                              TopicPartition("clicks", 1): position_row("clicks", 1, 60)}},
         batches={"clicks": {"committed": 5, "failed": 1, "abandoned": 1}}, attempts={"clicks": 10},
         records_published={"clicks": 130}, last_commit={"clicks": newest},
         dead_letters={"clicks": {"malformed JSON (not a JSON object)": 3}}, lost_offsets={"clicks": 10},
@@ -207,7 +213,8 @@ def test_a_latest_only_pipeline_loses_nothing_it_skips():
 
 def test_two_pipelines_reading_one_topic_each_get_the_age_of_their_own_oldest_unread_record():
     tp = TopicPartition("clicks", 0)
-    found = metrics.LedgerFigures(positions={"clicks": {tp: (70, None)}, "clicks_lake": {tp: (40, None)}})
+    found = metrics.LedgerFigures(positions={"clicks": {tp: position_row("clicks", 0, 70)},
+                                             "clicks_lake": {tp: position_row("clicks", 0, 40)}})
     held = {tp: PartitionOffsets(0, 100)}
     kafka = metrics.KafkaFigures({"clicks": held, "clicks_lake": held},
                                  oldest_unread={(tp, 70): NOW - 10.0, (tp, 40): NOW - 500.0})

@@ -372,6 +372,16 @@ def test_partition_lag_counts_unseen_partitions_from_where_the_pipeline_would_st
     assert backlog({A0: 90, A1: 3}, offsets) == sum(partition_lag({A0: 90, A1: 3}, offsets, "earliest").values())
 
 
+def test_unread_positions_are_those_inside_kafkas_log():
+    from kafka_ledger.model.ranges import unread_positions
+
+    offsets = {A0: PartitionOffsets(10, 100), A1: PartitionOffsets(3, 40), B0: PartitionOffsets(0, 0)}
+    # A0 waits at 90; A1 is read to its end; B0 is empty; a position before the log start has nothing there to wait;
+    # a partition gone from Kafka has no record.
+    assert unread_positions({A0: 90, A1: 40, B0: 0, TopicPartition("gone", 0): 5}, offsets) == {A0: 90}
+    assert unread_positions({A0: 5}, offsets) == {}
+
+
 def test_topic_identity_anchors_new_topics_and_names_changed_ones():
     from kafka_ledger.model.ranges import TopicIdentityError, topic_identity
 

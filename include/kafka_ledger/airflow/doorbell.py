@@ -135,7 +135,7 @@ class Lookout:
             if self._conn is None:
                 self._conn = ledger.connect(self.services.ledger)
             with self._conn, self._conn.cursor() as cur:
-                positions = ledger.doorbell_positions(cur, names)
+                positions = ledger.pipelines_position_rows(cur, names)
                 carrying = ledger.carrying_pipelines(cur, names)
         except psycopg2.Error:
             self._close_ledger()
@@ -151,9 +151,10 @@ class Lookout:
                 looks[pipeline.name] = PlanError(problems[pipeline.name])
                 continue
             held = positions[pipeline.name]
-            lag = partition_lag({tp: position for tp, (position, _) in held.items()}, offsets[pipeline.name],
+            lag = partition_lag({tp: row.position for tp, row in held.items()}, offsets[pipeline.name],
                                 pipeline.start_position)
-            progress = max((batch for _, batch in held.values() if batch is not None), default=None)
+            progress = max((row.last_batch_id for row in held.values() if row.last_batch_id is not None),
+                           default=None)
             looks[pipeline.name] = Look(progress, lag, pipeline.name in carrying)
         return looks
 

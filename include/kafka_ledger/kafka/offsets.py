@@ -6,6 +6,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterable
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -304,3 +305,20 @@ def record_timestamps(
     finally:
         consumer.close()
     return found
+
+
+def position_timestamps(kafka: KafkaClient, wanted: Iterable[tuple[TopicPartition, int]],
+                        timeout: float = 10.0) -> dict[tuple[TopicPartition, int], int]:
+    """record_timestamps of (partition, position) pairs, several pipelines' at once: one fetch for a position of each
+    partition, and one fetch more for each further position in a partition (two pipelines reading one topic, each at
+    its own position)."""
+    left = set(wanted)
+    found: dict[tuple[TopicPartition, int], int] = {}
+    while left:
+        asked: dict[TopicPartition, int] = {}
+        for tp, position in sorted(left):
+            asked.setdefault(tp, position)
+        found.update({(tp, asked[tp]): ms for tp, ms in record_timestamps(kafka, asked, timeout).items()})
+        left -= set(asked.items())
+    return found
+

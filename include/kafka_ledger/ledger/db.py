@@ -343,9 +343,19 @@ class PositionRow:
         return TopicPartition(self.topic, self.partition)
 
 
+def pipelines_position_rows(cur: Cursor, pipelines: list[str]) -> dict[str, dict[TopicPartition, PositionRow]]:
+    """Each of the pipelines' position rows by partition ({} for a pipeline with none yet), in one query."""
+    cur.execute(sql.SELECT_POSITION_ROWS, {"pipelines": pipelines})
+    found: dict[str, dict[TopicPartition, PositionRow]] = {name: {} for name in pipelines}
+    for pipeline, *fields in cur.fetchall():
+        row = PositionRow(*fields)
+        found[pipeline][row.topic_partition] = row
+    return found
+
+
 def position_rows(cur: Cursor, pipeline: str) -> list[PositionRow]:
-    cur.execute(sql.SELECT_POSITION_ROWS, {"pipeline": pipeline})
-    return [PositionRow(*row) for row in cur.fetchall()]
+    """The pipeline's position rows, by topic and partition."""
+    return list(pipelines_position_rows(cur, [pipeline])[pipeline].values())
 
 
 def verified_point(cur: Cursor, pipeline: str) -> int | None:
@@ -441,15 +451,6 @@ def carrying_run(cur: Cursor, pipeline: str) -> str | None:
     cur.execute(sql.SELECT_CARRYING_RUN, {"pipeline": pipeline})
     row = cur.fetchone()
     return row[0] if row else None
-
-
-def doorbell_positions(cur: Cursor, pipelines: list[str]) -> dict[str, dict[TopicPartition, tuple[int, int | None]]]:
-    """Each pipeline's positions, with the batch that moved each last (None: none did), by partition."""
-    cur.execute(sql.DOORBELL_POSITIONS, {"pipelines": pipelines})
-    found: dict[str, dict[TopicPartition, tuple[int, int | None]]] = {name: {} for name in pipelines}
-    for pipeline, topic, partition, position, last_batch_id in cur.fetchall():
-        found[pipeline][TopicPartition(topic, partition)] = (position, last_batch_id)
-    return found
 
 
 def carrying_pipelines(cur: Cursor, pipelines: list[str]) -> set[str]:

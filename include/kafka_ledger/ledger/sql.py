@@ -186,10 +186,12 @@ INSERT_START_POSITIONS = """
 """
 START_POSITION_VALUES = "(%s, %s, %s::int, %s::bigint)"
 
+# Every partition's position row of the pipelines: one pipeline's (verify, commit), or all a look covers at once (the
+# doorbells' lookout, the metrics, the status of every pipeline).
 SELECT_POSITION_ROWS = """
-    SELECT topic, partition, position, start_offset, last_batch_id, updated_at, newest_timestamp
+    SELECT pipeline, topic, partition, position, start_offset, last_batch_id, updated_at, newest_timestamp
     FROM kafka_ledger.positions
-    WHERE pipeline = %(pipeline)s ORDER BY topic, partition
+    WHERE pipeline = ANY(%(pipelines)s) ORDER BY pipeline, topic, partition
 """
 
 # A reset: the position moves, and a start moved back makes the re-read stretch part of what must be tiled.
@@ -263,11 +265,6 @@ SELECT_CARRYING_RUN = f"""
 """
 
 # --- the doorbells' look (airflow/doorbell.py): every pipeline of a triggerer in one transaction, at each poll ----
-DOORBELL_POSITIONS = """
-    SELECT pipeline, topic, partition, position, last_batch_id FROM kafka_ledger.positions
-    WHERE pipeline = ANY(%(pipelines)s)
-"""
-
 DOORBELL_CARRYING = f"""
     SELECT pipeline FROM kafka_ledger.carrying_runs WHERE pipeline = ANY(%(pipelines)s) AND {LEASE_HELD}
 """
@@ -685,11 +682,6 @@ SELECT_RANGE_END_OFFSETS = """
 # --- metrics (ops/metrics.py): every declared pipeline's figures in one transaction, at scrape time ---------------
 # The totals are kept by triggers as batches end and dead letters come and go (migration 0018): a scrape reads a few
 # rows per pipeline and partition, never the pipelines' history.
-METRICS_POSITIONS = """
-    SELECT pipeline, topic, partition, position, newest_timestamp FROM kafka_ledger.positions
-    WHERE pipeline = ANY(%(pipelines)s)
-"""
-
 METRICS_BATCH_TOTALS = """
     SELECT pipeline, committed, abandoned, attempts, records_published, skipped_offsets, last_committed_at
     FROM kafka_ledger.batch_totals WHERE pipeline = ANY(%(pipelines)s)

@@ -467,6 +467,13 @@ def partition_lag(
     return {tp: max(0, offsets[tp].end - positions.get(tp, starts.get(tp, 0))) for tp in offsets}
 
 
+def unread_positions(positions: Mapping[TopicPartition, int],
+                     offsets: Mapping[TopicPartition, PartitionOffsets]) -> dict[TopicPartition, int]:
+    """The positions at which a record waits to be read: within Kafka's log (at or after its start, before its end)."""
+    return {tp: position for tp, position in positions.items()
+            if tp in offsets and offsets[tp].log_start <= position < offsets[tp].end}
+
+
 def backlog(positions: Mapping[TopicPartition, int], offsets: Mapping[TopicPartition, PartitionOffsets]) -> int:
     """Offsets between the given positions and the end offsets, summed (partitions not in `positions` left out)."""
     lags = partition_lag(positions, offsets, "earliest")

@@ -62,8 +62,8 @@ LAG_EXPORTER_CLUSTER = "kafka-ledger"
 class LedgerFigures:
     """What the ledger says of the pipelines, read in one transaction."""
 
-    # pipeline -> partition -> (committed position, Kafka timestamp of its newest published record)
-    positions: dict[str, dict[TopicPartition, tuple[int, datetime | None]]] = field(default_factory=dict)
+    # pipeline -> partition -> its position row (committed position, Kafka timestamp of its newest published record)
+    positions: dict[str, dict[TopicPartition, ledger.PositionRow]] = field(default_factory=dict)
     batches: dict[str, dict[str, int]] = field(default_factory=dict)  # pipeline -> status -> batches
     attempts: dict[str, int] = field(default_factory=dict)  # pipeline -> attempts of its batches
     records_published: dict[str, int] = field(default_factory=dict)
@@ -80,9 +80,7 @@ def read_ledger(cur: ledger.Cursor, pipelines: list[str]) -> LedgerFigures:
     """The ledger's figures of `pipelines`: their positions, and totals the ledger keeps as it goes (a few rows per
     pipeline, whatever its history)."""
     figures, params = LedgerFigures(), {"pipelines": pipelines}
-    cur.execute(sql.METRICS_POSITIONS, params)
-    for pipeline, topic, partition, position, newest in cur.fetchall():
-        figures.positions.setdefault(pipeline, {})[TopicPartition(topic, partition)] = (position, newest)
+    figures.positions = ledger.pipelines_position_rows(cur, pipelines)
     cur.execute(sql.METRICS_BATCH_TOTALS, params)
     for pipeline, committed, abandoned, attempts, published, skipped, last_commit in cur.fetchall():
         figures.batches[pipeline] = {"committed": committed, "abandoned": abandoned}
@@ -160,17 +158,17 @@ class KafkaLookups:
 
     def _oldest_unread(self, offsets: dict[str, dict[TopicPartition, PartitionOffsets]],
                        positions: dict[str, dict[TopicPartition, int]]) -> dict[tuple[TopicPartition, int], float]:
-        waiting = {(tp, position) for name, held in offsets.items() for tp, o in held.items()
-                   if (position := positions.get(name, {}).get(tp)) is not None and o.log_start <= position < o.end}
-        asked = {tp: position for tp, position in waiting if (tp, position) not in self._stamps}
+        waiting = {w for name, held in offsets.items()
+                   for w in planning.unread_positions(positions.get(name, {}), held).items()}
+        asked = waiting - set(self._stamps)
         if asked:
             try:
-                stamps = kafka_offsets.record_timestamps(self.services.kafka, asked, timeout=2.0)
+                stamps = kafka_offsets.position_timestamps(self.services.kafka, asked, timeout=2.0)
             except (planning.PlanError, KafkaException) as exc:
                 log.warning("oldest unread records' timestamps unknown: %s", exc)
                 stamps = {}
             # A partition that did not answer is asked again next time.
-            self._stamps.update({(tp, asked[tp]): ms / 1000 for tp, ms in stamps.items()})
+            self._stamps.update({key: ms / 1000 for key, ms in stamps.items()})
         self._stamps = {key: value for key, value in self._stamps.items() if key in waiting}
         return dict(self._stamps)
 
@@ -260,22 +258,22 @@ def families(pipelines: list[PipelineConfig], found: LedgerFigures, kafka: Kafka
         held = found.positions.get(name, {})
         kafka_known.add_metric([name], 1 if name in offsets else 0)
         held_offsets = offsets.get(name, {})
-        lags = planning.partition_lag({tp: p for tp, (p, _) in held.items()}, held_offsets, pipeline.start_position)
+        lags = planning.partition_lag({tp: r.position for tp, r in held.items()}, held_offsets,
+                                      pipeline.start_position)
         group = pipeline.mirror_consumer_group or name
         for tp in sorted(set(held) | set(held_offsets)):
             labels = _labels(pipeline, tp)
             if tp in held:
-                position, newest_timestamp = held[tp]
-                committed.add_metric(labels, position)
-                if newest_timestamp is not None:
-                    newest.add_metric(labels, _epoch(newest_timestamp))
+                committed.add_metric(labels, held[tp].position)
+                if held[tp].newest_timestamp is not None:
+                    newest.add_metric(labels, _epoch(held[tp].newest_timestamp))
             if tp in held_offsets:
                 end.add_metric(labels, held_offsets[tp].end)
                 log_start.add_metric(labels, held_offsets[tp].log_start)
                 lag.add_metric(labels, lags[tp])
                 group_lag.add_metric([LAG_EXPORTER_CLUSTER, group, tp.topic, str(tp.partition)], lags[tp])
                 # The record a lagging pipeline waits for is the one at its own position.
-                stamp = oldest_unread.get((tp, held[tp][0])) if tp in held else None
+                stamp = oldest_unread.get((tp, held[tp].position)) if tp in held else None
                 if lags[tp] == 0:
                     group_lag_seconds.add_metric([LAG_EXPORTER_CLUSTER, group, tp.topic, str(tp.partition)], 0)
                 elif stamp is not None:
@@ -345,7 +343,7 @@ class LedgerCollector(Collector):
             yield up
             return
         up.add_metric(["ledger"], 1)
-        positions = {name: {tp: p for tp, (p, _) in held.items()} for name, held in found.positions.items()}
+        positions = {name: {tp: r.position for tp, r in held.items()} for name, held in found.positions.items()}
         kafka = self.kafka.figures(pipelines, positions)
         if kafka.error:
             log.warning("metrics: Kafka did not answer: %s", kafka.error)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -74,6 +75,16 @@ def partition_report(
     return partitions
 
 
+@dataclass(frozen=True)
+class _Held:
+    """What the ledger holds of one pipeline for its status."""
+
+    rows: dict[TopicPartition, ledger.PositionRow]
+    coverage: dict[TopicPartition, list[Coverage]]
+    unfinished: list[ledger.Batch]
+    log_start_rates: dict[TopicPartition, float]
+
+
 def pipeline_status(services: Services, pipeline: PipelineConfig, tolerate_kafka: bool = False) -> dict[str, Any]:
     """The pipeline's partitions (position, log start, end offset, lag) and its unfinished batches (pipelines_status).
     """
@@ -102,18 +113,20 @@ def pipelines_status(services: Services, pipelines: list[PipelineConfig],
     if kafka_errors and not tolerate_kafka:  # a subscribed topic missing
         raise planning.PlanError(next(iter(kafka_errors.values())))
     with ledger.transaction(services.ledger) as cur:
-        held = {p.name: ({r.topic_partition: r for r in ledger.position_rows(cur, p.name)},
-                         ledger.coverage(cur, p.name), ledger.in_flight_batches(cur, p.name),
-                         ledger.log_start_rates(cur, p.name)) for p in pipelines}
+        rows = ledger.pipelines_position_rows(cur, [p.name for p in pipelines])
+        held = {p.name: _Held(rows[p.name], ledger.coverage(cur, p.name), ledger.in_flight_batches(cur, p.name),
+                              ledger.log_start_rates(cur, p.name)) for p in pipelines}
     # The oldest waiting record of each lagging partition (one small fetch each): its lag in seconds, and its
     # retention headroom.
-    waiting = {p.name: {tp: held[p.name][0][tp].position for tp, o in offsets[p.name].items()
-                        if tp in held[p.name][0] and o.log_start <= held[p.name][0][tp].position < o.end}
-               for p in pipelines}
+    waiting = {p.name: planning.unread_positions({tp: r.position for tp, r in rows[p.name].items()},
+                                                 offsets[p.name]) for p in pipelines}
     stamps: dict[str, dict[TopicPartition, int]] = {name: {} for name in waiting}
     freshness_error = None
     try:
-        stamps = _record_timestamps(services, waiting)
+        found = kafka_offsets.position_timestamps(services.kafka,
+                                                  {w for held in waiting.values() for w in held.items()})
+        stamps = {name: {tp: found[tp, at] for tp, at in held.items() if (tp, at) in found}
+                  for name, held in waiting.items()}
     except (planning.PlanError, KafkaException) as exc:  # a lag in seconds is worth a report, not a failure
         freshness_error = f"lag in seconds unknown: {exc}"
     retention: dict[str, headroom.Retention] = {}
@@ -125,7 +138,7 @@ def pipelines_status(services: Services, pipelines: list[PipelineConfig],
         retention_error = str(exc)
     statuses = []
     for pipeline in pipelines:
-        rows, coverage, unfinished, rates = held[pipeline.name]
+        ledgers = held[pipeline.name]
         found_offsets = offsets[pipeline.name]
         margins, headroom_error = {}, None
         if found_offsets:
@@ -133,31 +146,12 @@ def pipelines_status(services: Services, pipelines: list[PipelineConfig],
                 headroom_error = f"retention headroom of {pipeline.name} not computed: {retention_error}"
             else:
                 margins = {TopicPartition(h.topic, h.partition): h for h in headroom.assess_all(
-                    pipeline, {tp: r.position for tp, r in rows.items()}, found_offsets, retention, rates,
-                    stamps[pipeline.name])}
-        statuses.append(_status(pipeline, found_offsets, rows, coverage, unfinished, margins, stamps[pipeline.name],
-                                kafka_errors.get(pipeline.name), headroom_error, freshness_error))
+                    pipeline, {tp: r.position for tp, r in ledgers.rows.items()}, found_offsets, retention,
+                    ledgers.log_start_rates, stamps[pipeline.name])}
+        statuses.append(_status(pipeline, found_offsets, ledgers.rows, ledgers.coverage, ledgers.unfinished, margins,
+                                stamps[pipeline.name], kafka_errors.get(pipeline.name), headroom_error,
+                                freshness_error))
     return statuses
-
-
-def _record_timestamps(services: Services,
-                       waiting: dict[str, dict[TopicPartition, int]]) -> dict[str, dict[TopicPartition, int]]:
-    """record_timestamps of every pipeline's waiting partitions, in one fetch for them all; two pipelines reading
-    one partition at positions of their own, in one fetch more for each further position."""
-    stamps: dict[str, dict[TopicPartition, int]] = {name: {} for name in waiting}
-    left = {name: dict(positions) for name, positions in waiting.items()}
-    while any(left.values()):
-        asked: dict[TopicPartition, int] = {}
-        for positions in left.values():
-            for tp, position in positions.items():
-                asked.setdefault(tp, position)
-        answered = kafka_offsets.record_timestamps(services.kafka, asked)
-        for name, positions in left.items():
-            for tp in [tp for tp, position in positions.items() if asked[tp] == position]:
-                if tp in answered:
-                    stamps[name][tp] = answered[tp]
-                del positions[tp]
-    return stamps
 
 
 def _status(pipeline: PipelineConfig, offsets: dict[TopicPartition, PartitionOffsets],
