@@ -11,7 +11,9 @@ registered at the DAG's first parse, the peer's JVM) out of the measured load. O
 up; then, per record, the delay from its Kafka timestamp (the producer's clock) to
 the commit that published it: kafka-ledger's batch `committed_at`, the peer's batch commit as its driver recorded it.
 Reported: p50, p95, p99 and max of that delay, over the whole run and over its first and last thirds (a lag that
-grows shows there), the records per second kept up with, and for kafka-ledger where each run's time went.
+grows shows there), the records per second kept up with, and for kafka-ledger where each run's time went; and the
+private memory of every long-lived process during the load (tools/process_memory.py): each one's peak in the first and
+the last third, flat when the last is within 10 % of the first.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import psycopg2
 import yaml
 from confluent_kafka import Producer
@@ -42,8 +45,9 @@ from kafka_ledger.ledger import db as ledger
 from kafka_ledger.runtimes.submit.spark_submit import BASE_SPARK_CONF, spark_jars
 from kafka_ledger.sinks import remove_pipeline
 from tools import benchmark_peers, git_commit
-from tools.airflow_server import running_airflow
+from tools.airflow_server import component_processes, running_airflow
 from tools.benchmark_peers import COLUMNS
+from tools.process_memory import MemoryWatch, command_line_pids, with_children
 
 log = logging.getLogger("tools.freshness")
 
@@ -262,6 +266,20 @@ def _wait(what: str, done: Any, timeout: float) -> float:
     return time.monotonic() - started
 
 
+def long_lived_processes(airflow_session: int, peer_process: subprocess.Popen | None) -> dict[str, list[int]]:
+    """The processes whose memory must stay flat under the load: the services', Airflow's components (with their
+    workers and task processes) and the peer's."""
+    groups = {"spark_connect_server": command_line_pids("SparkConnectServer"),
+              "spark_executors": command_line_pids("CoarseGrainedExecutorBackend"),
+              "kafka": command_line_pids("kafka.Kafka"),
+              "postgres": [p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "postgres"]}
+    for component in ("scheduler", "triggerer", "dag-processor"):
+        groups[f"airflow_{component}"] = component_processes(airflow_session, component)
+    if peer_process is not None:
+        groups["spark_streaming_peer"] = with_children(peer_process.pid)
+    return {name: pids for name, pids in groups.items() if pids}
+
+
 def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partitions: int,
                   peer: bool = True, busy_cores: int = 0) -> dict[str, Any]:
     """The whole benchmark (see the module), with `busy_cores` cores kept busy beside it all along; returns its
@@ -316,7 +334,11 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
                                   "published_after_unpause_s": caught_up(WARM_UP_RECORDS, since=unpaused),
                                   "first_run_after_unpause_s": first_run_stages(client, pipeline.dag_id, unpaused_at)}
             load_started = datetime.now().astimezone()
-            produced = produce_steadily(servers, topic, rate, minutes * 60, partitions)
+            watch = MemoryWatch(lambda: long_lived_processes(client.session_id, peer_process)).start()
+            try:
+                produced = produce_steadily(servers, topic, rate, minutes * 60, partitions)
+            finally:
+                summary["memory"] = watch.stop()
             summary["produced"] = produced
             total = WARM_UP_RECORDS + produced["records"]
             summary["caught_up_after_load_s"] = caught_up(total)

@@ -215,3 +215,42 @@ def test_an_output_table_made_by_hand_needs_the_kafka_columns_and_is_warned_of_w
         f'INDEX ON "{pipeline.output_schema}"."{pipeline.output_table}" (kafka_topic, kafka_partition, kafka_offset)']
     query(dsn, f"CREATE INDEX ON {table} (kafka_topic, kafka_partition, kafka_offset, batch_id)")
     assert prepare() == []
+
+
+def test_two_first_plans_creating_one_output_schema_at_once_both_go_through(dsn):
+    """Two pipelines' first plans into one new schema, in transactions open at the same time: the second waits for the
+    first's schema instead of failing on pg_namespace's unique index (CREATE SCHEMA IF NOT EXISTS alone did)."""
+    import threading
+    import uuid
+
+    from kafka_ledger.sinks.postgres.sink import ensure_schema
+
+    schema = f"race_{uuid.uuid4().hex[:8]}"
+    first, second = psycopg2.connect(dsn), psycopg2.connect(dsn)
+    failures: list[BaseException] = []
+    try:
+        with first.cursor() as cur:
+            ensure_schema(cur, schema)  # created, not committed yet
+
+        def create_too() -> None:
+            try:
+                with second, second.cursor() as cur:
+                    ensure_schema(cur, schema)
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+                failures.append(exc)
+
+        racing = threading.Thread(target=create_too)
+        racing.start()
+        racing.join(1.0)
+        assert racing.is_alive(), "the second creation did not wait for the first"
+        first.commit()
+        racing.join(30)
+        assert not racing.is_alive() and failures == []
+        with first, first.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,))
+            assert cur.fetchone()[0] == 1
+    finally:
+        with first, first.cursor() as cur:
+            cur.execute(f'DROP SCHEMA IF EXISTS "{schema}"')
+        first.close()
+        second.close()

@@ -70,6 +70,15 @@ class _EntityView(_TableView):
     holds_every_record = False
 
 
+def ensure_schema(cur: Cursor, schema: str) -> None:
+    """Create the schema if it is missing, safe against another transaction creating it at the same time (the lock of
+    sql.LOCK_SCHEMA_CREATION, taken only while the schema is missing)."""
+    cur.execute(sql.SCHEMA_EXISTS, {"schema": schema})
+    if not cur.fetchone()[0]:
+        cur.execute(sql.LOCK_SCHEMA_CREATION, {"schema": schema})
+        cur.execute(sql.create_schema(schema))
+
+
 def _table_columns(cur: Cursor, schema: str, table: str) -> list[str]:
     cur.execute(ledger_sql.SELECT_TABLE_COLUMNS, {"schema": schema, "table": table})
     return [row[0] for row in cur.fetchall()]
@@ -91,6 +100,7 @@ class PostgresSink(TransactionalSink):
         return self.pipeline.qualified_output_table
 
     def _create(self, cur: Cursor) -> None:
+        ensure_schema(cur, self.pipeline.output_schema)
         cur.execute(sql.create_output_table(self.pipeline, entity=False))
 
     def prepare(self, cur: Cursor) -> None:
@@ -212,7 +222,9 @@ class PostgresEntitySink(PostgresSink):
         return f"one row per {', '.join(self.pipeline.key)}"
 
     def _create(self, cur: Cursor) -> None:
+        ensure_schema(cur, self.pipeline.output_schema)
         cur.execute(sql.create_output_table(self.pipeline, entity=True))
+        ensure_schema(cur, sql.TOMBSTONES_SCHEMA)
         cur.execute(sql.create_tombstone_table(self.pipeline))
 
     def prepare(self, cur: Cursor) -> None:

@@ -29,6 +29,17 @@ INCOMING_TABLE = "kafka_ledger_incoming"
 NEWEST_TABLE = "kafka_ledger_newest"
 
 
+# A schema the output or tombstone tables need. CREATE SCHEMA IF NOT EXISTS is no guard against a creation racing it
+# (the second fails on pg_namespace's unique index: two pipelines' first plans at once, into one schema), so a missing
+# schema is created under a lock on its name, held to the end of the transaction.
+SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s)"
+LOCK_SCHEMA_CREATION = "SELECT pg_advisory_xact_lock(hashtextextended('kafka_ledger.schema:' || %(schema)s, 0))"
+
+
+def create_schema(schema: str) -> sql.Composed:
+    return sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))
+
+
 def output_table(pipeline: PipelineConfig) -> sql.Composed:
     return sql.Identifier(pipeline.output_schema, pipeline.output_table)
 
@@ -59,13 +70,11 @@ def create_output_table(pipeline: PipelineConfig, entity: bool) -> sql.Composed:
         index = sql.SQL("")
     return sql.SQL(
         """
-        CREATE SCHEMA IF NOT EXISTS {schema};
         CREATE TABLE IF NOT EXISTS {table} (
             {columns}
         ){index}
         """
     ).format(
-        schema=sql.Identifier(pipeline.output_schema),
         table=output_table(pipeline),
         columns=sql.SQL(",\n            ").join(declared_columns(pipeline) + ledger_columns(OUTPUT_TRAILER) + key),
         index=index,
@@ -155,13 +164,12 @@ def create_tombstone_table(pipeline: PipelineConfig) -> sql.Composed:
     """An entity table's deleted keys: each key's tombstone, where Kafka holds it and its batch."""
     return sql.SQL(
         """
-        CREATE SCHEMA IF NOT EXISTS {schema};
         CREATE TABLE IF NOT EXISTS {table} (
             {columns},
             PRIMARY KEY ({key})
         )
         """
-    ).format(schema=sql.Identifier(TOMBSTONES_SCHEMA), table=tombstone_table(pipeline), key=_key(pipeline),
+    ).format(table=tombstone_table(pipeline), key=_key(pipeline),
              columns=sql.SQL(",\n            ").join(_key_columns(pipeline) + ledger_columns(OUTPUT_TRAILER)))
 
 
