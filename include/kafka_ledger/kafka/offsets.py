@@ -321,4 +321,3 @@ def position_timestamps(kafka: KafkaClient, wanted: Iterable[tuple[TopicPartitio
         found.update({(tp, asked[tp]): ms for tp, ms in record_timestamps(kafka, asked, timeout).items()})
         left -= set(asked.items())
     return found
-

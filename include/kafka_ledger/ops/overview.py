@@ -123,10 +123,10 @@ def pipelines_status(services: Services, pipelines: list[PipelineConfig],
     stamps: dict[str, dict[TopicPartition, int]] = {name: {} for name in waiting}
     freshness_error = None
     try:
-        found = kafka_offsets.position_timestamps(services.kafka,
-                                                  {w for held in waiting.values() for w in held.items()})
-        stamps = {name: {tp: found[tp, at] for tp, at in held.items() if (tp, at) in found}
-                  for name, held in waiting.items()}
+        found = kafka_offsets.position_timestamps(
+            services.kafka, {wait for positions in waiting.values() for wait in positions.items()})
+        stamps = {name: {tp: found[tp, at] for tp, at in positions.items() if (tp, at) in found}
+                  for name, positions in waiting.items()}
     except (planning.PlanError, KafkaException) as exc:  # a lag in seconds is worth a report, not a failure
         freshness_error = f"lag in seconds unknown: {exc}"
     retention: dict[str, headroom.Retention] = {}
@@ -138,7 +138,7 @@ def pipelines_status(services: Services, pipelines: list[PipelineConfig],
         retention_error = str(exc)
     statuses = []
     for pipeline in pipelines:
-        ledgers = held[pipeline.name]
+        figures = held[pipeline.name]
         found_offsets = offsets[pipeline.name]
         margins, headroom_error = {}, None
         if found_offsets:
@@ -146,9 +146,9 @@ def pipelines_status(services: Services, pipelines: list[PipelineConfig],
                 headroom_error = f"retention headroom of {pipeline.name} not computed: {retention_error}"
             else:
                 margins = {TopicPartition(h.topic, h.partition): h for h in headroom.assess_all(
-                    pipeline, {tp: r.position for tp, r in ledgers.rows.items()}, found_offsets, retention,
-                    ledgers.log_start_rates, stamps[pipeline.name])}
-        statuses.append(_status(pipeline, found_offsets, ledgers.rows, ledgers.coverage, ledgers.unfinished, margins,
+                    pipeline, {tp: r.position for tp, r in figures.rows.items()}, found_offsets, retention,
+                    figures.log_start_rates, stamps[pipeline.name])}
+        statuses.append(_status(pipeline, found_offsets, figures.rows, figures.coverage, figures.unfinished, margins,
                                 stamps[pipeline.name], kafka_errors.get(pipeline.name), headroom_error,
                                 freshness_error))
     return statuses
