@@ -16,7 +16,7 @@ import pytest
 from integration_support import BAD_VALUES, assert_exactly_once, copying, good_value, query, spark_task
 
 from kafka_ledger.config.pipeline import PipelineConfig
-from tools.airflow_server import AirflowClient, airflow_test_settings, running_airflow
+from tools.airflow_server import AirflowClient, airflow_test_settings, running_airflow, task_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_stack]
 
@@ -79,12 +79,13 @@ def catching_up(airflow: AirflowClient, dsn: str, pipeline: PipelineConfig, prod
     return {bad: reason}
 
 
-def spark_task_of(airflow: AirflowClient, dsn: str, pipeline: PipelineConfig, batch_id: int) -> tuple[str, str, int]:
-    """The run carrying the batch, the worker its Spark task runs on, and the task's try."""
+def spark_task_of(airflow: AirflowClient, dsn: str, pipeline: PipelineConfig,
+                  batch_id: int) -> tuple[str, str, int, str]:
+    """The run carrying the batch, the worker its Spark task runs on, the task's try and that try's id."""
     (run_id,) = [r[0] for r in query(dsn, "SELECT run_id FROM kafka_ledger.batches WHERE batch_id = %s", batch_id)]
     (task,) = [ti for ti in airflow.task_instances(pipeline.dag_id, run_id) if ti["task_id"] == spark_task(pipeline)]
     assert task["hostname"] in WORKERS, task
-    return run_id, task["hostname"], task["try_number"]
+    return run_id, task["hostname"], task["try_number"], task["id"]
 
 
 def spark_task_tries(airflow: AirflowClient, pipeline: PipelineConfig, run_id: str) -> list[dict]:
@@ -121,7 +122,7 @@ def test_a_worker_lost_mid_batch_leaves_it_to_the_other_worker_exactly_once(
     pipeline = pipeline_factory("edge", partitions=4)
     dead_letters = catching_up(airflow, dsn, pipeline, producer)
     batch_id = reading_batch(dsn, pipeline)
-    run_id, lost, lost_try = spark_task_of(airflow, dsn, pipeline, batch_id)
+    run_id, lost, lost_try, _ = spark_task_of(airflow, dsn, pipeline, batch_id)
 
     # The batch's task's worker is lost (the worker and every process it started, at once): its try fails once its
     # heartbeats stop, and the other worker's retry resumes the batch in a newer attempt.
@@ -181,7 +182,7 @@ def race_a_frozen_task(airflow: AirflowClient, dsn: str, pipeline: PipelineConfi
     deadline = time.monotonic() + 600
     while True:
         batch_id = reading_batch(dsn, pipeline, besides=besides)
-        run_id, frozen, frozen_try = spark_task_of(airflow, dsn, pipeline, batch_id)
+        run_id, frozen, frozen_try, frozen_ti = spark_task_of(airflow, dsn, pipeline, batch_id)
         if moment == "reading" or streaming_into_copy(dsn, pipeline, batch_id):
             break
         assert time.monotonic() < deadline, f"no batch of {pipeline.name} was seen streaming into COPY"
@@ -191,9 +192,11 @@ def race_a_frozen_task(airflow: AirflowClient, dsn: str, pipeline: PipelineConfi
         with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signal.SIGSTOP)
     frozen_attempt = attempts_of(dsn, batch_id)
-    # The edge worker forks a supervisor for each task, which forks the task's process.
-    (task,) = [child for supervisor in processes[0].children() for child in supervisor.children()
-               if child.status() == psutil.STATUS_STOPPED]
+    # The edge worker forks a supervisor for each task, which forks the task's process. The worker may run another
+    # task meanwhile (the next run's plan): the Spark task's process is the one titled with its try's id.
+    pid = task_process(frozen_ti)
+    assert pid in {p.pid for p in processes}, f"the Spark task's try {frozen_ti} runs in no process of {frozen}"
+    task = psutil.Process(pid)
     try:
         # Failed for its silence: the retry runs on the other worker.
         while not any(t["try_number"] > frozen_try and t["state"] == "running"
