@@ -193,7 +193,7 @@ def race_a_frozen_task(airflow: AirflowClient, dsn: str, pipeline: PipelineConfi
             os.kill(process.pid, signal.SIGSTOP)
     frozen_attempt = attempts_of(dsn, batch_id)
     # The edge worker forks a supervisor for each task, which forks the task's process. The worker may run another
-    # task meanwhile (the next run's plan): the Spark task's process is the one titled with its try's id.
+    # task meanwhile (another run's): the Spark task's process is the one titled with its try's id.
     pid = task_process(frozen_ti)
     assert pid in {p.pid for p in processes}, f"the Spark task's try {frozen_ti} runs in no process of {frozen}"
     task = psutil.Process(pid)
