@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import psycopg2
 import yaml
 from confluent_kafka import Producer
@@ -47,7 +46,8 @@ from kafka_ledger.sinks import remove_pipeline
 from tools import benchmark_peers, git_commit
 from tools.airflow_server import component_processes, running_airflow
 from tools.benchmark_peers import COLUMNS
-from tools.process_memory import MemoryWatch, command_line_pids, with_children
+from tools.process_memory import MemoryWatch, with_children
+from tools.stack import service_pids
 
 log = logging.getLogger("tools.freshness")
 
@@ -269,12 +269,10 @@ def _wait(what: str, done: Any, timeout: float) -> float:
 
 
 def long_lived_processes(airflow_session: int, peer_process: subprocess.Popen | None) -> dict[str, list[int]]:
-    """The processes whose memory must stay flat under the load: the services', Airflow's components (with their
-    workers and task processes) and the peer's."""
-    groups = {"spark_connect_server": command_line_pids("SparkConnectServer"),
-              "spark_executors": command_line_pids("CoarseGrainedExecutorBackend"),
-              "kafka": command_line_pids("kafka.Kafka"),
-              "postgres": [p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "postgres"]}
+    """The processes whose memory must stay flat under the load: every service of the stack with the processes under
+    it (Postgres's backends, the Spark worker's executors), Airflow's components (with their workers and task
+    processes) and the peer's."""
+    groups = {name: with_children(pid) for name, pid in service_pids().items() if name != "supervisord"}
     for component in ("scheduler", "triggerer", "dag-processor"):
         groups[f"airflow_{component}"] = component_processes(airflow_session, component)
     if peer_process is not None:

@@ -25,16 +25,6 @@ def private_bytes(pids: list[int]) -> int:
     return total
 
 
-def command_line_pids(*words: str) -> list[int]:
-    """The processes whose command line holds every one of `words`."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        line = " ".join(process.info["cmdline"] or [])
-        if all(word in line for word in words):
-            found.append(process.pid)
-    return found
-
-
 def with_children(pid: int) -> list[int]:
     """The process and every process under it (none if it ended)."""
     try:
