@@ -224,6 +224,11 @@ PIPELINES = {
     **{f"parallel_{n}": {} for n in range(3)},
     # A batch of more partitions than Spark's Kafka source keeps consumers for, read wide (test_wide_read.py).
     "wide": {"spark_runtime": "submit", "retries": 0},
+    # A carrier's members (test_carrier.py): b reads a's topic (so a wave apart), c decodes amounts as strings
+    # (another decode shape).
+    "carried_a": {}, "carried_b": {"topics": [topic_name("carried_a")]},
+    "carried_c": {"columns": [COLUMNS[0], {"name": "amount", "type": "string"}]},
+    "carried_d": {}, "carried_e": {},
 }
 
 

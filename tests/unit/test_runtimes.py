@@ -84,6 +84,12 @@ def test_a_spark_failure_is_told_by_its_first_line_and_its_root_cause():
                                 "org.apache.kafka.common.errors.TimeoutException: Timed out waiting for a node")
     assert _headline(Exception("just this")) == "just this"
     assert _headline(Exception("")) == "Exception"
+    # A failed Python function (a wide read's) is told by its own error, the last line of its traceback.
+    worker = Exception("An exception was thrown from the Python worker. Please see the stack trace below.\n"
+                       "Traceback (most recent call last):\n  File \"wide_read.py\", line 87, in read_groups\n"
+                       "    yield from read_group(spec)\ncimpl.KafkaException: KafkaError{code=_AUTO_OFFSET_RESET}\n")
+    assert _headline(worker) == ("An exception was thrown from the Python worker: "
+                                 "cimpl.KafkaException: KafkaError{code=_AUTO_OFFSET_RESET}")
 
 
 def test_the_warm_up_reads_the_newest_offsets_of_the_fullest_partitions():

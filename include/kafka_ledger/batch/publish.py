@@ -10,6 +10,7 @@ commit's transaction (streamed by the connect runtime, staged by the submit runt
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -44,10 +45,13 @@ def _csv_line(fields: list[Column]) -> Column:
     return F.concat(F.concat_ws(",", *[F.coalesce(f, F.lit("")) for f in fields]), F.lit("\n"))
 
 
-def publish_frame(records: DataFrame, pipeline: PipelineConfig, sink: Sink, batch_id: int,
-                  fmt: ValueFormat | None = None) -> DataFrame:
+def publish_frame(records: DataFrame, pipeline: PipelineConfig, sink: Sink, batch_id: int | Column,
+                  fmt: ValueFormat | None = None, pipeline_name: Column | None = None) -> DataFrame:
     """Kafka source rows, decoded (formats/decode.py, with the sink's envelope and the attempt's format `fmt`) ->
     Kafka coordinates, PUBLISHED, the output's values (NULL for a dead letter) and DEAD_LETTER_LINE.
+
+    A carrier's frame (batch/carrier.py) holds the records of several pipelines of one decode shape (`decode_shape`):
+    then `batch_id` and `pipeline_name` are columns of the decoded rows that say each row's batch and pipeline.
 
     The output rows travel as typed values and the client encodes them for binary COPY (sinks/postgres/copy.py):
     Spark's own rendering of them as text cost more on the server than the encoding costs the client, and Postgres
@@ -57,7 +61,8 @@ def publish_frame(records: DataFrame, pipeline: PipelineConfig, sink: Sink, batc
     from pyspark.sql import functions as F
 
     decoded = decode_records(records, pipeline, sink.envelope, fmt=fmt)
-    values = {"batch_id": F.lit(batch_id).cast("long"), "pipeline": F.lit(pipeline.name)}
+    values = {"batch_id": F.lit(batch_id).cast("long"),
+              "pipeline": F.lit(pipeline.name) if pipeline_name is None else pipeline_name}
     published = F.col("error").isNull()
     dead_letter_line = _csv_line([_LEDGER_KINDS[name].csv_field(values.get(name, F.col(name)))
                                   for name in sql.DEAD_LETTER_COLUMNS])
@@ -67,6 +72,29 @@ def publish_frame(records: DataFrame, pipeline: PipelineConfig, sink: Sink, batc
         *[F.when(published, F.col(name)).alias(name) for name in output_values(sink)],
         F.when(~published, dead_letter_line).alias(DEAD_LETTER_LINE),
     )
+
+
+# The fields of a pipeline's declaration that its records' decoding and publish frame depend on (with its sink's
+# published columns and envelope); every other field of PipelineConfig is in NOT_DECODING_FIELDS. A unit test holds
+# every field in one of the two: a new field must be placed before pipelines can share a decode again.
+DECODING_FIELDS = frozenset({"value", "extra_fields", "key", "columns", "sink", "write"})
+NOT_DECODING_FIELDS = frozenset({
+    "name", "description", "topics", "topic_pattern", "assignment", "delivery_mode", "on_data_loss",
+    "retention_warning_fraction", "output_table", "output_schema", "max_records_per_partition", "start_position",
+    "schedule", "trigger", "owner", "retries", "retry_delay_seconds", "spark_timeout_minutes", "spark_conf",
+    "spark_runtime", "mirror_consumer_group"})
+
+
+def decode_shape(pipeline: PipelineConfig, sink: Sink, fmt: ValueFormat | None = None) -> str | None:
+    """What pipelines whose records one publish frame may decode together have in common: equal shapes decode every
+    record alike (only a row's batch and pipeline differ). None for a batch bound to a format of its own (an Avro
+    batch's schemas): it is decoded alone."""
+    if fmt is not None:
+        return None
+    declared = pipeline.model_dump(mode="json", include=set(DECODING_FIELDS))
+    declared["sink"] = {"published": {name: repr(kind) for name, kind in sink.published_columns().items()},
+                        "envelope": type(sink.envelope).__qualname__, "spec": declared.get("sink")}
+    return json.dumps(declared, sort_keys=True)
 
 
 def output_values(sink: Sink) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import re
 import threading
 from typing import TYPE_CHECKING
 
@@ -184,11 +185,19 @@ def spark_failure(exc: BaseException) -> bool:
     return isinstance(exc, PySparkException)
 
 
+# How Spark's error about a failed Python UDF or mapInArrow function starts.
+PYTHON_WORKER_FAILED = "An exception was thrown from the Python worker"
+
+
 def headline(exc: BaseException) -> str:
     """An error's first line, and the root cause Spark names below its stack trace, if any."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     causes = [line for line in lines if line.startswith("Caused by: ")]
     head = lines[0] if lines else type(exc).__name__
+    if head.startswith(PYTHON_WORKER_FAILED):
+        # The Python worker's own error is the last line of its traceback (a wide read's Kafka error, say).
+        raised = [line for line in lines if re.match(r"[\w.]+(Error|Exception): ", line)]
+        head = f"{PYTHON_WORKER_FAILED}: {raised[-1]}" if raised else head
     return head + (f"; {causes[-1]}" if causes and causes[-1] not in head else "")
 
 
