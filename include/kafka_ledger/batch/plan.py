@@ -100,6 +100,7 @@ def plan_batch(
     backfill_window: tuple[datetime, datetime] | None = None,
     dry_run: bool = False,
     carrying: bool = False,
+    view: kafka_offsets.SubscriptionView | None = None,
 ) -> PlannedBatch:
     """Record the batch a run will read (or find the one to resume), BEFORE anything is read.
 
@@ -107,6 +108,8 @@ def plan_batch(
     run of that data interval. With `dry_run` the same decisions are made and logged, then rolled back.
     `carrying`: the next batch of a run that carries batch after batch (batch/carry.py): a catch-up batch, never
     the replay a cleared run gets, and no retention look-up (the run's first plan made it).
+    `view`: what Kafka said of the subscription just before (a carrier looks up all its members' at once); without
+    it, Kafka is asked here.
     Invalid requests raise RequestError and write nothing.
     """
     request = request or BatchRequest()
@@ -114,11 +117,11 @@ def plan_batch(
     started = time.monotonic()
     with ledger.session(services.ledger) as conn:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
-            offsets = kafka_offsets.subscribed_offsets(kafka, pipeline)
+            offsets = view.offsets if view is not None else kafka_offsets.subscribed_offsets(kafka, pipeline)
             pipeline = with_columns_taken(cur, pipeline, sorted({tp.topic for tp in offsets}))
             sink_for(pipeline).prepare(cur)
             planned = _plan(cur, kafka, pipeline, offsets, request, dag_id, run_id, requested_by, backfill_window,
-                            carrying)
+                            carrying, None if view is None else view.topic_ids)
             ledger.observe_log_starts(cur, pipeline.name, {tp: o.log_start for tp, o in offsets.items()})
             positions = ledger.positions(cur, pipeline.name)
             rates = ledger.log_start_rates(cur, pipeline.name)
@@ -159,10 +162,15 @@ def _ms(moment: datetime) -> int:
 
 
 def compare_topic_ids(
-    cur: ledger.Cursor, kafka: KafkaClient, pipeline: PipelineConfig, topics: set[str]
+    cur: ledger.Cursor, kafka: KafkaClient, pipeline: PipelineConfig, topics: set[str],
+    current: dict[str, str] | None = None,
 ) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
-    """Kafka's ids of `topics` against the ledger's anchors: (unseen topics' ids, {topic: (anchored, current)})."""
-    current = kafka_offsets.topic_ids(kafka, sorted(topics))
+    """Kafka's ids of `topics` (`current`: looked up already) against the ledger's anchors: (unseen topics' ids,
+    {topic: (anchored, current)})."""
+    if current is None:
+        current = kafka_offsets.topic_ids(kafka, sorted(topics))
+    else:
+        current = {topic: found for topic, found in current.items() if topic in topics}
     return topic_identity(ledger.topic_anchors(cur, pipeline.name), current)
 
 
@@ -171,13 +179,14 @@ def _check_topic_identity(
     kafka: KafkaClient,
     pipeline: PipelineConfig,
     offsets: dict[TopicPartition, PartitionOffsets],
+    topic_ids: dict[str, str] | None = None,
 ) -> None:
     """Refuse when a topic's Kafka id is not the one the ledger anchored; anchor topics met for the first time.
 
     Before positions are read or a batch resumed: offsets of a recreated topic name other records, so neither
     the next ranges nor an unfinished batch's recorded ones may be read from it.
     """
-    unseen, changed = compare_topic_ids(cur, kafka, pipeline, {tp.topic for tp in offsets})
+    unseen, changed = compare_topic_ids(cur, kafka, pipeline, {tp.topic for tp in offsets}, topic_ids)
     if changed:
         raise TopicIdentityError(pipeline.name, changed)
     if unseen:
@@ -279,8 +288,9 @@ def _plan(
     requested_by: str | None,
     backfill_window: tuple[datetime, datetime] | None,
     carrying: bool = False,
+    topic_ids: dict[str, str] | None = None,
 ) -> PlannedBatch:
-    _check_topic_identity(cur, kafka, pipeline, offsets)
+    _check_topic_identity(cur, kafka, pipeline, offsets, topic_ids)
     positions = _subscribed_positions(cur, pipeline, offsets)
     mine = ledger.run_open_batch(cur, pipeline.name, dag_id, run_id)
     if mine is not None:

@@ -22,7 +22,7 @@ from kafka_ledger.formats.avro import AvroFormat
 from kafka_ledger.formats.base import ValueFormat
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
-from kafka_ledger.model.ranges import LostDataError, OffsetRange, lost_ranges
+from kafka_ledger.model.ranges import LostDataError, OffsetRange, TopicPartition, lost_ranges
 from kafka_ledger.observe import failpoints
 from kafka_ledger.observe.events import AttemptStarted
 
@@ -105,9 +105,13 @@ def _settings_fingerprint(settings: bytes) -> str:
     return hashlib.scrypt(settings, salt=b"kafka-ledger consumer group", n=2**14, r=8, p=1, dklen=6).hex()
 
 
-def check_not_deleted(kafka: KafkaClient, ranges: list[OffsetRange]) -> None:
-    """Fail if retention deleted any offset of the ranges (the log start moved past a from-offset)."""
-    lost = lost_ranges(ranges, kafka_offsets.log_start_offsets(kafka, sorted({r.topic for r in ranges})))
+def check_not_deleted(kafka: KafkaClient, ranges: list[OffsetRange], log_starts: dict[TopicPartition, int] | None = None
+                      ) -> None:
+    """Fail if retention deleted any offset of the ranges (the log start moved past a from-offset); `log_starts`:
+    looked up already (a carrier's one look-up for all its members), else Kafka is asked."""
+    if log_starts is None:
+        log_starts = kafka_offsets.log_start_offsets(kafka, sorted({r.topic for r in ranges}))
+    lost = lost_ranges(ranges, log_starts)
     if lost:
         raise LostDataError(lost)
 
@@ -129,10 +133,12 @@ class Attempt:
         return [r for r in self.batch.ranges if r.span > 0]
 
 
-def begin(services: Services, pipeline: PipelineConfig, batch_id: int) -> Attempt | None:
+def begin(services: Services, pipeline: PipelineConfig, batch_id: int,
+          log_starts: dict[TopicPartition, int] | None = None) -> Attempt | None:
     """Start the next attempt of a batch (None if it is already written or committed: nothing to read).
 
-    Rows staged by earlier attempts are deleted first.
+    Rows staged by earlier attempts are deleted first. `log_starts`: the partitions' log starts looked up already
+    (check_not_deleted).
     """
     with ledger.session(services.ledger) as conn:
         with conn, conn.cursor() as cur:
@@ -159,7 +165,7 @@ def begin(services: Services, pipeline: PipelineConfig, batch_id: int) -> Attemp
             raise
     services.observer.notify(AttemptStarted(pipeline.name, batch_id, number, len(batch.ranges),
                                             sum(r.span for r in batch.ranges), removed))
-    check_not_deleted(services.kafka, batch.ranges)
+    check_not_deleted(services.kafka, batch.ranges, log_starts)
     failpoints.hit("before_read")
     return Attempt(batch, number, pipeline.reads_headers, value_format)
 

@@ -7,6 +7,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -209,14 +210,35 @@ def pipelines_offsets(
     return {name: {tp: offsets[tp] for tp in tps} for name, tps in subscribed.items()}, problems
 
 
-def topic_ids(kafka: KafkaClient, topics: list[str], timeout: float = 30.0) -> dict[str, str]:
+@dataclass(frozen=True)
+class SubscriptionView:
+    """What Kafka said of a pipeline's subscription at one moment: its partitions' offsets and its topics' ids."""
+
+    offsets: dict[TopicPartition, PartitionOffsets]
+    topic_ids: dict[str, str]
+
+
+def subscription_views(kafka: KafkaClient, pipelines: list[PipelineConfig], timeout: float = 30.0
+                       ) -> tuple[dict[str, SubscriptionView], dict[str, str]]:
+    """Every pipeline's SubscriptionView, in one metadata request, one offsets request of each kind and one
+    description of the topics for them all (a carrier's members): the views by pipeline, and why a pipeline's is
+    unknown (a topic missing)."""
+    admin = admin_client(kafka)
+    offsets, problems = pipelines_offsets(kafka, pipelines, timeout, admin)
+    ids = topic_ids(kafka, sorted({tp.topic for found in offsets.values() for tp in found}), timeout, admin)
+    return {name: SubscriptionView(found, {tp.topic: ids[tp.topic] for tp in found if tp.topic in ids})
+            for name, found in offsets.items()}, problems
+
+
+def topic_ids(kafka: KafkaClient, topics: list[str], timeout: float = 30.0,
+              admin: ReportingAdminClient | None = None) -> dict[str, str]:
     """Each topic's Kafka topic id (KIP-516): a new id for every creation of a topic of that name.
 
-    A topic Kafka does not have is left out.
+    A topic Kafka does not have is left out. Through `admin` if given, else a client of its own.
     """
     if not topics:
         return {}
-    admin = admin_client(kafka)
+    admin = admin or admin_client(kafka)
     ids = {}
     try:
         for topic, future in admin.describe_topics(TopicCollection(sorted(topics)), request_timeout=timeout).items():

@@ -3,13 +3,14 @@ shape, and each pipeline's rows published with its offsets in a Postgres transac
 
 A batch read on its own costs Spark's fixed work of a query (planning, scheduling, a consumer per partition) whatever
 its size: 0.72 CPU-seconds for a batch of 1,250 records (docs/benchmark.md, "Two hundred pipelines"), so two hundred
-pipelines with a little data each could not be kept fresh on a small machine. A carrier's cycle plans each member
-pipeline's next batch in the ledger as its own run would (before anything is read), reads all their ranges with one
-wide read (batch/wide_read.py), decodes the members that decode alike (publish.decode_shape) in one publish frame,
-streams its rows to this process and splits them per member, and commits each member's rows in its own transaction,
-under its own attempt's fencing and read-coverage check, exactly as a batch of its own would be committed. A member
-whose commit fails leaves its batch open for the next cycle, with the same ranges; the others go on. Two members that
-read one partition are carried in separate waves: the wide reader reads each partition once.
+pipelines with a little data each could not be kept fresh on a small machine. A carrier's cycle looks up Kafka once for
+all its member pipelines, plans each one's next batch in the ledger as its own run would (before anything is read),
+reads all their ranges with one wide read (batch/wide_read.py), decodes the members that decode alike
+(publish.decode_shape) in one publish frame, streams its rows to this process and splits them per member, and commits
+each member's rows in its own transaction, under its own attempt's fencing and read-coverage check, exactly as a batch
+of its own would be committed. A member whose commit fails leaves its batch open for the next cycle, with the same
+ranges; the others go on. Two members that read one partition are carried in separate waves: the wide reader reads each
+partition once.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from kafka_ledger.batch.commit import CommitResult, Streamed, Written
 from kafka_ledger.batch.publish import decode_shape, publish_frame
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.services import Services
-from kafka_ledger.model.ranges import TopicPartition
+from kafka_ledger.kafka import offsets as kafka_offsets
+from kafka_ledger.model.ranges import PlanError, TopicPartition
 from kafka_ledger.observe.stages import Stopwatch
 from kafka_ledger.runtimes.connect.batch import AttemptInterrupted, arrow_stream
 from kafka_ledger.sinks import TransactionalSink, sink_for
@@ -177,11 +179,19 @@ class Carrier:
     def begin(self, pipelines: Sequence[PipelineConfig], cycle: Cycle, *, dag_id: str | None = None,
               run_id: str | None = None) -> list[Member]:
         """The cycle's first half: each pipeline's batch planned in the ledger (or its open one resumed) and its
-        attempt begun; the members with records to read."""
+        attempt begun, from one look-up of Kafka for them all; the members with records to read."""
+        try:
+            views, problems = kafka_offsets.subscription_views(self.services.kafka, list(pipelines))
+        except Exception as exc:  # noqa: BLE001 - Kafka away: no member begins, the next cycle looks again
+            log.warning("carrier %s: Kafka did not answer its look-up (%s): no batch begun", self.name, exc)
+            cycle.failures.update(dict.fromkeys((p.name for p in pipelines), exc))
+            return []
         members = []
         for pipeline in pipelines:
             try:
-                member = self._begin(pipeline, dag_id, run_id, cycle)
+                if pipeline.name in problems:
+                    raise PlanError(problems[pipeline.name])
+                member = self._begin(pipeline, views[pipeline.name], dag_id, run_id, cycle)
             except Exception as exc:  # noqa: BLE001 - one member's plan or attempt failing stops no other member
                 log.warning("carrier %s: %s could not begin its batch: %s", self.name, pipeline.name, exc)
                 cycle.failures[pipeline.name] = exc
@@ -195,20 +205,21 @@ class Carrier:
         for wave in in_waves(members, lambda m: m.partitions):
             self._carry_wave(wave, cycle)
 
-    def _begin(self, pipeline: PipelineConfig, dag_id: str | None, run_id: str | None, cycle: Cycle
-               ) -> Member | None:
+    def _begin(self, pipeline: PipelineConfig, view: kafka_offsets.SubscriptionView, dag_id: str | None,
+               run_id: str | None, cycle: Cycle) -> Member | None:
         """The member's batch planned (or its open one resumed) and its attempt begun; None when there is nothing to
         read (then its batch, if any, is committed here)."""
         if not isinstance(sink_for(pipeline), TransactionalSink):
             raise CarrierError(f"pipeline {pipeline.name} publishes into {sink_for(pipeline).target}, which Spark "
                                "writes: a carrier publishes into Postgres tables only")
         planned = planner.plan_batch(self.services, pipeline, dag_id=dag_id, run_id=run_id,
-                                     requested_by=requested_by(self.name), carrying=True)
+                                     requested_by=requested_by(self.name), carrying=True, view=view)
         if planned.batch_id is None:
             cycle.caught_up.append(pipeline.name)
             return None
         pipeline = with_columns(self.services.ledger, pipeline)
-        attempt = read.begin(self.services, pipeline, planned.batch_id)
+        attempt = read.begin(self.services, pipeline, planned.batch_id,
+                             {tp: offsets.log_start for tp, offsets in view.offsets.items()})
         if attempt is not None and attempt.readable:
             return Member(pipeline, attempt)
         if attempt is not None:
