@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -46,7 +47,12 @@ log = logging.getLogger(__name__)
 # The column of a carrier's publish frame that says which member of the frame's shape a row belongs to.
 MEMBER = "_carrier_member"
 
+# The members' plans and commits run on this many threads at once: each waits on Postgres and Kafka more than it
+# computes, and each holds a ledger connection while it runs.
+MEMBER_THREADS = 4
+
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class CarrierError(RuntimeError):
@@ -186,18 +192,22 @@ class Carrier:
             log.warning("carrier %s: Kafka did not answer its look-up (%s): no batch begun", self.name, exc)
             cycle.failures.update(dict.fromkeys((p.name for p in pipelines), exc))
             return []
+        def begin_one(pipeline: PipelineConfig) -> Member | CommitResult | None:
+            if pipeline.name in problems:
+                raise PlanError(problems[pipeline.name])
+            return self._begin(pipeline, views[pipeline.name], dag_id, run_id)
+
         members = []
-        for pipeline in pipelines:
-            try:
-                if pipeline.name in problems:
-                    raise PlanError(problems[pipeline.name])
-                member = self._begin(pipeline, views[pipeline.name], dag_id, run_id, cycle)
-            except Exception as exc:  # noqa: BLE001 - one member's plan or attempt failing stops no other member
-                log.warning("carrier %s: %s could not begin its batch: %s", self.name, pipeline.name, exc)
-                cycle.failures[pipeline.name] = exc
-                continue
-            if member is not None:
-                members.append(member)
+        for pipeline, begun in each(pipelines, begin_one):
+            if isinstance(begun, Exception):  # one member's plan or attempt failing stops no other member
+                log.warning("carrier %s: %s could not begin its batch: %s", self.name, pipeline.name, begun)
+                cycle.failures[pipeline.name] = begun
+            elif isinstance(begun, Member):
+                members.append(begun)
+            elif begun is None:
+                cycle.caught_up.append(pipeline.name)
+            else:
+                cycle.results[pipeline.name] = begun
         return members
 
     def publish(self, members: Sequence[Member], cycle: Cycle) -> None:
@@ -206,16 +216,15 @@ class Carrier:
             self._carry_wave(wave, cycle)
 
     def _begin(self, pipeline: PipelineConfig, view: kafka_offsets.SubscriptionView, dag_id: str | None,
-               run_id: str | None, cycle: Cycle) -> Member | None:
-        """The member's batch planned (or its open one resumed) and its attempt begun; None when there is nothing to
-        read (then its batch, if any, is committed here)."""
+               run_id: str | None) -> Member | CommitResult | None:
+        """The member's batch planned (or its open one resumed) and its attempt begun; None when it is caught up, the
+        commit of a batch with nothing left to read (committed here)."""
         if not isinstance(sink_for(pipeline), TransactionalSink):
             raise CarrierError(f"pipeline {pipeline.name} publishes into {sink_for(pipeline).target}, which Spark "
                                "writes: a carrier publishes into Postgres tables only")
         planned = planner.plan_batch(self.services, pipeline, dag_id=dag_id, run_id=run_id,
                                      requested_by=requested_by(self.name), carrying=True, view=view)
         if planned.batch_id is None:
-            cycle.caught_up.append(pipeline.name)
             return None
         pipeline = with_columns(self.services.ledger, pipeline)
         attempt = read.begin(self.services, pipeline, planned.batch_id,
@@ -224,8 +233,7 @@ class Carrier:
             return Member(pipeline, attempt)
         if attempt is not None:
             read.mark_nothing_to_read(self.services.ledger, attempt)
-        cycle.results[pipeline.name] = commit.commit(self.services, pipeline, planned.batch_id, Written())
-        return None
+        return commit.commit(self.services, pipeline, planned.batch_id, Written())
 
     def _carry_wave(self, wave: list[Member], cycle: Cycle) -> None:
         """Read the wave's ranges once and publish each shape's members; a wave of several members that Spark fails
@@ -281,13 +289,17 @@ class Carrier:
             _lookup({tp: group[i].name for tp, i in member_of.items()}, topic, partition),
         ).withColumn(MEMBER, _lookup(member_of, topic, partition))
         tables = split_rows(list(arrow_stream(frame, interrupted=self._interrupted)), len(group))
-        for member, rows in zip(group, tables, strict=True):
-            try:
-                cycle.results[member.name] = commit.commit(
-                    self.services, member.pipeline, member.batch_id,
-                    Streamed(member.attempt.number, rows, started, Stopwatch()))
-            except Exception as exc:  # noqa: BLE001 - its batch stays open; the other members go on
-                self._fail(member, exc, cycle)
+        rows_of = {member.name: rows for member, rows in zip(group, tables, strict=True)}
+
+        def commit_one(member: Member) -> CommitResult:
+            return commit.commit(self.services, member.pipeline, member.batch_id,
+                                 Streamed(member.attempt.number, rows_of[member.name], started, Stopwatch()))
+
+        for member, committed in each(group, commit_one):
+            if isinstance(committed, Exception):  # its batch stays open; the other members go on
+                self._fail(member, committed, cycle)
+            else:
+                cycle.results[member.name] = committed
 
     def _fail(self, member: Member, exc: BaseException, cycle: Cycle) -> None:
         log.warning("carrier %s: batch %s of %s was not published (%s); the next cycle resumes it with the same "
@@ -297,6 +309,21 @@ class Carrier:
             commit.fail_batch(self.services, member.name, member.batch_id, f"carrier {self.name}: {reason(exc)}")
         except Exception as recording:  # noqa: BLE001 - the batch stays open either way
             log.warning("could not record batch %s as failed (%s)", member.batch_id, recording)
+
+
+def each(items: Sequence[T], work: Callable[[T], R]) -> list[tuple[T, R | Exception]]:
+    """`work` done for every item, on up to MEMBER_THREADS threads (the members' plans and commits mostly wait for
+    Postgres and Kafka), in the items' order: each item's result, or the error it raised."""
+    def attempt(item: T) -> R | Exception:
+        try:
+            return work(item)
+        except Exception as exc:  # noqa: BLE001 - the caller says what became of each item
+            return exc
+
+    if len(items) <= 1:
+        return [(item, attempt(item)) for item in items]
+    with ThreadPoolExecutor(MEMBER_THREADS, thread_name_prefix="carrier-member") as pool:
+        return list(zip(items, pool.map(attempt, items), strict=True))
 
 
 def reason(exc: BaseException) -> str:
