@@ -68,7 +68,7 @@ def test_it_keeps_quiet_while_a_run_carries_batches_and_rings_once_that_run_ende
 
 def test_a_look_sums_the_lag_and_names_how_many_partitions_wait():
     look = Look(progress=5, lag={A: 0, B: 3})
-    event = look.event("bell")
+    event = look.event({"pipeline": "bell"})
     assert look.backlog == 3
     assert (event["pipeline"], event["backlog"], event["partitions_waiting"]) == ("bell", 3, 1)
 

@@ -20,14 +20,20 @@ from airflow.sdk import DAG, Asset, AssetOrTimeSchedule, AssetWatcher, Param, ta
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.timetables.interval import CronDataIntervalTimetable
 
-from kafka_ledger.airflow.doorbell import DoorbellTrigger
+from kafka_ledger.airflow.doorbell import CarrierDoorbellTrigger, DoorbellTrigger
 from kafka_ledger.batch import plan as planner
 from kafka_ledger.batch.carry import REQUESTED_BY_DOORBELL
 from kafka_ledger.batch.requests import RequestError, parse_request, trigger_form_fields
-from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
+from kafka_ledger.config.pipeline import (
+    CARRIER_DAG_ID_PREFIX,
+    CarrierDeclaration,
+    PipelineConfig,
+    carriers_of,
+    get_pipeline,
+)
 from kafka_ledger.config.settings import task_services
 from kafka_ledger.kafka import headroom
-from kafka_ledger.runtimes import RUNTIMES, runtime_for
+from kafka_ledger.runtimes import RUNTIMES, build_carrier_task, runtime_for
 from kafka_ledger.runtimes.airflow_tasks import (
     PLAN_TASK,
     SPARK_POOL,
@@ -49,13 +55,23 @@ SPARK_TASK = {name: runtime.spark_task_id for name, runtime in RUNTIMES.items()}
 
 def doorbell_asset(pipeline: PipelineConfig) -> Asset | None:
     """The asset a doorbell pipeline's DAG is scheduled on: its watcher, run by Airflow's triggerer, rings when new
-    data waits (doorbell.DoorbellTrigger). None for a pipeline without a doorbell."""
+    data waits (doorbell.DoorbellTrigger). None for a pipeline without a doorbell, or whose doorbell batches a
+    carrier carries (its carrier's doorbell watches it: carrier_doorbell_asset)."""
     bell = pipeline.doorbell
-    if bell is None:
+    if bell is None or bell.carrier is not None:
         return None
     trigger = DoorbellTrigger(pipeline.name, bell.min_backlog, bell.poll_seconds, bell.ring_again_seconds)
     return Asset(name=f"kafka_ledger.doorbell.{pipeline.name}", uri=f"kafka-ledger://doorbell/{pipeline.name}",
                  group="kafka-ledger", watchers=[AssetWatcher(name=f"kafka_ledger_doorbell_{pipeline.name}",
+                                                              trigger=trigger)])
+
+
+def carrier_doorbell_asset(carrier: CarrierDeclaration) -> Asset:
+    """The asset a carrier's DAG is scheduled on: its watcher rings when any member has data waiting
+    (doorbell.CarrierDoorbellTrigger)."""
+    trigger = CarrierDoorbellTrigger(carrier.name, carrier.poll_seconds, carrier.ring_again_seconds)
+    return Asset(name=f"kafka_ledger.carrier.{carrier.name}", uri=f"kafka-ledger://carrier/{carrier.name}",
+                 group="kafka-ledger", watchers=[AssetWatcher(name=f"kafka_ledger_carrier_{carrier.name}",
                                                               trigger=trigger)])
 
 
@@ -145,7 +161,10 @@ def _doc(pipeline: PipelineConfig) -> str:
         f"{pipeline.subscription} -> `{pipeline.qualified_output_table}` ({pipeline.delivery_mode}, Spark runtime "
         f"`{runtime.name}`), at most {pipeline.max_records_per_partition} records per partition per "
         "batch.\n\n"
-        + (f"Runs also start when new data waits: the doorbell (Airflow's triggerer) rings once at least "
+        + (f"New data is carried by the carrier `{pipeline.carrier}` (DAG `{CARRIER_DAG_ID_PREFIX}"
+           f"{pipeline.carrier}`), with other pipelines' batches; this DAG's runs are the manual ones, replays and "
+           "backfills.\n\n" if pipeline.carrier else
+           f"Runs also start when new data waits: the doorbell (Airflow's triggerer) rings once at least "
            f"{pipeline.doorbell.min_backlog} offsets wait, looking every {pipeline.doorbell.poll_seconds:g} s.\n\n"
            if pipeline.doorbell else "")
         + "`plan_batch` records the exact offset ranges in the ledger before anything is read (or resumes the "
@@ -218,6 +237,35 @@ def build_pipeline_dag(pipeline: PipelineConfig) -> DAG:
     return dag
 
 
+def build_carrier_dag(carrier: CarrierDeclaration) -> DAG:
+    """The DAG of a carrier: its doorbell watches all its members; its one task carries their batches
+    (runtimes/connect/carrier.py). No I/O while building."""
+    names = ", ".join(f"`{m.name}`" for m in carrier.members)
+    with DAG(
+        dag_id=carrier.dag_id,
+        description=f"Carries the doorbell batches of {len(carrier.members)} pipeline(s) together",
+        schedule=carrier_doorbell_asset(carrier),
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        tags=["kafka-ledger", "carrier", carrier.name],
+        doc_md=(
+            f"### kafka-ledger carrier `{carrier.name}`\n\n"
+            f"Carries the batches of {names} whenever one of them has data waiting (its doorbell looks every "
+            f"{carrier.poll_seconds:g} s). `carry_batches` plans every member's batch in the ledger before anything "
+            "is read, reads all their ranges at once on the Spark Connect server, decodes the members that decode "
+            "alike in one Spark job, and commits each member's rows and offsets in that member's own Postgres "
+            f"transaction; it goes on, a cycle at most every {carrier.poll_seconds:g} s, for up to "
+            f"{carrier.carry_seconds:g} s. A member whose batch failed fails the task, named; its batch is resumed "
+            "with the same ranges by the next run. Each member's own DAG keeps its manual runs, replays and "
+            "backfills. See docs/operating.md, Carriers."
+        ),
+        default_args={"owner": carrier.members[0].owner},
+    ) as dag:
+        build_carrier_task(carrier)
+    return dag
+
+
 def maintain_lake_task(pipeline_name: str) -> dict[str, Any]:
     """Compact the pipeline's Iceberg table and expire its old snapshots (sinks/iceberg/maintenance.py), in a Spark
     session of the pipeline's runtime."""
@@ -255,10 +303,14 @@ def build_lake_maintenance_dag(pipeline: PipelineConfig) -> DAG:
 
 
 def declared_dags(pipelines: Iterable[PipelineConfig], wanted: str | None = None) -> dict[str, DAG]:
-    """Each pipeline's DAG and its lake maintenance DAG, by DAG id; only the DAG `wanted`, when a task's process
-    parses the DAG file to run a task of that one (Airflow's parsing context): a DAG takes 7 ms to build, and
-    with hundreds of pipelines every task would otherwise start by building them all."""
+    """Each pipeline's DAG and its lake maintenance DAG, and each carrier's DAG, by DAG id; only the DAG `wanted`,
+    when a task's process parses the DAG file to run a task of that one (Airflow's parsing context): a DAG takes 7
+    ms to build, and with hundreds of pipelines every task would otherwise start by building them all."""
     dags: dict[str, DAG] = {}
+    pipelines = list(pipelines)
+    for carrier in carriers_of(pipelines).values():
+        if wanted in (None, carrier.dag_id):
+            dags[carrier.dag_id] = build_carrier_dag(carrier)
     for pipeline in pipelines:
         if wanted in (None, pipeline.dag_id):
             dags[pipeline.dag_id] = build_pipeline_dag(pipeline)

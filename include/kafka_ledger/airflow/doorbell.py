@@ -15,7 +15,7 @@ import functools
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -25,7 +25,7 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import OffsetSpec
 
-from kafka_ledger.config.pipeline import PipelineConfig, PipelineDeclarations, config_path, get_pipeline, read_pipelines
+from kafka_ledger.config.pipeline import PipelineConfig, PipelineDeclarations, config_path, read_pipelines
 from kafka_ledger.config.services import Services
 from kafka_ledger.config.settings import task_services
 from kafka_ledger.kafka import offsets as kafka_offsets
@@ -54,9 +54,9 @@ class RingRule:
     min_backlog: int
     ring_again_seconds: float
     rung_at: float | None = None
-    rung_for: int | None = None
+    rung_for: Hashable = None
 
-    def rings(self, progress: int | None, backlog: int, now: float, carrying: bool = False) -> bool:
+    def rings(self, progress: Hashable, backlog: int, now: float, carrying: bool = False) -> bool:
         if carrying or backlog < self.min_backlog:
             return False
         if self.rung_at is not None and progress == self.rung_for and now - self.rung_at < self.ring_again_seconds:
@@ -70,18 +70,31 @@ class Look:
     """What one poll saw: each partition's lag, the pipeline's progress (the newest batch that moved a position,
     None before any), and whether a run is carrying its batches."""
 
-    progress: int | None
+    progress: Hashable
     lag: dict[TopicPartition, int]
     carrying: bool = False
+
+    @classmethod
+    def of_members(cls, members: list[PipelineConfig], looks: list[Look]) -> Look:
+        """A carrier's look at its members: the lag of those whose backlog reaches their own min_backlog, summed per
+        partition; progress while any member's changes; carrying while any member is carried."""
+        lag: dict[TopicPartition, int] = {}
+        for member, look in zip(members, looks, strict=True):
+            bell = member.doorbell
+            if look.backlog >= (bell.min_backlog if bell is not None else 1):
+                for tp, waiting in look.lag.items():
+                    lag[tp] = lag.get(tp, 0) + waiting
+        return cls(tuple(look.progress for look in looks), lag, any(look.carrying for look in looks))
 
     @property
     def backlog(self) -> int:
         return sum(self.lag.values())
 
-    def event(self, pipeline: str) -> dict[str, Any]:
-        """The ring's payload (it only describes: the run it starts plans from the ledger)."""
+    def event(self, watched: dict[str, str]) -> dict[str, Any]:
+        """The ring's payload (it only describes: the run it starts plans from the ledger); `watched` names what
+        rings ({"pipeline": name} or {"carrier": name})."""
         waiting = sorted(f"{tp.topic}-{tp.partition}" for tp, lag in self.lag.items() if lag)
-        return {"pipeline": pipeline, "backlog": self.backlog, "partitions_waiting": len(waiting),
+        return {**watched, "backlog": self.backlog, "partitions_waiting": len(waiting),
                 "rung_at": datetime.now(UTC).isoformat(timespec="seconds")}
 
 
@@ -222,42 +235,84 @@ class DoorbellTrigger(BaseEventTrigger):
                 {"pipeline": self.pipeline, "min_backlog": self.min_backlog, "poll_seconds": self.poll_seconds,
                  "ring_again_seconds": self.ring_again_seconds})
 
+    def watched(self) -> dict[str, str]:
+        """What this doorbell watches, as its events and log lines name it."""
+        return {"pipeline": self.pipeline}
+
+    def watched_pipelines(self) -> tuple[list[PipelineConfig], Services]:
+        """The pipelines it watches as declared now, and the services (in a thread: it reads the pipelines file)."""
+        pipeline, services = _pipeline_and_services(self.pipeline)
+        return [pipeline], services
+
+    def combined(self, pipelines: list[PipelineConfig], looks: list[Look]) -> Look:
+        """The one look the ring rule judges."""
+        return looks[0]
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         rule = RingRule(self.min_backlog, self.ring_again_seconds)
-        pipeline: PipelineConfig | None = None
+        pipelines: list[PipelineConfig] | None = None
         lookout: Lookout | None = None
+        what = " ".join(f"{kind} {name}" for kind, name in self.watched().items())
         trouble = ""  # the last poll's error: said once as a warning, not every poll while it lasts
         while True:
             try:
-                if lookout is None or pipeline is None:
-                    pipeline, services = await asyncio.to_thread(_pipeline_and_services, self.pipeline)
+                if lookout is None or pipelines is None:
+                    pipelines, services = await asyncio.to_thread(self.watched_pipelines)
                     lookout = lookout_for(services)
-                look = await lookout.look(pipeline)
+                look = self.combined(pipelines, list(await asyncio.gather(*(lookout.look(p) for p in pipelines))))
                 if trouble:
-                    self.log.info("doorbell of %s looks again", self.pipeline)
+                    self.log.info("doorbell of %s looks again", what)
                     trouble = ""
                 if rule.rings(look.progress, look.backlog, time.monotonic(), look.carrying):
-                    event = look.event(self.pipeline)
-                    self.log.info("doorbell of %s rings: %d offsets wait in %d partitions", self.pipeline,
+                    event = look.event(self.watched())
+                    self.log.info("doorbell of %s rings: %d offsets wait in %d partitions", what,
                                   event["backlog"], event["partitions_waiting"])
                     yield TriggerEvent(event)
             except Exception as exc:  # a service away for a while: the next poll looks again, nothing is lost
                 if str(exc) != trouble:
-                    self.log.warning("doorbell of %s could not look: %s", self.pipeline, exc)
+                    self.log.warning("doorbell of %s could not look: %s", what, exc)
                 trouble = str(exc)
-                lookout = None  # the pipeline's declaration and the services are read again
+                lookout = None  # the declarations and the services are read again
             # On the poll's ticks of the clock: the doorbells of one poll_seconds look together (Lookout).
             await asyncio.sleep(self.poll_seconds - time.time() % self.poll_seconds)
 
 
+class CarrierDoorbellTrigger(DoorbellTrigger):
+    """The doorbell of a carrier (config CarrierDeclaration): rings when any of its members has data waiting (at least
+    that member's min_backlog), unless the carrier's run is carrying them; looks at all its members at once."""
+
+    def __init__(self, carrier: str, poll_seconds: float = 5.0, ring_again_seconds: float = 300.0):
+        super().__init__(carrier, 1, poll_seconds, ring_again_seconds)
+        self.carrier = carrier
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{__name__}.{type(self).__name__}",
+                {"carrier": self.carrier, "poll_seconds": self.poll_seconds,
+                 "ring_again_seconds": self.ring_again_seconds})
+
+    def watched(self) -> dict[str, str]:
+        return {"carrier": self.carrier}
+
+    def watched_pipelines(self) -> tuple[list[PipelineConfig], Services]:
+        return list(_declarations_now().carrier(self.carrier).members), task_services()
+
+    def combined(self, pipelines: list[PipelineConfig], looks: list[Look]) -> Look:
+        return Look.of_members(pipelines, looks)
+
+
 def _pipeline_and_services(pipeline_name: str) -> tuple[PipelineConfig, Services]:
     # In the triggerer, from the environment or the Airflow connections, as a task finds them.
+    return _declarations_now().pipeline(pipeline_name), task_services()
+
+
+def _declarations_now() -> PipelineDeclarations:
+    """The pipelines file as it is now, read again only when it changed."""
     path = config_path()
     try:
         stat = path.stat()
     except OSError:
-        return get_pipeline(pipeline_name, path), task_services()  # its error says why the file cannot be read
-    return _declarations(str(path), stat.st_mtime_ns, stat.st_size).pipeline(pipeline_name), task_services()
+        return read_pipelines(path)  # its error says why the file cannot be read
+    return _declarations(str(path), stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=1)

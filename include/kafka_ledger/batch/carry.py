@@ -42,27 +42,20 @@ class Carried:
     ended: str = "budget spent"
 
 
-class CarryingRun:
-    """The lease and loop of one DAG run carrying a pipeline's batches (see the module).
+class CarryingLease:
+    """The lease in the ledger by which a DAG run carries some pipelines' batches (one pipeline's, or a carrier's
+    members'): their doorbells keep quiet while it is held. Renewed every LEASE_RENEW_SECONDS by a thread of this
+    process, so that a killed task's lease runs out within LEASE_SECONDS."""
 
-    `run_batch(batch_id)` reads and commits one planned batch here and now (the runtime's); `stop()`, from another
-    thread (Airflow's on_kill), ends the loop before its next batch.
-    """
-
-    def __init__(self, services: Services, pipeline: PipelineConfig, dag_id: str, run_id: str,
-                 run_batch: Callable[[int], CommitResult], *, seconds: float, pace_seconds: float):
-        self.services, self.pipeline, self.dag_id, self.run_id = services, pipeline, dag_id, run_id
-        self.run_batch = run_batch
-        self.seconds, self.pace_seconds = seconds, pace_seconds
-        # The budget counts from here: the task's start, just before its first batch.
-        self.started = time.monotonic()
-        self._stopped = threading.Event()
+    def __init__(self, services: Services, pipelines: list[str], dag_id: str, run_id: str):
+        self.services, self.pipelines, self.dag_id, self.run_id = services, pipelines, dag_id, run_id
         self._released = threading.Event()
         self._renewing: threading.Thread | None = None
 
     def _renew(self) -> None:
         with ledger.transaction(self.services.ledger) as cur:
-            ledger.hold_carrying_lease(cur, self.pipeline.name, self.dag_id, self.run_id, LEASE_SECONDS)
+            for pipeline in self.pipelines:
+                ledger.hold_carrying_lease(cur, pipeline, self.dag_id, self.run_id, LEASE_SECONDS)
 
     def _keep_renewing(self) -> None:
         trouble = ""
@@ -88,7 +81,32 @@ class CarryingRun:
         if self._renewing is not None:
             self._renewing.join(timeout=LEASE_RENEW_SECONDS)
         with ledger.transaction(self.services.ledger) as cur:
-            ledger.release_carrying_lease(cur, self.pipeline.name, self.dag_id, self.run_id)
+            for pipeline in self.pipelines:
+                ledger.release_carrying_lease(cur, pipeline, self.dag_id, self.run_id)
+
+
+class CarryingRun:
+    """The lease and loop of one DAG run carrying a pipeline's batches (see the module).
+
+    `run_batch(batch_id)` reads and commits one planned batch here and now (the runtime's); `stop()`, from another
+    thread (Airflow's on_kill), ends the loop before its next batch.
+    """
+
+    def __init__(self, services: Services, pipeline: PipelineConfig, dag_id: str, run_id: str,
+                 run_batch: Callable[[int], CommitResult], *, seconds: float, pace_seconds: float):
+        self.services, self.pipeline, self.dag_id, self.run_id = services, pipeline, dag_id, run_id
+        self.run_batch = run_batch
+        self.seconds, self.pace_seconds = seconds, pace_seconds
+        # The budget counts from here: the task's start, just before its first batch.
+        self.started = time.monotonic()
+        self._stopped = threading.Event()
+        self.lease = CarryingLease(services, [pipeline.name], dag_id, run_id)
+
+    def hold(self) -> None:
+        self.lease.hold()
+
+    def release(self) -> None:
+        self.lease.release()
 
     def stop(self) -> None:
         self._stopped.set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -61,6 +62,8 @@ Identifier = Annotated[str, AfterValidator(_identifier)]
 
 # Every pipeline's DAG id is this prefix and the pipeline's name.
 DAG_ID_PREFIX = "kafka_ledger__"
+# A carrier's DAG (CarrierDeclaration): not a pipeline's, so not under DAG_ID_PREFIX.
+CARRIER_DAG_ID_PREFIX = "kafka_ledger_carrier__"
 # A pipeline unknown by name: this many of the declared names in the error (hundreds would fill the log line).
 NAMES_IN_ERRORS = 20
 
@@ -396,6 +399,14 @@ class DoorbellSpec(BaseModel):
         description="a run the doorbell started keeps planning, reading and committing the next batch, at most one "
                     "every `poll_seconds`, while data waits, for up to this long (batch/carry.py): Airflow's cost of "
                     "a run is paid once for many batches; `0`: one batch a run")
+    carrier: Identifier | None = Field(
+        default=None,
+        description="carry this pipeline's batches with the other pipelines naming the same carrier: one DAG, "
+                    "`kafka_ledger_carrier__<carrier>`, whose doorbell watches them all and whose one task plans, "
+                    "reads and commits their batches together, each pipeline in its own transaction "
+                    "([below](#carriers)); the pipeline's own DAG keeps its manual runs, replays and backfills, "
+                    "and its own doorbell stays off. For many pipelines with little data each: a sink `postgres`, "
+                    "the `connect` runtime")
 
 
 TriggerSpec = Annotated[ScheduleSpec | DoorbellSpec, Field(discriminator="type")]
@@ -694,6 +705,23 @@ class PipelineConfig(BaseModel):
         self.columns = [c.model_copy(update={"required": True}) if c.name in self.key else c for c in self.columns]
         return self
 
+    @model_validator(mode="after")
+    def _carried_where_a_carrier_can(self) -> PipelineConfig:
+        if self.doorbell is None or self.doorbell.carrier is None:
+            return self
+        if not isinstance(self.sink, PostgresSinkSpec):
+            raise ValueError("trigger.carrier: a carrier publishes into Postgres tables, in its own transactions; an "
+                             "iceberg sink's pipeline keeps a doorbell of its own")
+        if self.spark_runtime == "submit":
+            raise ValueError("trigger.carrier: a carrier reads on the Spark Connect server (runtime connect); a "
+                             "pipeline of runtime submit keeps a doorbell of its own")
+        return self
+
+    @property
+    def carrier(self) -> str | None:
+        """The carrier that carries the pipeline's doorbell batches, if any (trigger.carrier)."""
+        return self.doorbell.carrier if self.doorbell is not None else None
+
     @property
     def columns_from_reader_schema(self) -> bool:
         """Whether the columns are left out, to be taken from the reader schema at the pipeline's first plan."""
@@ -782,6 +810,44 @@ def _error_lines(exc: ValidationError, prefix: tuple[str, ...] = ()) -> list[str
 
 
 @dataclass(frozen=True)
+class CarrierDeclaration:
+    """A carrier: the doorbell pipelines naming it (trigger.carrier), carried together by one DAG. It looks as often as
+    the most eager of them (the least poll_seconds and ring_again_seconds) and carries as long as the most patient
+    (the most carry_seconds)."""
+
+    name: str
+    members: tuple[PipelineConfig, ...]
+
+    @property
+    def dag_id(self) -> str:
+        return f"{CARRIER_DAG_ID_PREFIX}{self.name}"
+
+    def _doorbells(self) -> list[DoorbellSpec]:
+        return [bell for member in self.members if (bell := member.doorbell) is not None]
+
+    @property
+    def poll_seconds(self) -> float:
+        return min(bell.poll_seconds for bell in self._doorbells())
+
+    @property
+    def ring_again_seconds(self) -> float:
+        return min(bell.ring_again_seconds for bell in self._doorbells())
+
+    @property
+    def carry_seconds(self) -> float:
+        return max(bell.carry_seconds for bell in self._doorbells())
+
+
+def carriers_of(pipelines: Iterable[PipelineConfig]) -> dict[str, CarrierDeclaration]:
+    """Each carrier the pipelines name (trigger.carrier), with its members in their order."""
+    members: dict[str, list[PipelineConfig]] = {}
+    for pipeline in pipelines:
+        if pipeline.carrier is not None:
+            members.setdefault(pipeline.carrier, []).append(pipeline)
+    return {name: CarrierDeclaration(name, tuple(found)) for name, found in members.items()}
+
+
+@dataclass(frozen=True)
 class PipelineDeclarations:
     """Every entry of a pipelines file, each validated on its own, so one broken entry hides no other."""
 
@@ -798,6 +864,18 @@ class PipelineDeclarations:
         if self.invalid:
             raise ConfigError(f"{self.source}: invalid pipeline configuration:\n" + "\n".join(self.invalid.values()))
         return self.valid
+
+    def carriers(self) -> dict[str, CarrierDeclaration]:
+        """Each carrier named by valid pipelines (trigger.carrier), with its members in the file's order."""
+        return carriers_of(self.valid.values())
+
+    def carrier(self, name: str) -> CarrierDeclaration:
+        """One carrier by name, with a helpful error when no valid pipeline names it."""
+        carriers = self.carriers()
+        if name not in carriers:
+            raise ConfigError(f"no valid pipeline of {self.source} names carrier {name!r} (named: "
+                              f"{', '.join(sorted(carriers)) or 'none'})")
+        return carriers[name]
 
     def pipeline(self, name: str) -> PipelineConfig:
         """One pipeline by name, valid whatever the other entries hold, with a helpful error when it is not."""

@@ -9,15 +9,18 @@ Each runtime makes its own Airflow tasks (Runtime.build_tasks) and its pipelines
 
 from __future__ import annotations
 
+from typing import Any
+
 from kafka_ledger.batch.commit import CommitResult
-from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.pipeline import CarrierDeclaration, PipelineConfig
 from kafka_ledger.config.services import Services
 from kafka_ledger.config.settings import runtime_name
 from kafka_ledger.runtimes.base import Runtime
+from kafka_ledger.runtimes.connect import CONNECT
 from kafka_ledger.runtimes.connect.runtime import ConnectRuntime
 from kafka_ledger.runtimes.submit.runtime import SubmitRuntime
 
-__all__ = ["RUNTIMES", "Runtime", "run_batch", "runtime_for"]
+__all__ = ["RUNTIMES", "Runtime", "build_carrier_task", "run_batch", "runtime_for"]
 
 RUNTIMES: dict[str, Runtime] = {runtime.name: runtime for runtime in (ConnectRuntime(), SubmitRuntime())}
 
@@ -30,3 +33,9 @@ def runtime_for(pipeline: PipelineConfig) -> Runtime:
 def run_batch(pipeline: PipelineConfig, batch_id: int, services: Services) -> CommitResult:
     """Read, publish and commit one planned batch here and now, in the pipeline's runtime (CLI, benchmark)."""
     return runtime_for(pipeline).run_batch(pipeline, batch_id, services)
+
+
+def build_carrier_task(carrier: CarrierDeclaration) -> Any:
+    """A carrier's task in its DAG being built: the connect runtime's, whose warm session reads many pipelines'
+    ranges at once (runtimes/connect/carrier.py)."""
+    return RUNTIMES[CONNECT].build_carrier_task(carrier)

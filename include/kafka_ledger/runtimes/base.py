@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from kafka_ledger.batch.commit import CommitResult
-from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.pipeline import CarrierDeclaration, PipelineConfig
 from kafka_ledger.config.services import Services
 from kafka_ledger.spark.sessions import SparkSessions
 
@@ -34,6 +34,10 @@ class Runtime(ABC):
     def build_tasks(self, pipeline: PipelineConfig, plan: Any) -> tuple[Any, Any]:
         """This runtime's tasks in the pipeline's DAG being built, after the `plan` task: (the Spark task, the
         committing task). Called inside the DAG's context (runtimes/<name>/airflow.py makes them)."""
+
+    def build_carrier_task(self, carrier: CarrierDeclaration) -> Any:
+        """The task of a carrier's DAG being built (config CarrierDeclaration), in this runtime."""
+        raise NotImplementedError(f"the {self.name} runtime carries no batches")
 
     @abstractmethod
     def spark_sessions(self) -> SparkSessions:

@@ -1,1 +1,4 @@
-"""connect."""
+"""The `connect` runtime: batches read on a warm Spark Connect server, committed by the task that reads them."""
+
+# The runtime's name, as `spark_runtime` declares it.
+CONNECT = "connect"

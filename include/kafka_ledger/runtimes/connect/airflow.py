@@ -3,24 +3,37 @@ run the doorbell started, the batches after it: batch/carry.py)."""
 
 from __future__ import annotations
 
+import logging
+import threading
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
-from kafka_ledger.batch.carry import CarryingRun
+from kafka_ledger.batch.carry import CarryingLease, CarryingRun
 from kafka_ledger.batch.commit import CommitResult
-from kafka_ledger.config.pipeline import PipelineConfig, get_pipeline
-from kafka_ledger.config.settings import task_services
+from kafka_ledger.config.pipeline import CarrierDeclaration, PipelineConfig, get_pipeline, read_pipelines
+from kafka_ledger.config.settings import runtime_name, task_services
 from kafka_ledger.runtimes.airflow_tasks import (
     PLAN_TASK,
+    SPARK_POOL,
     carry,
     carrying_run,
     committed,
+    mask_secrets,
     output_asset,
     refusals_fail_at_once,
     spark_task_args,
 )
+from kafka_ledger.runtimes.connect import CONNECT
 from kafka_ledger.runtimes.connect.batch import ConnectBatch
+from kafka_ledger.runtimes.connect.carrier import Carrier, carry_for, reason
+
+log = logging.getLogger(__name__)
+
+# The task of a carrier's DAG.
+CARRY_TASK = "carry_batches"
 
 
 class ReadAndCommitOperator(BaseOperator):
@@ -67,3 +80,79 @@ def build_tasks(task_id: str, pipeline: PipelineConfig, plan: Any) -> tuple[Any,
                                   **spark_task_args(pipeline))
     plan >> spark
     return spark, spark
+
+
+class CarryOperator(BaseOperator):
+    """A carrier's one task (runtimes/connect/carrier.py): carries its members' batches, cycle after cycle, for the
+    carrier's carry_seconds, holding every member's carrying lease meanwhile (the carrier's doorbell keeps quiet).
+
+    Each member's batch is planned, read and committed as its own run's would be, in its own transaction. A member
+    whose batch failed in its last cycle fails the task once the run ends, named in the error; its batch stays open
+    and the next run resumes it with the same ranges. Killed by Airflow, it stops after the running cycle's query is
+    interrupted: nothing that cycle read is published.
+    """
+
+    ui_color = "#fde3a7"
+
+    def __init__(self, *, carrier_name: str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.carrier_name = carrier_name
+        self._carrier: Carrier | None = None
+        self._stopped = threading.Event()
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        with refusals_fail_at_once():
+            declaration = read_pipelines().carrier(self.carrier_name)
+            services = task_services()
+            members = list(declaration.members)
+            elsewhere = [m.name for m in members if runtime_name(m) != CONNECT]
+            if elsewhere:
+                raise AirflowFailException(
+                    f"carrier {self.carrier_name} reads on the Spark Connect server: pipeline(s) "
+                    f"{', '.join(elsewhere)} run on another runtime (spark_runtime, or the deployment's default): "
+                    f"declare spark_runtime: {CONNECT} or take trigger.carrier away")
+            for member in members:
+                mask_secrets(services, member)
+        dag_id, run_id = context["dag"].dag_id, context["run_id"]
+        lease = CarryingLease(services, [m.name for m in members], dag_id, run_id)
+        self._carrier = carrier = Carrier(self.carrier_name, services)
+        lease.hold()
+        try:
+            carried = carry_for(carrier, members, seconds=declaration.carry_seconds,
+                                pace_seconds=declaration.poll_seconds, dag_id=dag_id, run_id=run_id,
+                                stopped=self._stopped)
+        finally:
+            try:
+                lease.release()
+            except Exception as exc:  # noqa: BLE001 - the lease expires by itself
+                log.warning("could not release the carrying lease of run %s (%s): it expires by itself", run_id, exc)
+            carrier.close()
+        written = sum(r.records_written for r in carried.results)
+        dead = sum(r.records_dead_lettered for r in carried.results)
+        log.info("carrier %s: %d cycle(s), %d batch(es) of %d pipeline(s) committed (%s): %d records written, %d "
+                 "dead-lettered", self.carrier_name, carried.cycles, len(carried.results),
+                 len(carried.pipelines), carried.ended, written, dead)
+        if carried.failing:
+            raise CarrierFailures(
+                f"carrier {self.carrier_name}: the batch of {len(carried.failing)} pipeline(s) failed in its last "
+                "cycle and stays open for the next run: " + "; ".join(
+                    f"{name}: {reason(exc)}" for name, exc in sorted(carried.failing.items())))
+        return {"carrier": self.carrier_name, "cycles": carried.cycles, "batches": len(carried.results),
+                "records_written": written, "records_dead_lettered": dead, "ended": carried.ended}
+
+    def on_kill(self) -> None:
+        self._stopped.set()
+        if self._carrier is not None:
+            self._carrier.interrupt()
+
+
+class CarrierFailures(RuntimeError):
+    """Some members' batches failed in a carrier's run (each stays open for the next run)."""
+
+
+def build_carrier_task(carrier: CarrierDeclaration) -> CarryOperator:
+    """The carrier DAG's one task: in the Spark pool (one slot for all its members), timed out after its carrying
+    budget and its members' longest Spark timeout."""
+    spark_minutes = max(m.spark_timeout_minutes for m in carrier.members)
+    return CarryOperator(task_id=CARRY_TASK, carrier_name=carrier.name, pool=SPARK_POOL, retries=0,
+                         execution_timeout=timedelta(seconds=carrier.carry_seconds, minutes=spark_minutes))

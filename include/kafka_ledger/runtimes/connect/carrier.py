@@ -358,3 +358,41 @@ def split_rows(tables: list[pa.Table], members: int) -> list[list[pa.Table]]:
     if placed != rows.num_rows:  # a row of a partition no member reads: the read and the plan disagree
         raise CarrierError(f"{rows.num_rows - placed} of {rows.num_rows} rows read belong to no member's batch")
     return split
+
+
+@dataclass
+class CarriedRun:
+    """What a carrier's DAG run carried: its cycles' commits, the members whose batch failed in their last cycle (their
+    batches stay open for the next one), and why it stopped."""
+
+    cycles: int = 0
+    results: list[CommitResult] = field(default_factory=list)
+    pipelines: set[str] = field(default_factory=set)  # those that committed a batch
+    failing: dict[str, BaseException] = field(default_factory=dict)
+    ended: str = "budget spent"
+
+
+def carry_for(carrier: Carrier, members: Sequence[PipelineConfig], *, seconds: float, pace_seconds: float,
+              dag_id: str | None, run_id: str | None, stopped: threading.Event) -> CarriedRun:
+    """Cycle after cycle, at most one every `pace_seconds`, until `seconds` are spent, a cycle finds every member
+    caught up, or `stopped` is set."""
+    started = time.monotonic()
+    carried = CarriedRun()
+    while True:
+        cycle_started = time.monotonic()
+        cycle = carrier.carry(members, dag_id=dag_id, run_id=run_id)
+        carried.cycles += 1
+        carried.results += cycle.results.values()
+        carried.pipelines |= set(cycle.results)
+        for name in [*cycle.results, *cycle.caught_up]:
+            carried.failing.pop(name, None)
+        carried.failing.update(cycle.failures)
+        if not cycle.results and not cycle.failures:
+            carried.ended = "caught up"
+            return carried
+        next_start = cycle_started + pace_seconds
+        if next_start >= started + seconds:
+            return carried
+        if stopped.wait(max(0.0, next_start - time.monotonic())):
+            carried.ended = "stopped"
+            return carried

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from kafka_ledger.batch.commit import CommitResult
-from kafka_ledger.config.pipeline import PipelineConfig
+from kafka_ledger.config.pipeline import CarrierDeclaration, PipelineConfig
 from kafka_ledger.config.services import Services
 from kafka_ledger.runtimes.base import Runtime
+from kafka_ledger.runtimes.connect import CONNECT
 from kafka_ledger.runtimes.connect.batch import ConnectBatch
 from kafka_ledger.spark.sessions import ConnectSessions, SparkSessions
 
@@ -15,7 +16,7 @@ from kafka_ledger.spark.sessions import ConnectSessions, SparkSessions
 class ConnectRuntime(Runtime):
     """The warm Spark Connect server; one task reads the batch there and commits it."""
 
-    name = "connect"
+    name = CONNECT
     spark_task_id = "read_and_commit"
     commit_task_id = None
 
@@ -26,6 +27,11 @@ class ConnectRuntime(Runtime):
         from kafka_ledger.runtimes.connect import airflow  # Airflow's operators: where a DAG is built only
 
         return airflow.build_tasks(self.spark_task_id, pipeline, plan)
+
+    def build_carrier_task(self, carrier: CarrierDeclaration) -> Any:
+        from kafka_ledger.runtimes.connect import airflow  # Airflow's operators: where a DAG is built only
+
+        return airflow.build_carrier_task(carrier)
 
     def spark_sessions(self) -> SparkSessions:
         return ConnectSessions()
