@@ -50,6 +50,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
+# The carrier of the test session's carried_f and carried_g (test_airflow_rest.py).
+CARRIER = f"it_{RUN}_carrier"
+CARRIED_TRIGGER = {"type": "doorbell", "carrier": CARRIER, "poll_seconds": 1, "carry_seconds": 3,
+                   "ring_again_seconds": 60}
+
 # Every test that runs a DAG gets its own pipeline (and topic); overrides tune caps and retries.
 PIPELINES = {
     "exact": {},
@@ -229,6 +234,9 @@ PIPELINES = {
     "carried_a": {}, "carried_b": {"topics": [topic_name("carried_a")]},
     "carried_c": {"columns": [COLUMNS[0], {"name": "amount", "type": "string"}]},
     "carried_d": {}, "carried_e": {},
+    # A carrier's members under the real scheduler and triggerer (test_airflow_rest.py), a run carrying them 3 s.
+    "carried_f": {"spark_runtime": "connect", "schedule": None, "trigger": CARRIED_TRIGGER},
+    "carried_g": {"spark_runtime": "connect", "schedule": None, "trigger": CARRIED_TRIGGER},
 }
 
 

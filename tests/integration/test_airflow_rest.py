@@ -463,6 +463,42 @@ def test_a_doorbell_starts_a_run_within_seconds_of_new_data_and_none_without(
     assert committed_group_offsets(servers, topic) == {}
 
 
+def test_a_carriers_doorbell_starts_runs_that_carry_every_members_batches_exactly_once(
+    airflow: AirflowClient, dsn: str, servers: str, pipeline_factory, test_pipelines_file: Path
+):
+    """A carrier under the real scheduler and triggerer: its one doorbell rings when its members' records arrive, and
+    its run plans, reads and commits every member's batch, each in its own transaction, exactly once; its leases end
+    with it; Kafka never sees a group or an offset of it."""
+    members = [pipeline_factory("carried_f", partitions=2), pipeline_factory("carried_g", partitions=3)]
+    (carrier,) = read_pipelines(test_pipelines_file).carriers().values()
+    assert [m.name for m in carrier.members] == [m.name for m in members]
+    producer = RecordedProducer(servers)
+    expected_dead: dict[str, dict] = {m.name: {} for m in members}
+    airflow.wait_for_dag(carrier.dag_id)
+    airflow.set_paused(carrier.dag_id, False)
+    try:
+        for round_ in range(2):
+            for member in members:
+                producer.send(member.topics[0], [good_value(1000 * round_ + i) for i in range(200)])
+                value, reason = BAD_VALUES[round_]
+                expected_dead[member.name][producer.send(member.topics[0], [value])[0]] = reason
+            # The first ring waits for the DAG's next parse after the unpause (its watcher is registered then).
+            airflow.wait_for_runs(carrier.dag_id, "asset_triggered", count=round_ + 1, timeout=120)
+            airflow.wait_until_idle(carrier.dag_id, timeout=300)
+        runs = airflow.runs(carrier.dag_id)
+        assert_all_succeeded(airflow, carrier.dag_id, runs)
+        assert {r["run_type"] for r in runs} == {"asset_triggered"} and len(runs) == 2
+    finally:
+        airflow.set_paused(carrier.dag_id, True)
+    for member in members:
+        assert_exactly_once(dsn, servers, member, expected_dead[member.name])
+        with ledger.transaction(LedgerDatabase(dsn)) as cur:
+            batches = ledger.list_batches(cur, member.name)
+            assert {(b.requested_by, b.dag_id) for b in batches} == {(f"carrier {carrier.name}", carrier.dag_id)}
+            assert ledger.carrying_run(cur, member.name) is None, "a carrier's lease outlived its run"
+        assert committed_group_offsets(servers, member.topics[0]) == {}
+
+
 def test_a_doorbell_run_carries_batch_after_batch_and_clearing_it_replays_them_all(
     airflow: AirflowClient, dsn: str, servers: str, pipeline_factory
 ):

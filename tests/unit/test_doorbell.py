@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from kafka_ledger.airflow.dags import build_pipeline_dag, doorbell_asset
+from kafka_ledger.airflow.dags import build_pipeline_dag, declared_dags, doorbell_asset
 from kafka_ledger.airflow.doorbell import DoorbellTrigger, Look, Lookout, RingRule
-from kafka_ledger.config.pipeline import ConfigError, DoorbellSpec, parse_pipelines
+from kafka_ledger.config.pipeline import ConfigError, DoorbellSpec, carriers_of, parse_pipelines
 from kafka_ledger.model.ranges import PlanError, TopicPartition
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
@@ -151,3 +151,76 @@ def test_when_the_look_up_fails_every_doorbell_that_asked_hears_why_and_the_next
     first, again = asyncio.run(polls())
     assert [str(e) for e in first] == ["the ledger does not answer"] * 2
     assert again.progress == 1 and lookout.asked == [["bell", "plain"], ["bell"]]
+
+
+CARRIED = parse_pipelines(
+    """
+pipelines:
+  small_a:
+    topics: [a]
+    output_table: small_a
+    spark_runtime: connect
+    trigger: {type: doorbell, carrier: small, min_backlog: 10, poll_seconds: 2, carry_seconds: 60}
+    columns: [{name: id, type: string}]
+  small_b:
+    topics: [b]
+    output_table: small_b
+    schedule: null
+    trigger: {type: doorbell, carrier: small, poll_seconds: 5, ring_again_seconds: 30}
+    columns: [{name: id, type: string}]
+  alone:
+    topics: [c]
+    output_table: alone
+    trigger: doorbell
+    columns: [{name: id, type: string}]
+"""
+)
+
+
+def test_a_carrier_gathers_the_pipelines_naming_it_and_paces_by_the_most_eager_and_most_patient():
+    (carrier,) = carriers_of(CARRIED.values()).values()
+    assert (carrier.name, [m.name for m in carrier.members]) == ("small", ["small_a", "small_b"])
+    assert carrier.dag_id == "kafka_ledger_carrier__small"
+    assert (carrier.poll_seconds, carrier.ring_again_seconds, carrier.carry_seconds) == (2.0, 30.0, 300.0)
+
+
+def test_a_carriers_dag_rings_on_its_own_doorbell_and_its_members_dags_have_none():
+    dags = declared_dags(CARRIED.values())
+    assert sorted(dags) == ["kafka_ledger__alone", "kafka_ledger__small_a", "kafka_ledger__small_b",
+                            "kafka_ledger_carrier__small"]
+    carrier = dags["kafka_ledger_carrier__small"]
+    assert [t.task_id for t in carrier.tasks] == ["carry_batches"]
+    assert type(carrier.timetable).__name__ == "AssetTriggeredTimetable" and carrier.max_active_runs == 1
+    asset = carrier.timetable.asset_condition
+    (watcher,) = asset.watchers
+    assert watcher.trigger.serialize() == ("kafka_ledger.airflow.doorbell.CarrierDoorbellTrigger",
+                                           {"carrier": "small", "poll_seconds": 2.0, "ring_again_seconds": 30.0})
+    assert doorbell_asset(CARRIED["small_a"]) is None and doorbell_asset(CARRIED["alone"]) is not None
+    # A member's own DAG keeps its schedule (small_b: none), for manual runs, replays and backfills.
+    assert type(dags["kafka_ledger__small_a"].timetable).__name__ == "CronDataIntervalTimetable"
+    assert type(dags["kafka_ledger__small_b"].timetable).__name__ == "NullTimetable"
+    # A task's process builds the one DAG it runs.
+    assert list(declared_dags(CARRIED.values(), "kafka_ledger_carrier__small")) == ["kafka_ledger_carrier__small"]
+
+
+def test_a_carrier_rings_for_members_whose_own_backlog_is_enough_and_keeps_quiet_while_it_carries():
+    a, b = CARRIED["small_a"], CARRIED["small_b"]
+    # small_a waits for 10 offsets: its 4 do not count; small_b's 3 do (min_backlog 1).
+    look = Look.of_members([a, b], [Look(1, {A: 4}), Look(2, {B: 3})])
+    assert (look.backlog, look.progress, look.carrying) == (3, (1, 2), False)
+    assert Look.of_members([a, b], [Look(1, {A: 4}), Look(None, {B: 0}, carrying=True)]).carrying
+    # Two members reading one partition: their lags add up.
+    assert Look.of_members([b, b], [Look(1, {B: 2}), Look(1, {B: 5})]).lag == {B: 7}
+
+
+@pytest.mark.parametrize(("change", "refusal"), [
+    ("spark_runtime: submit", "a carrier reads on the Spark Connect server"),
+    ("sink: {type: iceberg, namespace: n, table: t}", "a carrier publishes into Postgres tables"),
+])
+def test_a_carrier_refuses_a_member_it_cannot_carry(change, refusal):
+    declared = ("pipelines:\n  m:\n    topics: [a]\n    columns: [{name: id, type: string}]\n"
+                "    trigger: {type: doorbell, carrier: small}\n    " + change + "\n")
+    if "iceberg" not in change:
+        declared += "    output_table: m\n"
+    with pytest.raises(ConfigError, match=refusal):
+        parse_pipelines(declared)
