@@ -684,6 +684,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="many pipelines on one Airflow instead (tools/pipelines_benchmark.py): PIPELINES doorbell "
                              "pipelines of --partitions partitions each, their DAG file's processing time, the "
                              "triggerer's CPU while idle, `kafka-ledger status` and the page timed --rounds times")
+    parser.add_argument("--load-minutes", type=float, default=0.0,
+                        help="--pipelines: then a load of --rate-per-pipeline records/s into every pipeline for this "
+                             "long, carried by their carrier: the freshness p99, the triggerer's CPU, exact")
+    parser.add_argument("--rate-per-pipeline", type=float, default=50.0, help="--load-minutes: records/s a pipeline")
     parser.add_argument("--keep", action="store_true", help="keep the topic, tables and ledger rows")
     parser.add_argument("--delivery-mode", choices=["exactly_once", "at_least_once"], default="exactly_once",
                         help="at_least_once: with spark-submit, the Spark job appends to the output table directly")
@@ -706,7 +710,8 @@ def main(argv: list[str] | None = None) -> int:
         from tools.pipelines_benchmark import run_pipelines_benchmark
 
         summary = run_pipelines_benchmark(kafka_client().servers, ledger_database().url, args.pipelines,
-                                          args.partitions, max(args.rounds, 1))
+                                          args.partitions, max(args.rounds, 1), args.load_minutes,
+                                          args.rate_per_pipeline)
         report(summary)
         return 0 if summary["ok"] else 1
     if args.sizes:

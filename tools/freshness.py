@@ -62,9 +62,11 @@ CATCH_UP_SECONDS = 600
 WARM_UP_RECORDS = 1_000
 
 
-def produce_steadily(servers: str, topic: str, rate: float, seconds: float, partitions: int) -> dict[str, Any]:
-    """`rate` records per second for `seconds`, in ticks of a tenth of a second; Kafka stamps each with the
-    producer's clock (CreateTime). Returns what was produced and the rate achieved."""
+def produce_steadily(servers: str, topics: list[str], rate: float, seconds: float, partitions: int
+                     ) -> dict[str, Any]:
+    """`rate` records per second for `seconds`, in ticks of a tenth of a second, the topics and their partitions in
+    turn (record i into topic i mod T, partition i // T mod `partitions`); Kafka stamps each with the producer's
+    clock (CreateTime). Returns what was produced and the rate achieved."""
     # Produce requests of 20 ms of records: at 60,000 records/s, 5 ms ones cost the broker (TLS, SASL) half as much
     # CPU again, on the machine the benchmark measures. A record's delay counts its wait in the producer.
     producer = Producer(kafka_for(servers).confluent(**{"enable.idempotence": True, "linger.ms": 20}))
@@ -74,7 +76,8 @@ def produce_steadily(servers: str, topic: str, rate: float, seconds: float, part
         due = int(min(elapsed + 0.1, seconds) * rate)
         while sent < due:
             try:
-                producer.produce(topic, value=benchmark_peers.record_value(sent), partition=sent % partitions)
+                producer.produce(topics[sent % len(topics)], value=benchmark_peers.record_value(sent),
+                                 partition=sent // len(topics) % partitions)
                 sent += 1
             except BufferError:
                 producer.poll(0.05)
@@ -97,7 +100,7 @@ def _percentiles(delays: np.ndarray) -> dict[str, float | None]:
     return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": round(float(ordered[-1]), 2)}
 
 
-def _delays(dsn: str, source: str, load_started: datetime) -> tuple[np.ndarray, np.ndarray]:
+def record_delays(dsn: str, source: str, load_started: datetime) -> tuple[np.ndarray, np.ndarray]:
     """For every record of the load (its Kafka timestamp at or after `load_started`), in two float arrays: the seconds
     from `load_started` to its Kafka timestamp, and from that to the commit that published it. `source` joins a
     table's rows `o` to their batches `b`. Fetched a million rows at a time: as Python tuples, the 36 M records of a
@@ -114,7 +117,7 @@ def _delays(dsn: str, source: str, load_started: datetime) -> tuple[np.ndarray, 
     return both[:, 0], both[:, 1]
 
 
-def _scalar(dsn: str, query: str) -> int:
+def scalar(dsn: str, query: str) -> int:
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute(query)
         (value,) = cur.fetchone()
@@ -328,7 +331,7 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
                     took["peer"] = round(time.monotonic() - since, 1)
                 return took
 
-            produce_steadily(servers, topic, WARM_UP_RECORDS, 1.0, partitions)
+            produce_steadily(servers, [topic], WARM_UP_RECORDS, 1.0, partitions)
             # From the unpause (the peer: from its start, a moment later) to the warm-up's records all published.
             summary["warm_up"] = {"records": WARM_UP_RECORDS,
                                   "published_after_unpause_s": caught_up(WARM_UP_RECORDS, since=unpaused),
@@ -336,7 +339,7 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
             load_started = datetime.now().astimezone()
             watch = MemoryWatch(lambda: long_lived_processes(client.session_id, peer_process)).start()
             try:
-                produced = produce_steadily(servers, topic, rate, minutes * 60, partitions)
+                produced = produce_steadily(servers, [topic], rate, minutes * 60, partitions)
             finally:
                 summary["memory"] = watch.stop()
             summary["produced"] = produced
@@ -348,13 +351,13 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
             summary["kafka_ledger_batches"] = batch_stages(dsn, name)
             client.set_paused(pipeline.dag_id, True)
         # Exact: every record (warm-up included) published once; the delays are the load's records'.
-        summary["exact"] = (_scalar(dsn, f"SELECT count(*) FROM {_kafka_ledger_rows(name)}") == total and _scalar(
+        summary["exact"] = (scalar(dsn, f"SELECT count(*) FROM {_kafka_ledger_rows(name)}") == total and scalar(
             dsn, f"SELECT count(DISTINCT (kafka_partition, kafka_offset)) FROM {SCHEMA}.{name}") == total)
-        summary["kafka_ledger"] = delay_report(*_delays(dsn, _kafka_ledger_rows(name), load_started))
+        summary["kafka_ledger"] = delay_report(*record_delays(dsn, _kafka_ledger_rows(name), load_started))
         if peer_process is not None:
-            peer_rows = _scalar(dsn, f"SELECT count(*) FROM {_peer_rows(peer_table)}")
+            peer_rows = scalar(dsn, f"SELECT count(*) FROM {_peer_rows(peer_table)}")
             summary["exact"] = summary["exact"] and peer_rows == total
-            summary["spark_streaming_peer"] = delay_report(*_delays(dsn, _peer_rows(peer_table), load_started))
+            summary["spark_streaming_peer"] = delay_report(*record_delays(dsn, _peer_rows(peer_table), load_started))
     finally:
         for hog in hogs:
             hog.kill()
