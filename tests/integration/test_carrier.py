@@ -3,6 +3,11 @@ decode shape, and each pipeline's rows and offsets committed in its own transact
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
 import pytest
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
@@ -85,3 +90,39 @@ def test_a_member_whose_offsets_were_deleted_fails_alone_and_its_batch_stays_ope
     assert batch.status == "failed" and "carrier it_carrier" in batch.last_error
     assert query(dsn, f"SELECT count(*) FROM it_output.{d.output_table}") == [(0,)]
     assert not any(positions(dsn, d).values())  # nothing moved
+
+
+# A carrier's cycle in a process of its own, as the carrier's task runs it.
+CARRY = """
+import sys
+from kafka_ledger.config.pipeline import get_pipeline
+from kafka_ledger.config.settings import task_services
+from kafka_ledger.runtimes.connect.carrier import Carrier
+
+Carrier("it_carrier", task_services()).carry([get_pipeline(name) for name in sys.argv[1:]])
+"""
+
+
+def test_a_carrier_killed_inside_a_members_commit_loses_and_doubles_nothing_and_its_batches_resume(
+        services, dsn, servers, pipeline_factory, producer, carrier, tmp_path):
+    members = [pipeline_factory(key, partitions=2) for key in ("carried_h", "carried_i", "carried_j")]
+    dead = {}
+    for member in members:
+        dead[member.name] = produce(producer, member.topics[0])[1]
+    # SIGKILL inside the first member's commit transaction to get there (the members commit at once): the cycle's
+    # other commits die with the process, committed or not.
+    env = {**os.environ, "KAFKA_LEDGER_FAILPOINTS": "commit_after_publish=kill",
+           "KAFKA_LEDGER_FAILPOINTS_ONCE_DIR": str(tmp_path)}
+    killed = subprocess.run([sys.executable, "-c", CARRY, *[m.name for m in members]], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    opened = {m.name: [b.status for b in batches(dsn, m)] for m in members}
+    assert any(statuses != ["committed"] for statuses in opened.values()), opened
+
+    # The next cycle resumes each open batch with its recorded ranges: one catch-up batch a member, committed.
+    cycle = carrier.carry(members)
+    assert cycle.failures == {}
+    for member in members:
+        assert_exactly_once(dsn, servers, member, dead[member.name])
+        (batch,) = batches(dsn, member)
+        assert batch.status == "committed"
