@@ -44,8 +44,10 @@ from datetime import UTC, datetime
 from importlib.metadata import version
 from typing import Any
 
-from kafka_ledger.airflow.dags import SPARK_TASK, doorbell_asset
+from kafka_ledger.airflow.dags import SPARK_TASK, carrier_doorbell_asset, doorbell_asset
+from kafka_ledger.config.pipeline import read_pipelines
 from kafka_ledger.ledger import sql
+from kafka_ledger.runtimes.connect import CARRY_TASK
 from tools.airflow_server import AirflowClient, component_processes, kill_component, task_process
 from tools.fault_campaign import CampaignFailure
 from tools.fault_campaign.producer import SequenceProducer
@@ -96,14 +98,19 @@ class DoorbellCampaign(Campaign):
         self.strikes = [strike for _ in range(rounds) for strike in self.rng.sample(strikes, len(strikes))][:faults]
         self.schedule = [kind for kind, _ in self.strikes]
         self.shape = f"{self.shape}-doorbell"
-        self.dag_id = pipeline.dag_id
+        # A carried pipeline's doorbell runs are its carrier's (runtimes/connect/carrier.py).
+        self.carrier = read_pipelines().carrier(pipeline.carrier) if pipeline.carrier else None
+        if self.carrier is not None:
+            self.shape = f"{self.shape}-carrier"
+        self.dag_id = self.carrier.dag_id if self.carrier else pipeline.dag_id
+        self.spark_task = CARRY_TASK if self.carrier else SPARK_TASK[self.runtime]
         self._asset_id: int | None = None
 
     # --- what Airflow shows -------------------------------------------------------------------------------
     def rings(self) -> int:
         """How many times the doorbell has rung: the asset events of its asset."""
         if self._asset_id is None:
-            name = doorbell_asset(self.pipeline).name
+            name = (carrier_doorbell_asset(self.carrier) if self.carrier else doorbell_asset(self.pipeline)).name
             assets = self.airflow.request("GET", "/api/v2/assets", params={"name_pattern": name}).json()["assets"]
             ids = [asset["id"] for asset in assets if asset["name"] == name]
             if not ids:
@@ -185,7 +192,7 @@ class DoorbellCampaign(Campaign):
 
     def _spark_task_process(self, run_id: str) -> int | None:
         spark = [ti for ti in self.airflow.task_instances(self.dag_id, run_id)
-                 if ti["task_id"] == SPARK_TASK[self.runtime]]
+                 if ti["task_id"] == self.spark_task]
         return task_process(spark[0]["id"]) if spark else None
 
     def strike_carrying(self, kind: str, variant: str) -> str:

@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doorbell", action="store_true",
                         help="the pipeline runs by its doorbell under a dedicated Airflow (scheduler, triggerer), "
                              "whose triggerer and scheduler the faults kill (tools/fault_campaign/doorbell.py)")
+    parser.add_argument("--carrier", action="store_true",
+                        help="with --doorbell: the pipeline is carried by a carrier (trigger.carrier) with a companion "
+                             "member whose topic stays empty; the carrier's DAG, doorbell and task take the faults")
     parser.add_argument("--rate", type=float, metavar="RECORDS_PER_S",
                         help="with --doorbell: records per second the producer writes at (default: a twelfth of "
                              "--records-per-fault), e.g. 6000, the talk's rate")
@@ -88,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--format avro: a campaign of plain runs (no --doorbell) into an append-only table")
     if args.envelope != "none" and args.write != "upsert":
         parser.error("--envelope debezium: change events go into an entity table (--write upsert)")
+    if args.carrier and not args.doorbell:
+        parser.error("--carrier: with --doorbell (a carrier carries doorbell pipelines)")
     if args.rate and not args.doorbell:
         parser.error("--rate: only with --doorbell (the other campaigns produce a twelfth of --records-per-fault a "
                      "second)")
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
     from confluent_kafka.admin import AdminClient
 
-    from kafka_ledger.config.pipeline import get_pipeline
+    from kafka_ledger.config.pipeline import get_pipeline, read_pipelines
     from kafka_ledger.config.settings import deployment_spark_runtime
     from kafka_ledger.sinks import IcebergSink, remove_pipeline
 
@@ -136,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             command += f" --envelope {args.envelope}"
         if args.doorbell:
             command += " --doorbell"
+        if args.carrier:
+            command += " --carrier"
         if args.rate:
             command += f" --rate {args.rate:g}"
         if args.network_weight != 1:
@@ -145,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = {"command": command, "write_docs": str(args.write_docs) if args.write_docs else None,
                     "keep": args.keep, "pipeline": f"fault_campaign_{tag}", "partitions": args.partitions,
                     "runtime": runtime, "network": args.network, "sink": args.sink, "write": args.write,
-                    "doorbell": args.doorbell, "format": args.format, "envelope": args.envelope,
+                    "doorbell": args.doorbell, "carrier": args.carrier, "format": args.format,
+                    "envelope": args.envelope,
                     "driver_in_cluster": args.driver_in_cluster,
                     "topic": f"fault-campaign-{tag.replace('_', '-')}"}
     if settings.get("driver_in_cluster"):
@@ -175,7 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         (workdir / "campaign.json").write_text(json.dumps(settings, indent=2))
         output = ({"sink": {"type": "iceberg", "namespace": "fault_campaign", "table": name}}
                   if settings.get("sink") == "iceberg" else {"output_schema": "fault_campaign", "output_table": name})
-        config.write_text(yaml.safe_dump({"pipelines": {name: {
+        carrier = f"campaign_{tag}" if settings.get("carrier") else None
+        companion = {f"{name}_companion": {
+            "topics": [f"{topic}-companion"], "output_schema": "fault_campaign", "output_table": f"{name}_companion",
+            "columns": COLUMNS, "schedule": None, "spark_runtime": settings["runtime"],
+            "trigger": {"type": "doorbell", "poll_seconds": 1, "carrier": carrier}}} if carrier else {}
+        config.write_text(yaml.safe_dump({"pipelines": {**companion, name: {
             "topics": [topic], **output, "columns": COLUMNS,
             "value": {"format": settings.get("format", "json"), "envelope": settings.get("envelope", "none")},
             "max_records_per_partition": max(100, args.records_per_fault // args.partitions), "schedule": None,
@@ -186,9 +199,11 @@ def main(argv: list[str] | None = None) -> int:
             "spark_runtime": settings["runtime"],
             **({"write": "upsert", "key": ["event_id"]} if settings.get("write") == "upsert" else {}),
             # A doorbell campaign's killed Spark task is retried within seconds (the default waits a minute).
-            **({"trigger": {"type": "doorbell", "poll_seconds": 1}, "retry_delay_seconds": 2}
-               if settings.get("doorbell") else {}),
+            **({"trigger": {"type": "doorbell", "poll_seconds": 1, **({"carrier": carrier} if carrier else {})},
+                "retry_delay_seconds": 2} if settings.get("doorbell") else {}),
         }}}))
+        if carrier:
+            create_topic(admin, f"{topic}-companion", 2)
         # Every acknowledged record on disk at once, so a campaign resumed after the machine stopped still has
         # them all (the broker otherwise leaves flushing to the OS).
         create_topic(admin, topic, args.partitions, config={"flush.messages": "1"})
@@ -224,9 +239,13 @@ def main(argv: list[str] | None = None) -> int:
             f"for inspection; logs in {workdir}")
         return 1
     if not settings["keep"]:
+        companions = [p for p in read_pipelines(config).valid.values() if p.name != pipeline.name]
         with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-            remove_pipeline(cur, pipeline)
+            for declared in [pipeline, *companions]:
+                remove_pipeline(cur, declared)
         conn.close()
+        for companion in companions:
+            admin.delete_topics(companion.topics)[companion.topics[0]].result(timeout=30)
         if campaign.iceberg:
             sink = IcebergSink(pipeline)
             sink.catalog().purge_table(sink.identifier)

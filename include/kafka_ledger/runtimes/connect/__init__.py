@@ -2,3 +2,5 @@
 
 # The runtime's name, as `spark_runtime` declares it.
 CONNECT = "connect"
+# The one task of a carrier's DAG (runtimes/connect/carrier.py).
+CARRY_TASK = "carry_batches"

@@ -26,14 +26,11 @@ from kafka_ledger.runtimes.airflow_tasks import (
     refusals_fail_at_once,
     spark_task_args,
 )
-from kafka_ledger.runtimes.connect import CONNECT
+from kafka_ledger.runtimes.connect import CARRY_TASK, CONNECT
 from kafka_ledger.runtimes.connect.batch import ConnectBatch
 from kafka_ledger.runtimes.connect.carrier import Carrier, carry_for, reason
 
 log = logging.getLogger(__name__)
-
-# The task of a carrier's DAG.
-CARRY_TASK = "carry_batches"
 
 
 class ReadAndCommitOperator(BaseOperator):
@@ -87,8 +84,9 @@ class CarryOperator(BaseOperator):
     carrier's carry_seconds, holding every member's carrying lease meanwhile (the carrier's doorbell keeps quiet).
 
     Each member's batch is planned, read and committed as its own run's would be, in its own transaction. A member
-    whose batch failed in its last cycle fails the task once the run ends, named in the error; its batch stays open
-    and the next run resumes it with the same ranges. Killed by Airflow, it stops after the running cycle's query is
+    whose batch failed in its last cycle fails the task once the run ends, named in the error, without a retry; its
+    batch stays open and the next run resumes it with the same ranges. A task that dies (killed, the server lost) is
+    retried: its retry resumes the run's open batches. Killed by Airflow, it stops after the running cycle's query is
     interrupted: nothing that cycle read is published.
     """
 
@@ -133,7 +131,8 @@ class CarryOperator(BaseOperator):
                  "dead-lettered", self.carrier_name, carried.cycles, len(carried.results),
                  len(carried.pipelines), carried.ended, written, dead)
         if carried.failing:
-            raise CarrierFailures(
+            # Not retried: the carrier ran its cycles; the next run resumes each failing batch.
+            raise AirflowFailException(
                 f"carrier {self.carrier_name}: the batch of {len(carried.failing)} pipeline(s) failed in its last "
                 "cycle and stays open for the next run: " + "; ".join(
                     f"{name}: {reason(exc)}" for name, exc in sorted(carried.failing.items())))
@@ -146,13 +145,14 @@ class CarryOperator(BaseOperator):
             self._carrier.interrupt()
 
 
-class CarrierFailures(RuntimeError):
-    """Some members' batches failed in a carrier's run (each stays open for the next run)."""
-
-
 def build_carrier_task(carrier: CarrierDeclaration) -> CarryOperator:
     """The carrier DAG's one task: in the Spark pool (one slot for all its members), timed out after its carrying
-    budget and its members' longest Spark timeout."""
-    spark_minutes = max(m.spark_timeout_minutes for m in carrier.members)
-    return CarryOperator(task_id=CARRY_TASK, carrier_name=carrier.name, pool=SPARK_POOL, retries=0,
-                         execution_timeout=timedelta(seconds=carrier.carry_seconds, minutes=spark_minutes))
+    budget and its members' longest Spark timeout; retried as its most patient member's task would be (a killed
+    task's retry resumes the open batches of its run)."""
+    members = carrier.members
+    return CarryOperator(
+        task_id=CARRY_TASK, carrier_name=carrier.name, pool=SPARK_POOL,
+        retries=max(m.retries for m in members),
+        retry_delay=timedelta(seconds=min(m.retry_delay_seconds for m in members)),
+        execution_timeout=timedelta(seconds=carrier.carry_seconds,
+                                    minutes=max(m.spark_timeout_minutes for m in members)))

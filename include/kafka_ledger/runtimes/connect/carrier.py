@@ -36,7 +36,16 @@ from kafka_ledger.model.ranges import PlanError, TopicPartition
 from kafka_ledger.observe.stages import Stopwatch
 from kafka_ledger.runtimes.connect.batch import AttemptInterrupted, arrow_stream
 from kafka_ledger.sinks import TransactionalSink, sink_for
-from kafka_ledger.spark.connect import Heartbeat, client_session, close_session, configure, headline, spark_failure
+from kafka_ledger.spark.connect import (
+    Heartbeat,
+    client_session,
+    close_session,
+    closed_session,
+    configure,
+    headline,
+    lost_server,
+    spark_failure,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -156,6 +165,12 @@ class Carrier:
                 self._spark = spark
         return self._spark
 
+    def _forget_session(self) -> None:
+        with self._lock:
+            spark, self._spark = self._spark, None
+        if spark is not None:
+            close_session(spark, release_session=False)
+
     def close(self) -> None:
         with self._lock:
             spark, self._spark = self._spark, None
@@ -244,6 +259,9 @@ class Carrier:
         except AttemptInterrupted:
             raise
         except Exception as exc:  # noqa: BLE001 - said per member below
+            if lost_server(exc) or closed_session(exc):
+                # A restarted server knows the session no more: the next cycle works in a new one.
+                self._forget_session()
             if len(wave) > 1 and not self._interrupted.is_set():
                 log.warning("carrier %s: a wave of %d pipelines failed (%s); carrying them one by one", self.name,
                             len(wave), reason(exc))
