@@ -189,7 +189,7 @@ def test_a_carriers_dag_rings_on_its_own_doorbell_and_its_members_dags_have_none
     assert sorted(dags) == ["kafka_ledger__alone", "kafka_ledger__small_a", "kafka_ledger__small_b",
                             "kafka_ledger_carrier__small"]
     carrier = dags["kafka_ledger_carrier__small"]
-    assert [t.task_id for t in carrier.tasks] == ["carry_batches"]
+    assert [t.task_id for t in carrier.tasks] == ["carry_batches", "check_members"]
     assert type(carrier.timetable).__name__ == "AssetTriggeredTimetable" and carrier.max_active_runs == 1
     asset = carrier.timetable.asset_condition
     (watcher,) = asset.watchers

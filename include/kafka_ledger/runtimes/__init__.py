@@ -36,6 +36,6 @@ def run_batch(pipeline: PipelineConfig, batch_id: int, services: Services) -> Co
 
 
 def build_carrier_task(carrier: CarrierDeclaration) -> Any:
-    """A carrier's task in its DAG being built: the connect runtime's, whose warm session reads many pipelines'
+    """A carrier's tasks in its DAG being built: the connect runtime's, whose warm session reads many pipelines'
     ranges at once (runtimes/connect/carrier.py)."""
     return RUNTIMES[CONNECT].build_carrier_task(carrier)

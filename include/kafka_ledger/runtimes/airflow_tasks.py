@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import Asset
+from airflow.sdk import Asset, AssetAlias
 from airflow.sdk import log as task_log
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -75,15 +75,25 @@ def spark_task_args(pipeline: PipelineConfig) -> dict[str, Any]:
 def committed(context: Any, services: Services, pipeline: PipelineConfig, results: list[CommitResult]
               ) -> dict[str, Any]:
     """The epilogue of every committing task: the commits' after-effects (commit.after_commit, once, after the last),
-    and the output table's asset event describing the task's batches (one, or the several a carrying run committed:
-    batch/carry.py): the first's id and kind, every id, the ranges (joined per partition) and the counts. Returns
-    the task's result."""
+    and the output table's asset event describing the task's batches (`batches_event`). Returns the task's result."""
+    context["outlet_events"][output_asset(pipeline)].extra = batches_event(services, pipeline, results)
+    result = commit.after_commit(services, pipeline, results[-1])
+    if len(results) > 1:
+        result = {**result, "batch_ids": [r.batch_id for r in results], "batches": len(results),
+                  "records_written": sum(r.records_written for r in results),
+                  "records_dead_lettered": sum(r.records_dead_lettered for r in results)}
+    return result
+
+
+def batches_event(services: Services, pipeline: PipelineConfig, results: list[CommitResult]) -> dict[str, Any]:
+    """The extra of the output table's asset event for a task's committed batches (one, or the several a carrying run
+    or a carrier committed): the first's id and kind, every id, the ranges (joined per partition) and the counts."""
     with ledger.transaction(services.ledger) as cur:
         batches = [ledger.get_batch(cur, result.batch_id) for result in results]
     first, last = batches[0], batches[-1]
     # One range per partition, from the first batch's start to the last one's end (a single batch's own ranges).
     ranges, _ = join_consecutive(b.ranges for b in batches)
-    context["outlet_events"][output_asset(pipeline)].extra = {
+    return {
         "pipeline": pipeline.name, "batch_id": first.batch_id, "batch_ids": [b.batch_id for b in batches],
         "kind": first.kind, "replay_of": first.replay_of,
         "already_committed": all(r.already_committed for r in results),
@@ -93,12 +103,12 @@ def committed(context: Any, services: Services, pipeline: PipelineConfig, result
                    for r in ranges],
         **({"snapshot_id": last.snapshot_id} if last.snapshot_id is not None else {}),
     }
-    result = commit.after_commit(services, pipeline, results[-1])
-    if len(results) > 1:
-        result = {**result, "batch_ids": [r.batch_id for r in results], "batches": len(results),
-                  "records_written": sum(r.records_written for r in results),
-                  "records_dead_lettered": sum(r.records_dead_lettered for r in results)}
-    return result
+
+
+def carrier_outputs(carrier: str) -> AssetAlias:
+    """The alias through which a carrier's task updates the output assets of the members it committed (only theirs:
+    a member that committed nothing gets no event)."""
+    return AssetAlias(name=f"kafka_ledger.carrier.{carrier}.outputs", group="kafka-ledger")
 
 
 def run_kind(dag_run: Any) -> str | None:

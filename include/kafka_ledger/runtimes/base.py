@@ -36,7 +36,7 @@ class Runtime(ABC):
         committing task). Called inside the DAG's context (runtimes/<name>/airflow.py makes them)."""
 
     def build_carrier_task(self, carrier: CarrierDeclaration) -> Any:
-        """The task of a carrier's DAG being built (config CarrierDeclaration), in this runtime."""
+        """The tasks of a carrier's DAG being built (config CarrierDeclaration), in this runtime; the last one."""
         raise NotImplementedError(f"the {self.name} runtime carries no batches")
 
     @abstractmethod

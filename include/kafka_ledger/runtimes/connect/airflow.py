@@ -8,7 +8,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from kafka_ledger.batch.carry import CarryingLease, CarryingRun
@@ -18,6 +18,8 @@ from kafka_ledger.config.settings import runtime_name, task_services
 from kafka_ledger.runtimes.airflow_tasks import (
     PLAN_TASK,
     SPARK_POOL,
+    batches_event,
+    carrier_outputs,
     carry,
     carrying_run,
     committed,
@@ -26,7 +28,7 @@ from kafka_ledger.runtimes.airflow_tasks import (
     refusals_fail_at_once,
     spark_task_args,
 )
-from kafka_ledger.runtimes.connect import CARRY_TASK, CONNECT
+from kafka_ledger.runtimes.connect import CARRY_TASK, CHECK_MEMBERS_TASK, CONNECT
 from kafka_ledger.runtimes.connect.batch import ConnectBatch
 from kafka_ledger.runtimes.connect.carrier import Carrier, carry_for, reason
 
@@ -84,8 +86,8 @@ class CarryOperator(BaseOperator):
     carrier's carry_seconds, holding every member's carrying lease meanwhile (the carrier's doorbell keeps quiet).
 
     Each member's batch is planned, read and committed as its own run's would be, in its own transaction. A member
-    whose batch failed in its last cycle fails the task once the run ends, named in the error, without a retry; its
-    batch stays open and the next run resumes it with the same ranges. A task that dies (killed, the server lost) is
+    whose batch failed in its last cycle is named in the task's result, which `check_members` fails on; its batch
+    stays open and the next run resumes it with the same ranges. A task that dies (killed, the server lost) is
     retried: its retry resumes the run's open batches. Killed by Airflow, it stops after the running cycle's query is
     interrupted: nothing that cycle read is published.
     """
@@ -125,19 +127,21 @@ class CarryOperator(BaseOperator):
             except Exception as exc:  # noqa: BLE001 - the lease expires by itself
                 log.warning("could not release the carrying lease of run %s (%s): it expires by itself", run_id, exc)
             carrier.close()
-        written = sum(r.records_written for r in carried.results)
-        dead = sum(r.records_dead_lettered for r in carried.results)
+        results = [r for committed in carried.results.values() for r in committed]
+        written = sum(r.records_written for r in results)
+        dead = sum(r.records_dead_lettered for r in results)
         log.info("carrier %s: %d cycle(s), %d batch(es) of %d pipeline(s) committed (%s): %d records written, %d "
-                 "dead-lettered", self.carrier_name, carried.cycles, len(carried.results),
-                 len(carried.pipelines), carried.ended, written, dead)
-        if carried.failing:
-            # Not retried: the carrier ran its cycles; the next run resumes each failing batch.
-            raise AirflowFailException(
-                f"carrier {self.carrier_name}: the batch of {len(carried.failing)} pipeline(s) failed in its last "
-                "cycle and stays open for the next run: " + "; ".join(
-                    f"{name}: {reason(exc)}" for name, exc in sorted(carried.failing.items())))
-        return {"carrier": self.carrier_name, "cycles": carried.cycles, "batches": len(carried.results),
-                "records_written": written, "records_dead_lettered": dead, "ended": carried.ended}
+                 "dead-lettered", self.carrier_name, carried.cycles, len(results), len(carried.results),
+                 carried.ended, written, dead)
+        # Each member that committed updates its output table's asset, as its own run's task would.
+        outputs = context["outlet_events"][carrier_outputs(self.carrier_name)]
+        for member in members:
+            if member.name in carried.results:
+                outputs.add(output_asset(member), extra=batches_event(services, member, carried.results[member.name]))
+        return {"carrier": self.carrier_name, "cycles": carried.cycles, "batches": len(results),
+                "pipelines_committed": len(carried.results), "records_written": written,
+                "records_dead_lettered": dead, "ended": carried.ended,
+                "failing": {name: reason(exc) for name, exc in sorted(carried.failing.items())}}
 
     def on_kill(self) -> None:
         self._stopped.set()
@@ -145,14 +149,27 @@ class CarryOperator(BaseOperator):
             self._carrier.interrupt()
 
 
-def build_carrier_task(carrier: CarrierDeclaration) -> CarryOperator:
-    """The carrier DAG's one task: in the Spark pool (one slot for all its members), timed out after its carrying
-    budget and its members' longest Spark timeout; retried as its most patient member's task would be (a killed
-    task's retry resumes the open batches of its run)."""
+def check_members(carried: dict[str, Any]) -> None:
+    """Fail, naming them, when members' batches failed in the carrier's run (each stays open for the next run); the
+    carrying task has succeeded, so the members that committed have their asset events."""
+    if carried["failing"]:
+        raise AirflowFailException(
+            f"carrier {carried['carrier']}: the batch of {len(carried['failing'])} pipeline(s) failed in its last "
+            "cycle and stays open for the next run: " + "; ".join(
+                f"{name}: {why}" for name, why in carried["failing"].items()))
+    log.info("carrier %s: no member's batch failed", carried["carrier"])
+
+
+def build_carrier_task(carrier: CarrierDeclaration) -> Any:
+    """The carrier DAG's tasks: `carry_batches`, in the Spark pool (one slot for all its members), timed out after its
+    carrying budget and its members' longest Spark timeout, retried as its most patient member's task would be (a
+    killed task's retry resumes the open batches of its run); then `check_members`, which fails when a member's batch
+    failed (not retried: the next run resumes it)."""
     members = carrier.members
-    return CarryOperator(
-        task_id=CARRY_TASK, carrier_name=carrier.name, pool=SPARK_POOL,
+    carry = CarryOperator(
+        task_id=CARRY_TASK, carrier_name=carrier.name, pool=SPARK_POOL, outlets=[carrier_outputs(carrier.name)],
         retries=max(m.retries for m in members),
         retry_delay=timedelta(seconds=min(m.retry_delay_seconds for m in members)),
         execution_timeout=timedelta(seconds=carrier.carry_seconds,
                                     minutes=max(m.spark_timeout_minutes for m in members)))
+    return task(check_members, task_id=CHECK_MEMBERS_TASK, retries=0)(carry.output)

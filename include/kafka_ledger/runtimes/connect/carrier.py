@@ -192,6 +192,9 @@ class Carrier:
         """One cycle: plan every member's next batch (or resume its open one), read and commit them all."""
         cycle = Cycle()
         self.publish(self.begin(pipelines, cycle, dag_id=dag_id, run_id=run_id), cycle)
+        for pipeline in pipelines:
+            if pipeline.name in cycle.results and pipeline.mirror_consumer_group:
+                commit.mirror_positions(self.services, pipeline)  # never raises
         log.info("carrier %s: %d pipeline(s) committed in %d wave(s) and %d Spark job(s), %d caught up, %d failed: "
                  "%d records written, %d dead-lettered", self.name, len(cycle.results), cycle.waves, cycle.jobs,
                  len(cycle.caught_up), len(cycle.failures), cycle.records_written, cycle.records_dead_lettered)
@@ -384,8 +387,7 @@ class CarriedRun:
     batches stay open for the next one), and why it stopped."""
 
     cycles: int = 0
-    results: list[CommitResult] = field(default_factory=list)
-    pipelines: set[str] = field(default_factory=set)  # those that committed a batch
+    results: dict[str, list[CommitResult]] = field(default_factory=dict)  # by member, in commit order
     failing: dict[str, BaseException] = field(default_factory=dict)
     ended: str = "budget spent"
 
@@ -400,8 +402,8 @@ def carry_for(carrier: Carrier, members: Sequence[PipelineConfig], *, seconds: f
         cycle_started = time.monotonic()
         cycle = carrier.carry(members, dag_id=dag_id, run_id=run_id)
         carried.cycles += 1
-        carried.results += cycle.results.values()
-        carried.pipelines |= set(cycle.results)
+        for name, result in cycle.results.items():
+            carried.results.setdefault(name, []).append(result)
         for name in [*cycle.results, *cycle.caught_up]:
             carried.failing.pop(name, None)
         carried.failing.update(cycle.failures)
