@@ -254,3 +254,25 @@ def test_two_first_plans_creating_one_output_schema_at_once_both_go_through(dsn)
             cur.execute(f'DROP SCHEMA IF EXISTS "{schema}"')
         first.close()
         second.close()
+
+
+def test_a_threads_kept_connection_serves_its_transactions_until_one_fails_or_is_left_open(dsn):
+    db = LedgerDatabase(dsn)
+
+    def backend() -> int:
+        with ledger.transaction(db) as cur:
+            cur.execute("SELECT pg_backend_pid()")
+            return cur.fetchone()[0]
+
+    assert backend() != backend()  # outside the block: a connection each
+    with ledger.keeping_connections():
+        first = backend()
+        assert backend() == first
+        with pytest.raises(ValueError), ledger.transaction(db) as cur:
+            cur.execute("SELECT 1")
+            raise ValueError("the block failed")
+        after_error = backend()
+        assert after_error != first
+        with ledger.session(db) as conn:
+            conn.cursor().execute("SELECT 1")  # a transaction begun, and left open
+        assert backend() not in (first, after_error)

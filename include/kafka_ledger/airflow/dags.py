@@ -256,8 +256,8 @@ def build_carrier_dag(carrier: CarrierDeclaration) -> DAG:
             "is read, reads all their ranges at once on the Spark Connect server, decodes the members that decode "
             "alike in one Spark job, and commits each member's rows and offsets in that member's own Postgres "
             f"transaction; it goes on, a cycle at most every {carrier.poll_seconds:g} s, for up to "
-            f"{carrier.carry_seconds:g} s. A member whose batch failed fails `check_members`, named; its batch is resumed "
-            "with the same ranges by the next run. Each member's own DAG keeps its manual runs, replays and "
+            f"{carrier.carry_seconds:g} s. A member whose batch failed fails `check_members`, named; its batch is "
+            "resumed with the same ranges by the next run. Each member's own DAG keeps its manual runs, replays and "
             "backfills. See docs/operating.md, Carriers."
         ),
         default_args={"owner": carrier.members[0].owner},

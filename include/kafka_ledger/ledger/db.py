@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -119,14 +120,51 @@ def connect(db: LedgerDatabase) -> db_replies.WatchedConnection:
     return conn
 
 
+# This thread's kept connections, by database, while a `keeping_connections` block runs in it.
+_kept = threading.local()
+
+
+@contextmanager
+def keeping_connections() -> Iterator[None]:
+    """Within the block, this thread's ledger sessions (`session`, `transaction`) reuse one connection per database,
+    closed when the block ends: for work that runs many short transactions in a row (a carrier's members: a new
+    connection each, over TLS and with a password exchange, cost more than the transactions themselves). A connection
+    that raised, or that a block left inside a transaction, is closed and never reused; every lock the ledger takes
+    ends with its transaction."""
+    outer = getattr(_kept, "connections", None)
+    _kept.connections = {}
+    try:
+        yield
+    finally:
+        for conn in _kept.connections.values():
+            conn.close()
+        _kept.connections = outer
+
+
 @contextmanager
 def session(db: LedgerDatabase) -> Iterator[db_replies.WatchedConnection]:
-    """A ledger connection for the block, closed after it; each `with conn:` inside is one transaction."""
-    conn = connect(db)
+    """A ledger connection for the block, closed after it (inside `keeping_connections`: this thread's kept one);
+    each `with conn:` inside is one transaction."""
+    kept: dict[LedgerDatabase, db_replies.WatchedConnection] | None = getattr(_kept, "connections", None)
+    if kept is None:
+        conn = connect(db)
+        try:
+            yield conn
+        finally:
+            conn.close()
+        return
+    conn = kept.pop(db, None)
+    if conn is None or conn.closed:
+        conn = connect(db)
     try:
         yield conn
-    finally:
+    except BaseException:
         conn.close()
+        raise
+    if conn.closed or conn.get_transaction_status() != psycopg2.extensions.TRANSACTION_STATUS_IDLE or db in kept:
+        conn.close()  # left in a transaction; or a nested session's, the thread keeping another one already
+    else:
+        kept[db] = conn
 
 
 @contextmanager

@@ -32,6 +32,7 @@ from kafka_ledger.batch.publish import decode_shape, publish_frame
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.services import Services
 from kafka_ledger.kafka import offsets as kafka_offsets
+from kafka_ledger.ledger import db as ledger
 from kafka_ledger.model.ranges import PlanError, TopicPartition
 from kafka_ledger.observe.stages import Stopwatch
 from kafka_ledger.runtimes.connect.batch import AttemptInterrupted, arrow_stream
@@ -341,10 +342,21 @@ def each(items: Sequence[T], work: Callable[[T], R]) -> list[tuple[T, R | Except
         except Exception as exc:  # noqa: BLE001 - the caller says what became of each item
             return exc
 
-    if len(items) <= 1:
-        return [(item, attempt(item)) for item in items]
-    with ThreadPoolExecutor(MEMBER_THREADS, thread_name_prefix="carrier-member") as pool:
-        return list(zip(items, pool.map(attempt, items), strict=True))
+    def attempt_all(share: Sequence[T]) -> list[R | Exception]:
+        # Each thread's members' many short ledger transactions on one connection of the thread's.
+        with ledger.keeping_connections():
+            return [attempt(item) for item in share]
+
+    threads = min(MEMBER_THREADS, len(items))
+    if threads <= 1:
+        return list(zip(items, attempt_all(items), strict=True))
+    shares = [items[i::threads] for i in range(threads)]
+    with ThreadPoolExecutor(threads, thread_name_prefix="carrier-member") as pool:
+        done = list(pool.map(attempt_all, shares))
+    results: list[R | Exception] = [None] * len(items)  # type: ignore[list-item]
+    for i, share_results in enumerate(done):
+        results[i::threads] = share_results
+    return list(zip(items, results, strict=True))
 
 
 def reason(exc: BaseException) -> str:
