@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
+from kafka_ledger.airflow import doorbell
 from kafka_ledger.airflow.dags import build_pipeline_dag, declared_dags, doorbell_asset
-from kafka_ledger.airflow.doorbell import DoorbellTrigger, Look, Lookout, RingRule
+from kafka_ledger.airflow.doorbell import CarrierDoorbellTrigger, DoorbellTrigger, Look, Lookout, RingRule
 from kafka_ledger.config.pipeline import ConfigError, DoorbellSpec, carriers_of, parse_pipelines
 from kafka_ledger.model.ranges import PlanError, TopicPartition
 
@@ -224,3 +225,19 @@ def test_a_carrier_refuses_a_member_it_cannot_carry(change, refusal):
         declared += "    output_table: m\n"
     with pytest.raises(ConfigError, match=refusal):
         parse_pipelines(declared)
+
+
+def test_a_carriers_doorbell_rings_for_the_members_it_sees_when_one_cannot_be_looked_at(monkeypatch):
+    a, b = CARRIED["small_a"], CARRIED["small_b"]
+    lookout = AnsweringLookout({"small_a": PlanError("topic(s) not found in Kafka: a"), "small_b": Look(1, {B: 3})})
+    trigger = CarrierDoorbellTrigger("small", poll_seconds=0.05)
+    monkeypatch.setattr(trigger, "watched_pipelines", lambda: ([a, b], None))
+    monkeypatch.setattr(doorbell, "lookout_for", lambda services: lookout)
+
+    async def first_event():
+        async for event in trigger.run():
+            return event
+
+    event = asyncio.run(asyncio.wait_for(first_event(), 10))
+    assert {k: v for k, v in event.payload.items() if k != "rung_at"} == {
+        "carrier": "small", "backlog": 3, "partitions_waiting": 1}

@@ -254,12 +254,28 @@ class DoorbellTrigger(BaseEventTrigger):
         lookout: Lookout | None = None
         what = " ".join(f"{kind} {name}" for kind, name in self.watched().items())
         trouble = ""  # the last poll's error: said once as a warning, not every poll while it lasts
+        partly = ""  # the pipelines the last poll could not look at (a carrier's members), and why
         while True:
             try:
                 if lookout is None or pipelines is None:
                     pipelines, services = await asyncio.to_thread(self.watched_pipelines)
                     lookout = lookout_for(services)
-                look = self.combined(pipelines, list(await asyncio.gather(*(lookout.look(p) for p in pipelines))))
+                answers = await asyncio.gather(*(lookout.look(p) for p in pipelines), return_exceptions=True)
+                seen = [(p, a) for p, a in zip(pipelines, answers, strict=True) if isinstance(a, Look)]
+                missed = [(p, a) for p, a in zip(pipelines, answers, strict=True) if not isinstance(a, Look)]
+                for _, answer in missed:
+                    if not isinstance(answer, Exception):  # cancelled
+                        raise answer
+                if not seen:
+                    raise missed[0][1]
+                # A carrier's member whose look failed (its topic missing) holds up none of the others.
+                unseen = "; ".join(f"{p.name}: {answer}" for p, answer in missed)
+                if unseen != partly:
+                    if unseen:
+                        self.log.warning("doorbell of %s could not look at %d of its pipelines: %s", what, len(missed),
+                                         unseen)
+                    partly = unseen
+                look = self.combined([p for p, _ in seen], [answer for _, answer in seen])
                 if trouble:
                     self.log.info("doorbell of %s looks again", what)
                     trouble = ""
