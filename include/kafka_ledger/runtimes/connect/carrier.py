@@ -44,6 +44,7 @@ from kafka_ledger.spark.connect import (
     closed_session,
     configure,
     headline,
+    let_go,
     lost_server,
     spark_failure,
 )
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Names a carrier's session on the Spark Connect server (Carrier._session).
+SESSION_NAMESPACE = uuid.UUID("0b6c3d2e-8f41-4a57-9e0d-5c2a7f1b9e63")
 # The column of a carrier's publish frame that says which member of the frame's shape a row belongs to.
 MEMBER = "_carrier_member"
 
@@ -148,6 +151,7 @@ class Carrier:
     def __init__(self, name: str, services: Services):
         self.name, self.services = name, services
         self._spark: SparkSession | None = None
+        self._session_id: str | None = None  # the session replacing the named one, once the server closed that
         self._lock = threading.Lock()
         self._interrupted = threading.Event()
 
@@ -156,11 +160,20 @@ class Carrier:
         return f"kafka-ledger:carrier:{self.name}"
 
     def _session(self) -> SparkSession:
+        """The carrier's session on the server, the same run after run (Spark's cache of generated query code is per
+        session: a new one compiles its queries again), kept cycle after cycle; once the server has closed it (idle
+        too long: its id is refused for good) or was restarted, a new one for this object's life."""
         if self._spark is None:
-            # A session of this carrier object's own, kept cycle after cycle (Spark's cache of generated query code
-            # is per session): a new object, e.g. the task's retry, works in a new one.
-            spark = client_session(str(uuid.uuid4()))
-            configure(spark)
+            session_id = self._session_id or str(uuid.uuid5(SESSION_NAMESPACE, self.name))
+            spark = client_session(session_id)
+            try:
+                configure(spark)
+            except Exception as exc:
+                close_session(spark, release_session=False)
+                if not closed_session(exc) or self._session_id is not None:
+                    raise
+                self._session_id = str(uuid.uuid4())
+                return self._session()
             spark.addTag(self.tag)
             with self._lock:
                 self._spark = spark
@@ -169,14 +182,16 @@ class Carrier:
     def _forget_session(self) -> None:
         with self._lock:
             spark, self._spark = self._spark, None
+        # A restarted server knows no session: the named one is created anew there.
         if spark is not None:
             close_session(spark, release_session=False)
 
     def close(self) -> None:
+        """Stop using the session; the server keeps it for the carrier's next run (the server expires it when idle)."""
         with self._lock:
             spark, self._spark = self._spark, None
         if spark is not None:
-            close_session(spark, release_session=True)
+            let_go(spark)
 
     def interrupt(self) -> None:
         self._interrupted.set()
