@@ -684,6 +684,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="many pipelines on one Airflow instead (tools/pipelines_benchmark.py): PIPELINES doorbell "
                              "pipelines of --partitions partitions each, their DAG file's processing time, the "
                              "triggerer's CPU while idle, `kafka-ledger status` and the page timed --rounds times")
+    parser.add_argument("--carrier-cycles", type=int, metavar="PIPELINES",
+                        help="a carrier's cycles instead (tools/carrier_benchmark.py): PIPELINES pipelines of "
+                             "--partitions partitions, --records records each before each of --rounds cycles")
     parser.add_argument("--load-minutes", type=float, default=0.0,
                         help="--pipelines: then a load of --rate-per-pipeline records/s into every pipeline for this "
                              "long, carried by their carrier: the freshness p99, the triggerer's CPU, exact")
@@ -704,6 +707,13 @@ def main(argv: list[str] | None = None) -> int:
 
         summary = run_scrape_benchmark(kafka_client().servers, ledger_database().url, args.scrape, args.partitions,
                                        max(args.rounds, 1))
+        report(summary)
+        return 0 if summary["exact"] else 1
+    if args.carrier_cycles:
+        from tools.carrier_benchmark import run_carrier_benchmark
+
+        summary = run_carrier_benchmark(kafka_client().servers, ledger_database().url, args.carrier_cycles,
+                                        args.partitions, args.records, max(args.rounds, 1))
         report(summary)
         return 0 if summary["exact"] else 1
     if args.pipelines:
