@@ -89,7 +89,7 @@ def _dags(client: AirflowClient, run_id: str = "", stale_too: bool = False) -> l
             return dags
 
 
-def _cpu_seconds(pids: list[int]) -> float:
+def cpu_seconds(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
         try:
@@ -145,13 +145,13 @@ def load(client: AirflowClient, servers: str, dsn: str, declared: list[PipelineC
     load_started = datetime.now().astimezone()
     watched = {"triggerer": component_processes(client.session_id, "triggerer"),
                "spark_connect_server": with_children(service_pids()["spark-connect"])}
-    before = {name: _cpu_seconds(pids) for name, pids in watched.items()}
+    before = {name: cpu_seconds(pids) for name, pids in watched.items()}
     machine_before, started = psutil.cpu_times(), time.monotonic()
     produced = produce_steadily(servers, topics, rate_per_pipeline * len(topics), minutes * 60, partitions)
     took = time.monotonic() - started
     machine_after = psutil.cpu_times()
     result["cpu_cores_under_load"] = {
-        **{name: round((_cpu_seconds(pids) - before[name]) / took, 3) for name, pids in watched.items()},
+        **{name: round((cpu_seconds(pids) - before[name]) / took, 3) for name, pids in watched.items()},
         "machine": round((machine_after.user + machine_after.system - machine_before.user - machine_before.system)
                          / took, 2)}
     result["produced"] = produced
@@ -214,9 +214,9 @@ def run_pipelines_benchmark(servers: str, dsn: str, pipelines: int, partitions: 
             # the stack's Airflow) and the scheduler looks for work: each one's share of a core while idle.
             components = {name: component_processes(client.session_id, name)
                           for name in ("triggerer", "dag-processor", "scheduler")}
-            before = {name: _cpu_seconds(pids) for name, pids in components.items()}
+            before = {name: cpu_seconds(pids) for name, pids in components.items()}
             time.sleep(IDLE_SECONDS)
-            summary["idle_cpu_cores"] = {name: round((_cpu_seconds(pids) - before[name]) / IDLE_SECONDS, 3)
+            summary["idle_cpu_cores"] = {name: round((cpu_seconds(pids) - before[name]) / IDLE_SECONDS, 3)
                                          for name, pids in components.items()}
             summary["idle_over_s"] = IDLE_SECONDS
             # The doorbells of a triggerer share one ledger connection (airflow/doorbell.py Lookout). One each,
