@@ -226,6 +226,7 @@ class Carrier:
             log.warning("carrier %s: Kafka did not answer its look-up (%s): no batch begun", self.name, exc)
             cycle.failures.update(dict.fromkeys((p.name for p in pipelines), exc))
             return []
+
         def begin_one(pipeline: PipelineConfig) -> Member | CommitResult | None:
             if pipeline.name in problems:
                 raise PlanError(problems[pipeline.name])
