@@ -50,8 +50,9 @@ def publish_frame(records: DataFrame, pipeline: PipelineConfig, sink: Sink, batc
     """Kafka source rows, decoded (formats/decode.py, with the sink's envelope and the attempt's format `fmt`) ->
     Kafka coordinates, PUBLISHED, the output's values (NULL for a dead letter) and DEAD_LETTER_LINE.
 
-    A carrier's frame (batch/carrier.py) holds the records of several pipelines of one decode shape (`decode_shape`):
-    then `batch_id` and `pipeline_name` are columns of the decoded rows that say each row's batch and pipeline.
+    A carrier's frame (runtimes/connect/carrier.py) holds the records of several pipelines of one decode shape
+    (`decode_shape`): then `batch_id` and `pipeline_name` are columns of the decoded rows that say each row's batch and
+    pipeline.
 
     The output rows travel as typed values and the client encodes them for binary COPY (sinks/postgres/copy.py):
     Spark's own rendering of them as text cost more on the server than the encoding costs the client, and Postgres

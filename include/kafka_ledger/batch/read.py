@@ -207,7 +207,7 @@ def read_ranges(spark: SparkSession, ranges: list[OffsetRange], kafka: KafkaClie
                 headers: bool = False, wide: bool = False) -> DataFrame:
     """A bounded read of exactly `ranges` as the pipeline's batches read them (its consumer group, its tuning):
     by Spark's Kafka source, or wide (wide_read.py) when they are more partitions than its consumers, or `wide`
-    (a carrier's reads: many pipelines' small ranges, batch/carrier.py)."""
+    (a carrier's reads: many pipelines' small ranges, runtimes/connect/carrier.py)."""
     if wide or wide_read.reads_wide(ranges):
         group = read_group_id(pipeline, _reader_client(kafka))  # the pipeline's one read group, either reader
         return wide_read.read_wide(spark, ranges, kafka.confluent(**{"group.id": group}), OFFSETS_PER_TASK,
