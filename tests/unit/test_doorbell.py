@@ -241,3 +241,25 @@ def test_a_carriers_doorbell_rings_for_the_members_it_sees_when_one_cannot_be_lo
     event = asyncio.run(asyncio.wait_for(first_event(), 10))
     assert {k: v for k, v in event.payload.items() if k != "rung_at"} == {
         "carrier": "small", "backlog": 3, "partitions_waiting": 1}
+
+
+def test_a_carriers_doorbell_looks_at_the_members_the_pipelines_file_names_now(monkeypatch):
+    a = CARRIED["small_a"]
+    lookout = AnsweringLookout({"small_a": Look(1, {A: 0}), "small_b": Look(1, {B: 3})})
+    trigger = CarrierDoorbellTrigger("small", poll_seconds=0.05)
+    monkeypatch.setattr(trigger, "watched_pipelines", lambda: ([a], None))  # small_b joined after the start
+    monkeypatch.setattr(doorbell, "lookout_for", lambda services: lookout)
+    monkeypatch.setattr(doorbell, "_declarations_now", lambda: parse_declarations(CARRIED))
+
+    async def first_event():
+        async for event in trigger.run():
+            return event
+
+    event = asyncio.run(asyncio.wait_for(first_event(), 10))
+    assert event.payload["backlog"] == 3 and ["small_a", "small_b"] in lookout.asked
+
+
+def parse_declarations(pipelines):
+    from kafka_ledger.config.pipeline import PipelineDeclarations
+
+    return PipelineDeclarations("pipelines.yaml", dict(pipelines), {})

@@ -244,6 +244,11 @@ class DoorbellTrigger(BaseEventTrigger):
         pipeline, services = _pipeline_and_services(self.pipeline)
         return [pipeline], services
 
+    async def watched_now(self, pipelines: list[PipelineConfig]) -> list[PipelineConfig]:
+        """The pipelines to look at this poll: a pipeline's doorbell keeps the declaration it read (a new one is a
+        new trigger: the DAG changed)."""
+        return pipelines
+
     def combined(self, pipelines: list[PipelineConfig], looks: list[Look]) -> Look:
         """The one look the ring rule judges."""
         return looks[0]
@@ -260,6 +265,8 @@ class DoorbellTrigger(BaseEventTrigger):
                 if lookout is None or pipelines is None:
                     pipelines, services = await asyncio.to_thread(self.watched_pipelines)
                     lookout = lookout_for(services)
+                else:
+                    pipelines = await self.watched_now(pipelines)
                 answers = await asyncio.gather(*(lookout.look(p) for p in pipelines), return_exceptions=True)
                 seen = [(p, a) for p, a in zip(pipelines, answers, strict=True) if isinstance(a, Look)]
                 missed = [(p, a) for p, a in zip(pipelines, answers, strict=True) if not isinstance(a, Look)]
@@ -311,6 +318,11 @@ class CarrierDoorbellTrigger(DoorbellTrigger):
 
     def watched_pipelines(self) -> tuple[list[PipelineConfig], Services]:
         return list(_declarations_now().carrier(self.carrier).members), task_services()
+
+    async def watched_now(self, pipelines: list[PipelineConfig]) -> list[PipelineConfig]:
+        # Members join and leave in the pipelines file, and the trigger's arguments do not show it: read at every poll
+        # (a stat while the file is unchanged; parsed in a thread when it changed).
+        return await asyncio.to_thread(lambda: list(_declarations_now().carrier(self.carrier).members))
 
     def combined(self, pipelines: list[PipelineConfig], looks: list[Look]) -> Look:
         return Look.of_members(pipelines, looks)
