@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         tag = f"{args.seed}_{uuid.uuid4().hex[:6]}"
         workdir = Path(os.environ.get("KL_STATE", PROJECT_ROOT / ".stack")) / "fault-campaign" / tag
         runtime = args.runtime or deployment_spark_runtime()
+        if args.carrier and runtime != "connect":
+            parser.error("--carrier: a carrier reads on the Spark Connect server: add --runtime connect")
         command = "bash scripts/fault_campaign.sh " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in (("runtime", runtime), ("faults", args.faults),
                                                         ("seed", args.seed),
