@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import multiprocessing
 import os
 import subprocess
@@ -67,6 +68,10 @@ def _exit(code: int) -> None:
     left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
     if left:
         print(f"the task ends with threads still running: {', '.join(left)}", file=sys.stderr)
+    # Where a task that does not end waits, in its log (the network campaign's Postgres blackhole at 4dbb85d: a task
+    # that had failed its COPY at once was still alive 240 s later, after its traceback and before this function's
+    # line about threads, if any): every thread's stack once a minute while the exit functions run.
+    faulthandler.dump_traceback_later(60, repeat=True, file=sys.stderr)
     try:
         atexit._run_exitfuncs()
     finally:
