@@ -45,7 +45,6 @@ from kafka_ledger.spark.connect import (
     configure,
     headline,
     let_go,
-    lost_server,
     spark_failure,
 )
 
@@ -279,9 +278,9 @@ class Carrier:
         except AttemptInterrupted:
             raise
         except Exception as exc:  # noqa: BLE001 - said per member below
-            if lost_server(exc) or closed_session(exc):
-                # A restarted server knows the session no more: the next cycle works in a new one.
-                self._forget_session()
+            # The session may be gone with the query (a restarted server, a lost connection the heartbeat closed):
+            # the next read opens it again.
+            self._forget_session()
             if len(wave) > 1 and not self._interrupted.is_set():
                 log.warning("carrier %s: a wave of %d pipelines failed (%s); carrying them one by one", self.name,
                             len(wave), reason(exc))
