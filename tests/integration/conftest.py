@@ -237,6 +237,10 @@ PIPELINES = {
     # A carrier's members under the real scheduler and triggerer (test_airflow_rest.py), a run carrying them 3 s.
     "carried_f": {"spark_runtime": "connect", "schedule": None, "trigger": CARRIED_TRIGGER},
     "carried_g": {"spark_runtime": "connect", "schedule": None, "trigger": CARRIED_TRIGGER},
+    # The doorbell's short fault campaign through a carrier of its own (test_airflow_rest.py).
+    "carried_faults": {"spark_runtime": "connect", "schedule": None, "max_records_per_partition": 300,
+                       "retry_delay_seconds": 2,
+                       "trigger": {"type": "doorbell", "poll_seconds": 1, "carrier": f"it_{RUN}_faults"}},
 }
 
 

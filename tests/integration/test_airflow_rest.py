@@ -470,7 +470,7 @@ def test_a_carriers_doorbell_starts_runs_that_carry_every_members_batches_exactl
     its run plans, reads and commits every member's batch, each in its own transaction, exactly once; its leases end
     with it; Kafka never sees a group or an offset of it."""
     members = [pipeline_factory("carried_f", partitions=2), pipeline_factory("carried_g", partitions=3)]
-    (carrier,) = read_pipelines(test_pipelines_file).carriers().values()
+    (carrier,) = [c for name, c in read_pipelines(test_pipelines_file).carriers().items() if name.endswith("_carrier")]
     assert [m.name for m in carrier.members] == [m.name for m in members]
     producer = RecordedProducer(servers)
     expected_dead: dict[str, dict] = {m.name: {} for m in members}
@@ -798,14 +798,16 @@ def test_a_downstream_dag_runs_after_a_commit_and_reads_the_batch_from_the_asset
 # --- the doorbell's faults (last: they kill this module's triggerer and scheduler, which airflow.sh restarts) ------
 
 
+@pytest.mark.parametrize("key", ["doorbell_faults", "carried_faults"])
 def test_the_doorbell_loses_and_doubles_nothing_when_its_triggerer_and_scheduler_are_killed(
-    airflow: AirflowClient, dsn: str, servers: str, pipeline_factory, tmp_path: Path
+    airflow: AirflowClient, dsn: str, servers: str, pipeline_factory, tmp_path: Path, key: str
 ):
     """The doorbell's short fault campaign: each fault and variant (tools/fault_campaign/doorbell.py) under the real
     scheduler and triggerer, runs carrying batches while the records come, the full campaign's checks after each and
-    the record-by-record check at the end. Not the Spark Connect server's restart: the other tests on this stack use
+    the record-by-record check at the end; of a pipeline's own doorbell, and of a carrier's (carried_faults: its DAG,
+    doorbell and task take the faults). Not the Spark Connect server's restart: the other tests on this stack use
     it (the full doorbell campaign, on a stack of its own, restarts it)."""
-    pipeline = pipeline_factory("doorbell_faults", partitions=4)
+    pipeline = pipeline_factory(key, partitions=4)
     seed = int(os.environ.get("KAFKA_LEDGER_CAMPAIGN_SEED", "4"))
     faults = len(AIRFLOW_STRIKES)
     campaign = DoorbellCampaign(pipeline, dsn, servers, seed=seed, faults=faults, records_per_fault=1000,
@@ -825,5 +827,6 @@ def test_the_doorbell_loses_and_doubles_nothing_when_its_triggerer_and_scheduler
     assert report["output_rows"] + report["dead_letters"] == report["records_produced"]
     assert report["verify_ok"]
     with ledger.transaction(LedgerDatabase(dsn)) as cur:
-        assert {b.requested_by for b in ledger.list_batches(cur, pipeline.name)} == {"doorbell"}
+        assert {b.requested_by for b in ledger.list_batches(cur, pipeline.name)} == {
+            f"carrier {pipeline.carrier}" if pipeline.carrier else "doorbell"}
     assert committed_group_offsets(servers, pipeline.topics[0]) == {}
