@@ -30,14 +30,9 @@ from tools import git_commit
 from tools.benchmark_peers import record_value
 from tools.freshness import scalar
 from tools.kafka_topics import create_topic
-from tools.pipelines_benchmark import SCHEMA, cpu_seconds, declare
+from tools.pipelines_benchmark import SCHEMA, cpu_seconds, declare, machine_cpu_seconds
 from tools.process_memory import with_children
 from tools.stack import service_pids
-
-
-def _machinecpu_seconds() -> float:
-    times = psutil.cpu_times()
-    return times.user + times.system
 
 
 def run_carrier_benchmark(servers: str, dsn: str, pipelines: int, partitions: int, records: int, rounds: int
@@ -66,14 +61,14 @@ def run_carrier_benchmark(servers: str, dsn: str, pipelines: int, partitions: in
             server = with_children(service_pids()["spark-connect"])
             kafka = with_children(service_pids()["kafka"])
             me = psutil.Process()
-            before = (cpu_seconds(server), cpu_seconds(kafka), sum(me.cpu_times()[:2]), _machinecpu_seconds())
+            before = (cpu_seconds(server), cpu_seconds(kafka), sum(me.cpu_times()[:2]), machine_cpu_seconds())
             started = time.monotonic()
             cycle = Cycle()
             members = carrier.begin(declared, cycle)
             begun = time.monotonic()
             carrier.publish(members, cycle)
             ended = time.monotonic()
-            after = (cpu_seconds(server), cpu_seconds(kafka), sum(me.cpu_times()[:2]), _machinecpu_seconds())
+            after = (cpu_seconds(server), cpu_seconds(kafka), sum(me.cpu_times()[:2]), machine_cpu_seconds())
             server_s, kafka_s, client_s, machine_s = (round(b - a, 2) for a, b in zip(before, after, strict=True))
             summary["rounds"].append({
                 "committed": len(cycle.results), "failed": len(cycle.failures), "waves": cycle.waves,

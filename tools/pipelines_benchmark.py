@@ -100,6 +100,12 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def machine_cpu_seconds() -> float:
+    """The whole machine's CPU seconds so far (user and system, every core)."""
+    times = psutil.cpu_times()
+    return times.user + times.system
+
+
 def _status_of_all() -> None:
     done = subprocess.run(["kafka-ledger", "status"], capture_output=True, text=True)
     if done.returncode != 0:
@@ -146,14 +152,13 @@ def load(client: AirflowClient, servers: str, dsn: str, declared: list[PipelineC
     watched = {"triggerer": component_processes(client.session_id, "triggerer"),
                "spark_connect_server": with_children(service_pids()["spark-connect"])}
     before = {name: cpu_seconds(pids) for name, pids in watched.items()}
-    machine_before, started = psutil.cpu_times(), time.monotonic()
+    machine_before, started = machine_cpu_seconds(), time.monotonic()
     produced = produce_steadily(servers, topics, rate_per_pipeline * len(topics), minutes * 60, partitions)
     took = time.monotonic() - started
-    machine_after = psutil.cpu_times()
+    machine_after = machine_cpu_seconds()
     result["cpu_cores_under_load"] = {
         **{name: round((cpu_seconds(pids) - before[name]) / took, 3) for name, pids in watched.items()},
-        "machine": round((machine_after.user + machine_after.system - machine_before.user - machine_before.system)
-                         / took, 2)}
+        "machine": round((machine_after - machine_before) / took, 2)}
     result["produced"] = produced
     total = warm_up + produced["records"]
     result["caught_up_after_load_s"] = _wait_published(dsn, declared, total, LOAD_CATCH_UP_SECONDS)

@@ -15,6 +15,7 @@ from kafka_ledger.batch.carry import CarryingLease, CarryingRun
 from kafka_ledger.batch.commit import CommitResult
 from kafka_ledger.config.pipeline import CarrierDeclaration, PipelineConfig, get_pipeline, read_pipelines
 from kafka_ledger.config.settings import runtime_name, task_services
+from kafka_ledger.ledger import db as ledger
 from kafka_ledger.runtimes.airflow_tasks import (
     PLAN_TASK,
     SPARK_POOL,
@@ -111,7 +112,8 @@ class CarryOperator(BaseOperator):
                     f"carrier {self.carrier_name} reads on the Spark Connect server: pipeline(s) "
                     f"{', '.join(elsewhere)} run on another runtime (spark_runtime, or the deployment's default): "
                     f"declare spark_runtime: {CONNECT} or take trigger.carrier away")
-            for member in members:
+            # The services' secrets are the same for every member; a format adds its own (Avro: the registry's).
+            for member in {m.value.format: m for m in members}.values():
                 mask_secrets(services, member)
         dag_id, run_id = context["dag"].dag_id, context["run_id"]
         lease = CarryingLease(services, [m.name for m in members], dag_id, run_id)
@@ -135,9 +137,11 @@ class CarryOperator(BaseOperator):
                  carried.ended, written, dead)
         # Each member that committed updates its output table's asset, as its own run's task would.
         outputs = context["outlet_events"][carrier_outputs(self.carrier_name)]
-        for member in members:
-            if member.name in carried.results:
-                outputs.add(output_asset(member), extra=batches_event(services, member, carried.results[member.name]))
+        with ledger.keeping_connections():  # one ledger connection for every member's event, not one each
+            for member in members:
+                if member.name in carried.results:
+                    outputs.add(output_asset(member),
+                                extra=batches_event(services, member, carried.results[member.name]))
         return {"carrier": self.carrier_name, "cycles": carried.cycles, "batches": len(results),
                 "pipelines_committed": len(carried.results), "records_written": written,
                 "records_dead_lettered": dead, "ended": carried.ended,
