@@ -18,6 +18,7 @@
 #   scripts/stack.sh restart-postgres | restart-kafka | restart-spark-connect
 #                               stop and start one service (the fault campaign uses them)
 #   scripts/stack.sh kill-spark-connect   SIGKILL the Spark Connect server (the fault campaign's crash)
+#   scripts/stack.sh stop-spark-connect   stop it (the freshness benchmark frees its cluster cores for the stream)
 #   scripts/stack.sh cluster    start a Spark standalone master and worker on loopback (KL_SPARK_CLUSTER_MASTER);
 #                               pipelines use it with KAFKA_LEDGER_SPARK_MASTER=spark://127.0.0.1:17077
 #   scripts/stack.sh stop-cluster | kill-spark-worker   stop the cluster; SIGKILL the worker and its executors
@@ -850,6 +851,7 @@ case "${1:-}" in
   restart-postgres) ensure_supervisord; stop_service postgres postgres; start_postgres ;;
   restart-kafka) ensure_supervisord; stop_service kafka kafka; start_kafka ;;
   restart-spark-connect) ensure_supervisord; stop_service spark-connect "spark connect"; start_spark_connect ;;
+  stop-spark-connect) ensure_supervisord; stop_service spark-connect "spark connect" ;;
   kill-spark-connect) ensure_supervisord; kill_service spark-connect "spark connect" "$KL_SPARK_CONNECT_PORT" ;;
   restart-schema-registry) ensure_supervisord; stop_service schema-registry "schema registry"; start_schema_registry ;;
   kill-schema-registry) ensure_supervisord; kill_service schema-registry "schema registry" "$KL_SCHEMA_REGISTRY_PORT" ;;

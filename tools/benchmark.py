@@ -660,7 +660,12 @@ def main(argv: list[str] | None = None) -> int:
                              "Streaming peer on the same topic")
     parser.add_argument("--rate", type=float, default=6000, help="--freshness: records per second (default 6000)")
     parser.add_argument("--minutes", type=float, default=10, help="--freshness: minutes of load (default 10)")
-    parser.add_argument("--no-peer", action="store_true", help="--freshness: without the streaming peer")
+    peer = parser.add_mutually_exclusive_group()
+    peer.add_argument("--no-peer", action="store_true", help="--freshness: without the streaming peer")
+    peer.add_argument("--peer-after", action="store_true",
+                      help="--freshness: the streaming peer in a turn of its own after kafka-ledger's (the same rate, "
+                           "minutes and warm-up into its own topic), with the Spark Connect server stopped meanwhile "
+                           "so that it has the cluster's cores: when the machine cannot carry both at the rate")
     parser.add_argument("--busy-cores", type=int, default=0,
                         help="--freshness: keep this many cores busy beside the benchmark all along (a CPU hog each: "
                              "a shared machine's neighbours)")
@@ -736,7 +741,8 @@ def main(argv: list[str] | None = None) -> int:
         from tools.freshness import run_freshness
 
         summary = run_freshness(kafka_client().servers, ledger_database().url, args.rate, args.minutes, args.partitions,
-                                peer=not args.no_peer, busy_cores=args.busy_cores)
+                                peer="none" if args.no_peer else "after" if args.peer_after else "beside",
+                                busy_cores=args.busy_cores)
         report(summary)
         return 0 if summary["exact"] else 1
     records = SMALL_BATCH if args.small else args.records

@@ -13,7 +13,8 @@ the commit that published it: kafka-ledger's batch `committed_at`, the peer's ba
 Reported: p50, p95, p99 and max of that delay, over the whole run and over its first and last thirds (a lag that
 grows shows there), the records per second kept up with, and for kafka-ledger where each run's time went; and the
 private memory of every long-lived process during the load (tools/process_memory.py): each one's peak in the first and
-the last third, flat when the last is within 10 % of the first.
+the last third, flat when the last is within 10 % of the first. With `--peer-after` the peer does not run beside
+kafka-ledger but in a turn of its own right after it (run_peer_after), so that each has the machine to itself.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from tools import benchmark_peers, git_commit
 from tools.airflow_server import component_processes, running_airflow
 from tools.benchmark_peers import COLUMNS
 from tools.process_memory import MemoryWatch, with_children
-from tools.stack import service_pids
+from tools.stack import service_pids, stack_command
 
 log = logging.getLogger("tools.freshness")
 
@@ -283,10 +284,61 @@ def long_lived_processes(airflow_session: int, peer_process: subprocess.Popen | 
     return {name: pids for name, pids in groups.items() if pids}
 
 
+def run_peer_after(servers: str, dsn: str, rate: float, minutes: float, partitions: int, tag: str,
+                   workdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The streaming peer's own turn, after kafka-ledger's: the same warm-up and load into a topic of its own, the
+    stack's Spark Connect server stopped meanwhile so that the peer has every core of the cluster, as kafka-ledger had
+    (on a 2-core machine the two cannot each keep up with 60,000 records/s side by side). Returns the peer's run
+    (records, catch-up, exact, memory) and its delay report."""
+    topic, table = f"fresh-{tag}-peer", f"fresh_peer_{tag}"
+    admin = AdminClient(kafka_for(servers).confluent())
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
+    run: dict[str, Any] = {"after_kafka_ledger": True}
+    process = None
+    stack_command("stop-spark-connect")
+    try:
+        process = start_peer(servers, dsn, topic, table, workdir)
+        started = time.monotonic()
+        produce_steadily(servers, [topic], WARM_UP_RECORDS, 1.0, partitions)
+
+        def published(total: int) -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"the streaming peer ended (exit {process.returncode}): see {workdir}/peer.err")
+            return benchmark_peers.count_rows(dsn, SCHEMA, table) >= total
+
+        _wait("the peer's warm-up", lambda: published(WARM_UP_RECORDS), CATCH_UP_SECONDS)
+        run["warm_up_published_after_start_s"] = round(time.monotonic() - started, 1)
+        load_started = datetime.now().astimezone()
+        groups = {name: pid for name, pid in service_pids().items() if name != "supervisord"}
+        watch = MemoryWatch(lambda: {**{name: with_children(pid) for name, pid in groups.items()},
+                                     "spark_streaming_peer": with_children(process.pid)}).start()
+        try:
+            run["produced"] = produce_steadily(servers, [topic], rate, minutes * 60, partitions)
+        finally:
+            run["memory"] = watch.stop()
+        total = WARM_UP_RECORDS + run["produced"]["records"]
+        run["caught_up_after_load_s"] = round(_wait("the peer's catch-up", lambda: published(total),
+                                                    CATCH_UP_SECONDS), 1)
+        run["exact"] = (scalar(dsn, f"SELECT count(*) FROM {_peer_rows(table)}") == total and scalar(
+            dsn, f"SELECT count(DISTINCT (kafka_partition, kafka_offset)) FROM {SCHEMA}.{table}") == total)
+        delays = delay_report(*record_delays(dsn, _peer_rows(table), load_started))
+    finally:
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, 15)
+            process.wait(60)
+        stack_command("restart-spark-connect")
+        with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{table}, {SCHEMA}.{table}_batches")
+        conn.close()
+        admin.delete_topics([topic])[topic].result(30)
+    return run, delays
+
+
 def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partitions: int,
-                  peer: bool = True, busy_cores: int = 0) -> dict[str, Any]:
+                  peer: str = "beside", busy_cores: int = 0) -> dict[str, Any]:
     """The whole benchmark (see the module), with `busy_cores` cores kept busy beside it all along; returns its
-    summary."""
+    summary. `peer`: "beside" (the streaming peer reads the same topic at the same time), "after" (its own turn once
+    kafka-ledger's is over: `run_peer_after`) or "none"."""
     tag = uuid.uuid4().hex[:8]
     topic, name = f"fresh-{tag}", f"fresh_{tag}"
     workdir = Path(tempfile.mkdtemp(prefix="kl-freshness-"))
@@ -312,7 +364,7 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
             client.wait_for_dag(pipeline.dag_id, timeout=180)
             client.set_paused(pipeline.dag_id, False)
             unpaused, unpaused_at = time.monotonic(), datetime.now(UTC).isoformat()
-            if peer:
+            if peer == "beside":
                 peer_process = start_peer(servers, dsn, topic, peer_table, workdir)
 
             def caught_up(total: int, since: float | None = None) -> dict[str, float]:
@@ -358,6 +410,12 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
             peer_rows = scalar(dsn, f"SELECT count(*) FROM {_peer_rows(peer_table)}")
             summary["exact"] = summary["exact"] and peer_rows == total
             summary["spark_streaming_peer"] = delay_report(*record_delays(dsn, _peer_rows(peer_table), load_started))
+        if peer == "after":
+            summary["spark_streaming_peer_run"], summary["spark_streaming_peer"] = run_peer_after(
+                servers, dsn, rate, minutes, partitions, tag, workdir)
+            summary["exact"] = summary["exact"] and summary["spark_streaming_peer_run"]["exact"]
+        if summary.get("spark_streaming_peer", {}).get("p99"):
+            summary["p99_vs_peer"] = round(summary["kafka_ledger"]["p99"] / summary["spark_streaming_peer"]["p99"], 3)
     finally:
         for hog in hogs:
             hog.kill()
