@@ -233,7 +233,7 @@ PIPELINES = {
     # (another decode shape).
     "carried_a": {}, "carried_b": {"topics": [topic_name("carried_a")]},
     "carried_c": {"columns": [COLUMNS[0], {"name": "amount", "type": "string"}]},
-    "carried_d": {}, "carried_e": {}, "carried_h": {}, "carried_i": {}, "carried_j": {},
+    "carried_d": {}, "carried_e": {}, "carried_h": {}, "carried_i": {}, "carried_j": {}, "carried_k": {},
     # A carrier's members under the real scheduler and triggerer (test_airflow_rest.py), a run carrying them 3 s.
     "carried_f": {"spark_runtime": "connect", "schedule": None, "trigger": CARRIED_TRIGGER},
     "carried_g": {"spark_runtime": "connect", "schedule": None, "trigger": CARRIED_TRIGGER},

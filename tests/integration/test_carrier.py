@@ -11,7 +11,16 @@ import sys
 import pytest
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
-from integration_support import BAD_VALUES, assert_exactly_once, batches, good_value, pipeline_name, positions, query
+from integration_support import (
+    BAD_VALUES,
+    assert_exactly_once,
+    batches,
+    good_value,
+    pipeline_name,
+    positions,
+    query,
+    stack,
+)
 
 from kafka_ledger.config.pipeline import get_pipeline
 from kafka_ledger.runtimes.connect.carrier import Carrier, Cycle
@@ -126,3 +135,23 @@ def test_a_carrier_killed_inside_a_members_commit_loses_and_doubles_nothing_and_
         assert_exactly_once(dsn, servers, member, dead[member.name])
         (batch,) = batches(dsn, member)
         assert batch.status == "committed"
+
+
+@pytest.mark.own_stack  # it restarts the Spark Connect server every test shares
+def test_a_carrier_carries_on_once_its_spark_connect_server_restarted(
+        services, dsn, servers, pipeline_factory, producer, carrier):
+    member = pipeline_factory("carried_k", partitions=2)
+    _, dead = produce(producer, member.topics[0])
+    assert carrier.carry([member]).failures == {}
+    stack("restart-spark-connect")
+    producer.send(member.topics[0], [good_value(i) for i in range(GOOD, GOOD + 30)])
+
+    # The restarted server knows neither the carrier's session nor its client: one cycle may fail (its batch stays
+    # open, resumed with its ranges by the next), never more; before f3afc43 every cycle failed (NO_ACTIVE_SESSION).
+    cycles = []
+    while len(cycles) < 4 and (not cycles or member.name not in cycles[-1].caught_up):
+        cycles.append(carrier.carry([member]))
+    assert member.name in cycles[-1].caught_up, [c.failures for c in cycles]
+    assert sum(bool(c.failures) for c in cycles) <= 1, [c.failures for c in cycles]
+    assert_exactly_once(dsn, servers, member, dead)
+    assert {b.status for b in batches(dsn, member)} == {"committed"}
