@@ -117,6 +117,18 @@ class ForkedTask:
     def kill(self) -> None:
         self._process.kill()
 
+    def process_state(self) -> str:
+        """What the kernel says of the task's process (for a task that seems not to end): gone (its exit status
+        then lost on its way from the fork server), a zombie, or its state and the kernel function it waits in."""
+        proc = Path(f"/proc/{self.pid}")
+        try:
+            state = next(line.split(":", 1)[1].strip() for line in (proc / "status").read_text().splitlines()
+                         if line.startswith("State:"))
+            wchan = (proc / "wchan").read_text().strip() or "-"
+        except (OSError, StopIteration):
+            return f"process {self.pid} is gone"
+        return f"process {self.pid}: {state}, waiting in {wchan}"
+
     def send_signal(self, signal_number: int) -> None:
         os.kill(self.pid, signal_number)
 

@@ -456,7 +456,7 @@ class FaultStrikes:
                     self._wait(lambda: False, proc, timeout=BLACKHOLE_LIMIT)
                     if proc.poll() is None:
                         raise CampaignFailure(f"{what} on {SERVICES[service]} from {landed}: the task still waited "
-                                              f"after {BLACKHOLE_LIMIT} s")
+                                              f"after {BLACKHOLE_LIMIT} s ({proc.process_state()})")
                 else:
                     self._wait(lambda: False, proc, timeout=60)  # as long as the task runs
                 return f"{what} on {SERVICES[service]} from {landed}"
