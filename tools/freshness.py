@@ -29,7 +29,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import psycopg2
@@ -342,7 +342,7 @@ def run_peer_after(servers: str, dsn: str, rate: float, minutes: float, partitio
 
 
 def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partitions: int,
-                  peer: str = "beside", busy_cores: int = 0) -> dict[str, Any]:
+                  peer: Literal["beside", "after", "none"] = "beside", busy_cores: int = 0) -> dict[str, Any]:
     """The whole benchmark (see the module), with `busy_cores` cores kept busy beside it all along; returns its
     summary. `peer`: "beside" (the streaming peer reads the same topic at the same time), "after" (its own turn once
     kafka-ledger's is over: `run_peer_after`) or "none"."""
