@@ -8,8 +8,11 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
+
+import numpy as np
 
 from kafka_ledger.config.settings import kafka_for
 from kafka_ledger.formats.framing import NOT_FRAMED
@@ -202,10 +205,74 @@ class AvroRecords:
         return self._bad(seq)[1] if seq % BAD_EVERY == 0 else None
 
 
+class Landed:
+    """Where each record landed, (partition, offset) -> its sequence number, as a dict is read: one growable int64
+    array per partition indexed by offset (-1 where none landed). 8 bytes a record where a dict of tuples took about
+    150: a campaign at 60,000 records/s lands over 100 million."""
+
+    def __init__(self, items: Any = ()):
+        self._seqs: dict[int, np.ndarray] = {}
+        self._count = 0
+        self.max_seq = -1
+        for (partition, offset), seq in (items.items() if hasattr(items, "items") else items):
+            self[partition, offset] = seq
+
+    def __setitem__(self, key: tuple[int, int], seq: int) -> None:
+        partition, offset = key
+        seqs = self._seqs.get(partition)
+        if seqs is None or offset >= len(seqs):
+            grown = np.full(max(1024, 2 * (offset + 1)), -1, dtype=np.int64)
+            if seqs is not None:
+                grown[:len(seqs)] = seqs
+            self._seqs[partition] = seqs = grown
+        if seqs[offset] < 0:
+            self._count += 1
+        seqs[offset] = seq
+        self.max_seq = max(self.max_seq, seq)
+
+    def get(self, key: tuple[int, int], default: int | None = None) -> int | None:
+        partition, offset = key
+        seqs = self._seqs.get(partition)
+        if seqs is None or not 0 <= offset < len(seqs) or seqs[offset] < 0:
+            return default
+        return int(seqs[offset])
+
+    def __getitem__(self, key: tuple[int, int]) -> int:
+        seq = self.get(key)
+        if seq is None:
+            raise KeyError(key)
+        return seq
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, tuple) and self.get(key) is not None  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return self._count
+
+    def partitions(self) -> dict[int, np.ndarray]:
+        """Per partition, the sequence number at each offset (-1: none landed there), trimmed after the last."""
+        trimmed = {}
+        for partition, seqs in self._seqs.items():
+            landed = np.flatnonzero(seqs >= 0)
+            trimmed[partition] = seqs[:landed[-1] + 1] if len(landed) else seqs[:0]
+        return trimmed
+
+    def items(self) -> Iterator[tuple[tuple[int, int], int]]:
+        for partition, seqs in self.partitions().items():
+            for offset in np.flatnonzero(seqs >= 0):
+                yield (partition, int(offset)), int(seqs[offset])
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return (key for key, _ in self.items())
+
+    def values(self) -> Iterator[int]:
+        return (seq for _, seq in self.items())
+
+
 class SequenceProducer:
     """Background producer of sequence-numbered records; remembers where each one landed."""
 
-    def __init__(self, servers: str, topic: str, rate: float, landed: dict[tuple[int, int], int] | None = None,
+    def __init__(self, servers: str, topic: str, rate: float, landed: Landed | dict[tuple[int, int], int] | None = None,
                  entity_partitions: int | None = None, records: JsonRecords | AvroRecords | None = None,
                  delivery_timeout: float = 120, change_events: bool = False):
         self.topic = topic
@@ -220,13 +287,13 @@ class SequenceProducer:
         self.servers, self.delivery_timeout = servers, delivery_timeout
         self.producer = self._new_producer()
         # (partition, offset) -> seq; a resumed campaign starts from what earlier sessions produced.
-        self.landed: dict[tuple[int, int], int] = dict(landed or {})
+        self.landed = Landed(landed or {})
         self.delivered: Counter = Counter(p for p, _ in self.landed)  # partition -> records delivered
         self.journal: list[tuple[int, int, int]] = []  # landed since the last checkpoint
         self.errors: list[str] = []
         self.failed: list[int] = []  # sequence numbers whose delivery failed, not yet produced again
         self.notes: list[str] = []  # what the producer had to redo, for the campaign's report
-        self.next_seq = max(self.landed.values(), default=-1) + 1
+        self.next_seq = self.landed.max_seq + 1
         self.quota = self.next_seq
         self.produced_here = self.reports_here = 0
         self.lock = threading.Lock()

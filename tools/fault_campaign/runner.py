@@ -16,11 +16,13 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from kafka_ledger.config.settings import kafka_for, schema_registry, services_for, task_services
 from tools.fault_campaign import CampaignFailure, launcher
@@ -44,6 +46,7 @@ from tools.fault_campaign.strikes import (
     fault_schedule,
     secured,
 )
+from tools.fault_campaign.tally import Tally
 
 # The ledger's statement bound in the tasks of a campaign through the proxies.
 NETWORK_DB_STATEMENT_SECONDS = 30
@@ -480,6 +483,30 @@ class Campaign(FaultStrikes):
         rows = table.scan(selected_fields=tuple(names)).to_arrow()
         return list(zip(*(rows.column(n).to_pylist() for n in names), strict=True))
 
+    def _output_chunks(self, names: list[str], size: int = 1_000_000) -> Iterator[list[np.ndarray]]:
+        """The output's rows, these columns of them, as arrays of at most `size` rows at a time: a campaign's output
+        may be a hundred million rows (from Postgres through a named cursor; an Iceberg table's, small, at once)."""
+        import psycopg2
+        from psycopg2 import sql
+
+        from kafka_ledger.sinks.postgres.sql import output_table
+
+        def columns(rows: list[tuple]) -> list[np.ndarray]:
+            return [np.array(column, dtype=object if isinstance(column[0], str) else None)
+                    for column in zip(*rows, strict=True)]
+
+        if self.iceberg:
+            rows = self._output_rows(names)
+            if rows:
+                yield columns(rows)
+            return
+        with psycopg2.connect(self.dsn) as conn, conn.cursor(name="campaign_output") as cur:
+            cur.execute(sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(sql.Identifier(n) for n in names),
+                                                            output_table(self.pipeline)))
+            while rows := cur.fetchmany(size):
+                yield columns(rows)
+        conn.close()
+
     def _partition_stats(self) -> dict[int, tuple[int, int, int | None, int | None]]:
         """Per partition of the output ∪ the dead letters: records, distinct offsets, the lowest and the highest."""
         from psycopg2 import sql
@@ -651,31 +678,20 @@ class Campaign(FaultStrikes):
         if self.entity:
             return self._entity_final_check()
 
-        output = self._output_rows(["kafka_partition", "kafka_offset", "event_id", "amount"])
-        dead = self._query("SELECT kafka_partition, kafka_offset, error FROM kafka_ledger.dead_letters "
-                           "WHERE pipeline = %(p)s", {"p": self.pipeline.name})
-        seen = Counter([(p, o) for p, o, _, _ in output] + [(p, o) for p, o, _ in dead])
-        produced = self.producer.landed
-        lost = [rid for rid in produced if rid not in seen]
-        duplicated = [rid for rid, n in seen.items() if n > 1]
-        unexpected = [rid for rid in seen if rid not in produced]
-        reason = self.producer.records.reason
-        wrong = []
-        for p, o, event_id, amount in output:
-            seq = produced.get((p, o))
-            if seq is not None and (reason(seq) is not None or (event_id, amount) != (f"s{seq}", seq)):
-                wrong.append(f"{p}/{o}: row {event_id},{amount} for record {seq}")
-        for p, o, error in dead:
-            seq = produced.get((p, o))
-            if seq is not None and reason(seq) != error:
-                wrong.append(f"{p}/{o}: dead letter {error!r} for record {seq}")
+        tally = Tally(self.producer.landed.partitions(), self.producer.records.reason)
+        for chunk in self._output_chunks(["kafka_partition", "kafka_offset", "event_id", "amount"]):
+            tally.output(*chunk)
+        tally.dead_letters(self._query("SELECT kafka_partition, kafka_offset, error FROM kafka_ledger.dead_letters "
+                                       "WHERE pipeline = %(p)s", {"p": self.pipeline.name}))
         report = verify_pipeline(services_for(self.dsn, self.servers), self.pipeline, full=True)
-        figures = {"records_produced": len(produced), "output_rows": len(output), "dead_letters": len(dead),
-                   "lost": len(lost), "duplicated": len(duplicated), "unexpected": len(unexpected),
-                   "wrong_content": len(wrong), "verify_ok": report.ok}
-        if lost or duplicated or unexpected or wrong or not report.ok:
-            raise CampaignFailure(f"final check: {figures}; lost {lost[:5]}, duplicated {duplicated[:5]}, "
-                                  f"unexpected {unexpected[:5]}, wrong {wrong[:5]}, verify {report.problems[:3]}")
+        figures = tally.figures()
+        examples = figures.pop("examples")
+        figures["verify_ok"] = report.ok
+        if figures["lost"] or figures["duplicated"] or figures["unexpected"] or figures["wrong_content"] or \
+                not report.ok:
+            raise CampaignFailure(f"final check: {figures}; lost {examples['lost']}, duplicated "
+                                  f"{examples['duplicated']}, unexpected {examples['unexpected']}, wrong "
+                                  f"{examples['wrong']}, verify {report.problems[:3]}")
         return figures
 
     # --- the campaign --------------------------------------------------------------------------------------
