@@ -214,21 +214,25 @@ class Landed:
         self._seqs: dict[int, np.ndarray] = {}
         self._count = 0
         self.max_seq = -1
+        # Delivery reports come on whichever thread polls the producer (its own, and the campaign's while it waits):
+        # a write into an array being grown on the other would be lost.
+        self._lock = threading.Lock()
         for (partition, offset), seq in (items.items() if hasattr(items, "items") else items):
             self[partition, offset] = seq
 
     def __setitem__(self, key: tuple[int, int], seq: int) -> None:
         partition, offset = key
-        seqs = self._seqs.get(partition)
-        if seqs is None or offset >= len(seqs):
-            grown = np.full(max(1024, 2 * (offset + 1)), -1, dtype=np.int64)
-            if seqs is not None:
-                grown[:len(seqs)] = seqs
-            self._seqs[partition] = seqs = grown
-        if seqs[offset] < 0:
-            self._count += 1
-        seqs[offset] = seq
-        self.max_seq = max(self.max_seq, seq)
+        with self._lock:
+            seqs = self._seqs.get(partition)
+            if seqs is None or offset >= len(seqs):
+                grown = np.full(max(1024, 2 * (offset + 1)), -1, dtype=np.int64)
+                if seqs is not None:
+                    grown[:len(seqs)] = seqs
+                self._seqs[partition] = seqs = grown
+            if seqs[offset] < 0:
+                self._count += 1
+            seqs[offset] = seq
+            self.max_seq = max(self.max_seq, seq)
 
     def get(self, key: tuple[int, int], default: int | None = None) -> int | None:
         partition, offset = key
@@ -252,7 +256,9 @@ class Landed:
     def partitions(self) -> dict[int, np.ndarray]:
         """Per partition, the sequence number at each offset (-1: none landed there), trimmed after the last."""
         trimmed = {}
-        for partition, seqs in self._seqs.items():
+        with self._lock:
+            arrays = {partition: seqs.copy() for partition, seqs in self._seqs.items()}
+        for partition, seqs in arrays.items():
             landed = np.flatnonzero(seqs >= 0)
             trimmed[partition] = seqs[:landed[-1] + 1] if len(landed) else seqs[:0]
         return trimmed
@@ -297,6 +303,7 @@ class SequenceProducer:
         self.quota = self.next_seq
         self.produced_here = self.reports_here = 0
         self.lock = threading.Lock()
+        self.reporting = threading.Lock()
         self.producing = threading.Lock()  # held while the thread produces: a new producer is not swapped in then
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._produce, name="sequence-producer", daemon=True)
@@ -319,7 +326,8 @@ class SequenceProducer:
 
     def _landed(self, partition: int, offset: int, seq: int) -> None:
         self.landed[(partition, offset)] = seq
-        self.delivered[partition] += 1
+        with self.reporting:  # reports come on two polling threads: a count is read, then written
+            self.delivered[partition] += 1
         self.journal.append((partition, offset, seq))
 
     def _new_producer(self):  # noqa: ANN202 - confluent_kafka.Producer, imported lazily
