@@ -55,11 +55,12 @@ def _run(main: Callable[[list[str]], int], argv: list[str], env: Mapping[str, st
         _exit(exc.code if isinstance(exc.code, int) else 1)
     except BaseException:
         traceback.print_exc()
-        # Ended inside the handler, the exception still held: leaving it would release the failed task's frames, and
-        # their finalizers (a Spark result stream's generator, a connection that died mid-COPY) once kept a task
-        # alive minutes after its traceback (the network campaign's Postgres blackhole, in the fresh clones of
-        # 4dbb85d and 93f3ded: no thread left, no stack dumped by _exit, so before it). Airflow's task reports its
-        # state before its process ends, so nothing there waits on them either.
+        # Ended inside the handler, the exception still held: leaving it would release the failed task's frames and
+        # run their finalizers (a Spark result stream's generator, a connection that died mid-COPY). A task under the
+        # network campaign's Postgres blackhole (the fresh clones of 4dbb85d and 93f3ded) printed its traceback and
+        # was alive 240 s later, with no stack dumped by _exit: perhaps waiting in them, or its end not reported
+        # (the strike then says what the kernel saw: ForkedTask.process_state). Airflow's task reports its state
+        # before its process ends, so nothing there waits on them either.
         _exit(1)
     _exit(code)
 
