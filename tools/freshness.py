@@ -35,7 +35,7 @@ import numpy as np
 import psycopg2
 import yaml
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from kafka_ledger.airflow.dags import PLAN_TASK, SPARK_TASK
 from kafka_ledger.config.pipeline import get_pipeline
@@ -47,6 +47,7 @@ from kafka_ledger.sinks import remove_pipeline
 from tools import benchmark_peers, git_commit
 from tools.airflow_server import component_processes, running_airflow
 from tools.benchmark_peers import COLUMNS
+from tools.kafka_topics import create_topic
 from tools.process_memory import MemoryWatch, with_children
 from tools.stack import service_pids, stack_command
 
@@ -124,6 +125,13 @@ def scalar(dsn: str, query: str) -> int:
         (value,) = cur.fetchone()
     conn.close()
     return value
+
+
+def published_once(dsn: str, source: str, table: str, total: int) -> bool:
+    """Whether `total` records were published, each once: as many rows in `source` (the table's rows joined to their
+    batches), and as many distinct (partition, offset) in the table."""
+    return (scalar(dsn, f"SELECT count(*) FROM {source}") == total and scalar(
+        dsn, f"SELECT count(DISTINCT (kafka_partition, kafka_offset)) FROM {SCHEMA}.{table}") == total)
 
 
 def delay_report(at_seconds: np.ndarray, delays: np.ndarray) -> dict[str, Any]:
@@ -292,7 +300,7 @@ def run_peer_after(servers: str, dsn: str, rate: float, minutes: float, partitio
     (records, catch-up, exact, memory) and its delay report."""
     topic, table = f"fresh-{tag}-peer", f"fresh_peer_{tag}"
     admin = AdminClient(kafka_for(servers).confluent())
-    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
+    create_topic(admin, topic, partitions)
     run: dict[str, Any] = {"after_kafka_ledger": True}
     process = None
     stack_command("stop-spark-connect")
@@ -325,9 +333,8 @@ def run_peer_after(servers: str, dsn: str, rate: float, minutes: float, partitio
             # records it published, a lower bound (the rest waited longer), and it is said.
             run["caught_up_after_load_s"] = None
             run["published_within_catch_up"] = benchmark_peers.count_rows(dsn, SCHEMA, table)
-        run["exact"] = (scalar(dsn, f"SELECT count(*) FROM {_peer_rows(table)}") == total and scalar(
-            dsn, f"SELECT count(DISTINCT (kafka_partition, kafka_offset)) FROM {SCHEMA}.{table}") == total
-                        ) if run["caught_up_after_load_s"] is not None else None
+        run["exact"] = (published_once(dsn, _peer_rows(table), table, total)
+                        if run["caught_up_after_load_s"] is not None else None)
         delays = delay_report(*record_delays(dsn, _peer_rows(table), load_started))
     finally:
         if process is not None and process.poll() is None:
@@ -350,7 +357,7 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
     topic, name = f"fresh-{tag}", f"fresh_{tag}"
     workdir = Path(tempfile.mkdtemp(prefix="kl-freshness-"))
     admin = AdminClient(kafka_for(servers).confluent())
-    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
+    create_topic(admin, topic, partitions)
     config = workdir / "pipelines.yaml"
     config.write_text(yaml.safe_dump({"pipelines": {name: {
         "topics": [topic], "output_table": name, "output_schema": SCHEMA, "columns": COLUMNS,
@@ -410,8 +417,7 @@ def run_freshness(servers: str, dsn: str, rate: float, minutes: float, partition
             summary["kafka_ledger_batches"] = batch_stages(dsn, name)
             client.set_paused(pipeline.dag_id, True)
         # Exact: every record (warm-up included) published once; the delays are the load's records'.
-        summary["exact"] = (scalar(dsn, f"SELECT count(*) FROM {_kafka_ledger_rows(name)}") == total and scalar(
-            dsn, f"SELECT count(DISTINCT (kafka_partition, kafka_offset)) FROM {SCHEMA}.{name}") == total)
+        summary["exact"] = published_once(dsn, _kafka_ledger_rows(name), name, total)
         summary["kafka_ledger"] = delay_report(*record_delays(dsn, _kafka_ledger_rows(name), load_started))
         if peer_process is not None:
             peer_rows = scalar(dsn, f"SELECT count(*) FROM {_peer_rows(peer_table)}")
