@@ -1,11 +1,11 @@
 """The fault campaign's record-by-record final check, in arrays (tools/fault_campaign/tally.py), and the store of where
-each record landed (producer.Landed)."""
+each record landed (producer.Landed) with its journal, which a resumed campaign reads back."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tools.fault_campaign.producer import BAD_EVERY, Landed, expected_reason
+from tools.fault_campaign.producer import BAD_EVERY, Landed, append_journal, expected_reason, read_journal
 from tools.fault_campaign.tally import Tally
 
 
@@ -47,6 +47,29 @@ def test_landed_reads_as_the_dict_it_replaces():
     assert dict(landed.items()) == {(0, 0): 0, (1, 0): 1, (0, 5000): 7}
     assert sorted(landed) == [(0, 0), (0, 5000), (1, 0)]
     assert [len(seqs) for _, seqs in sorted(landed.partitions().items())] == [5001, 1]
+
+
+def test_landed_takes_many_records_of_a_partition_at_once():
+    landed = Landed({(0, 3): 9})
+    landed.assign(0, np.array([0, 1, 3, 2000]), np.array([1, 2, 9, 40]))
+    landed.assign(2, np.array([4]), np.array([41]))
+    landed.assign(1, np.array([], dtype=np.int64), np.array([], dtype=np.int64))
+    assert dict(landed.items()) == {(0, 0): 1, (0, 1): 2, (0, 3): 9, (0, 2000): 40, (2, 4): 41}
+    assert len(landed) == 5 and landed.max_seq == 41
+    assert landed.counts() == {0: 4, 2: 1}
+    assert landed.next_offsets() == {0: 2001, 2: 5}
+
+
+def test_the_journal_reads_back_what_was_appended_but_a_line_cut_short(tmp_path):
+    journal = tmp_path / "landed.tsv"
+    assert len(read_journal(journal)) == 0  # no journal yet
+    append_journal(journal, [(0, 0, 0), (1, 0, 1)])
+    append_journal(journal, [(0, 1, 2), (1, 1, 13)])
+    with journal.open("a") as out:
+        out.write("0\t2\t1")  # the interruption came mid-line: Kafka has that record, the resume reads it there
+    landed = read_journal(journal)
+    assert dict(landed.items()) == {(0, 0): 0, (1, 0): 1, (0, 1): 2, (1, 1): 13}
+    assert landed.next_offsets() == {0: 2, 1: 2}
 
 
 def test_a_correct_output_tallies_clean():

@@ -42,6 +42,7 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 from kafka_ledger.airflow.dags import SPARK_TASK, carrier_doorbell_asset, doorbell_asset
@@ -106,6 +107,24 @@ class DoorbellCampaign(Campaign):
         self.spark_task = CARRY_TASK if self.carrier else SPARK_TASK[self.runtime]
         self._asset_id: int | None = None
 
+    @classmethod
+    def resume_under(cls, airflow: AirflowClient, pipeline: Any, dsn: str, servers: str,
+                     workdir: Path) -> DoorbellCampaign:
+        """The doorbell campaign saved in `workdir`, its runs now started by `airflow`, ready to go on after its
+        last completed iteration."""
+        state = cls.saved_state(workdir)
+        campaign = cls(pipeline, dsn, servers, state["seed"], state["faults"], state["records_per_fault"], workdir,
+                       airflow, network="network" in state["shape"].split("-"), rate=state["rate"])
+        # The strikes drawn when it began (a campaign of some strikes only draws from fewer).
+        campaign.strikes = [(kind, variant) for kind, variant in state["strikes"]]
+        campaign.schedule = [kind for kind, _ in campaign.strikes]
+        campaign.kinds = tuple(kind for kind in campaign.kinds if kind in campaign.schedule)
+        campaign.restore(state)
+        return campaign
+
+    def saved_extra(self) -> dict[str, Any]:
+        return {"strikes": self.strikes}
+
     # --- what Airflow shows -------------------------------------------------------------------------------
     def rings(self) -> int:
         """How many times the doorbell has rung: the asset events of its asset."""
@@ -135,7 +154,7 @@ class DoorbellCampaign(Campaign):
 
     def catch_up(self, when: str) -> int:
         """Wait until every record produced so far is published and no run is active; returns the runs so far."""
-        self.producer.settle()
+        self.journal_landed()
         produced = sum(self.producer.delivered.values())
         self._poll(f"{when}: the doorbell's runs publishing all {produced} records",
                    lambda: self._committed() >= produced, CATCH_UP_SECONDS, interval=1.0)
@@ -288,17 +307,31 @@ class DoorbellCampaign(Campaign):
     def run_all(self, progress: Callable[[str], None] = print) -> dict[str, Any]:
         self.session_started = time.monotonic()
         self.sessions += 1
-        self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
-        self.producer = SequenceProducer(self.servers, self.topic, self.rate)
+        self.started_at = self.started_at or datetime.now(UTC).isoformat(timespec="seconds")
+        self.producer = SequenceProducer(self.servers, self.topic, self.rate, landed=self.resumed_landed)
         self.airflow.wait_for_dag(self.dag_id, timeout=180)
         self.airflow.set_paused(self.dag_id, False)
         try:
             # A first ring before any fault: the doorbell's watcher is registered once the unpaused DAG is parsed.
+            # Resumed, the same ring's runs also recover what the interruption left (a run killed mid-batch, its
+            # batch open), like any fault, checked before the campaign goes on.
             self.producer.allow(10)
-            self.catch_up("the first ring")
+            if not self.iterations:
+                self.catch_up("the first ring")
+            else:
+                runs_before = len(self.airflow.runs(self.dag_id))
+                runs = self.catch_up(f"after resuming in session {self.sessions}")
+                self.check(f"after resuming in session {self.sessions}")
+                note = (f"session {self.sessions} resumed after iteration {len(self.iterations)}: "
+                        f"{runs - runs_before} doorbell run(s), checks OK")
+                self.interruptions.append(note)
+                progress(note)
             for index, kind in enumerate(self.schedule, start=1):
+                if index <= len(self.iterations):
+                    continue  # done in an earlier session
                 report = self.run_iteration(index, kind)
                 self.iterations.append(report)
+                self.checkpoint()
                 progress(f"[{index}/{self.faults}] {kind} ({report.variant}): {report.landed}; {report.outcome}; "
                          f"checks OK; {report.produced_so_far} produced, {report.committed_offsets} committed, "
                          f"{report.seconds}s")
@@ -326,5 +359,7 @@ class DoorbellCampaign(Campaign):
             "shape": self.shape,
             "started_at": self.started_at,
             "elapsed_seconds": self.elapsed(),
+            "sessions": self.sessions,
+            "interruptions": self.interruptions,
             "iterations": [it.__dict__ for it in self.iterations],
         }

@@ -85,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--cluster: KAFKA_LEDGER_SPARK_MASTER names no cluster: run scripts/fault_campaign.sh --cluster")
     if args.driver_in_cluster and not (args.cluster and args.runtime == "submit"):
         parser.error("--driver-in-cluster: with --cluster --runtime submit (the connect runtime's driver: its server)")
-    if args.doorbell and args.resume:
-        parser.error("--doorbell: a doorbell campaign is not resumed")
     if args.format == "avro" and (args.doorbell or args.write != "append"):
         parser.error("--format avro: a campaign of plain runs (no --doorbell) into an append-only table")
     if args.envelope != "none" and args.write != "upsert":
@@ -179,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     admin = AdminClient(kafka_for(servers).confluent())
     if args.resume:
         pipeline = get_pipeline(name)
-        campaign = Campaign.resume(pipeline, dsn, servers, workdir)
-        say(f"fault campaign resumed from {workdir}: {len(campaign.iterations)} of {campaign.faults} faults done")
+        # A doorbell campaign is taken up under the Airflow it starts below.
+        campaign = None if settings.get("doorbell") else Campaign.resume(pipeline, dsn, servers, workdir)
+        if campaign is not None:
+            say(f"fault campaign resumed from {workdir}: {len(campaign.iterations)} of {campaign.faults} faults done")
     else:
         (workdir / "campaign.json").write_text(json.dumps(settings, indent=2))
         output = ({"sink": {"type": "iceberg", "namespace": "fault_campaign", "table": name}}
@@ -215,9 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                                                        network_weight=args.network_weight)
         say(f"fault campaign ({campaign.shape if campaign else 'doorbell'}): {args.faults} faults, seed {args.seed}, "
             f"{args.records_per_fault} records per fault, "
-            f"topic {topic} ({args.partitions} partitions); logs in {workdir}"
-            + ("" if args.doorbell else f"; if it is interrupted, go on with `bash scripts/fault_campaign.sh --resume "
-               f"{workdir}`"))
+            f"topic {topic} ({args.partitions} partitions); logs in {workdir}; if it is interrupted, go on with "
+            f"`{settings['command']} --resume {workdir}` (the same stack: its flags set it up)")
     try:
         if campaign is None:  # the doorbell's: Airflow's own scheduler and triggerer run the pipeline
             # Imported here: they import Airflow, which every campaign task process (`task`, main's first branch)
@@ -231,8 +230,14 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ.update(proxied_environment(dict(os.environ)))
                 os.environ.setdefault("KAFKA_LEDGER_DB_STATEMENT_TIMEOUT", str(NETWORK_DB_STATEMENT_SECONDS))
             with running_airflow() as airflow:
-                campaign = DoorbellCampaign(pipeline, dsn, servers, args.seed, args.faults, args.records_per_fault,
-                                            workdir, airflow, network=settings["network"], rate=args.rate)
+                if args.resume:
+                    campaign = DoorbellCampaign.resume_under(airflow, pipeline, dsn, servers, workdir)
+                    say(f"fault campaign resumed from {workdir}: {len(campaign.iterations)} of {campaign.faults} "
+                        "faults done")
+                else:
+                    campaign = DoorbellCampaign(pipeline, dsn, servers, args.seed, args.faults,
+                                                args.records_per_fault, workdir, airflow, network=settings["network"],
+                                                rate=args.rate)
                 report = campaign.run_all(progress=say)
         else:
             report = campaign.run_all(progress=say)

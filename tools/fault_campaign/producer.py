@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -247,6 +248,32 @@ class Landed:
             raise KeyError(key)
         return seq
 
+    def assign(self, partition: int, offsets: np.ndarray, seqs: np.ndarray) -> None:
+        """Many records of one partition at once: `seqs[i]` landed at `offsets[i]` (a journal read back)."""
+        if not len(offsets):
+            return
+        with self._lock:
+            current = self._seqs.get(partition)
+            size = int(offsets.max()) + 1
+            if current is None or size > len(current):
+                grown = np.full(max(1024, size), -1, dtype=np.int64)
+                if current is not None:
+                    grown[:len(current)] = current
+                self._seqs[partition] = current = grown
+            self._count += int(np.count_nonzero(current[offsets] < 0))
+            current[offsets] = seqs
+            self.max_seq = max(self.max_seq, int(seqs.max()))
+
+    def counts(self) -> dict[int, int]:
+        """Per partition, how many records landed."""
+        with self._lock:
+            return {partition: int(np.count_nonzero(seqs >= 0)) for partition, seqs in self._seqs.items()}
+
+    def next_offsets(self) -> dict[int, int]:
+        """Per partition, the offset after the last record landed."""
+        return {partition: int(seqs[-1]) + 1 if len(seqs) else 0
+                for partition, seqs in ((p, np.flatnonzero(a >= 0)) for p, a in self.partitions().items())}
+
     def __contains__(self, key: object) -> bool:
         return isinstance(key, tuple) and self.get(key) is not None  # type: ignore[arg-type]
 
@@ -275,6 +302,30 @@ class Landed:
         return (seq for _, seq in self.items())
 
 
+def append_journal(path: Path, landed: list[tuple[int, int, int]]) -> None:
+    """Append records' landings (partition, offset, sequence number) to a campaign's journal, a line each."""
+    with path.open("a") as journal:
+        journal.writelines(f"{p}\t{o}\t{seq}\n" for p, o, seq in landed)
+
+
+def read_journal(path: Path) -> Landed:
+    """The landings a journal holds; a last line cut short by an interruption is left out (Kafka still has it).
+
+    Parsed by numpy, not line by line: a campaign at 60,000 records/s journals a hundred million."""
+    landed = Landed()
+    if not path.exists():
+        return landed
+    text = path.read_bytes()
+    text = text[:text.rfind(b"\n") + 1]
+    if not text:
+        return landed
+    rows = np.fromstring(text, dtype=np.int64, sep=" ").reshape(-1, 3)  # any whitespace separates
+    for partition in np.unique(rows[:, 0]):
+        mine = rows[rows[:, 0] == partition]
+        landed.assign(int(partition), mine[:, 1], mine[:, 2])
+    return landed
+
+
 class SequenceProducer:
     """Background producer of sequence-numbered records; remembers where each one landed."""
 
@@ -293,8 +344,8 @@ class SequenceProducer:
         self.servers, self.delivery_timeout = servers, delivery_timeout
         self.producer = self._new_producer()
         # (partition, offset) -> seq; a resumed campaign starts from what earlier sessions produced.
-        self.landed = Landed(landed or {})
-        self.delivered: Counter = Counter(p for p, _ in self.landed)  # partition -> records delivered
+        self.landed = landed if isinstance(landed, Landed) else Landed(landed or {})
+        self.delivered: Counter = Counter(self.landed.counts())  # partition -> records delivered
         self.journal: list[tuple[int, int, int]] = []  # landed since the last checkpoint
         self.errors: list[str] = []
         self.failed: list[int] = []  # sequence numbers whose delivery failed, not yet produced again
@@ -451,10 +502,16 @@ class SequenceProducer:
             raise CampaignFailure(f"{len(self.errors)} records were not delivered: {self.errors[:5]}")
 
 
-def records_by_key(servers: str, topic: str, timeout: float = 300) -> dict[tuple[int, int], int]:
-    """Every record of `topic` read back from Kafka: (partition, offset) -> the sequence number in its key."""
+def records_by_key(servers: str, topic: str, timeout: float = 300,
+                   after: dict[int, int] | None = None) -> dict[tuple[int, int], int]:
+    """The records of `topic` read back from Kafka (each partition from `after`'s offset, if it names one):
+    (partition, offset) -> the sequence number in its key."""
+    from dataclasses import replace
+
+    from kafka_ledger.kafka.offsets import partition_offsets
     from kafka_ledger.ops.readback import read_back
 
-    records = read_back(kafka_for(servers), [topic], timeout)
-    return {(m.partition(), m.offset()): sequence_number(m.key()) for m in records}
-
+    kafka = kafka_for(servers)
+    offsets = {tp: replace(o, log_start=max(o.log_start, min((after or {}).get(tp.partition, 0), o.end)))
+               for tp, o in partition_offsets(kafka, [topic]).items()}
+    return {(m.partition(), m.offset()): sequence_number(m.key()) for m in read_back(kafka, [topic], timeout, offsets)}

@@ -30,11 +30,14 @@ from tools.fault_campaign.network import Toxiproxy, proxied_environment, registr
 from tools.fault_campaign.producer import (
     AvroRecords,
     JsonRecords,
+    Landed,
     SequenceProducer,
+    append_journal,
     change_effect,
     change_event_reason,
     entity_of,
     expected_reason,
+    read_journal,
     record_value,
     records_by_key,
 )
@@ -142,7 +145,7 @@ class Campaign(FaultStrikes):
         self.session_started = time.monotonic()
         self.sessions = 0
         self.interruptions: list[str] = []
-        self.resumed_landed: dict[tuple[int, int], int] = {}
+        self.resumed_landed = Landed()
 
     # --- the tasks, each in its own process as Airflow runs them --------------------------------------
     def _task_env(self, failpoints: str | None, once_dir: Path | None) -> dict[str, str]:
@@ -713,57 +716,78 @@ class Campaign(FaultStrikes):
 
     def checkpoint(self) -> None:
         """After an iteration: the records produced so far (appended to landed.tsv) and the state (state.json)."""
-        new = self.producer.settle()
-        with (self.workdir / "landed.tsv").open("a") as journal:
-            journal.writelines(f"{p}\t{o}\t{seq}\n" for p, o, seq in new)
+        self.journal_landed()
         version, internal, gauss = self.rng.getstate()
         state = {
             "seed": self.seed, "faults": self.faults, "records_per_fault": self.records_per_fault,
-            "network_weight": self.network_weight,
+            "network_weight": self.network_weight, "rate": self.rate,
             "pipeline": self.pipeline.name, "rng": [version, list(internal), gauss],
             "iterations": [asdict(it) for it in self.iterations],
             "positions": {str(p): pos for p, pos in self.positions.items()},
             "runs": self.runs, "spark_tasks": self.spark_tasks, "runtime": self.runtime, "shape": self.shape,
             "variants": {k: dict(v) for k, v in self.variants.items()},
             "started_at": self.started_at, "elapsed_seconds": self.elapsed(), "sessions": self.sessions,
-            "interruptions": self.interruptions,
+            "interruptions": self.interruptions, **self.saved_extra(),
         }
         partial = self.workdir / "state.json.partial"
         partial.write_text(json.dumps(state))
         os.replace(partial, self.workdir / "state.json")
 
+    def journal_landed(self) -> None:
+        """Wait until every record produced so far has landed, and append where to the journal (landed.tsv)."""
+        append_journal(self.workdir / "landed.tsv", self.producer.settle())
+
+    def saved_extra(self) -> dict[str, Any]:
+        """What a kind of campaign saves at a checkpoint beside the state every campaign saves."""
+        return {}
+
+    @staticmethod
+    def saved_state(workdir: Path) -> dict[str, Any]:
+        """What the campaign saved in `workdir` at its last checkpoint."""
+        return json.loads((workdir / "state.json").read_text())
+
     @classmethod
     def resume(cls, pipeline: Any, dsn: str, servers: str, workdir: Path) -> Campaign:
         """The campaign saved in `workdir`, ready to go on after its last completed iteration."""
-        state = json.loads((workdir / "state.json").read_text())
+        state = cls.saved_state(workdir)
         campaign = cls(pipeline, dsn, servers, state["seed"], state["faults"], state["records_per_fault"], workdir,
                        network="network" in state.get("shape", "").split("-"),
                        network_weight=state.get("network_weight", 1))
-        version, internal, gauss = state["rng"]
-        campaign.rng.setstate((version, tuple(internal), gauss))
-        campaign.iterations = [IterationReport(**it) for it in state["iterations"]]
-        campaign.positions = {int(p): pos for p, pos in state["positions"].items()}
-        campaign.runs, campaign.spark_tasks = state["runs"], state["spark_tasks"]
-        for kind, variants in state["variants"].items():
-            campaign.variants[kind] = Counter(variants)
-        campaign.started_at, campaign.elapsed_before = state["started_at"], state["elapsed_seconds"]
-        campaign.sessions, campaign.interruptions = state["sessions"], state["interruptions"]
-        landed: dict[tuple[int, int], int] = {}
-        for line in (workdir / "landed.tsv").read_text().splitlines():
-            fields = line.split("\t")
-            if len(fields) == 3:  # a line cut short by the interruption is read back from Kafka below
-                landed[(int(fields[0]), int(fields[1]))] = int(fields[2])
-        # Records produced after the last checkpoint lost their delivery reports with the process: Kafka
-        # has them, and each record's key carries its sequence number.
-        in_kafka = records_by_key(servers, campaign.topic)
-        conflicts = [rid for rid, seq in landed.items() if in_kafka.get(rid, seq) != seq]
-        vanished = sorted(rid for rid in landed if rid not in in_kafka)
-        if conflicts or vanished:
-            raise CampaignFailure(f"Kafka no longer holds the records it acknowledged before the interruption: "
-                                  f"{len(vanished)} gone (e.g. {vanished[:5]}), {len(conflicts)} replaced "
-                                  f"(e.g. {conflicts[:5]}); the campaign cannot go on, start a new one")
-        campaign.resumed_landed = {**in_kafka, **landed}
+        campaign.restore(state)
         return campaign
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take up the saved campaign `state` (saved_state): its random draws, iterations, positions and counts,
+        and where every record produced so far landed."""
+        from kafka_ledger.kafka.offsets import partition_offsets
+
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.iterations = [IterationReport(**it) for it in state["iterations"]]
+        self.positions = {int(p): pos for p, pos in state["positions"].items()}
+        self.runs, self.spark_tasks = state["runs"], state["spark_tasks"]
+        for kind, variants in state["variants"].items():
+            self.variants[kind] = Counter(variants)
+        self.started_at, self.elapsed_before = state["started_at"], state["elapsed_seconds"]
+        self.sessions, self.interruptions = state["sessions"], state["interruptions"]
+        landed = read_journal(self.workdir / "landed.tsv")
+        # Records produced after the last checkpoint lost their delivery reports with the process: Kafka has
+        # them after the journal's last offsets, and each record's key carries its sequence number.
+        journaled = landed.next_offsets()
+        in_kafka = records_by_key(self.servers, self.topic, after=journaled)
+        # Kafka must still hold what it acknowledged before the interruption (a machine stopped before the broker
+        # flushed): every partition still starting at 0 and ending at or after the journal's last offset. The
+        # records themselves are compared with Kafka by the final check's `kafka-ledger verify --full`.
+        ends = {tp.partition: o for tp, o in partition_offsets(kafka_for(self.servers), [self.topic]).items()}
+        short = {p: (ends[p].log_start, ends[p].end) if p in ends else None for p, after in journaled.items()
+                 if p not in ends or ends[p].log_start > 0 or ends[p].end < after}
+        if short:
+            raise CampaignFailure(f"Kafka no longer holds the records it acknowledged before the interruption: "
+                                  f"partitions {short} (log start, end) short of the journal's "
+                                  f"{ {p: journaled[p] for p in short} }; the campaign cannot go on, start a new one")
+        for (partition, offset), seq in in_kafka.items():
+            landed[partition, offset] = seq
+        self.resumed_landed = landed
 
     def run_all(self, progress: Callable[[str], None] = print) -> dict[str, Any]:
         self.session_started = time.monotonic()
