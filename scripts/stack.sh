@@ -756,8 +756,14 @@ CONF
 write_spark_daemon() {  # write_spark_daemon <program> <priority> <class> <args...>
   local name=$1 priority=$2; shift 2
   write_program "$name" "$priority" TERM 30 true "$KL_VENV/bin/spark-class $*" \
-    "environment=SPARK_LOCAL_IP=\"127.0.0.1\",SPARK_NO_DAEMONIZE=\"1\""
+    "environment=SPARK_LOCAL_IP=\"127.0.0.1\",SPARK_NO_DAEMONIZE=\"1\",SPARK_WORKER_OPTS=\"$KL_SPARK_WORKER_OPTS\""
 }
+# Each application leaves a folder in the worker's work folder: every executor's copy of the jars (about 57 MB) and
+# a cluster-mode driver's output. A `submit` batch is an application: without cleaning, the disk fills. The
+# worker deletes a finished application's folder once nothing in it is newer than an hour (looked at every 10
+# minutes): time to read a failed driver's output.
+KL_SPARK_WORKER_OPTS="-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.interval=600"
+KL_SPARK_WORKER_OPTS+=" -Dspark.worker.cleanup.appDataTtl=3600"
 
 start_cluster() {
   write_spark_conf
