@@ -26,7 +26,8 @@ killed component again. Each iteration lets the producer write its records and s
   carrying task has failed by its own bounds, the broker restarted while reads are slowed to 8 KB/s.
 
 While a strike waits for its moment and holds, the records keep coming at the campaign's rate (`--rate`), so that
-the run it strikes carries batch after batch as it would under a steady load.
+the run it strikes carries batch after batch as it would under a steady load; a triggerer or a scheduler is killed
+with the records still coming too.
 
 Then the doorbell's runs must publish every record produced so far, with no run left active, and the campaign's
 checks hold (runner.Campaign.check: output and dead letters are exactly the records below the positions, the
@@ -269,22 +270,24 @@ class DoorbellCampaign(Campaign):
                 os.kill(pid, signal.SIGSTOP)
         elif variant == "ring queued while the scheduler was frozen":
             os.kill(component_processes(sid, "scheduler")[0], signal.SIGSTOP)
+        # The records keep coming at the campaign's rate until the kill, as they would under a steady load.
         self.producer.allow(self.records_per_fault)
         if kind == "kill_triggerer_mid_poll":
             self.producer.wait_delivered_some(1, timeout=30)
-            time.sleep(delay)
+            self._flow_for(delay)
             rung = self.rings() > rings_before
             kill_component(sid, "triggerer")  # SIGKILL ends a stopped process too
             return f"{'after' if rung else 'before'} its ring (killed {delay:.1f} s after the records began)"
         if variant == "ring queued while the scheduler was frozen":
             try:
-                self._poll("a ring while the scheduler was frozen", lambda: self.rings() > rings_before, RING_SECONDS)
+                self._poll("a ring while the scheduler was frozen",
+                           lambda: self._keep_flowing() or self.rings() > rings_before, RING_SECONDS)
             finally:
                 kill_component(sid, "scheduler")  # SIGKILL ends a stopped process too
             return "frozen, then killed with the ring waiting in the asset queue"
-        run = self._poll("a doorbell run", lambda: (self.airflow.runs(self.dag_id)[runs_before:] or [None])[0],
-                         RING_SECONDS, interval=0.1)
-        time.sleep(min(delay, 1.0))
+        run = self._poll("a doorbell run", lambda: self._keep_flowing() or (
+            self.airflow.runs(self.dag_id)[runs_before:] or [None])[0], RING_SECONDS, interval=0.1)
+        self._flow_for(min(delay, 1.0))
         state = self.airflow.run(self.dag_id, run["dag_run_id"])["state"]
         kill_component(sid, "scheduler")
         return f"killed with the doorbell run {state}"
