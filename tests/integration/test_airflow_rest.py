@@ -806,15 +806,37 @@ def test_the_doorbell_loses_and_doubles_nothing_when_its_triggerer_and_scheduler
     scheduler and triggerer, runs carrying batches while the records come, the full campaign's checks after each and
     the record-by-record check at the end; of a pipeline's own doorbell, and of a carrier's (carried_faults: its DAG,
     doorbell and task take the faults). Not the Spark Connect server's restart: the other tests on this stack use
-    it (the full doorbell campaign, on a stack of its own, restarts it)."""
+    it (the full doorbell campaign, on a stack of its own, restarts it).
+
+    The pipeline's own campaign is interrupted after its third iteration, the last lines of its journal lost, and
+    resumed as a full campaign too long for one working session is (`--resume`): those records are read back from
+    Kafka, and the resumed campaign's checks cover them."""
     pipeline = pipeline_factory(key, partitions=4)
     seed = int(os.environ.get("KAFKA_LEDGER_CAMPAIGN_SEED", "4"))
     faults = len(AIRFLOW_STRIKES)
     campaign = DoorbellCampaign(pipeline, dsn, servers, seed=seed, faults=faults, records_per_fault=1000,
                                 workdir=tmp_path, airflow=airflow, strikes=AIRFLOW_STRIKES)
+    interrupted = key == "doorbell_faults"
+    if interrupted:
+        class Interrupted(Exception):
+            pass
+
+        def progress(line: str) -> None:
+            print(line)
+            if line.startswith("[3/"):
+                raise Interrupted
+
+        with pytest.raises(Interrupted):
+            campaign.run_all(progress=progress)
+        journal = tmp_path / "landed.tsv"
+        lines = journal.read_text().splitlines(keepends=True)
+        journal.write_text("".join(lines[:-20]) + lines[-20][:3])  # cut mid-line too
+        campaign = DoorbellCampaign.resume_under(airflow, pipeline, dsn, servers, tmp_path)
+        assert [it.index for it in campaign.iterations] == [1, 2, 3]
     report = campaign.run_all()  # raises CampaignFailure on the first failed check
 
     print(json.dumps({k: v for k, v in report.items() if k != "iterations"}))
+    assert report["sessions"] == (2 if interrupted else 1)
     assert report["faults_by_kind"] == {"kill_triggerer_mid_poll": 2, "kill_scheduler_with_run_queued": 2,
                                         "kill_task_mid_carry": 2}
     assert report["fault_variants"] == {

@@ -9,6 +9,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -506,8 +507,6 @@ def records_by_key(servers: str, topic: str, timeout: float = 300,
                    after: dict[int, int] | None = None) -> dict[tuple[int, int], int]:
     """The records of `topic` read back from Kafka (each partition from `after`'s offset, if it names one):
     (partition, offset) -> the sequence number in its key."""
-    from dataclasses import replace
-
     from kafka_ledger.kafka.offsets import partition_offsets
     from kafka_ledger.ops.readback import read_back
 
