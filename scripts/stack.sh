@@ -753,23 +753,24 @@ CONF
 }
 
 # A daemon from PySpark's own distribution (spark-class), bound to loopback, its UI too (SPARK_LOCAL_IP).
-write_spark_daemon() {  # write_spark_daemon <program> <priority> <class> <args...>
-  local name=$1 priority=$2; shift 2
+write_spark_daemon() {  # write_spark_daemon <program> <priority> <more environment, ",NAME=\"value\"" or ""> <class> <args...>
+  local name=$1 priority=$2 environment=$3; shift 3
   write_program "$name" "$priority" TERM 30 true "$KL_VENV/bin/spark-class $*" \
-    "environment=SPARK_LOCAL_IP=\"127.0.0.1\",SPARK_NO_DAEMONIZE=\"1\",SPARK_WORKER_OPTS=\"$KL_SPARK_WORKER_OPTS\""
+    "environment=SPARK_LOCAL_IP=\"127.0.0.1\",SPARK_NO_DAEMONIZE=\"1\"$environment"
 }
+
 # Each application leaves a folder in the worker's work folder: every executor's copy of the jars (about 57 MB) and
 # a cluster-mode driver's output. A `submit` batch is an application: without cleaning, the disk fills. The
 # worker deletes a finished application's folder once nothing in it is newer than an hour (looked at every 10
-# minutes): time to read a failed driver's output.
-KL_SPARK_WORKER_OPTS="-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.interval=600"
-KL_SPARK_WORKER_OPTS+=" -Dspark.worker.cleanup.appDataTtl=3600"
+# minutes): time to read a failed driver's output. docker-compose.yaml's worker has the same.
+SPARK_WORKER_CLEANUP="-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.interval=600 -Dspark.worker.cleanup.appDataTtl=3600"
 
 start_cluster() {
   write_spark_conf
-  write_spark_daemon spark-master 30 org.apache.spark.deploy.master.Master \
+  write_spark_daemon spark-master 30 "" org.apache.spark.deploy.master.Master \
     --host 127.0.0.1 --port "$KL_SPARK_MASTER_PORT" --webui-port "$KL_SPARK_MASTER_UI_PORT"
-  write_spark_daemon spark-worker 31 org.apache.spark.deploy.worker.Worker "$KL_SPARK_CLUSTER_MASTER" \
+  write_spark_daemon spark-worker 31 ",SPARK_WORKER_OPTS=\"$SPARK_WORKER_CLEANUP\"" \
+    org.apache.spark.deploy.worker.Worker "$KL_SPARK_CLUSTER_MASTER" \
     --host 127.0.0.1 --cores "$KL_SPARK_WORKER_CORES" --memory "$KL_SPARK_WORKER_MEMORY" \
     --webui-port "$KL_SPARK_WORKER_UI_PORT" --work-dir "$KL_STATE/spark-work"
   apply_programs

@@ -216,6 +216,15 @@ def test_spark_worker_connects_to_the_master_service(services):
     assert "spark-master" in depends_on(services["spark-worker"])
 
 
+def test_spark_worker_cleans_finished_applications_as_the_local_stacks_does(services):
+    """Each submit batch is an application whose folder holds every executor's copy of the jars: without the
+    worker's cleanup the disk fills."""
+    stack = re.search(r'^SPARK_WORKER_CLEANUP="([^"]+)"$', (REPO / "scripts" / "stack.sh").read_text(), re.M)
+    assert stack, "scripts/stack.sh sets no SPARK_WORKER_CLEANUP"
+    assert "-Dspark.worker.cleanup.enabled=true" in stack.group(1).split()
+    assert env(services["spark-worker"])["SPARK_WORKER_OPTS"] == stack.group(1)
+
+
 def test_image_versions_match_the_pins(services):
     assert services["spark-master"]["image"] == services["spark-worker"]["image"] == f"apache/spark:{pinned('pyspark')}"
     kafka_pom = (REPO / "stack" / "maven" / "kafka" / "pom.xml").read_text()
