@@ -70,6 +70,9 @@ def test_the_journal_reads_back_what_was_appended_but_a_line_cut_short(tmp_path)
     landed = read_journal(journal)
     assert dict(landed.items()) == {(0, 0): 0, (1, 0): 1, (0, 1): 2, (1, 1): 13}
     assert landed.next_offsets() == {0: 2, 1: 2}
+    append_journal(journal, [(0, 2, 14)])  # what the resume read back from Kafka replaces the line cut short
+    assert journal.read_text().endswith("1\t1\t13\n0\t2\t14\n")
+    assert dict(read_journal(journal).items()) == {(0, 0): 0, (1, 0): 1, (0, 1): 2, (1, 1): 13, (0, 2): 14}
 
 
 def test_a_correct_output_tallies_clean():

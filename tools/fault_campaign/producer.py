@@ -5,6 +5,7 @@ schema registry; their producer, which remembers where each landed, and the read
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import Counter
@@ -304,9 +305,15 @@ class Landed:
 
 
 def append_journal(path: Path, landed: list[tuple[int, int, int]]) -> None:
-    """Append records' landings (partition, offset, sequence number) to a campaign's journal, a line each."""
-    with path.open("a") as journal:
-        journal.writelines(f"{p}\t{o}\t{seq}\n" for p, o, seq in landed)
+    """Append records' landings (partition, offset, sequence number) to a campaign's journal, a line each; a last
+    line an interruption cut short is dropped first (a resumed campaign read that record back from Kafka)."""
+    with path.open("a+b") as journal:
+        size = journal.seek(0, os.SEEK_END)
+        journal.seek(max(0, size - 64))
+        tail = journal.read()
+        if tail and not tail.endswith(b"\n"):
+            journal.truncate(size - len(tail) + tail.rfind(b"\n") + 1)
+        journal.writelines(f"{p}\t{o}\t{seq}\n".encode() for p, o, seq in landed)
 
 
 def read_journal(path: Path) -> Landed:

@@ -787,6 +787,8 @@ class Campaign(FaultStrikes):
                                   f"{ {p: journaled[p] for p in short} }; the campaign cannot go on, start a new one")
         for (partition, offset), seq in in_kafka.items():
             landed[partition, offset] = seq
+        # Journaled now: a second interruption reads Kafka only after the journal's last offsets, past these.
+        append_journal(self.workdir / "landed.tsv", [(p, o, seq) for (p, o), seq in sorted(in_kafka.items())])
         self.resumed_landed = landed
 
     def run_all(self, progress: Callable[[str], None] = print) -> dict[str, Any]:
