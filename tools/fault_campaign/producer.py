@@ -510,14 +510,15 @@ class SequenceProducer:
             raise CampaignFailure(f"{len(self.errors)} records were not delivered: {self.errors[:5]}")
 
 
-def records_by_key(servers: str, topic: str, timeout: float = 300,
-                   after: dict[int, int] | None = None) -> dict[tuple[int, int], int]:
+def records_by_key(servers: str, topic: str, timeout: float = 300, after: dict[int, int] | None = None,
+                   offsets: dict[Any, Any] | None = None) -> dict[tuple[int, int], int]:
     """The records of `topic` read back from Kafka (each partition from `after`'s offset, if it names one):
-    (partition, offset) -> the sequence number in its key."""
+    (partition, offset) -> the sequence number in its key. `offsets`: the topic's partition offsets, when the
+    caller looked them up already."""
     from kafka_ledger.kafka.offsets import partition_offsets
     from kafka_ledger.ops.readback import read_back
 
     kafka = kafka_for(servers)
     offsets = {tp: replace(o, log_start=max(o.log_start, min((after or {}).get(tp.partition, 0), o.end)))
-               for tp, o in partition_offsets(kafka, [topic]).items()}
+               for tp, o in (offsets if offsets is not None else partition_offsets(kafka, [topic])).items()}
     return {(m.partition(), m.offset()): sequence_number(m.key()) for m in read_back(kafka, [topic], timeout, offsets)}

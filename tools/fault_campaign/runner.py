@@ -774,17 +774,18 @@ class Campaign(FaultStrikes):
         # Records produced after the last checkpoint lost their delivery reports with the process: Kafka has
         # them after the journal's last offsets, and each record's key carries its sequence number.
         journaled = landed.next_offsets()
-        in_kafka = records_by_key(self.servers, self.topic, after=journaled)
         # Kafka must still hold what it acknowledged before the interruption (a machine stopped before the broker
         # flushed): every partition still starting at 0 and ending at or after the journal's last offset. The
         # records themselves are compared with Kafka by the final check's `kafka-ledger verify --full`.
-        ends = {tp.partition: o for tp, o in partition_offsets(kafka_for(self.servers), [self.topic]).items()}
+        offsets = partition_offsets(kafka_for(self.servers), [self.topic])
+        ends = {tp.partition: o for tp, o in offsets.items()}
         short = {p: (ends[p].log_start, ends[p].end) if p in ends else None for p, after in journaled.items()
                  if p not in ends or ends[p].log_start > 0 or ends[p].end < after}
         if short:
             raise CampaignFailure(f"Kafka no longer holds the records it acknowledged before the interruption: "
                                   f"partitions {short} (log start, end) short of the journal's "
                                   f"{ {p: journaled[p] for p in short} }; the campaign cannot go on, start a new one")
+        in_kafka = records_by_key(self.servers, self.topic, after=journaled, offsets=offsets)
         for (partition, offset), seq in in_kafka.items():
             landed[partition, offset] = seq
         # Journaled now: a second interruption reads Kafka only after the journal's last offsets, past these.
