@@ -77,6 +77,15 @@ def test_the_report_shows_the_figures_and_flags_a_short_campaign():
     full = render_report({"submit": (report_data(200, 1_000_000), iterations)})
     assert "not a full campaign" not in full
     assert "| records produced | 1,000,000 |" in full and "took 2 h 30 min" in full
+    assert "Commit `abc1234`, started" in full
+
+
+def test_a_resumed_campaign_s_report_names_the_commit_of_each_session():
+    data = {**report_data(200, 1_000_000), "git_commits": ["abc1234", "def5678"], "git_commit": "def5678",
+            "sessions": 2, "interruptions": ["session 2 resumed after iteration 126: checks OK"]}
+    report = render_report({"submit": (data, [])})
+    assert "Commits `abc1234` (started), then `def5678` (resumed), started" in report
+    assert "over 2 working sessions" in report and "session 2 resumed after iteration 126" in report
 
 
 def test_a_doorbell_campaign_s_report_names_its_runs_rate_and_its_own_faults():

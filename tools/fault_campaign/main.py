@@ -112,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         if not (workdir / "state.json").exists():
             parser.error(f"{workdir} holds no saved campaign (state.json): it stopped before its first iteration")
         settings = json.loads((workdir / "campaign.json").read_text())
+        # Each session's commit, so that the report names every commit the campaign ran at.
+        if settings.setdefault("commits", [])[-1:] != [git_commit()]:
+            settings["commits"].append(git_commit())
+            (workdir / "campaign.json").write_text(json.dumps(settings, indent=2))
     else:
         tag = f"{args.seed}_{uuid.uuid4().hex[:6]}"
         workdir = Path(os.environ.get("KL_STATE", PROJECT_ROOT / ".stack")) / "fault-campaign" / tag
@@ -149,13 +153,16 @@ def main(argv: list[str] | None = None) -> int:
             command += f" --network-weight {args.network_weight}"
         if args.write_docs:
             command += f" --write-docs {args.write_docs}"
+        if args.cluster and runtime == "connect":
+            # The cluster's cores the Spark Connect server holds shape the campaign: the command says how many.
+            command = f"KL_SPARK_CONNECT_CORES={os.environ['KL_SPARK_CONNECT_CORES']} {command}"
         settings = {"command": command, "write_docs": str(args.write_docs) if args.write_docs else None,
                     "keep": args.keep, "pipeline": f"fault_campaign_{tag}", "partitions": args.partitions,
                     "runtime": runtime, "network": args.network, "sink": args.sink, "write": args.write,
                     "doorbell": args.doorbell, "carrier": args.carrier, "format": args.format,
                     "envelope": args.envelope,
                     "driver_in_cluster": args.driver_in_cluster,
-                    "topic": f"fault-campaign-{tag.replace('_', '-')}"}
+                    "topic": f"fault-campaign-{tag.replace('_', '-')}", "commits": [git_commit()]}
     if settings.get("driver_in_cluster"):
         # The submit runtime's spark-submit puts the driver on the cluster, as a deployment's connection would.
         os.environ["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({
@@ -258,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             sink.catalog().purge_table(sink.identifier)
         admin.delete_topics([topic])[topic].result(timeout=30)
     report["git_commit"] = git_commit()
+    report["git_commits"] = settings.get("commits", [report["git_commit"]])
     summary = {k: v for k, v in report.items() if k != "iterations"}
     say(json.dumps(summary, indent=2))
     if settings["write_docs"]:

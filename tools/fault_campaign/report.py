@@ -82,8 +82,11 @@ def render_campaign(data: dict[str, Any], iterations: list[dict[str, Any]]) -> l
         lines += ["**This is not a full campaign** (at least 200 faults over at least 1,000,000 records): "
                   "it is the last shorter one.", ""]
     sessions = data.get("sessions", 1)
+    commits = data.get("git_commits", [data.get("git_commit", "?")])
     lines += [
-        f"Commit `{data.get('git_commit', '?')}`, started {data['started_at']}, took {took} "
+        (f"Commit `{commits[0]}`" if len(commits) == 1 else
+         f"Commits `{commits[0]}` (started), then " + ", then ".join(f"`{c}`" for c in commits[1:]) + " (resumed)")
+        + f", started {data['started_at']}, took {took} "
         f"on a 2-core machine (Kafka 4.1.1 KRaft, PostgreSQL 15, "
         + (f"{RUNTIMES[spark].split(', ')[0]}, {ICEBERG_PUBLISH}" if iceberg else RUNTIMES[spark])
         + (", every Kafka client over the broker's SASL_SSL listener (SCRAM-SHA-512), the ledger over TLS with "
@@ -198,6 +201,11 @@ def write_docs(report: dict[str, Any], command: str, docs: Path) -> None:
     docs.mkdir(parents=True, exist_ok=True)
     (docs / f"reliability-{shape}.json").write_text(json.dumps(data, indent=2) + "\n")
     (docs / f"reliability-{shape}-iterations.json").write_text(json.dumps(report["iterations"], indent=1) + "\n")
+    regenerate(docs)
+
+
+def regenerate(docs: Path) -> None:
+    """reliability.json and reliability.md again, from the last campaign of every shape found in `docs`."""
     campaigns = {}
     # Every shape's last campaign; the production shape (most traits) first.
     shapes = [path.stem.removeprefix("reliability-") for path in docs.glob("reliability-*.json")
