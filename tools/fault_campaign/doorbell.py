@@ -23,7 +23,9 @@ killed component again. Each iteration lets the producer write its records and s
 - with `--network` (Airflow's tasks and triggerer reach Kafka, the ledger and the Spark Connect server through
   Toxiproxy), every network fault of strikes.NETWORK_FAULTS, struck in a carried batch: a latency or a slow link held
   HOLD_SECONDS while the run carries on through it, connections reset for a second, a blackhole held until the
-  carrying task has failed by its own bounds, the broker restarted while reads are slowed to 8 KB/s.
+  carrying task has failed by its own bounds (a carrier's task outlives its failing cycles, whose members' batches
+  stay open for the next: until one of its cycles has failed by those bounds), the broker restarted while reads are
+  slowed to 8 KB/s.
 
 While a strike waits for its moment and holds, the records keep coming at the campaign's rate (`--rate`), so that
 the run it strikes carries batch after batch as it would under a steady load; a triggerer or a scheduler is killed
@@ -37,6 +39,7 @@ ledger tiles each partition, no position moved back); at the end, the full recor
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections import Counter
@@ -78,6 +81,8 @@ MOMENT_SECONDS = 5.0
 # With --network: every network fault, struck in a carried batch; a latency or a slow link is held this long.
 NETWORK_STRIKES = tuple((kind, "in a carried batch") for kind in NETWORK_FAULTS)
 HOLD_SECONDS = 10.0
+# A carrier's cycle that failed, as its task logs it (runtimes/connect/carrier.py, Carrier.carry).
+FAILED_CYCLE = re.compile(r"carrier \S+: \d+ pipeline\(s\) committed .*, [1-9]\d* failed")
 
 
 class DoorbellCampaign(Campaign):
@@ -210,10 +215,40 @@ class DoorbellCampaign(Campaign):
         committed, reading = self._run_batches(run_id)
         return run_id, f"{variant}{missed} (the run had carried {committed} batch(es), {reading} open)"
 
+    def _spark_task(self, run_id: str) -> dict[str, Any] | None:
+        spark = [ti for ti in self.airflow.task_instances(self.dag_id, run_id) if ti["task_id"] == self.spark_task]
+        return spark[0] if spark else None
+
     def _spark_task_process(self, run_id: str) -> int | None:
-        spark = [ti for ti in self.airflow.task_instances(self.dag_id, run_id)
-                 if ti["task_id"] == self.spark_task]
-        return task_process(spark[0]["id"]) if spark else None
+        task = self._spark_task(run_id)
+        return task_process(task["id"]) if task else None
+
+    def _failed_cycles(self, run_id: str, try_number: int) -> int:
+        """The carrier's cycles that failed in the run's carrying task's try, by its log."""
+        lines = self.airflow.task_log(self.dag_id, run_id, self.spark_task, try_number)
+        return sum(1 for line in lines if FAILED_CYCLE.search(line))
+
+    def _bounded(self, run_id: str) -> Callable[[], bool]:
+        """Whether the carrying task has since failed by its bounds: its process ended, or (a carrier, whose task
+        goes on) a cycle of its failed."""
+        task = self._spark_task(run_id)
+        pid = task_process(task["id"]) if task else None
+        if pid is None:
+            return lambda: True
+        if self.carrier is None:
+            return lambda: not os.path.exists(f"/proc/{pid}")
+        failed_before, looked = self._failed_cycles(run_id, task["try_number"]), time.monotonic()
+
+        def bounded() -> bool:
+            nonlocal looked
+            if not os.path.exists(f"/proc/{pid}"):
+                return True
+            if time.monotonic() - looked < 1.0:  # the log is fetched whole: once a second
+                return False
+            looked = time.monotonic()
+            return self._failed_cycles(run_id, task["try_number"]) > failed_before
+
+        return bounded
 
     def strike_carrying(self, kind: str, variant: str) -> str:
         """Kill a carrying run's Spark task, in a batch or between two, or restart the Spark Connect server in one."""
@@ -237,14 +272,15 @@ class DoorbellCampaign(Campaign):
                 self.network.add(fault.proxy, f"{name}-downstream", *fault.toxic)
                 self._stack("restart-kafka")
                 return f"Kafka broker restarted {where}, its reads slowed to 8 KB/s"
+            # Its failed cycles counted before the blackhole: the next to fail is the one the blackhole's bounds end.
+            bounded = self._bounded(run_id) if fault.effect == "blackhole" else None
             for stream in fault.streams:
                 self.network.add(fault.proxy, f"{name}-{stream}", *fault.toxic, stream=stream)
             if fault.effect == "reset":
                 self._flow_for(1.0)  # every connection that carries data meanwhile is reset
             elif fault.effect == "blackhole":
                 # Until the carrying task has failed: its bounds (docs/how-it-works.md#every-wait-is-bounded) end it.
-                pid = self._spark_task_process(run_id)
-                if pid is not None and not self._flow_for(BLACKHOLE_LIMIT, lambda: not os.path.exists(f"/proc/{pid}")):
+                if not self._flow_for(BLACKHOLE_LIMIT, bounded):
                     raise CampaignFailure(f"{fault.what} on {SERVICES[fault.service]} {where}: the task still waited "
                                           f"after {BLACKHOLE_LIMIT} s")
             else:
