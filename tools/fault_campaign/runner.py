@@ -115,6 +115,8 @@ class Campaign(FaultStrikes):
         if self.network is not None and not self.network.available():
             raise CampaignFailure("network and schema registry faults need the stack's proxies: scripts/stack.sh "
                                   "proxies")
+        if self.network is not None:
+            self.network.reset()  # an interrupted campaign's strike (its clean-up never ran) may have left a toxic
         if network and self.runtime != "connect":
             raise CampaignFailure("network faults are injected in the connect runtime only")
         # `kinds`: a subset of the shape's (a short campaign of some kinds only).
