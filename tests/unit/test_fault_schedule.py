@@ -259,3 +259,23 @@ def test_avro_records_decode_with_confluent_s_deserializer_and_bad_ones_carry_th
     assert decode(records.value(8), context) == {**decode(records.value(8), context), "event_id": "s8", "note_5": ""}
     # A resumed campaign's records: the newest version of the subject.
     assert int.from_bytes(AvroRecords(client, "t").value(9)[1:5], "big") == newer
+
+
+@pytest.mark.parametrize("failed", [0, 2])
+def test_the_doorbell_campaign_sees_a_carrier_s_failed_cycle_in_the_line_the_carrier_logs(failed, monkeypatch):
+    from kafka_ledger.runtimes.connect import carrier as carrier_module
+    from tools.fault_campaign.doorbell import FAILED_CYCLE
+
+    def begin(pipelines, cycle, **_):
+        cycle.failures.update({f"member_{i}": TimeoutError("timeout expired") for i in range(failed)})
+        cycle.caught_up.append("member_caught_up")
+        return []
+
+    logged = []
+    monkeypatch.setattr(carrier_module, "log", type("Log", (), {"info": lambda self, msg, *args: logged.append(
+        msg % args)})())
+    carrier = carrier_module.Carrier("campaign", services=None)
+    monkeypatch.setattr(carrier, "begin", begin)
+    monkeypatch.setattr(carrier, "publish", lambda members, cycle: None)
+    carrier.carry([])
+    assert logged and bool(FAILED_CYCLE.search(logged[-1])) == (failed > 0)
