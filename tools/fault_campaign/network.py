@@ -18,6 +18,12 @@ def _port(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
+# Toxiproxy removes a toxic only once each of its links has written what the toxic held: a link whose reader has
+# stopped reading holds the removal, and every API call after it, until its connection closes. Seen for 6.5 minutes
+# on a Kafka link (about the five minutes after which Spark closes an idle pooled consumer).
+API_SECONDS = 600
+
+
 class Toxiproxy:
     """The stack's Toxiproxy, through its HTTP API (loopback): add a toxic to a proxy, remove it, reset all."""
 
@@ -28,7 +34,7 @@ class Toxiproxy:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.url + path, data=data, method=method,
                                          headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=API_SECONDS) as response:
             text = response.read()
         return json.loads(text) if text else None
 
