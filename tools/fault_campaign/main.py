@@ -113,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{workdir} holds no saved campaign (state.json): it stopped before its first iteration")
         settings = json.loads((workdir / "campaign.json").read_text())
         # Each session's commit, so that the report names every commit the campaign ran at.
-        if settings.setdefault("commits", [])[-1:] != [git_commit()]:
-            settings["commits"].append(git_commit())
+        commit = git_commit()
+        if settings.setdefault("commits", [])[-1:] != [commit]:
+            settings["commits"].append(commit)
             (workdir / "campaign.json").write_text(json.dumps(settings, indent=2))
     else:
         tag = f"{args.seed}_{uuid.uuid4().hex[:6]}"
