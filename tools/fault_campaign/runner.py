@@ -112,13 +112,13 @@ class Campaign(FaultStrikes):
         # Network faults: every task reaches the services through Toxiproxy; the campaign's own checks do not.
         self.network_faults = network
         self.network = Toxiproxy() if network or self.avro else None
-        if self.network is not None and not self.network.available():
-            raise CampaignFailure("network and schema registry faults need the stack's proxies: scripts/stack.sh "
-                                  "proxies")
-        if self.network is not None:
-            self.network.reset()  # an interrupted campaign's strike (its clean-up never ran) may have left a toxic
         if network and self.runtime != "connect":
             raise CampaignFailure("network faults are injected in the connect runtime only")
+        if self.network is not None:
+            if not self.network.available():
+                raise CampaignFailure("network and schema registry faults need the stack's proxies: scripts/stack.sh "
+                                      "proxies")
+            self.network.reset()  # an interrupted campaign's strike (its clean-up never ran) may have left a toxic
         # `kinds`: a subset of the shape's (a short campaign of some kinds only).
         self.kinds = kinds or fault_kinds(self.shape)
         self.seed, self.faults, self.records_per_fault = seed, faults, records_per_fault
