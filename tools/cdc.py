@@ -328,3 +328,121 @@ def change_source(cur: Any, table: str, rng: Any, changes: int, next_id: int) ->
 def events_of(changes: Counter) -> int:
     """How many records Debezium writes for `changes`."""
     return sum(EVENTS[kind] * count for kind, count in changes.items())
+
+
+# --- a source table with TOASTed values ---------------------------------------------------------------------------
+# Values over about 2 KB are TOASTed: an UPDATE that leaves one unchanged logs no copy of it (REPLICA IDENTITY
+# DEFAULT), and Debezium's event holds its placeholder instead, in text, jsonb, array and bytea columns alike; so does
+# the create event of a primary-key change.
+
+TOASTED_COLUMNS = ("id", "n", "note", "doc", "tags", "raw")
+# As a pipeline declares them today: jsonb as its JSON text, bytea as the JsonConverter's base64, an array as JSON.
+TOASTED_DECLARED = [
+    {"name": "id", "type": "long"},
+    {"name": "n", "type": "int", "required": True},
+    {"name": "note", "type": "string"},
+    {"name": "doc", "type": "string"},
+    {"name": "tags", "type": "jsonb"},
+    {"name": "raw", "type": "string"},
+]
+
+
+def create_toasted_table(cur: Any, table: str, replica_identity: str = "DEFAULT") -> None:
+    cur.execute(f"DROP TABLE IF EXISTS {table}")
+    cur.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, n int NOT NULL, note text, doc jsonb, tags text[], "
+                "raw bytea)")
+    cur.execute(f"ALTER TABLE {table} REPLICA IDENTITY {replica_identity}")
+
+
+def _toasted_values(rng: Any) -> tuple:
+    """A row's note, doc, tags and raw: each long (TOASTed: random text does not compress below 2 KB) or short."""
+    def text(big: bool) -> str:
+        return "".join(rng.choice("abcdefghijklmnopqrstuvwxyzéß0123456789") for _ in range(
+            rng.randrange(2500, 7000) if big else rng.randrange(0, 40)))
+
+    doc = {"text": text(rng.random() < 0.6), "n": rng.randrange(10**6)}
+    tags = [text(rng.random() < 0.3) for _ in range(rng.randrange(0, 3))]
+    raw = bytes(rng.randrange(256) for _ in range(rng.randrange(2500, 6000) if rng.random() < 0.5 else 16))
+    return (text(rng.random() < 0.7) if rng.random() < 0.9 else None, json.dumps(doc), tags,
+            raw if rng.random() < 0.9 else None)
+
+
+def change_toasted_source(cur: Any, table: str, rng: Any, changes: int, next_id: int) -> tuple[Counter, int]:
+    """`changes` random changes to a TOASTed table, one transaction each: inserts, updates of `n` alone (every
+    TOASTed value unchanged: placeholders), updates of one TOASTed column (the others unchanged), deletes, primary-key
+    changes (often of a row just updated, and sometimes twice in a row: the create's placeholders then come from the
+    row the change moved). Returns (the changes made by kind, the next free id)."""
+    import psycopg2
+
+    cur.execute(f"SELECT id FROM {table}")
+    live = [row[0] for row in cur.fetchall()]
+    made: Counter = Counter()
+    for _ in range(changes):
+        roll = rng.random()
+        if not live or roll < 0.2:
+            note, doc, tags, raw = _toasted_values(rng)
+            cur.execute(f"INSERT INTO {table} VALUES (%s, %s, %s, %s, %s, %s)",
+                        (next_id, rng.randrange(1000), note, doc, tags, psycopg2.Binary(raw) if raw else None))
+            live.append(next_id)
+            next_id += 1
+            made["insert"] += 1
+        elif roll < 0.6:
+            cur.execute(f"UPDATE {table} SET n = n + 1 WHERE id = %s", (rng.choice(live),))
+            made["update"] += 1
+        elif roll < 0.72:
+            note, doc, tags, raw = _toasted_values(rng)
+            column, value = rng.choice([("note", note), ("doc", doc), ("tags", tags),
+                                        ("raw", psycopg2.Binary(raw) if raw else None)])
+            cur.execute(f"UPDATE {table} SET {column} = %s, n = n + 1 WHERE id = %s", (value, rng.choice(live)))
+            made["update"] += 1
+        elif roll < 0.82:
+            cur.execute(f"DELETE FROM {table} WHERE id = %s", (live.pop(rng.randrange(len(live))),))
+            made["delete"] += 1
+        else:
+            old = live.pop(rng.randrange(len(live)))
+            if rng.random() < 0.5:
+                cur.execute(f"UPDATE {table} SET n = n + 1 WHERE id = %s", (old,))
+                made["update"] += 1
+            for _ in range(2 if rng.random() < 0.3 else 1):
+                cur.execute(f"UPDATE {table} SET id = %s WHERE id = %s", (next_id, old))
+                made["key change"] += 1
+                old, next_id = next_id, next_id + 1
+            live.append(old)
+    return made, next_id
+
+
+def toasted_rows(cur: Any, table: str) -> dict[int, tuple]:
+    """The TOASTed table's rows by id, as the declared columns (TOASTED_DECLARED) hold them: (n, note, doc's JSON text,
+    tags, raw in base64)."""
+    cur.execute(f"SELECT id, n, note, doc::text, to_jsonb(tags), encode(raw, 'base64') FROM {table}")
+    return {row[0]: (row[1], row[2], row[3], row[4], None if row[5] is None else row[5].replace("\n", ""))
+            for row in cur.fetchall()}
+
+
+def records_with(servers: str, topic: str, needle: bytes) -> int:
+    """How many of the topic's records hold `needle` in their value (read with a consumer of its own)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from kafka_ledger.config.settings import kafka_for
+
+    consumer = Consumer(kafka_for(servers).confluent(**{"group.id": "kafka-ledger-cdc-look",
+                                                        "enable.auto.commit": False}))
+    found = 0
+    try:
+        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+        for partition in metadata.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            if high <= low:
+                continue
+            consumer.assign([TopicPartition(topic, partition, low)])
+            read = low
+            while read < high:
+                message = consumer.poll(10)
+                if message is None:
+                    raise RuntimeError(f"{topic}-{partition}: no record at offset {read} within 10 s")
+                if message.error() is None:
+                    found += needle in (message.value() or b"")
+                    read = message.offset() + 1
+    finally:
+        consumer.close()
+    return found

@@ -30,6 +30,7 @@ from integration_support import (  # noqa: E402
     topic_name,
 )
 
+from tools import cdc  # noqa: E402
 from tools.kafka_topics import create_topic  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -209,6 +210,19 @@ PIPELINES = {
                           "topics": [f"{topic_name(f'cdc_{runtime}')}.public.customers_{runtime}"],
                           "max_records_per_partition": 40}
        for runtime in ("connect", "submit")},
+    # A source table whose updates leave TOASTed values unchanged (test_debezium.py): batches small enough to cut
+    # through a key's updates and its primary-key changes, whose two events are in different partitions (in the
+    # connect runtime; spark-submit's batches, seconds each, are fewer).
+    **{f"toast_{runtime}": {"spark_runtime": runtime, "retries": 0, "write": "upsert", "key": ["id"],
+                            "value": {"format": "json", "envelope": "debezium"}, "columns": cdc.TOASTED_DECLARED,
+                            "topics": [f"{topic_name(f'toast_{runtime}')}.public.toasted_{runtime}"],
+                            "max_records_per_partition": cap}
+       for runtime, cap in (("connect", 9), ("submit", 50))},
+    # Change events that lack values, made by hand and produced in the order a test needs (test_change_events.py).
+    "lacking": {"spark_runtime": "connect", "retries": 0, "write": "upsert", "key": ["id"],
+                "value": {"format": "json", "envelope": "debezium"},
+                "columns": [{"name": "id", "type": "long"}, {"name": "n", "type": "int"},
+                            {"name": "note", "type": "string", "required": True}, {"name": "doc", "type": "string"}]},
     # The mirror's failures and verify's report of a mirror that differs (test_consumer_group_mirror.py).
     "mirror": {"spark_runtime": "connect", "retries": 0, "mirror_consumer_group": f"kafka-ledger.it-{RUN}-mirror"},
     # Over the broker's SASL_SSL listener, in each Spark runtime (test_secured_kafka.py).

@@ -306,6 +306,17 @@ def assert_exactly_once(dsn: str, servers: str, pipeline, expected_dead: dict[tu
     positions_equal_end_offsets(dsn, servers, pipeline)
 
 
+def drain(dsn: str, servers: str, pipeline, most: int = 40) -> int:
+    """Catch-up batches, each run here and now, until the positions reach Kafka's ends; returns how many ran."""
+    services = services_for(dsn, servers)
+    for runs in range(most + 1):
+        planned = plan_next_batch(services, pipeline)
+        if planned.batch_id is None:
+            return runs
+        run_batch(pipeline, planned.batch_id, services)
+    raise AssertionError(f"the pipeline did not catch up in {most} batches")
+
+
 def catch_up(dsn, servers, pipeline):
     planned = plan_next_batch(services_for(dsn, servers), pipeline)
     run_batch(pipeline, planned.batch_id, services_for(dsn, servers))

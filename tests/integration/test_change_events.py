@@ -174,3 +174,82 @@ def test_avro_change_events_through_the_registry_decode_to_their_changes(spark):
     assert {o: error for o, (error, _, _) in lean.items() if error is not None} == {
         4: "truncate event (op t): not applied to an entity table (to apply it, delete the table's rows yourself)",
         5: "required field 'after.first_name' is missing or null"}
+
+
+PLACEHOLDER = "__debezium_unavailable_value"
+
+
+def _change(op: str, id_: int, row: dict | None = None) -> bytes:
+    """A change event as Debezium's JsonConverter writes it without schemas (a delete's before: the key alone)."""
+    return json.dumps({"before": {"id": id_} if op == "d" else None,
+                       "after": None if op == "d" else {"id": id_, **(row or {})},
+                       "source": {"lsn": 1}, "op": op, "ts_ms": 1}).encode()
+
+
+def test_the_merge_fills_what_change_events_lack_or_parks_them_or_dead_letters_them(
+        dsn, servers, pipeline_factory, producer):
+    """Values Debezium did not send (its placeholder) are filled from the entity as it was: from an earlier event of
+    the batch, from the entity table, from the row a primary-key change moved; a change's create read before its
+    delete (in another partition) waits, parked with its key's later events, until a batch reads the delete; a value
+    found nowhere is a dead letter saying so; a replay changes nothing."""
+    from integration_support import cli, drain, query
+
+    pipeline = pipeline_factory("lacking", partitions=2)
+    topic = pipeline.topics[0]
+    table = f"{pipeline.output_schema}.{pipeline.output_table}"
+
+    def send(partition: int, events: list[tuple[int, bytes | None, dict[str, bytes] | None]]) -> None:
+        producer.send(topic, [value for _, value, _ in events], partition=partition,
+                      keys=[json.dumps({"id": id_}).encode() for id_, _, _ in events],
+                      headers=[list((headers or {}).items()) for _, _, headers in events])
+
+    def entities() -> dict[int, tuple]:
+        return {row[0]: tuple(row[1:]) for row in query(dsn, f"SELECT id, n, note, doc FROM {table}")}
+
+    def change_tables() -> tuple[int, int]:
+        return tuple(query(dsn, f'SELECT count(*) FROM kafka_ledger_tombstones."{pipeline.name}${name}"')[0][0]
+                     for name in ("moved", "parked"))
+
+    # Filled from the batch's earlier event, and from the table's row.
+    send(0, [(1, _change("c", 1, {"n": 1, "note": "A", "doc": "D1"}), None),
+             (1, _change("u", 1, {"n": 2, "note": PLACEHOLDER, "doc": PLACEHOLDER}), None),
+             (4, _change("c", 4, {"n": 1, "note": "N4", "doc": "D4"}), None)])
+    drain(dsn, servers, pipeline)
+    send(0, [(1, _change("u", 1, {"n": 3, "note": "A2", "doc": PLACEHOLDER}), None)])
+    drain(dsn, servers, pipeline)
+    assert entities() == {1: (3, "A2", "D1"), 4: (1, "N4", "D4")}
+
+    # Key 4 becomes 5: the create (partition 1) is read before the delete (partition 0): it waits, with the update
+    # after it, and entity 4 stays as it was.
+    send(1, [(5, _change("c", 5, {"n": 2, "note": PLACEHOLDER, "doc": PLACEHOLDER}),
+              {"__debezium.oldkey": b'{"id":4}'}),
+             (5, _change("u", 5, {"n": 9, "note": PLACEHOLDER, "doc": "D5"}), None)])
+    drain(dsn, servers, pipeline)
+    assert entities() == {1: (3, "A2", "D1"), 4: (1, "N4", "D4")}
+    assert change_tables() == (0, 2)
+    # Then entity 4's last update and the delete of the change: the create takes 4's row as it stood.
+    send(0, [(4, _change("u", 4, {"n": 2, "note": "N4b", "doc": PLACEHOLDER}), None),
+             (4, _change("d", 4), {"__debezium.newkey": b'{"id":5}'}),
+             (4, None, {"__debezium.newkey": b'{"id":5}'})])
+    drain(dsn, servers, pipeline)
+    assert entities() == {1: (3, "A2", "D1"), 5: (9, "N4b", "D5")}
+    assert change_tables() == (0, 0)
+    assert query(dsn, "SELECT count(*) FROM kafka_ledger.dead_letters WHERE pipeline = %s", pipeline.name) == [(0,)]
+
+    # An update of an entity never seen: a dead letter saying why, the placeholder never stored.
+    send(1, [(7, _change("u", 7, {"n": 1, "note": PLACEHOLDER, "doc": "D7"}), None)])
+    drain(dsn, servers, pipeline)
+    assert 7 not in entities()
+    assert query(dsn, "SELECT kafka_partition, error FROM kafka_ledger.dead_letters WHERE pipeline = %s",
+                 pipeline.name) == [(1, "field 'after.note' holds Debezium's unavailable-value placeholder (a value "
+                                        "the source did not log: unchanged and TOASTed), and no earlier value of the "
+                                        "entity is known to keep: the entity table has no row of it (with REPLICA "
+                                        "IDENTITY FULL on the source table, Debezium sends such values)")]
+
+    # A replay of everything: the same entities, the same one dead letter.
+    code, data, err = cli("replay", pipeline.name, f"--range={topic}:0:0:7", f"--range={topic}:1:0:3",
+                          "--reason", "replay over lacking values")
+    assert code == 0, (data, err)
+    assert entities() == {1: (3, "A2", "D1"), 5: (9, "N4b", "D5")}
+    assert query(dsn, "SELECT count(*) FROM kafka_ledger.dead_letters WHERE pipeline = %s", pipeline.name) == [(1,)]
+    assert change_tables() == (0, 0)

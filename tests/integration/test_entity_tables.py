@@ -17,6 +17,7 @@ from integration_support import (
     COMPACT_NOW,
     batches,
     cli,
+    drain,
     pipeline_name,
     positions_equal_end_offsets,
     query,
@@ -24,10 +25,10 @@ from integration_support import (
 )
 from psycopg2.extras import execute_values
 
-from kafka_ledger.batch.plan import plan_batch, plan_next_batch
+from kafka_ledger.batch.plan import plan_batch
 from kafka_ledger.config.pipeline import get_pipeline
 from kafka_ledger.config.services import LedgerDatabase
-from kafka_ledger.config.settings import kafka_for, services_for
+from kafka_ledger.config.settings import kafka_for
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ops import readback as audit
 from kafka_ledger.runtimes import run_batch
@@ -90,16 +91,6 @@ def assert_matches_kafka(dsn: str, servers: str, pipeline) -> dict:
     assert stored(dsn, pipeline) == expected
     positions_equal_end_offsets(dsn, servers, pipeline)
     return expected[0]
-
-
-def drain(dsn: str, servers: str, pipeline) -> None:
-    """Catch-up batches until the positions reach Kafka's ends (batches are capped at 7 offsets per partition)."""
-    for _ in range(20):
-        planned = plan_next_batch(services_for(dsn, servers), pipeline)
-        if planned.batch_id is None:
-            return
-        run_batch(pipeline, planned.batch_id, services_for(dsn, servers))
-    raise AssertionError("the pipeline did not catch up in 20 batches")
 
 
 def produce(servers: str, topic: str, records: list[tuple[str | None, bytes | None, int | None]]) -> None:

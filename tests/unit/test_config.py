@@ -232,6 +232,37 @@ def test_change_events_go_into_an_entity_table_named_by_the_row_image():
     assert avro.columns_from_reader_schema
 
 
+def test_a_change_events_placeholder_is_debeziums_unless_declared_and_only_with_its_envelope():
+    from kafka_ledger.model import debezium
+    from kafka_ledger.sinks import sink_for
+
+    entity = dict(write="upsert", key="[id]", columns="[{name: id, type: long}, {name: note, type: string}]")
+    events = parse_pipelines(pipeline_yaml(**entity) + "    value: {envelope: debezium}\n")["p"]
+    assert events.value.unavailable_value == "__debezium_unavailable_value" == debezium.UNAVAILABLE_PLACEHOLDER
+    own = parse_pipelines(pipeline_yaml(**entity) + "    value: {envelope: debezium, unavailable_value: '#gone'}\n")
+    assert own["p"].value.unavailable_value == "#gone"
+    assert "unavailable_value applies to envelope debezium" in config_error(
+        pipeline_yaml() + "    value: {unavailable_value: '#gone'}\n")
+    # The entity sink publishes what the merge needs to fill them, and so does its staging table.
+    published = sink_for(events).published_columns()
+    assert list(published)[-6:] == ["kafka_tombstone", "kafka_unavailable", "kafka_old_key", "kafka_new_key",
+                                    "kafka_held_key", "kafka_held_value"]
+    assert [c.name for c in sink_for(events).staged_extra()] == list(published)[-6:]
+    assert not {"kafka_unavailable", "kafka_old_key"} & set(sink_for(parse_pipelines(pipeline_yaml(
+        **entity))["p"]).published_columns())
+
+
+def test_every_form_of_the_placeholder_debezium_writes():
+    from kafka_ledger.model import debezium
+
+    assert debezium.placeholder_texts("__debezium_unavailable_value") == (
+        "__debezium_unavailable_value", "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ==",
+        "5f5f646562657a69756d5f756e617661696c61626c655f76616c7565",
+        "5F5F646562657A69756D5F756E617661696C61626C655F76616C7565", '["__debezium_unavailable_value"]')
+    assert debezium.placeholder_bytes("hex:00ff") == b"\x00\xff"
+    assert debezium.placeholder_texts("hex:6869")[:2] == ("hi", "aGk=")
+
+
 def test_a_change_events_columns_read_the_row_image_unless_they_name_the_events_own_fields():
     from kafka_ledger.formats.envelope import OP_COLUMN, DebeziumChanges
 

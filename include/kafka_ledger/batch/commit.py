@@ -160,16 +160,17 @@ class Written(Publication):
         attempt = batch.staged_attempt
         params = {"batch_id": batch.batch_id, "attempt": attempt, "pipeline": pipeline.name}
         if writes_output_directly(pipeline, batch):
-            replaced, written = 0, None  # the Spark job appended them already
+            replaced, written, dead_in_sink = 0, None, 0  # the Spark job appended them already
         else:
             staged = ledger.staged_read_stats(p.cur, pipeline, batch.batch_id, attempt)
             problems = check_read_coverage(batch.ranges, staged)
             if problems:
                 raise CommitError(f"batch {batch.batch_id} staged rows do not match its ranges: " + "; ".join(problems))
             replaced = p.remove_published()
-            written = p.sink.publish_staged(p.cur, batch.batch_id, attempt)
+            wrote = p.sink.publish_staged(p.cur, batch, attempt)
+            written, dead_in_sink = wrote.published, wrote.dead_letters
         p.cur.execute(sql.INSERT_DEAD_LETTERS.format(staging=sql.staging_table(pipeline)), params)
-        dead = p.cur.rowcount
+        dead = p.cur.rowcount + dead_in_sink
         failpoints.hit("commit_after_publish")
         if written is None:
             written = (batch.records_read or 0) - dead
@@ -199,12 +200,13 @@ class Streamed(Publication):
         replaced = p.remove_published()
         stream = CopyStream(self.tables, sink.published_columns(), batch.batch_id)
         try:
-            written = sink.copy_rows(p.cur, stream)
+            wrote = sink.copy_rows(p.cur, batch, stream)
         except psycopg2.Error:
             if stream.error is not None:  # the read failed: say why, not that COPY was cancelled
                 raise stream.error from None
             raise
-        dead = p.copy_dead_letters(stream.dead_letter_lines())
+        written = wrote.published
+        dead = wrote.dead_letters + p.copy_dead_letters(stream.dead_letter_lines())
         copied = time.monotonic()
         clock = self.clock
         if stream.first_rows_at is not None:

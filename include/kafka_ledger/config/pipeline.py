@@ -238,6 +238,11 @@ class ValueSpec(BaseModel):
                     "and u upsert its row image `after`, d deletes its entity, the Kafka tombstone that follows a "
                     "delete changes nothing; a column's `path` reads the row image unless it starts with one of the "
                     "event's own fields (`op`, `source.lsn`, `ts_ms`) ([Change events](#change-events-debezium))")
+    unavailable_value: str = Field(
+        default=debezium.UNAVAILABLE_PLACEHOLDER, min_length=1,
+        description="envelope `debezium`: the connector's `unavailable.value.placeholder`, what its change events hold "
+                    "in place of a value Postgres did not log (an unchanged TOASTed value); such a column keeps the "
+                    "entity's value, never the placeholder ([Unchanged TOASTed values](#unchanged-toasted-values))")
 
     @model_validator(mode="after")
     def _options_of_the_format(self) -> ValueSpec:
@@ -245,6 +250,8 @@ class ValueSpec(BaseModel):
             raise ValueError("framing applies to format json: Avro values are always in Confluent's wire format")
         if self.format != "avro" and self.subject is not None:
             raise ValueError("subject applies to format avro")
+        if self.envelope != "debezium" and "unavailable_value" in self.model_fields_set:
+            raise ValueError("unavailable_value applies to envelope debezium")
         return self
 
     def subject_of(self, topic: str) -> str:
@@ -754,8 +761,9 @@ class PipelineConfig(BaseModel):
 
     @property
     def reads_headers(self) -> bool:
-        """Whether a column reads a Kafka header (the read then asks Spark for the records' headers)."""
-        return any(c.source_kind == "header" for c in self._known_columns())
+        """Whether a column reads a Kafka header, or the envelope does (a change event's primary-key change names
+        the other key in one): the read then asks Spark for the records' headers."""
+        return self.value.envelope == "debezium" or any(c.source_kind == "header" for c in self._known_columns())
 
     @property
     def dag_id(self) -> str:

@@ -23,12 +23,16 @@ if TYPE_CHECKING:
 class FieldRead:
     """One declared column as its format read it: the value (NULL when absent or unreadable), the format's reasons
     why it cannot be published (each NULL when it can; the first non-NULL wins), and `cheap_ok`, a cheap expression
-    true only when every one of those reasons is NULL (the lean path's proof; None: check the reasons themselves)."""
+    true only when every one of those reasons is NULL (the lean path's proof; None: check the reasons themselves),
+    and `raw_text`."""
 
     column: ColumnSpec
     value: Column
     problems: list[Column] = field(default_factory=list)
     cheap_ok: Column | None = None
+    # The field as the record carried it, where it was text the value's kind does not read as it is (a JSON string
+    # in a jsonb column): what an envelope compares with a producer's placeholder. None: `value` tells.
+    raw_text: Column | None = None
 
 
 @dataclass(frozen=True)

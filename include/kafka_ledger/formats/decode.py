@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from kafka_ledger.formats import validate
 from kafka_ledger.formats.avro import AvroFormat
-from kafka_ledger.formats.base import ValueFormat
+from kafka_ledger.formats.base import FieldRead, ValueFormat
 from kafka_ledger.formats.json import JsonFormat
 
 if TYPE_CHECKING:
@@ -40,6 +40,15 @@ def _all(checks: list[Column]) -> Column:
     return good
 
 
+def _without_value(read: FieldRead, lacks: Column) -> FieldRead:
+    """The column where the record lacks its value (`lacks`): NULL, with none of the format's problems (the envelope
+    says what becomes of it)."""
+    from pyspark.sql import functions as F
+
+    return FieldRead(read.column, F.when(~lacks, read.value), [F.when(~lacks, problem) for problem in read.problems],
+                     None if read.cheap_ok is None else lacks | read.cheap_ok, read.raw_text)
+
+
 def decode_records(records: DataFrame, pipeline: PipelineConfig, envelope: Envelope, *,
                    lean: bool = True, fmt: ValueFormat | None = None) -> DataFrame:
     """Kafka source rows -> Kafka coordinates, raw key and value, `error` (NULL: publishable), the declared columns
@@ -56,16 +65,23 @@ def decode_records(records: DataFrame, pipeline: PipelineConfig, envelope: Envel
     read_as = envelope.reading(pipeline)
     frame = fmt.parse(records, read_as, keep)
     reading = fmt.read(read_as)
-    values = {read.column.name: read.value for read in reading.fields}
-    column_problems = [problem for read in reading.fields
-                       for problem in (*read.problems, *validate.value_problems(read))]
-    required = [check for read in reading.fields if (check := validate.required(read)) is not None]
+    unavailable: dict[str, Column] = {}
+    fields: list[FieldRead] = []
+    for read in reading.fields:
+        lacks = envelope.unavailable(pipeline, read)
+        if lacks is not None:
+            unavailable[read.column.name] = lacks
+            read = _without_value(read, lacks)
+        fields.append(read)
+    values = {read.column.name: read.value for read in fields}
+    column_problems = [problem for read in fields for problem in (*read.problems, *validate.value_problems(read))]
+    required = [check for read in fields if (check := validate.required(read)) is not None]
     found = envelope.unexpected(reading.unexpected) if reading.unexpected is not None else None
     unexpected = [validate.unexpected_fields(found)] if found is not None else []
     reason = F.coalesce(*reading.first, *column_problems, *required, *unexpected, *reading.last)
     if lean:
-        cheap = [*envelope.cheap_ok(pipeline, values), *reading.cheap_ok]
-        for read in reading.fields:
+        cheap = [*envelope.cheap_ok(pipeline, values, unavailable), *reading.cheap_ok]
+        for read in fields:
             cheap.append(read.cheap_ok if read.cheap_ok is not None else _all([p.isNull() for p in read.problems]))
             cheap += [p.isNull() for p in validate.value_problems(read)]
             if read.column.required:
@@ -74,7 +90,7 @@ def decode_records(records: DataFrame, pipeline: PipelineConfig, envelope: Envel
             cheap.append(validate.no_unexpected_fields(found))
         # A record passing every cheap check has no reason: `reason` is worked out for the others only.
         reason = F.when(~_all(cheap), reason)
-    enveloped = envelope.apply(pipeline, reason, values)
+    enveloped = envelope.apply(pipeline, reason, values, unavailable)
     return frame.select(
         F.col("topic").alias("kafka_topic"),
         F.col("partition").alias("kafka_partition"),

@@ -11,6 +11,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kafka_ledger.formats.json import json_path
+from kafka_ledger.model import columns as ledger_columns
 from kafka_ledger.model import debezium
 from kafka_ledger.model.columns import TOMBSTONE
 from kafka_ledger.model.kinds import STRING, StringKind
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column
 
     from kafka_ledger.config.pipeline import ColumnSpec, PipelineConfig
+    from kafka_ledger.formats.base import FieldRead
 
 
 @dataclass(frozen=True)
@@ -34,37 +37,48 @@ class Envelope(ABC):
     """How records become rows."""
 
     @abstractmethod
-    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column]) -> list[Column]:
+    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column],
+                 unavailable: dict[str, Column]) -> list[Column]:
         """Cheap expressions that, all true, prove the envelope adds no reason of its own (`values`: the columns of
-        `reading(pipeline)` as the format read them)."""
+        `reading(pipeline)` as the format read them; `unavailable`: as `unavailable` found them)."""
 
     def reading(self, pipeline: PipelineConfig) -> PipelineConfig:
         """The pipeline as the format reads the records: its own columns, unless the envelope moves or adds some."""
         return pipeline
 
+    def unavailable(self, pipeline: PipelineConfig, read: FieldRead) -> Column | None:
+        """True where the record carries no value for the column but a placeholder of its producer's (a change
+        event's unchanged TOASTed value): the column then reads as NULL with none of its problems, and `apply` says
+        what becomes of it. None: the column's value is always the record's."""
+        return None
+
     @abstractmethod
-    def apply(self, pipeline: PipelineConfig, error: Column, values: dict[str, Column]) -> Enveloped:
-        """The record's reason (given the format's and the checks' `error`) and its values, for the output."""
+    def apply(self, pipeline: PipelineConfig, error: Column, values: dict[str, Column],
+              unavailable: dict[str, Column]) -> Enveloped:
+        """The record's reason (given the format's and the checks' `error`) and its values, for the output
+        (`unavailable`: the columns `unavailable` named, and where they lack their value)."""
 
     def unexpected(self, found: Column) -> Column:
         """Of the fields no column reads (sorted paths), those that make a record a dead letter."""
         return found
 
     @property
-    def extra_columns(self) -> list[str]:
+    def extra_columns(self) -> tuple[ledger_columns.Column, ...]:
         """Columns the envelope adds to the decoded rows."""
-        return []
+        return ()
 
 
 class AppendRecords(Envelope):
     """Every record is a row; a record without a value (a tombstone) is a dead letter."""
 
-    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column]) -> list[Column]:
+    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column],
+                 unavailable: dict[str, Column]) -> list[Column]:
         from pyspark.sql import functions as F
 
         return [F.col("value").isNotNull()]
 
-    def apply(self, pipeline: PipelineConfig, error: Column, values: dict[str, Column]) -> Enveloped:
+    def apply(self, pipeline: PipelineConfig, error: Column, values: dict[str, Column],
+              unavailable: dict[str, Column]) -> Enveloped:
         from pyspark.sql import functions as F
 
         return Enveloped(F.when(F.col("value").isNull(), F.lit("null value (tombstone)")).otherwise(error), values, [])
@@ -76,16 +90,18 @@ class KeyedChanges(Envelope):
     and Debezium write keys) or, for a single key column, that column's value as text; a key column read from the
     Kafka key itself (`source: key`) has its value either way."""
 
-    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column]) -> list[Column]:
+    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column],
+                 unavailable: dict[str, Column]) -> list[Column]:
         from pyspark.sql import functions as F
 
         return [F.col("value").isNotNull()]
 
     @property
-    def extra_columns(self) -> list[str]:
-        return [TOMBSTONE.name]
+    def extra_columns(self) -> tuple[ledger_columns.Column, ...]:
+        return (TOMBSTONE,)
 
-    def apply(self, pipeline: PipelineConfig, error: Column, values: dict[str, Column]) -> Enveloped:
+    def apply(self, pipeline: PipelineConfig, error: Column, values: dict[str, Column],
+              unavailable: dict[str, Column]) -> Enveloped:
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
@@ -151,20 +167,55 @@ class DebeziumChanges(Envelope):
         return {c.name: values[_old_key_column(c)] if c.source_kind == "value" else values[c.name]
                 for c in pipeline.key_columns}
 
-    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column]) -> list[Column]:
+    def unavailable(self, pipeline: PipelineConfig, read: FieldRead) -> Column | None:
+        """A row-image column holding the connector's placeholder (`value.unavailable_value`) in any form Debezium
+        writes it (model/debezium.py), as the format carried it or as the column's kind read it."""
+        from pyspark.sql import functions as F
+
+        column = read.column
+        if column.source_kind != "value" or column.field_path[:1] != (debezium.ROW_IMAGE,):
+            return None
+        texts = debezium.placeholder_texts(pipeline.value.unavailable_value)
+        checks = [check for check in (column.type.holds_one_of(read.value, texts),
+                                      None if read.raw_text is None else read.raw_text.isin(*texts))
+                  if check is not None]
+        if not checks:
+            return None
+        found = checks[0]
+        for check in checks[1:]:
+            found = found | check
+        return F.coalesce(found, F.lit(False))
+
+    @staticmethod
+    def _fillable(pipeline: PipelineConfig, unavailable: dict[str, Column]) -> list[str]:
+        """The columns whose unavailable value the merge keeps from the entity: all but its key."""
+        return [name for name in unavailable if name not in pipeline.key]
+
+    @staticmethod
+    def _carried(values: dict[str, Column], unavailable: dict[str, Column], name: str) -> Column:
+        """Whether the event carries the column: a value, or a placeholder the merge fills."""
+        value = values[name].isNotNull()
+        return value | unavailable[name] if name in unavailable else value
+
+    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column],
+                 unavailable: dict[str, Column]) -> list[Column]:
         from pyspark.sql import functions as F
 
         op = values[OP_COLUMN]
         upsert = op.isin(*debezium.UPSERT_OPS)
         for c in pipeline.columns:
             if c.required:
-                upsert = upsert & values[c.name].isNotNull()
+                upsert = upsert & self._carried(values, unavailable, c.name)
+        for name in pipeline.key:
+            if name in unavailable:
+                upsert = upsert & ~unavailable[name]
         delete = op == F.lit(debezium.DELETE_OP)
         for key in self._keys(pipeline, values).values():
             delete = delete & key.isNotNull()
         return [F.col("value").isNotNull(), F.coalesce(upsert | delete, F.lit(False))]
 
-    def apply(self, pipeline: PipelineConfig, error: Column, values: dict[str, Column]) -> Enveloped:
+    def apply(self, pipeline: PipelineConfig, error: Column, values: dict[str, Column],
+              unavailable: dict[str, Column]) -> Enveloped:
         from pyspark.sql import functions as F
 
         op = values[OP_COLUMN]
@@ -180,7 +231,10 @@ class DebeziumChanges(Envelope):
             .when(~upsert & ~delete, F.concat(F.lit("unknown op '"), op, F.lit("' (a change event's op is c, r, u "
                                                                                  "or d)"))))
         moved = {c.name: c for c in self.reading(pipeline).columns}
-        required = [F.when(upsert & values[c.name].isNull(), F.lit(moved[c.name].required_reason))
+        unnamed = [F.when(upsert & unavailable[name], F.lit(
+            f"{moved[name].label} holds Debezium's unavailable-value placeholder: a key column must carry its value"))
+                   for name in pipeline.key if name in unavailable]
+        required = [F.when(upsert & ~self._carried(values, unavailable, c.name), F.lit(moved[c.name].required_reason))
                     for c in pipeline.columns if c.required]
         keys = self._keys(pipeline, values)
         where = {c.name: (moved[_old_key_column(c)] if c.source_kind == "value" else c).label
@@ -188,19 +242,55 @@ class DebeziumChanges(Envelope):
         missing = [F.when(delete & keys[name].isNull(), F.lit(
             f"delete event (op d) without its key: {where[name]} is null (the source table's REPLICA IDENTITY "
             "must hold the key)")) for name in pipeline.key]
-        reason = F.when(no_value, F.lit(None).cast("string")).otherwise(F.coalesce(error, op_problem, *required,
-                                                                                     *missing))
+        reason = F.when(no_value, F.lit(None).cast("string")).otherwise(F.coalesce(error, op_problem, *unnamed,
+                                                                                     *required, *missing))
         changed = {}
         for c in pipeline.columns:
             row_value = values[c.name]
             old = keys.get(c.name, F.lit(None).cast(c.type.spark_type()))
             changed[c.name] = F.when(no_value, F.lit(None).cast(c.type.spark_type())).when(delete, old).otherwise(
                 row_value)
-        return Enveloped(reason, changed, [(no_value | delete).alias(TOMBSTONE.name)])
+        upserted = ~no_value & upsert
+        fillable = self._fillable(pipeline, unavailable)
+        lacking = F.lit(None).cast("string")
+        if fillable:
+            any_lacking = unavailable[fillable[0]]
+            for name in fillable[1:]:
+                any_lacking = any_lacking | unavailable[name]
+            names = F.array_compact(F.array(*[F.when(unavailable[name], F.lit(name)) for name in fillable]))
+            lacking = F.when(upserted & any_lacking, F.to_json(names))
+        held = lacking.isNotNull()
+        return Enveloped(reason, changed, [
+            (no_value | delete).alias(TOMBSTONE.name),
+            lacking.alias(ledger_columns.UNAVAILABLE.name),
+            F.when(upserted, self._header_key(pipeline, debezium.OLD_KEY_HEADER)).alias(ledger_columns.OLD_KEY.name),
+            F.when(~no_value & delete, self._header_key(pipeline, debezium.NEW_KEY_HEADER))
+            .alias(ledger_columns.NEW_KEY.name),
+            F.when(held, F.col("key")).alias(ledger_columns.HELD_KEY.name),
+            F.when(held, F.col("value")).alias(ledger_columns.HELD_VALUE.name),
+        ])
+
+    @staticmethod
+    def _header_key(pipeline: PipelineConfig, header: str) -> Column:
+        """The key a primary-key change's header names (a JSON object of the source key's fields), as a JSON object
+        of the key columns, typed as they are; NULL without the header, or when a key column is not a field of the
+        row image or of the Kafka key (then the change's entities cannot be linked)."""
+        from pyspark.sql import functions as F
+
+        matching = F.filter(F.col("headers"), lambda h: h["key"] == F.lit(header))
+        text = F.try_element_at(matching, F.lit(1))["value"].cast("string")
+        fields = []
+        for c in pipeline.key_columns:
+            if c.source_kind == "header" or not c.field_path:
+                return F.lit(None).cast("string")
+            token = F.get_json_object(text, json_path(c.field_path))
+            fields.append((token if isinstance(c.type, StringKind) else F.trim(token).try_cast(c.type.spark_type()))
+                          .alias(c.name))
+        return F.when(text.isNotNull(), F.to_json(F.struct(*fields)))
 
     @property
-    def extra_columns(self) -> list[str]:
-        return [TOMBSTONE.name]
+    def extra_columns(self) -> tuple[ledger_columns.Column, ...]:
+        return (TOMBSTONE, *ledger_columns.CHANGE_EVENT_EXTRA)
 
     def unexpected(self, found: Column) -> Column:
         """Only the row image's fields: the event's own (`source`, `ts_ms`, ...) and the old row image are not

@@ -248,7 +248,8 @@ class JsonFormat(ValueFormat):
             variant = F.variant_get(F.col(document.variant), path, "variant")
             if isinstance(kind, JsonbKind):
                 read = kind.from_variant(variant, variant.isNotNull() & ~F.is_variant_null(variant), label)
-                return FieldRead(column, read.value, [read.problem])
+                return FieldRead(column, read.value, [read.problem],
+                                 raw_text=F.try_variant_get(variant, "$", "string"))
             shape = F.schema_of_variant(variant)
             exact = (shape == F.lit("STRING")) | shape.startswith("DECIMAL") | shape.isin(*_EXACT_NUMBERS)
             token = F.when(exact, F.variant_get(variant, "$", "string"))

@@ -459,6 +459,14 @@ INSERT_DEAD_LETTERS = sql.SQL(
     """.format(columns=", ".join(DEAD_LETTER_COLUMNS), staged=", ".join(DEAD_LETTER_COLUMNS[1:]))
 )
 
+
+def insert_dead_letters(rows: sql.Composable, with_: sql.Composable | None = None) -> sql.Composed:
+    """Dead letters from a query whose columns are DEAD_LETTER_COLUMNS, in their order (`with_`: a WITH clause
+    before the INSERT, which the query may read)."""
+    return sql.SQL("{} INSERT INTO kafka_ledger.dead_letters ({}) {}").format(
+        with_ or sql.SQL(""), sql.SQL(", ").join(sql.Identifier(name) for name in DEAD_LETTER_COLUMNS), rows)
+
+
 # The direct publish (Spark Connect runtime): rows arrive as CSV lines and are copied straight into their
 # tables inside the commit's transaction, with no staging copy.
 COPY_DEAD_LETTERS = "COPY kafka_ledger.dead_letters ({}) FROM STDIN WITH (FORMAT csv)".format(

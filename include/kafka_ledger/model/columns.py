@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kafka_ledger.model.kinds import BOOLEAN, BYTES, INT, LONG, STRING, TIMESTAMP, ColumnKind
+from kafka_ledger.model.kinds import BOOLEAN, BYTES, INT, JSONB, LONG, STRING, TIMESTAMP, ColumnKind
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,17 @@ ERROR = Column("error", STRING)
 PIPELINE = Column("pipeline", STRING, required=True)
 # An entity table's incoming rows (write: upsert): whether the record is a tombstone, deleting its key.
 TOMBSTONE = Column("kafka_tombstone", BOOLEAN, required=True)
+# A change event's incoming rows (envelope: debezium; model/debezium.py): the columns whose value the event did not
+# carry (an unchanged TOASTed value), as a JSON array of their names, NULL when it carried every one; a primary-key
+# change's create, the key it had before (its delete, the key it has after), as a JSON object of the key columns; and
+# the raw key and value of a record with unavailable values (else NULL): the merge writes its dead letter when it finds
+# no value to keep (sinks/postgres/sql.py).
+UNAVAILABLE = Column("kafka_unavailable", JSONB)
+OLD_KEY = Column("kafka_old_key", JSONB)
+NEW_KEY = Column("kafka_new_key", JSONB)
+HELD_KEY = Column("kafka_held_key", BYTES)
+HELD_VALUE = Column("kafka_held_value", BYTES)
+CHANGE_EVENT_EXTRA: tuple[Column, ...] = (UNAVAILABLE, OLD_KEY, NEW_KEY, HELD_KEY, HELD_VALUE)
 
 # A record's place in Kafka: the key of every output row (unless at_least_once) and of every dead letter.
 COORDINATES: tuple[Column, ...] = (KAFKA_TOPIC, KAFKA_PARTITION, KAFKA_OFFSET)
@@ -55,8 +66,8 @@ DEAD_LETTER: tuple[Column, ...] = (PIPELINE, *COORDINATES, KAFKA_TIMESTAMP, KAFK
 STAGING_HEAD: tuple[Column, ...] = (BATCH_ID, ATTEMPT, *COORDINATES, KAFKA_TIMESTAMP, KAFKA_KEY, KAFKA_VALUE, ERROR)
 
 # Names the ledger gives columns of its own rows: a pipeline's declared columns may not use them.
-RESERVED_COLUMNS = frozenset(c.name for c in (*OUTPUT_TRAILER, *DEAD_LETTER, *STAGING_HEAD, TOMBSTONE)
-                             if c.name != "pipeline")
+RESERVED_COLUMNS = frozenset(c.name for c in (*OUTPUT_TRAILER, *DEAD_LETTER, *STAGING_HEAD, TOMBSTONE,
+                                              *CHANGE_EVENT_EXTRA) if c.name != "pipeline")
 
 
 def names(columns: tuple[Column, ...] | list[Column]) -> list[str]:

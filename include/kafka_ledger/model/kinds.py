@@ -151,8 +151,20 @@ class ColumnKind(ABC):
         """Why a decoded value cannot be stored, whatever format it came in (NULL each when it can)."""
         return []
 
+    def holds_one_of(self, value: Column, texts: tuple[str, ...]) -> Column | None:
+        """Whether a decoded value is one of `texts`, as the kind holds text (a producer's placeholder for a value it
+        did not send); None for a kind that holds no text."""
+        return None
 
-class StringKind(ColumnKind):
+
+class _Textual(ColumnKind):
+    """A kind whose decoded value is text (Spark's string)."""
+
+    def holds_one_of(self, value: Column, texts: tuple[str, ...]) -> Column | None:
+        return value.isin(*texts)
+
+
+class StringKind(_Textual):
     word = "string"
     avro_reads = {"string": "same", "enum": "same", "uuid": "same"}
     key_capable = True
@@ -485,7 +497,7 @@ class DecimalKind(ColumnKind):
         return TextValue(value, problem)
 
 
-class JsonbKind(ColumnKind):
+class JsonbKind(_Textual):
     word = "jsonb"
     avro_reads = {"record": "json", "array": "json", "map": "json"}
     description = ("a JSON object or array kept whole (its JSON text in Iceberg); one holding a number Spark cannot "
@@ -583,6 +595,11 @@ class BytesKind(ColumnKind):
         from pyspark.sql import functions as F
 
         return TextValue(raw, F.lit(None).cast("string"))
+
+    def holds_one_of(self, value: Column, texts: tuple[str, ...]) -> Column | None:
+        from pyspark.sql import functions as F
+
+        return value.isin(*[F.lit(bytearray(text.encode())) for text in texts])
 
 
 # One instance per kind without parameters; `decimal(p,s)` is made by parse_kind.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 from kafka_ledger.config.pipeline import PipelineConfig
@@ -113,13 +114,13 @@ class Sink(ABC):
                 **{c.name: c.kind for c in columns.OUTPUT_TRAILER}}
 
     def published_columns(self) -> dict[str, ColumnKind]:
-        """The columns of the rows a batch publishes: an output row's, and the envelope's own (a tombstone flag)."""
-        extra = {c.name: c.kind for c in (columns.TOMBSTONE,) if c.name in self.envelope.extra_columns}
-        return {**self.output_columns(), **extra}
+        """The columns of the rows a batch publishes: an output row's, and the envelope's own (a tombstone flag, a
+        change event's unavailable values)."""
+        return {**self.output_columns(), **{c.name: c.kind for c in self.envelope.extra_columns}}
 
     def staged_extra(self) -> tuple[columns.Column, ...]:
         """The envelope's columns, as the staging table holds them."""
-        return tuple(c for c in (columns.TOMBSTONE,) if c.name in self.envelope.extra_columns)
+        return self.envelope.extra_columns
 
     def maintenance(self) -> LakeMaintenanceSpec | None:
         """The upkeep the output needs on a schedule (compaction, expiry), if any."""
@@ -131,6 +132,16 @@ class Sink(ABC):
         raise NotImplementedError(f"{self.target} needs no maintenance")
 
 
+@dataclass(frozen=True)
+class SinkWrite:
+    """What a transactional sink made of a batch's rows: how many it published, and how many it wrote as dead letters
+    itself, finding only then that it cannot publish them (an entity table's change event lacking a value the entity
+    has no earlier copy of)."""
+
+    published: int
+    dead_letters: int = 0
+
+
 class TransactionalSink(Sink):
     """A sink the commit writes inside its transaction: what it writes becomes visible exactly when the offsets move,
     or never."""
@@ -140,12 +151,13 @@ class TransactionalSink(Sink):
         """Delete the rows published earlier for these offsets (a rewrite replaces, never appends); returns how many."""
 
     @abstractmethod
-    def copy_rows(self, cur: Cursor, data: IO[bytes]) -> int:
-        """Publish rows arriving as binary COPY data of `published_columns()` (the connect runtime's stream)."""
+    def copy_rows(self, cur: Cursor, batch: Batch, data: IO[bytes]) -> SinkWrite:
+        """Publish the batch's rows arriving as binary COPY data of `published_columns()` (the connect runtime's
+        stream)."""
 
     @abstractmethod
-    def publish_staged(self, cur: Cursor, batch_id: int, attempt: int) -> int:
-        """Publish the decoded rows one attempt staged (the submit runtime); returns how many."""
+    def publish_staged(self, cur: Cursor, batch: Batch, attempt: int) -> SinkWrite:
+        """Publish the decoded rows one attempt of the batch staged (the submit runtime)."""
 
     @property
     @abstractmethod

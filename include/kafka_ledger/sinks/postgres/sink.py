@@ -17,7 +17,7 @@ from kafka_ledger.ledger import sql as ledger_sql
 from kafka_ledger.ledger.db import Cursor
 from kafka_ledger.model.columns import COORDINATES, OUTPUT_TRAILER, names
 from kafka_ledger.model.ranges import OffsetRange, TopicPartition
-from kafka_ledger.sinks.base import OutputView, TransactionalSink
+from kafka_ledger.sinks.base import OutputView, SinkWrite, TransactionalSink
 from kafka_ledger.sinks.postgres import evolution, sql
 
 log = logging.getLogger(__name__)
@@ -194,15 +194,15 @@ class PostgresSink(TransactionalSink):
         cur.execute(sql.delete_output_ranges(self.pipeline), ledger_sql.ranges_params(ranges))
         return cur.rowcount
 
-    def copy_rows(self, cur: Cursor, data: IO[bytes]) -> int:
+    def copy_rows(self, cur: Cursor, batch: ledger.Batch, data: IO[bytes]) -> SinkWrite:
         cur.copy_expert(sql.copy_rows(sql.output_table(self.pipeline), list(self.published_columns())), data,
                         size=COPY_CHUNK_BYTES)
-        return cur.rowcount
+        return SinkWrite(cur.rowcount)
 
-    def publish_staged(self, cur: Cursor, batch_id: int, attempt: int) -> int:
+    def publish_staged(self, cur: Cursor, batch: ledger.Batch, attempt: int) -> SinkWrite:
         cur.execute(sql.publish_staged(self.pipeline, sql.output_table(self.pipeline), list(self.published_columns())),
-                    {"batch_id": batch_id, "attempt": attempt})
-        return cur.rowcount
+                    {"batch_id": batch.batch_id, "attempt": attempt})
+        return SinkWrite(cur.rowcount)
 
 
 class PostgresEntitySink(PostgresSink):
@@ -226,6 +226,14 @@ class PostgresEntitySink(PostgresSink):
         cur.execute(sql.create_output_table(self.pipeline, entity=True))
         ensure_schema(cur, sql.TOMBSTONES_SCHEMA)
         cur.execute(sql.create_tombstone_table(self.pipeline))
+        if self._change_events:
+            for statement in sql.create_change_tables(self.pipeline):
+                cur.execute(statement)
+
+    @property
+    def _change_events(self) -> bool:
+        """Whether the records are change events, whose row images may lack values (sql.fill_from_earlier)."""
+        return isinstance(self.envelope, DebeziumChanges)
 
     def prepare(self, cur: Cursor) -> None:
         """As the append table's, and refuse a table whose primary key is not the declared key."""
@@ -245,27 +253,88 @@ class PostgresEntitySink(PostgresSink):
     def remove(self, cur: Cursor, ranges: Iterable[OffsetRange]) -> int:
         return 0
 
-    def copy_rows(self, cur: Cursor, data: IO[bytes]) -> int:
-        cur.execute(sql.create_incoming_table(self.pipeline))
+    def copy_rows(self, cur: Cursor, batch: ledger.Batch, data: IO[bytes]) -> SinkWrite:
+        cur.execute(sql.create_incoming_table(self.pipeline, self.envelope.extra_columns))
         cur.copy_expert(sql.copy_rows(sql.INCOMING, list(self.published_columns())), data, size=COPY_CHUNK_BYTES)
-        written = cur.rowcount
-        self._merge(cur, written)
-        return written
+        return self._merge(cur, batch, cur.rowcount)
 
-    def publish_staged(self, cur: Cursor, batch_id: int, attempt: int) -> int:
-        cur.execute(sql.create_incoming_table(self.pipeline))
+    def publish_staged(self, cur: Cursor, batch: ledger.Batch, attempt: int) -> SinkWrite:
+        cur.execute(sql.create_incoming_table(self.pipeline, self.envelope.extra_columns))
         cur.execute(sql.publish_staged(self.pipeline, sql.INCOMING, list(self.published_columns())),
-                    {"batch_id": batch_id, "attempt": attempt})
-        written = cur.rowcount
-        self._merge(cur, written)
-        return written
+                    {"batch_id": batch.batch_id, "attempt": attempt})
+        return self._merge(cur, batch, cur.rowcount)
 
-    def _merge(self, cur: Cursor, records: int) -> None:
+    def _merge(self, cur: Cursor, batch: ledger.Batch, records: int) -> SinkWrite:
+        dead = self._fill_lacking(cur, batch) if self._change_events else 0
         counts = {}
         for name, statement in sql.merge_entities(self.pipeline):
             cur.execute(statement)
             counts[name] = cur.rowcount
         log.info("%s: %d records, %d keys: %d rows inserted or updated, %d deleted by tombstones (%d tombstones "
                  "kept), %d tombstones lifted by newer records; older records than the table's left unchanged",
-                 self.target, records, counts["newest"], counts["upserted"], counts["deleted"], counts["buried"],
-                 counts["revived"])
+                 self.target, records - dead, counts["newest"], counts["upserted"], counts["deleted"],
+                 counts["buried"], counts["revived"])
+        return SinkWrite(records - dead, dead)
+
+    def _fill_lacking(self, cur: Cursor, batch: ledger.Batch) -> int:
+        """Fill the values the batch's change events lack (sql.fill_from_earlier and what follows it), with the
+        parked rows taken back first, round after round while a round fills any (a value a primary-key change moved
+        is found only once its old key's row is); then park the rows that wait for a change's delete (not in a
+        rewrite of offsets behind the positions: their entities hold newer records already), and make those still
+        lacking a value dead letters. Returns how many of the batch's own records became dead letters."""
+        pipeline = self.pipeline
+        cur.execute(sql.unpark(pipeline))
+        unparked = {tuple(row) for row in cur.fetchall()}
+        cur.execute(sql.SELECT_LACKING)
+        lacking, moving = cur.fetchone()
+        if not lacking and not moving:
+            return 0
+        names: set[str] = set()
+        if lacking:
+            cur.execute(sql.SELECT_LACKING_COLUMNS)
+            names = {name for (name,) in cur.fetchall()}
+        columns = [c for c in pipeline.columns if c.name in names]
+        # A rewrite reads offsets behind the positions: its entities hold their newest records already, and the
+        # moves it reads again were settled when first read. It records no move and parks nothing.
+        records_moves = moving and batch.moves_positions
+        filled = rounds = 0
+        while True:
+            rounds += 1
+            changed = 0
+            for column in columns:
+                cur.execute(sql.fill_from_earlier(pipeline, column))
+                changed += cur.rowcount
+            if records_moves:
+                cur.execute(sql.record_moved(pipeline))
+                changed += cur.rowcount
+            if moving:
+                for column in columns:
+                    cur.execute(sql.fill_from_moved(pipeline, column))
+                    changed += cur.rowcount
+            filled += changed
+            if not changed:
+                break
+        parked = 0
+        if records_moves:
+            cur.execute(sql.record_unknown_moves(pipeline))
+            for statement in sql.settle_moves(pipeline):
+                cur.execute(statement)
+            cur.execute(sql.park_waiting(pipeline))
+            parked = cur.rowcount
+        dead = dead_unparked = 0
+        if columns:
+            reading = self.envelope.reading(pipeline)
+            labels = {c.name: c.label for c in reading.columns if c.name in names}
+            cur.execute(sql.dead_letter_lacking(pipeline, labels), {"pipeline": pipeline.name})
+            for row in cur.fetchall():
+                if tuple(row) in unparked:
+                    dead_unparked += 1
+                else:
+                    dead += 1
+        log.info("%s: values the change events lacked (unchanged TOASTed values: %s) filled from the entities' earlier "
+                 "rows and moved keys in %d round(s) (%d fills and moved rows recorded); %d record(s) parked until "
+                 "their primary-key change's delete is read (%d taken back from earlier batches); %d record(s) "
+                 "lacking a value found nowhere are dead letters (%d of them parked by earlier batches)", self.target,
+                 ", ".join(c.name for c in columns) or "none", rounds, filled, parked, len(unparked),
+                 dead + dead_unparked, dead_unparked)
+        return dead
