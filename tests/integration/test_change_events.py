@@ -25,6 +25,9 @@ COLUMNS = [
     {"name": "changed_ms", "type": "long", "path": "ts_ms"},
 ]
 NAMES = [c["name"] for c in COLUMNS]
+# Spark's Kafka source rows, with their headers (a change event's envelope reads them).
+RECORDS = ("topic string, partition int, offset long, timestamp timestamp, key binary, value binary, "
+           "headers array<struct<key: string, value: binary>>")
 
 
 def fixture(name: str) -> dict:
@@ -82,9 +85,8 @@ def _decoded(spark, pipeline, values: list[bytes | None], lean: bool) -> dict[in
     from kafka_ledger.formats.decode import decode_records
 
     records = spark.createDataFrame(
-        [("t", 0, offset, datetime(2026, 11, 27, tzinfo=UTC), b'{"id": 1004}', value)
-         for offset, value in enumerate(values)],
-        "topic string, partition int, offset long, timestamp timestamp, key binary, value binary")
+        [("t", 0, offset, datetime(2026, 11, 27, tzinfo=UTC), b'{"id": 1004}', value, [])
+         for offset, value in enumerate(values)], RECORDS)
     frame = decode_records(records, pipeline, sink_for(pipeline).envelope, lean=lean)
     return {row["kafka_offset"]: (row["error"], tuple(row[n] for n in NAMES), row["kafka_tombstone"])
             for row in frame.collect()}
@@ -151,27 +153,32 @@ def test_avro_change_events_through_the_registry_decode_to_their_changes(spark):
     anne = {"id": 1004, "first_name": "Anne", "last_name": "Kretchmar", "email": "annek@noanswer.org"}
     values = [encode("r", None, anne), encode("u", anne, {**anne, "email": None}),
               encode("d", {"id": 1004, "first_name": None, "last_name": None, "email": None}, None), None,
-              encode("t", None, None), encode("c", None, {**anne, "first_name": None})]
+              encode("t", None, None), encode("c", None, {**anne, "first_name": None}),
+              # An unchanged TOASTed value: Debezium's placeholder, in a required field too.
+              encode("u", None, {**anne, "first_name": "__debezium_unavailable_value",
+                                 "email": "__debezium_unavailable_value"})]
     pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {
         "topics": [topic], "output_table": "t", "write": "upsert", "key": ["id"],
         "value": {"format": "avro", "envelope": "debezium"}, "columns": COLUMNS}}}))["p"]
     schema_id, _ = newest(client, f"{topic}-value")
     fmt = AvroFormat().bound({topic: topic_schemas(client, f"{topic}-value", schema_id)})
     records = spark.createDataFrame(
-        [(topic, 0, offset, datetime(2026, 11, 27, tzinfo=UTC), b"k", value) for offset, value in enumerate(values)],
-        "topic string, partition int, offset long, timestamp timestamp, key binary, value binary")
+        [(topic, 0, offset, datetime(2026, 11, 27, tzinfo=UTC), b"k", value, [])
+         for offset, value in enumerate(values)], RECORDS)
 
     def decoded(lean: bool) -> dict[int, tuple]:
         frame = decode_records(records, pipeline, sink_for(pipeline).envelope, lean=lean, fmt=fmt)
-        return {row["kafka_offset"]: (row["error"], tuple(row[n] for n in NAMES), row["kafka_tombstone"])
-                for row in frame.collect()}
+        return {row["kafka_offset"]: (row["error"], tuple(row[n] for n in NAMES), row["kafka_tombstone"],
+                                      row["kafka_unavailable"]) for row in frame.collect()}
 
     lean, full = decoded(True), decoded(False)
     assert lean == full
     published = {o: change for o, (error, *change) in lean.items() if error is None}
-    assert published == {0: [(*ROW, "r", 42, 7), False], 1: [(1004, "Anne", "Kretchmar", None, "u", 42, 7), False],
-                         2: [(1004, *(None,) * 6), True], 3: [(None,) * 7, True]}
-    assert {o: error for o, (error, _, _) in lean.items() if error is not None} == {
+    assert published == {0: [(*ROW, "r", 42, 7), False, None],
+                         1: [(1004, "Anne", "Kretchmar", None, "u", 42, 7), False, None],
+                         2: [(1004, *(None,) * 6), True, None], 3: [(None,) * 7, True, None],
+                         6: [(1004, None, "Kretchmar", None, "u", 42, 7), False, '["first_name","email"]']}
+    assert {o: error for o, (error, _, _, _) in lean.items() if error is not None} == {
         4: "truncate event (op t): not applied to an entity table (to apply it, delete the table's rows yourself)",
         5: "required field 'after.first_name' is missing or null"}
 
