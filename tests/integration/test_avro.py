@@ -13,6 +13,7 @@ from integration_support import AVRO_COLUMNS
 
 from kafka_ledger.config import settings
 from kafka_ledger.config.pipeline import parse_pipelines
+from kafka_ledger.formats.base import SchemaPin
 from kafka_ledger.sinks import sink_for
 
 pytestmark = pytest.mark.integration
@@ -64,10 +65,10 @@ def encode(serialize, subject_topic: str, value: dict) -> bytes:
 
 
 def test_values_of_every_version_decode_into_the_reader_schema_and_bad_ones_are_dead_letters(spark):
-    from kafka_ledger.formats.avro import AvroFormat
-    from kafka_ledger.formats.avro_registry import newest, topic_schemas
+    from kafka_ledger.formats.avro import AvroFormat, topic_schemas
     from kafka_ledger.formats.decode import decode_records
     from kafka_ledger.formats.framing import NOT_FRAMED
+    from kafka_ledger.formats.schema_registry import newest
 
     client = settings.schema_registry().client()
     topic = f"it-avro-{uuid.uuid4().hex[:8]}"
@@ -104,7 +105,7 @@ def test_values_of_every_version_decode_into_the_reader_schema_and_bad_ones_are_
          for offset, (value, key, _) in enumerate(values)],
         "topic string, partition int, offset long, timestamp timestamp, key binary, value binary, "
         "headers array<struct<key: string, value: binary>>")
-    fmt = AvroFormat().bound({topic: schemas})
+    fmt = AvroFormat().with_schemas({topic: schemas})
     names = [c["name"] for c in AVRO_COLUMNS]
 
     def decoded(lean: bool) -> dict[int, dict]:
@@ -165,7 +166,7 @@ def test_avro_values_are_published_exactly_and_a_replay_decodes_with_its_batchs_
     from kafka_ledger.batch.plan import plan_batch
     from kafka_ledger.batch.requests import BatchRequest
     from kafka_ledger.config.settings import services_for
-    from kafka_ledger.formats.avro_registry import newest
+    from kafka_ledger.formats.schema_registry import newest
     from kafka_ledger.ledger import db as ledger
     from kafka_ledger.runtimes import run_batch
 
@@ -195,9 +196,9 @@ def test_avro_values_are_published_exactly_and_a_replay_decodes_with_its_batchs_
     assert (rows[landed[3][1:]]["attachment"], bytes(rows[landed[4][1:]]["attachment"])) == (None, b"\x00\xff")
     services = services_for(dsn, servers)
     with ledger.session(services.ledger) as conn, conn.cursor() as cur:
-        pinned = ledger.reader_schemas(cur, first.batch_id)
+        pinned = ledger.schema_pins(cur, first.batch_id)
     v2_id = int.from_bytes(values[10][0][1:5], "big")
-    assert pinned == {topic: ledger.ReaderSchema(topic, f"{topic}-value", v2_id, 2, "newest")}
+    assert pinned == {topic: SchemaPin(topic, f"{topic}-value", v2_id, 2, "newest")}
 
     # Version 3 (a field added with a default, which no column reads): the replay keeps version 2.
     v3 = {**V2, "fields": [*V2["fields"], {"name": "coupon", "type": ["null", "string"], "default": None}]}
@@ -206,8 +207,8 @@ def test_avro_values_are_published_exactly_and_a_replay_decodes_with_its_batchs_
                                                          reason="test"))
     run_batch(pipeline, replay.batch_id, services)
     with ledger.session(services.ledger) as conn, conn.cursor() as cur:
-        assert ledger.reader_schemas(cur, replay.batch_id) == {
-            topic: ledger.ReaderSchema(topic, f"{topic}-value", v2_id, 2, "pinned")}
+        assert ledger.schema_pins(cur, replay.batch_id) == {
+            topic: SchemaPin(topic, f"{topic}-value", v2_id, 2, "pinned")}
     assert _published(dsn, pipeline) == rows
     # Asked for, the newest version instead, recorded so; version 3's new field is read by no column.
     v3_id = newest(client, f"{topic}-value")[0]
@@ -215,8 +216,8 @@ def test_avro_values_are_published_exactly_and_a_replay_decodes_with_its_batchs_
                                                         reader_schema="newest"))
     run_batch(pipeline, newer.batch_id, services)
     with ledger.session(services.ledger) as conn, conn.cursor() as cur:
-        assert ledger.reader_schemas(cur, newer.batch_id) == {
-            topic: ledger.ReaderSchema(topic, f"{topic}-value", v3_id, 3, "newest")}
+        assert ledger.schema_pins(cur, newer.batch_id) == {
+            topic: SchemaPin(topic, f"{topic}-value", v3_id, 3, "newest")}
     assert _published(dsn, pipeline) == rows
 
 
@@ -224,14 +225,14 @@ def test_a_reader_schema_that_cannot_fill_the_columns_is_refused_and_nothing_is_
         dsn, servers, pipeline_factory):
     from kafka_ledger.batch.plan import plan_next_batch
     from kafka_ledger.config.settings import services_for
-    from kafka_ledger.formats.avro_registry import ReaderSchemaRefused
+    from kafka_ledger.formats.schema_registry import SchemaRefused
     from kafka_ledger.ledger import db as ledger
 
     pipeline = pipeline_factory("avro_refused", partitions=1)
     topic = pipeline.topics[0]
     _produce(servers, topic, [(encode(serializer(settings.schema_registry().client(), V2), topic, order(1)), b"c")])
     services = services_for(dsn, servers)
-    with pytest.raises(ReaderSchemaRefused, match="column coupon: the reader schema has no field coupon"):
+    with pytest.raises(SchemaRefused, match="column coupon: the reader schema has no field coupon"):
         plan_next_batch(services, pipeline)
     with ledger.session(services.ledger) as conn, conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM kafka_ledger.batches WHERE pipeline = %s", (pipeline.name,))
@@ -245,7 +246,7 @@ def test_a_registry_away_fails_the_plan_or_the_read_writing_nothing_and_the_retr
 
     from kafka_ledger.batch.plan import plan_next_batch
     from kafka_ledger.config.settings import services_for
-    from kafka_ledger.formats.avro_registry import SchemaRegistryError
+    from kafka_ledger.formats.schema_registry import SchemaRegistryError
     from kafka_ledger.ledger import db as ledger
     from kafka_ledger.runtimes import run_batch
 

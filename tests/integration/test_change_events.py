@@ -138,9 +138,9 @@ def test_avro_change_events_through_the_registry_decode_to_their_changes(spark):
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     from kafka_ledger.config import settings
-    from kafka_ledger.formats.avro import AvroFormat
-    from kafka_ledger.formats.avro_registry import newest, topic_schemas
+    from kafka_ledger.formats.avro import AvroFormat, topic_schemas
     from kafka_ledger.formats.decode import decode_records
+    from kafka_ledger.formats.schema_registry import newest
 
     client = settings.schema_registry().client()
     topic = f"it-cdc-{uuid.uuid4().hex[:8]}"
@@ -161,7 +161,7 @@ def test_avro_change_events_through_the_registry_decode_to_their_changes(spark):
         "topics": [topic], "output_table": "t", "write": "upsert", "key": ["id"],
         "value": {"format": "avro", "envelope": "debezium"}, "columns": COLUMNS}}}))["p"]
     schema_id, _ = newest(client, f"{topic}-value")
-    fmt = AvroFormat().bound({topic: topic_schemas(client, f"{topic}-value", schema_id)})
+    fmt = AvroFormat().with_schemas({topic: topic_schemas(client, f"{topic}-value", schema_id)})
     records = spark.createDataFrame(
         [(topic, 0, offset, datetime(2026, 11, 27, tzinfo=UTC), b"k", value, [])
          for offset, value in enumerate(values)], RECORDS)

@@ -5,8 +5,7 @@ import json
 import pytest
 
 from kafka_ledger.config.pipeline import parse_pipelines
-from kafka_ledger.formats.avro import TopicSchemas, columns_problems, field_type, reading, type_name
-from kafka_ledger.formats.avro_registry import unreadable_reason
+from kafka_ledger.formats.avro import TopicSchemas, columns_problems, field_type, reading, type_name, unreadable_reason
 from kafka_ledger.model.kinds import parse_kind
 
 ORDER = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
@@ -124,3 +123,14 @@ def test_a_field_no_column_type_holds_is_named():
     assert str(raised.value) == ("field either: no column type holds union values exactly; field local: no column "
                                  "type holds local-timestamp-millis values exactly; field huge: no column type holds "
                                  "decimal(40,2) values exactly")
+
+
+def test_every_kind_reads_in_every_format():
+    """The one place each format decides by a column's kind (kind_readings) names every kind a column may declare."""
+    from kafka_ledger.formats.known import FORMATS
+    from kafka_ledger.model.kinds import DECLARABLE
+
+    for fmt in FORMATS.values():
+        assert set(fmt.kind_readings) == {kind.word for kind in DECLARABLE}, fmt.name
+        for kind in DECLARABLE:
+            assert fmt.kind_reading(kind) is not None

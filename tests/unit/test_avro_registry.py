@@ -7,13 +7,8 @@ from confluent_kafka.schema_registry import Schema
 
 from kafka_ledger.config.pipeline import parse_pipelines
 from kafka_ledger.config.services import SchemaRegistry
-from kafka_ledger.formats.avro_registry import (
-    ReaderSchemaRefused,
-    SchemaRegistryError,
-    check_reader,
-    newest,
-    topic_schemas,
-)
+from kafka_ledger.formats.avro import check_reader, topic_schemas
+from kafka_ledger.formats.schema_registry import SchemaRefused, SchemaRegistryError, newest
 
 V1 = {"type": "record", "name": "Impression", "fields": [
     {"name": "event_id", "type": "string"}, {"name": "user_id", "type": "long"}]}
@@ -57,7 +52,7 @@ def test_a_version_the_reader_cannot_resolve_is_a_writer_with_its_reason(registr
 
 
 def test_a_subject_without_versions_refuses_the_plan(registry):
-    with pytest.raises(ReaderSchemaRefused, match="no version of subject orders-value"):
+    with pytest.raises(SchemaRefused, match="no version of subject orders-value"):
         newest(registry, "orders-value")
 
 
@@ -65,10 +60,10 @@ def test_a_reader_schema_that_cannot_fill_the_columns_or_is_not_avro_is_refused(
     reader = register(registry, "t-value", V2)
     check_reader(registry, columns({"name": "event_id", "type": "string"}, {"name": "user_id", "type": "long"}),
                  "t-value", reader)
-    with pytest.raises(ReaderSchemaRefused, match="column user_id .boolean. cannot hold the reader schema's user_id"):
+    with pytest.raises(SchemaRefused, match="column user_id .boolean. cannot hold the reader schema's user_id"):
         check_reader(registry, columns({"name": "user_id", "type": "boolean"}), "t-value", reader)
     json_schema = register(registry, "j-value", json.dumps({"type": "object"}), "JSON")
-    with pytest.raises(ReaderSchemaRefused, match="is a JSON schema, not Avro"):
+    with pytest.raises(SchemaRefused, match="is a JSON schema, not Avro"):
         check_reader(registry, columns({"name": "event_id", "type": "string"}), "j-value", json_schema)
 
 
@@ -76,4 +71,4 @@ def test_a_registry_that_cannot_be_reached_fails_the_caller_and_refuses_nothing(
     away = SchemaRegistry("http://127.0.0.1:9", {"max.retries": 0, "timeout": 2}).client()
     with pytest.raises(SchemaRegistryError, match="could not be reached") as raised:
         newest(away, "t-value")
-    assert not isinstance(raised.value, ReaderSchemaRefused)
+    assert not isinstance(raised.value, SchemaRefused)

@@ -302,7 +302,10 @@ def test_the_spark_job_gets_the_settings_under_their_variables(monkeypatch):
     from kafka_ledger.runtimes.submit.spark_submit import spark_job_environment
 
     monkeypatch.setenv("KAFKA_LEDGER_PIPELINES", "/etc/pipelines.yaml")
-    services = Services(LedgerDatabase("postgresql://h/d", 30, 20), KafkaClient("k:1", {"security.protocol": "SSL"}))
+    from kafka_ledger.config.settings import schema_registry
+
+    services = Services(LedgerDatabase("postgresql://h/d", 30, 20), KafkaClient("k:1", {"security.protocol": "SSL"}),
+                        schema_registry=schema_registry)
     pipeline = config.parse_pipelines(json.dumps({"pipelines": {"p": {
         "topics": ["t"], "output_table": "t", "columns": [{"name": "id", "type": "string"}]}}}))["p"]
     expected = {

@@ -1,11 +1,12 @@
-"""The columns of an Avro pipeline that leaves `columns:` out: taken from its reader schema at its first plan, recorded
-in the ledger, and extended by a later plan that finds a newer version with new fields.
+"""The columns of a pipeline that leaves `columns:` out (its format's values have their schemas in the registry): taken
+from its subject's newest schema at its first plan, recorded in the ledger, and extended by a later plan that finds
+a newer version with new fields.
 
 Every entry point that reads, publishes or prepares a pipeline's table resolves its columns here first; a pipeline
 that declares its columns passes through unchanged. A field added to the subject becomes a column at the first plan
 that pins a version holding it, and the commit of that batch adds it to the output (sinks/postgres/evolution.py, the
-Iceberg sink's evolve_schema); each batch still decodes with the reader schema its plan pinned: one pinned before a
-column existed reads it as NULL (formats/avro.py).
+Iceberg sink's evolve_schema); each batch still decodes with the schema its plan pinned: one pinned before a column
+existed reads it as NULL (formats/avro.py).
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from __future__ import annotations
 import logging
 
 from kafka_ledger.config.pipeline import ColumnsUnknownError, PipelineConfig
-from kafka_ledger.config.services import LedgerDatabase
-from kafka_ledger.config.settings import schema_registry
-from kafka_ledger.formats import avro_registry
-from kafka_ledger.formats.avro import declared_columns
+from kafka_ledger.config.services import LedgerDatabase, Services
+from kafka_ledger.formats.known import value_format
+from kafka_ledger.formats.schema_registry import SchemaRefused
 from kafka_ledger.ledger import db as ledger
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ def _applied(pipeline: PipelineConfig, recorded: ledger.RecordedColumns) -> Pipe
     try:
         return pipeline.with_columns(recorded.columns)
     except ValueError as exc:
-        raise avro_registry.ReaderSchemaRefused(
+        raise SchemaRefused(
             f"pipeline {pipeline.name} takes its columns from version {recorded.version} of subject "
             f"{recorded.subject} (schema id {recorded.schema_id}), and they do not fit its declaration: {exc}. "
             "Declare its `columns:` (`kafka-ledger columns SUBJECT` prints them)") from None
@@ -67,26 +67,22 @@ def with_columns_or_none(db: LedgerDatabase, pipeline: PipelineConfig) -> Pipeli
         return None
 
 
-def with_columns_taken(cur: ledger.Cursor, pipeline: PipelineConfig, topics: list[str]) -> PipelineConfig:
+def with_columns_taken(cur: ledger.Cursor, services: Services, pipeline: PipelineConfig,
+                       topics: list[str]) -> PipelineConfig:
     """At a plan (in its transaction, `topics` those it subscribes to now): the pipeline with its columns, taken
     from the newest version of its subject (the first topic's) and recorded when this is its first plan."""
     if not pipeline.columns_from_reader_schema:
         return pipeline
     found = ledger.pipeline_columns(cur, pipeline.name)
     if found is None and pipeline.value.subject is None and not topics:
-        raise avro_registry.ReaderSchemaRefused(
+        raise SchemaRefused(
             f"pipeline {pipeline.name} takes its columns from its topics' reader schema, and none of its topics "
             "exists yet")
     subject = found.subject if found else pipeline.value.subject or pipeline.value.subject_of(min(topics))
-    schema_id, version, reader = avro_registry.newest_reader(schema_registry().client(), subject)
+    derived = value_format(pipeline).derived_columns(services.registry().client(), subject, pipeline.value.envelope)
+    schema_id, version, columns = derived.schema_id, derived.version, derived.columns
     if found is not None and found.schema_id == schema_id:
         return _applied(pipeline, found)
-    try:
-        columns = declared_columns(reader, pipeline.value.envelope)
-    except ValueError as exc:
-        raise avro_registry.ReaderSchemaRefused(
-            f"pipeline {pipeline.name} cannot take its columns from version {version} of subject {subject}: "
-            f"{exc}. Declare its `columns:`") from None
     if found is None:
         found = ledger.record_pipeline_columns(cur, pipeline.name, ledger.RecordedColumns(
             subject, schema_id, version, columns))

@@ -12,8 +12,7 @@ from kafka_ledger.batch.columns import with_columns_taken
 from kafka_ledger.batch.requests import BatchRequest, RequestError
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.services import KafkaClient, Services
-from kafka_ledger.config.settings import schema_registry
-from kafka_ledger.formats import avro_registry
+from kafka_ledger.formats.known import value_format
 from kafka_ledger.kafka import headroom
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
@@ -118,9 +117,9 @@ def plan_batch(
     with ledger.session(services.ledger) as conn:
         with ledger.pipeline_transaction(conn, pipeline.name) as cur:
             offsets = view.offsets if view is not None else kafka_offsets.subscribed_offsets(kafka, pipeline)
-            pipeline = with_columns_taken(cur, pipeline, sorted({tp.topic for tp in offsets}))
+            pipeline = with_columns_taken(cur, services, pipeline, sorted({tp.topic for tp in offsets}))
             sink_for(pipeline).prepare(cur)
-            planned = _plan(cur, kafka, pipeline, offsets, request, dag_id, run_id, requested_by, backfill_window,
+            planned = _plan(cur, services, pipeline, offsets, request, dag_id, run_id, requested_by, backfill_window,
                             carrying, None if view is None else view.topic_ids)
             ledger.observe_log_starts(cur, pipeline.name, {tp: o.log_start for tp, o in offsets.items()})
             positions = ledger.positions(cur, pipeline.name)
@@ -239,26 +238,6 @@ def _resume(
     return PlannedBatch(batch.batch_id, True, batch.ranges, backlog_after=remaining, kind=batch.kind, detail=detail)
 
 
-def _reader_schemas(pipeline: PipelineConfig, topics: set[str], replayed: dict[str, ledger.ReaderSchema]
-                    ) -> list[ledger.ReaderSchema]:
-    """The reader schema of each topic of a new Avro batch: its replayed batch's, else the subject's newest version,
-    refused when it cannot fill the columns (formats/avro_registry.py)."""
-    client = schema_registry().client()
-    pinned = []
-    for topic in sorted(topics):
-        if topic in replayed:
-            pinned.append(replace(replayed[topic], chosen="pinned"))
-            continue
-        subject = pipeline.value.subject_of(topic)
-        schema_id, version = avro_registry.newest(client, subject)
-        # The columns as the format reads them (a change event's row image is inside it: `after.id`).
-        avro_registry.check_reader(client, sink_for(pipeline).envelope.reading(pipeline).columns, subject, schema_id)
-        pinned.append(ledger.ReaderSchema(topic, subject, schema_id, version, "newest"))
-        log.info("topic %s: values read with version %s of subject %s (schema id %s)", topic, version, subject,
-                 schema_id)
-    return pinned
-
-
 def _refuse(problems: list[str]) -> None:
     if problems:
         raise RequestError("; ".join(problems))
@@ -279,7 +258,7 @@ def _refuse_rewrite_beside_catch_up(cur: ledger.Cursor, pipeline: PipelineConfig
 
 def _plan(
     cur: ledger.Cursor,
-    kafka: KafkaClient,
+    services: Services,
     pipeline: PipelineConfig,
     offsets: dict[TopicPartition, PartitionOffsets],
     request: BatchRequest,
@@ -290,6 +269,7 @@ def _plan(
     carrying: bool = False,
     topic_ids: dict[str, str] | None = None,
 ) -> PlannedBatch:
+    kafka = services.kafka
     _check_topic_identity(cur, kafka, pipeline, offsets, topic_ids)
     positions = _subscribed_positions(cur, pipeline, offsets)
     mine = ledger.run_open_batch(cur, pipeline.name, dag_id, run_id)
@@ -314,10 +294,13 @@ def _plan(
         batch = ledger.create_batch(cur, pipeline.name, ranges, dag_id, run_id, kind=kind,
                                     requested_by=requested_by, reason=request.reason,
                                     end_offsets={tp: o.end for tp, o in offsets.items()}, **extra)
-        if pipeline.value.format == "avro":
+        fmt = value_format(pipeline)
+        if fmt.uses_registry:
             replayed = extra.get("replay_of") if request.reader_schema == "batch" else None
-            ledger.record_reader_schemas(cur, batch.batch_id, _reader_schemas(
-                pipeline, {r.topic for r in ranges}, ledger.reader_schemas(cur, replayed) if replayed else {}))
+            # The columns as the format reads them (a change event's row image is inside it: `after.id`).
+            ledger.record_schema_pins(cur, batch.batch_id, fmt.pin(
+                services.registry().client(), pipeline, sink_for(pipeline).envelope.reading(pipeline).columns,
+                {r.topic for r in ranges}, ledger.schema_pins(cur, replayed) if replayed else {}))
         return batch
 
     in_flight = {b.batch_id: b.ranges for b in ledger.in_flight_batches(cur, pipeline.name)}

@@ -16,10 +16,8 @@ from typing import TYPE_CHECKING
 from kafka_ledger.batch import wide_read
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.services import KafkaClient, LedgerDatabase, Services
-from kafka_ledger.config.settings import schema_registry
-from kafka_ledger.formats import avro_registry
-from kafka_ledger.formats.avro import AvroFormat
 from kafka_ledger.formats.base import ValueFormat
+from kafka_ledger.formats.known import value_format
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.model.ranges import LostDataError, OffsetRange, TopicPartition, lost_ranges
@@ -147,11 +145,14 @@ def begin(services: Services, pipeline: PipelineConfig, batch_id: int,
             log.info("batch %s is already %s (attempt %s staged it): nothing to read", batch_id, batch.status,
                      batch.staged_attempt)
             return None
-        pinned = {}
-        if pipeline.value.format == "avro":
+        # A registry format's schemas, as the plan pinned them, fetched before the attempt begins: a registry away
+        # fails it with nothing begun.
+        fmt = value_format(pipeline)
+        bound = None
+        if fmt.binds:
             with conn, conn.cursor() as cur:
-                pinned = ledger.reader_schemas(cur, batch_id)
-        value_format = _bound_format(pipeline, batch, pinned)
+                pins = ledger.schema_pins(cur, batch_id)
+            bound = fmt.bound(services.registry().client(), pins, {r.topic for r in batch.ranges}, batch_id)
         try:
             with conn, conn.cursor() as cur:
                 number = ledger.begin_attempt(cur, batch_id)
@@ -167,23 +168,7 @@ def begin(services: Services, pipeline: PipelineConfig, batch_id: int,
                                             sum(r.span for r in batch.ranges), removed))
     check_not_deleted(services.kafka, batch.ranges, log_starts)
     failpoints.hit("before_read")
-    return Attempt(batch, number, pipeline.reads_headers, value_format)
-
-
-def _bound_format(pipeline: PipelineConfig, batch: ledger.Batch, pinned: dict[str, ledger.ReaderSchema]
-                  ) -> ValueFormat | None:
-    """An Avro batch's format with its schemas from the registry (before the attempt begins: a registry away fails
-    it with nothing begun); None for JSON values."""
-    if pipeline.value.format != "avro":
-        return None
-    unpinned = sorted({r.topic for r in batch.ranges} - set(pinned))
-    if unpinned:
-        raise avro_registry.ReaderSchemaRefused(
-            f"batch {batch.batch_id} has no reader schema for topic(s) {', '.join(unpinned)}: it was planned before "
-            "the pipeline declared Avro values; replay its ranges as a new batch (`kafka-ledger replay`)")
-    client = schema_registry().client()
-    return AvroFormat().bound({topic: avro_registry.topic_schemas(client, pin.subject, pin.schema_id)
-                               for topic, pin in pinned.items()})
+    return Attempt(batch, number, pipeline.reads_headers, bound)
 
 
 # Small partitions share a Spark task up to about this many offsets: each task costs ~10 ms of scheduling

@@ -23,10 +23,11 @@ from pydantic import (
 )
 
 from kafka_ledger.config.settings import SparkRuntime, deployment_settings
+from kafka_ledger.formats import known
+from kafka_ledger.formats.known import FORMATS, format_named
 from kafka_ledger.model import debezium
 from kafka_ledger.model.columns import RESERVED_COLUMNS
 from kafka_ledger.model.kinds import (
-    BYTES,
     DECLARABLE,
     DEFAULT_TIMESTAMP_FORMATS,
     DEFAULT_YEARS,
@@ -216,10 +217,8 @@ class ValueSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    format: Literal["json", "avro"] = Field(
-        default="json", description="`json`: a JSON document whose fields the columns name (by `path`); `avro`: Avro "
-                                    "in Confluent's wire format, its schemas in the schema registry ([Avro values]"
-                                    "(#avro-values))")
+    format: str = Field(
+        default="json", description="; ".join(f"`{fmt.name}`: {fmt.description}" for fmt in FORMATS.values()))
     framing: Literal["none", "confluent"] = Field(
         default="none",
         description="format `json`: `confluent` when every value is framed as Confluent's serializers write it (its "
@@ -228,7 +227,7 @@ class ValueSpec(BaseModel):
                     "document")
     subject: str | None = Field(
         default=None,
-        description="format `avro`: the registry subject whose newest version is the reader schema when a batch is "
+        description="a registry format (`avro`): the subject whose newest version is the reader schema when a batch is "
                     "planned, and whose versions are the writer schemas its values may carry; default "
                     "`<topic>-value` (Confluent's TopicNameStrategy)")
     envelope: Literal["none", "debezium"] = Field(
@@ -244,18 +243,27 @@ class ValueSpec(BaseModel):
                     "in place of a value Postgres did not log (an unchanged TOASTed value); such a column keeps the "
                     "entity's value, never the placeholder ([Unchanged TOASTed values](#unchanged-toasted-values))")
 
+    @field_validator("format")
+    @classmethod
+    def _format_is_known(cls, name: str) -> str:
+        format_named(name)
+        return name
+
     @model_validator(mode="after")
     def _options_of_the_format(self) -> ValueSpec:
-        if self.format == "avro" and "framing" in self.model_fields_set:
-            raise ValueError("framing applies to format json: Avro values are always in Confluent's wire format")
-        if self.format != "avro" and self.subject is not None:
-            raise ValueError("subject applies to format avro")
+        problems = known.value_problems(self)
         if self.envelope != "debezium" and "unavailable_value" in self.model_fields_set:
-            raise ValueError("unavailable_value applies to envelope debezium")
+            problems.append("unavailable_value applies to envelope debezium")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
+    def given(self) -> set[str]:
+        """The format's options the declaration gives (beside `format`, and the envelope's)."""
+        return self.model_fields_set - {"format", "envelope", "unavailable_value"}
+
     def subject_of(self, topic: str) -> str:
-        """The registry subject of a topic's values (format avro)."""
+        """The registry subject of a topic's values (a registry format's)."""
         return self.subject or f"{topic}-value"
 
 
@@ -600,20 +608,10 @@ class PipelineConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _columns_declared(self) -> PipelineConfig:
-        if self.columns is None and self.value.format != "avro":
-            raise ValueError("columns is required: the fields of the record, one column each (only a pipeline of "
-                             "format avro may leave it out, to take its reader schema's fields)")
-        return self
-
-    @model_validator(mode="after")
-    def _bytes_where_there_are_bytes(self) -> PipelineConfig:
-        if self.value.format == "json" and self.columns is not None:
-            in_json = [c.name for c in self.columns if c.type == BYTES and c.field_path]
-            if in_json:
-                raise ValueError(f"column(s) {', '.join(in_json)}: a bytes column reads an Avro bytes or fixed field, "
-                                 "or a whole Kafka key or header; a JSON document's field has no bytes (declare it "
-                                 "as a string)")
+    def _the_format_reads_the_declaration(self) -> PipelineConfig:
+        problems = format_named(self.value.format).declaration_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @model_validator(mode="after")
@@ -630,19 +628,6 @@ class PipelineConfig(BaseModel):
         if of_event:
             raise ValueError(f"key column(s) {', '.join(of_event)}: a change event's entity is named by its row "
                              "image (a path inside `after`, written without `after.`), not by the event's own fields")
-        return self
-
-    @model_validator(mode="after")
-    def _avro_reads_what_it_can(self) -> PipelineConfig:
-        if self.value.format != "avro":
-            return self
-        if self.extra_fields != "ignore":
-            raise ValueError("extra_fields applies to format json: an Avro value has its schema's fields, and the "
-                             "reader schema decides which are read")
-        inside = [c.name for c in self.columns or [] if c.source != "value" and c.field_path]
-        if inside:
-            raise ValueError(f"column(s) {', '.join(inside)}: with format avro a key or header column reads the whole "
-                             "key or header (no path)")
         return self
 
     @model_validator(mode="after")

@@ -35,6 +35,7 @@ from kafka_ledger.config.pipeline import (
     ValueSpec,
 )
 from kafka_ledger.config.settings import PROJECT_ROOT, Settings, env_name
+from kafka_ledger.formats.avro import AVRO_READS
 from kafka_ledger.model.kinds import DECLARABLE, DecimalKind
 
 BLOCK = re.compile(
@@ -112,7 +113,7 @@ def column_types_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-# How a column reads an Avro type (model.kinds: avro_reads), in words.
+# How a column reads an Avro type (formats.avro.AVRO_READS), in words.
 _AVRO_HOW = {"same": "", "cast": " (widened)", "range": " (a value out of range is a dead letter)",
              "fit": " (a value that does not fit exactly is a dead letter, never rounded)", "json": " (its JSON text)"}
 
@@ -124,7 +125,7 @@ def avro_types_table() -> str:
         name = "decimal(p,s)" if isinstance(kind, DecimalKind) else kind.declared
         # Consecutive types read the same way share their words.
         groups = [(how, [avro for avro, _ in group])
-                  for how, group in itertools.groupby(kind.avro_reads.items(), key=lambda item: item[1])]
+                  for how, group in itertools.groupby(AVRO_READS[kind.word].items(), key=lambda item: item[1])]
         reads = ", ".join(", ".join(f"`{avro}`" for avro in names) + _AVRO_HOW[how] for how, names in groups)
         rows.append(f"| `{name}` | {reads} |")
     return "\n".join(rows) + "\n"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
@@ -381,13 +381,24 @@ class SchemaRegistry:
     __repr__ = __str__
 
 
+def no_schema_registry() -> SchemaRegistry:
+    raise SettingsError("no schema registry configured: set KAFKA_LEDGER_SCHEMA_REGISTRY_URL")
+
+
 @dataclass(frozen=True)
 class Services:
-    """What a piece of kafka-ledger work talks to: the ledger database and Kafka, and who hears of its events."""
+    """What a piece of kafka-ledger work talks to: the ledger database and Kafka, who hears of its events, and the
+    schema registry, found when first asked (a registry format's plan, read or warm-up: a deployment of JSON values
+    needs none, and never looks it up)."""
 
     ledger: LedgerDatabase
     kafka: KafkaClient
     observer: Observer = field(default_factory=default_observer)
+    schema_registry: Callable[[], SchemaRegistry] = no_schema_registry
+
+    def registry(self) -> SchemaRegistry:
+        """The schema registry, or SettingsError saying where to set it."""
+        return self.schema_registry()
 
     def secrets(self) -> list[str]:
         """Every secret the services hold: the ledger's connection string and its password (a log may show either),
@@ -397,7 +408,7 @@ class Services:
 
     def with_observer(self, observer: Observer) -> Services:
         """The same services, their events told to `observer` instead."""
-        return Services(self.ledger, self.kafka, observer)
+        return replace(self, observer=observer)
 
     def describe(self) -> dict[str, Any]:
         """The services in words, secrets masked (a log line, the CLI)."""

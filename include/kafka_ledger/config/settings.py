@@ -27,7 +27,7 @@ from kafka_ledger.config.services import (
     Services,
     SettingsError,
 )
-from kafka_ledger.observe.observer import Observer
+from kafka_ledger.observe.observer import Observer, default_observer
 
 LEDGER_DB_CONN_ID = "kafka_ledger_db"
 KAFKA_CONN_ID = "kafka_ledger_kafka"
@@ -357,7 +357,7 @@ def deployment_services(*conn_ids: str, observer: Observer | None = None) -> Ser
     settings = deployment_settings(*conn_ids)
     kafka = KafkaClient(settings.kafka_servers(), settings.kafka_client_settings())
     ledger = _ledger_database(settings)
-    return Services(ledger, kafka) if observer is None else Services(ledger, kafka, observer)
+    return Services(ledger, kafka, default_observer() if observer is None else observer, schema_registry)
 
 
 def task_services() -> Services:
@@ -378,7 +378,7 @@ def services_for(dsn: str, servers: str, observer: Observer | None = None) -> Se
     settings = deployment_settings()
     ledger = LedgerDatabase(dsn, settings.db_statement_timeout, settings.db_lock_timeout)
     kafka = kafka_for(servers)
-    return Services(ledger, kafka) if observer is None else Services(ledger, kafka, observer)
+    return Services(ledger, kafka, default_observer() if observer is None else observer, schema_registry)
 
 
 def ledger_database() -> LedgerDatabase:

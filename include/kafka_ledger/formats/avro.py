@@ -9,29 +9,61 @@ the reader schema (Avro's schema resolution: found on the driver, once per id), 
 that from a record whose fields are all null). Trailing bytes after a record are not detected, as in Confluent's own
 deserializer. A column reads a field of the reader schema by `path`; `columns_problems` says, before anything is
 read, which columns the reader schema cannot fill (a missing field, a type the column's kind cannot hold exactly).
+
+The format's life (formats/base.py): a plan pins each topic's reader schema (`pin`: the subject's newest version, or
+the replayed batch's), the read binds the format to the pins (`bound`: the reader and every version of the subject as
+writers, with why the reader cannot read some of them: Avro's schema resolution, found on the driver), a warm-up to
+the newest versions; a pipeline may leave its columns to the reader schema's fields (`derived_columns`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from kafka_ledger.formats import framing, sources
-from kafka_ledger.formats.base import FieldRead, Reading, ValueFormat
+from kafka_ledger.formats.base import (
+    DeclaredColumn,
+    DeclaredPipeline,
+    DerivedColumns,
+    FieldRead,
+    Reading,
+    SchemaPin,
+    ValueFormat,
+)
+from kafka_ledger.formats.schema_registry import SchemaRefused, asking, newest, newest_schema, schema_of
 from kafka_ledger.model import debezium
 from kafka_ledger.model.kinds import DECLARABLE, ColumnKind, DecimalKind
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-    from kafka_ledger.config.pipeline import ColumnSpec, PipelineConfig
-
 # Appended to the reader schema with a default: true in every value that decoded, NULL in one that did not.
 DECODED_FIELD = "__kafka_ledger_decoded"
 SCHEMA_ID_COLUMN = "avro schema id"
 _PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
+
+log = logging.getLogger(__name__)
+
+# How a column of each kind (by its word) reads a field of the reader schema, by the field's Avro type (`type_name`):
+# `same`, the value as Spark decodes it; `cast`, widened without loss; `range`, narrowed, a value out of the kind's
+# range a dead letter; `fit`, a decimal that must fit exactly; `json`, its JSON text. A type missing is one the kind
+# cannot hold exactly (the plan refuses the reader schema).
+AVRO_READS: dict[str, Mapping[str, str]] = {
+    "string": {"string": "same", "enum": "same", "uuid": "same"},
+    "long": {"int": "cast", "long": "same"},
+    "int": {"long": "range", "int": "same"},
+    "double": {"float": "cast", "int": "cast", "double": "same"},
+    "boolean": {"boolean": "same"},
+    "timestamp": {"timestamp-millis": "same", "timestamp-micros": "same"},
+    "date": {"date": "same"},
+    "decimal": {"decimal": "fit", "int": "fit", "long": "fit"},
+    "jsonb": {"record": "json", "array": "json", "map": "json"},
+    "bytes": {"bytes": "same", "fixed": "same"},
+}
 
 
 @dataclass(frozen=True)
@@ -129,7 +161,8 @@ def column_kind(avro_type: Any) -> ColumnKind | None:
             return DecimalKind(int(avro_type.get("precision", 0)), int(avro_type.get("scale", 0)))
         except ValueError:  # more digits than any column holds
             return None
-    return next((kind for how in ("same", "cast", "json") for kind in DECLARABLE if kind.avro_reads.get(name) == how),
+    return next((kind for how in ("same", "cast", "json") for kind in DECLARABLE
+                 if AVRO_READS[kind.word].get(name) == how),
                 None)
 
 
@@ -161,13 +194,13 @@ def declared_columns(reader: str, envelope: str = "none") -> list[dict[str, str]
 
 
 def reading(kind: ColumnKind, avro_type: Any) -> str | None:
-    """How a column of `kind` reads a field of `avro_type` (the kind's avro_reads), or None when it cannot hold it
+    """How a column of `kind` reads a field of `avro_type` (AVRO_READS), or None when it cannot hold it
     exactly."""
     name = type_name(avro_type)
-    return kind.avro_reads.get("decimal" if name.startswith("decimal(") else name)
+    return AVRO_READS[kind.word].get("decimal" if name.startswith("decimal(") else name)
 
 
-def columns_problems(columns: list[ColumnSpec], schemas: TopicSchemas) -> list[str]:
+def columns_problems(columns: list[DeclaredColumn], schemas: TopicSchemas) -> list[str]:
     """Why the reader schema cannot fill some of the value's columns (none: every column can be read)."""
     problems = []
     for column in columns:
@@ -183,6 +216,62 @@ def columns_problems(columns: list[ColumnSpec], schemas: TopicSchemas) -> list[s
             problems.append(f"column {column.name} ({column.type}) cannot hold the reader schema's "
                             f"{'.'.join(column.field_path)} ({type_name(avro_type)}) exactly")
     return problems
+
+
+# --- the schema registry --------------------------------------------------------------------------------------------
+
+def unreadable_reason(reader: str, writer: str) -> str | None:
+    """Why values written with `writer` cannot be resolved into `reader` (Avro's schema resolution), or None."""
+    from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
+    from avro.schema import parse
+
+    result = ReaderWriterCompatibilityChecker().get_compatibility(parse(reader), parse(writer))
+    if result.compatibility == SchemaCompatibilityType.compatible:
+        return None
+    where = sorted(location for location in result.locations if location != "/") or ["/"]
+    return f"{'; '.join(sorted(result.messages))} (at {', '.join(where)})"
+
+
+def _avro(registered: Any, what: str) -> str:
+    schema = schema_of(registered, what, "AVRO")
+    if schema.references:
+        raise SchemaRefused(f"{what} refers to other schemas ({len(schema.references)} reference(s)), "
+                                  "which kafka-ledger does not resolve yet")
+    return schema.schema_str
+
+
+def newest_reader(client: Any, subject: str) -> tuple[int, int, str]:
+    """The subject's newest version: its schema id, version number and schema (Avro's JSON)."""
+    schema_id, version, schema = newest_schema(client, subject)
+    return schema_id, version, _avro(schema, f"version {version} of subject {subject}")
+
+
+def check_reader(client: Any, columns: list[DeclaredColumn], subject: str, schema_id: int) -> None:
+    """Refuse a reader schema that cannot fill the columns (SchemaRefused naming each one)."""
+    with asking(f"schema id {schema_id}"):
+        reader = _avro(client.get_schema(schema_id), f"the reader schema (id {schema_id}) of subject {subject}")
+    problems = columns_problems(columns, TopicSchemas(subject, schema_id, reader, {}))
+    if problems:
+        raise SchemaRefused("; ".join(problems))
+
+
+def topic_schemas(client: Any, subject: str, reader_id: int) -> TopicSchemas:
+    """The schemas of a topic's values in a batch: the reader `reader_id` and every version of `subject` as writers."""
+    with asking(f"the schemas of subject {subject}"):
+        reader = _avro(client.get_schema(reader_id), f"the reader schema (id {reader_id})")
+        writers = {}
+        for version in client.get_versions(subject):
+            registered = client.get_version(subject, version)
+            writers[registered.schema_id] = _avro(registered, f"version {version} of subject {subject}")
+    unreadable = {writer_id: why for writer_id, writer in writers.items()
+                  if (why := unreadable_reason(reader, writer)) is not None}
+    return TopicSchemas(subject, reader_id, reader, writers, unreadable)
+
+
+def newest_schemas(client: Any, subjects: dict[str, str]) -> dict[str, TopicSchemas]:
+    """Each topic's schemas with its subject's newest version as the reader (`subjects`: topic -> subject), as a
+    batch planned now would pin them (the Spark Connect server's warm-up reads with them)."""
+    return {topic: topic_schemas(client, subject, newest(client, subject)[0]) for topic, subject in subjects.items()}
 
 
 # --- Spark ----------------------------------------------------------------------------------------------------------
@@ -202,13 +291,69 @@ class AvroFormat(ValueFormat):
     """Avro values through a schema registry (see the module); `schemas`: the batch's, by topic."""
 
     name = "avro"
+    description = ("Avro in Confluent's wire format, its schemas in the schema registry ([Avro values]"
+                   "(#avro-values))")
+    options = frozenset({"subject"})
+    uses_registry = True
+    derives_columns = True
+    kind_readings = AVRO_READS
 
     def __init__(self, schemas: Mapping[str, TopicSchemas] | None = None):
         self.schemas = dict(schemas or {})
 
-    def bound(self, schemas: Mapping[str, TopicSchemas]) -> AvroFormat:
+    def with_schemas(self, schemas: Mapping[str, TopicSchemas]) -> AvroFormat:
         """The format with a batch's schemas."""
         return AvroFormat(schemas)
+
+    def declaration_problems(self, pipeline: DeclaredPipeline) -> list[str]:
+        problems = super().declaration_problems(pipeline)
+        if pipeline.extra_fields != "ignore":
+            problems.append("extra_fields applies to format json: an Avro value has its schema's fields, and the "
+                            "reader schema decides which are read")
+        inside = [c.name for c in pipeline.columns or [] if c.source != "value" and c.field_path]
+        if inside:
+            problems.append(f"column(s) {', '.join(inside)}: with format avro a key or header column reads the whole "
+                            "key or header (no path)")
+        return problems
+
+    def pin(self, registry: Any, pipeline: DeclaredPipeline, columns: list[DeclaredColumn], topics: set[str],
+            replayed: Mapping[str, SchemaPin]) -> list[SchemaPin]:
+        """Each topic's reader schema: its replayed batch's, else the subject's newest version, refused when it
+        cannot fill the columns."""
+        pinned = []
+        for topic in sorted(topics):
+            if topic in replayed:
+                pinned.append(replace(replayed[topic], chosen="pinned"))
+                continue
+            subject = pipeline.value.subject_of(topic)
+            schema_id, version = newest(registry, subject)
+            check_reader(registry, columns, subject, schema_id)
+            pinned.append(SchemaPin(topic, subject, schema_id, version, "newest"))
+            log.info("topic %s: values read with version %s of subject %s (schema id %s)", topic, version, subject,
+                     schema_id)
+        return pinned
+
+    def bound(self, registry: Any, pins: Mapping[str, SchemaPin], topics: set[str], batch_id: int) -> AvroFormat:
+        unpinned = sorted(topics - set(pins))
+        if unpinned:
+            raise SchemaRefused(
+                f"batch {batch_id} has no reader schema for topic(s) {', '.join(unpinned)}: it was planned before "
+                "the pipeline declared Avro values; replay its ranges as a new batch (`kafka-ledger replay`)")
+        return self.with_schemas({topic: topic_schemas(registry, pin.subject, pin.schema_id)
+                                  for topic, pin in pins.items()})
+
+    def newest(self, registry: Any, pipeline: DeclaredPipeline, topics: set[str]) -> AvroFormat:
+        return self.with_schemas(newest_schemas(registry, {topic: pipeline.value.subject_of(topic)
+                                                           for topic in sorted(topics)}))
+
+    def derived_columns(self, registry: Any, subject: str, envelope: str) -> DerivedColumns:
+        schema_id, version, reader = newest_reader(registry, subject)
+        try:
+            columns = declared_columns(reader, envelope)
+        except ValueError as exc:
+            raise SchemaRefused(f"no columns can be taken from version {version} of subject {subject}: {exc}; "
+                                "declare the pipeline's `columns:`") from None
+        return DerivedColumns(subject, schema_id, version, columns)
 
     def _decode(self, schemas: TopicSchemas) -> Column:
         from pyspark.sql import functions as F
@@ -228,7 +373,7 @@ class AvroFormat(ValueFormat):
         nothing = from_avro(F.lit(None).cast("binary"), reader, options)  # a NULL of the reader's struct type
         return nothing if decoded is None else decoded
 
-    def parse(self, records: DataFrame, pipeline: PipelineConfig, keep: list[str]) -> DataFrame:
+    def parse(self, records: DataFrame, pipeline: DeclaredPipeline, keep: list[str]) -> DataFrame:
         from pyspark.sql import functions as F
 
         framed = records.select(*keep, F.when(framing.is_framed(F.col("value")), _schema_id(F.col("value")))
@@ -250,7 +395,7 @@ class AvroFormat(ValueFormat):
         return problem.when(F.col(_decoded_column(topic))[DECODED_FIELD].isNull(), F.concat(
             F.lit("value does not decode with its writer schema (id "), schema_id.cast("string"), F.lit(")")))
 
-    def read(self, pipeline: PipelineConfig) -> Reading:
+    def read(self, pipeline: DeclaredPipeline) -> Reading:
         from pyspark.sql import functions as F
 
         topic = F.col("topic")
@@ -269,7 +414,7 @@ class AvroFormat(ValueFormat):
                   for column in pipeline.columns]
         return Reading(first, fields, [], [F.coalesce(decoded_ok, F.lit(False))])
 
-    def _field(self, column: ColumnSpec) -> FieldRead:
+    def _field(self, column: DeclaredColumn) -> FieldRead:
         """A value column: per topic, its field of the decoded struct read as the column's kind."""
         from pyspark.sql import functions as F
 

@@ -1,22 +1,114 @@
-"""The value-format seam: a wire format turns Kafka records into the declared columns' values and its own reasons.
+"""The value-format seam: a wire format owns its whole life in a pipeline, from its part of the declaration to a batch's
+decoded columns.
 
-A format (one module each: json.py, ...) reads the record's value, and its Kafka key and headers where columns say so
-(`source`, `path`), in two steps: `parse` adds what it parses once per record to the frame (one projection), then
-`read` gives each declared column's value with the format's own problems, and the problems of the documents as a
-whole. Checks that do not depend on the format (required fields, NUL in text, unexpected fields, a kind's own rules)
-are validate.py's; decode.py puts them together into (decoded columns, reason).
+A format (one module each: json.py, avro.py, ...; known.py names them) answers:
+- its part of a declaration: the options it takes (`options`, `value_problems`) and what it asks of the columns
+  (`declaration_problems`), checked when the pipelines file loads (config.pipeline asks it);
+- what a batch pins when it is planned (`pin`: a registry format's schema per topic, recorded in the ledger before
+  anything is read), and the format bound to those pins for the read (`bound`), or to the newest schemas for a warm-up
+  (`newest`);
+- whether it needs the schema registry (`uses_registry`: its secrets are then masked and handed to a Spark job), and
+  the columns it can derive when a declaration leaves them out (`derived_columns`);
+- the decoding itself, in two steps: `parse` adds what it parses once per record to the frame (one projection), then
+  `read` gives each declared column's value with the format's own problems, and the problems of the documents as a
+  whole. Checks that do not depend on the format (required fields, NUL in text, unexpected fields, a kind's own rules)
+  are validate.py's; decode.py puts them together into (decoded columns, reason).
+
+Formats sit below the declaration (config/): they see a pipeline through the protocols below, never its classes.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-    from kafka_ledger.config.pipeline import ColumnSpec, PipelineConfig
+    from kafka_ledger.model.kinds import ColumnKind
+
+
+class DeclaredColumn(Protocol):
+    """A declared column, as a format reads it (config.pipeline.ColumnSpec)."""
+
+    name: str
+    type: ColumnKind
+    source: str
+    path: str | None
+    required: bool
+
+    @property
+    def source_kind(self) -> str: ...
+
+    @property
+    def field_path(self) -> tuple[str, ...]: ...
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def required_reason(self) -> str: ...
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None) -> Any: ...
+
+
+class DeclaredValue(Protocol):
+    """A declaration's `value:` (config.pipeline.ValueSpec): the format's name and options, and the envelope."""
+
+    format: str
+    framing: str
+    subject: str | None
+    envelope: str
+    unavailable_value: str
+
+    def subject_of(self, topic: str) -> str: ...
+
+    def given(self) -> set[str]: ...
+
+
+class DeclaredPipeline(Protocol):
+    """A pipeline's declaration, as a format reads it (config.pipeline.PipelineConfig); `columns` is None when the
+    declaration leaves them to the format (`derives_columns`) and they were not taken yet."""
+
+    name: str
+    value: DeclaredValue
+    columns: Any
+    key: list[str]
+    extra_fields: str
+
+    @property
+    def key_columns(self) -> list[Any]: ...
+
+    @property
+    def reads_headers(self) -> bool: ...
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None) -> Any: ...
+
+
+@dataclass(frozen=True)
+class SchemaPin:
+    """The schema a topic of a batch is read with (a registry format's): a subject's version in the schema registry,
+    the newest when the batch was planned (`newest`) or its replayed batch's (`pinned`). Recorded in the ledger by the
+    plan, before anything is read; the read binds the format to it."""
+
+    topic: str
+    subject: str
+    schema_id: int
+    version: int | None
+    chosen: str
+
+
+@dataclass(frozen=True)
+class DerivedColumns:
+    """The columns a format derived from a subject's newest version: the declarations (as a pipelines file writes
+    them) and the version they come from."""
+
+    subject: str
+    schema_id: int
+    version: int
+    columns: list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -26,7 +118,7 @@ class FieldRead:
     true only when every one of those reasons is NULL (the lean path's proof; None: check the reasons themselves),
     and `raw_text`."""
 
-    column: ColumnSpec
+    column: DeclaredColumn
     value: Column
     problems: list[Column] = field(default_factory=list)
     cheap_ok: Column | None = None
@@ -57,12 +149,75 @@ class ValueFormat(ABC):
     """A wire format of Kafka records (`value: {format: ...}` in a pipeline's declaration)."""
 
     name: ClassVar[str]
+    # The format in the configuration reference.
+    description: ClassVar[str]
+    # The `value:` options the format takes beside `format` and the envelope's (the others are refused).
+    options: ClassVar[frozenset[str]] = frozenset()
+    # Whether values carry a schema id the schema registry resolves: the format then pins a schema per topic when a
+    # batch is planned, and needs the registry (its secrets masked, handed to a Spark job).
+    uses_registry: ClassVar[bool] = False
+    # Whether a declaration may leave `columns:` out: the format derives them from the subject's newest schema.
+    derives_columns: ClassVar[bool] = False
+    # How the format reads a column of each kind, by the kind's word (model.kinds): the one place a format decides by
+    # kind. Every declarable kind has its entry in every format (a test keeps it so).
+    kind_readings: ClassVar[Mapping[str, object]]
+
+    def kind_reading(self, kind: ColumnKind) -> Any:
+        """How the format reads a column of `kind` (its entry in kind_readings)."""
+        return self.kind_readings[kind.word]
+
+    # --- the declaration ----------------------------------------------------------------------------------------
+
+    def value_problems(self, value: DeclaredValue) -> list[str]:
+        """Why the declaration's `value:` options (those in `options`: known.py refuses the others) do not fit the
+        format (none: they do)."""
+        return []
+
+    def declaration_problems(self, pipeline: DeclaredPipeline) -> list[str]:
+        """Why the pipeline's declaration cannot be read in this format (columns it cannot fill, options of the
+        pipeline it does not support); none: it can."""
+        if pipeline.columns is None and not self.derives_columns:
+            return [f"columns is required: the fields of the record, one column each (format {self.name} has no "
+                    "schema to take them from)"]
+        return []
+
+    # --- a batch's schemas --------------------------------------------------------------------------------------
+
+    def pin(self, registry: Any, pipeline: DeclaredPipeline, columns: list[DeclaredColumn], topics: set[str],
+            replayed: Mapping[str, SchemaPin]) -> list[SchemaPin]:
+        """What a new batch of `topics` pins (its replayed batch's pins, `replayed`, where it has them), refused
+        when its schema cannot fill `columns` (the columns as the format reads them); nothing for a format whose
+        values carry no schema id."""
+        return []
+
+    def bound(self, registry: Any, pins: Mapping[str, SchemaPin], topics: set[str], batch_id: int) -> ValueFormat:
+        """The format bound to a batch's pins for its read (its schemas fetched from `registry`, before the attempt
+        begins: a registry away fails it with nothing begun)."""
+        return self
+
+    def newest(self, registry: Any, pipeline: DeclaredPipeline, topics: set[str]) -> ValueFormat:
+        """The format bound to the newest schemas of `topics`, as the pipeline's next batch will likely pin them (a
+        warm-up's read)."""
+        return self
+
+    @property
+    def binds(self) -> bool:
+        """Whether a batch's read needs the format bound to its pins (`bound`): decoded alone, never beside other
+        pipelines' records."""
+        return self.uses_registry
+
+    def derived_columns(self, registry: Any, subject: str, envelope: str) -> DerivedColumns:
+        """The columns of every field of the subject's newest schema (of a change event's row image, envelope
+        debezium), each of the column type that holds it."""
+        raise NotImplementedError(f"format {self.name} takes its columns from the declaration")
+
+    # --- the decoding ---------------------------------------------------------------------------------------------
 
     @abstractmethod
-    def parse(self, records: DataFrame, pipeline: PipelineConfig, keep: list[str]) -> DataFrame:
+    def parse(self, records: DataFrame, pipeline: DeclaredPipeline, keep: list[str]) -> DataFrame:
         """The records (Spark's Kafka source rows) with `keep` of their columns and what the format parses once per
         record, each in a column of its own (one projection: the reading refers to each several times)."""
 
     @abstractmethod
-    def read(self, pipeline: PipelineConfig) -> Reading:
+    def read(self, pipeline: DeclaredPipeline) -> Reading:
         """The columns' values and the format's reasons, as expressions over `parse`'s frame."""

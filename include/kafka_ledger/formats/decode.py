@@ -13,24 +13,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kafka_ledger.formats import validate
-from kafka_ledger.formats.avro import AvroFormat
 from kafka_ledger.formats.base import FieldRead, ValueFormat
-from kafka_ledger.formats.json import JsonFormat
+from kafka_ledger.formats.known import value_format
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-    from kafka_ledger.config.pipeline import PipelineConfig
+    from kafka_ledger.formats.base import DeclaredPipeline
     from kafka_ledger.formats.envelope import Envelope
 
-FORMATS: dict[str, ValueFormat] = {fmt.name: fmt for fmt in (JsonFormat(), AvroFormat())}
 # The Kafka source's columns a decoded row keeps (the raw key and value for dead letters).
 _KEPT = ["topic", "partition", "offset", "timestamp", "key", "value"]
-
-
-def value_format(pipeline: PipelineConfig) -> ValueFormat:
-    """The pipeline's wire format, as its `value` declares."""
-    return FORMATS[pipeline.value.format]
 
 
 def _all(checks: list[Column]) -> Column:
@@ -49,7 +42,7 @@ def _without_value(read: FieldRead, lacks: Column) -> FieldRead:
                      None if read.cheap_ok is None else lacks | read.cheap_ok, read.raw_text)
 
 
-def decode_records(records: DataFrame, pipeline: PipelineConfig, envelope: Envelope, *,
+def decode_records(records: DataFrame, pipeline: DeclaredPipeline, envelope: Envelope, *,
                    lean: bool = True, fmt: ValueFormat | None = None) -> DataFrame:
     """Kafka source rows -> Kafka coordinates, raw key and value, `error` (NULL: publishable), the declared columns
     and the envelope's (an entity table's tombstone flag).

@@ -20,8 +20,7 @@ from kafka_ledger.model.kinds import STRING, StringKind
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
-    from kafka_ledger.config.pipeline import ColumnSpec, PipelineConfig
-    from kafka_ledger.formats.base import FieldRead
+    from kafka_ledger.formats.base import DeclaredColumn, DeclaredPipeline, FieldRead
 
 
 @dataclass(frozen=True)
@@ -37,23 +36,23 @@ class Envelope(ABC):
     """How records become rows."""
 
     @abstractmethod
-    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column],
+    def cheap_ok(self, pipeline: DeclaredPipeline, values: dict[str, Column],
                  unavailable: dict[str, Column]) -> list[Column]:
         """Cheap expressions that, all true, prove the envelope adds no reason of its own (`values`: the columns of
         `reading(pipeline)` as the format read them; `unavailable`: as `unavailable` found them)."""
 
-    def reading(self, pipeline: PipelineConfig) -> PipelineConfig:
+    def reading(self, pipeline: DeclaredPipeline) -> DeclaredPipeline:
         """The pipeline as the format reads the records: its own columns, unless the envelope moves or adds some."""
         return pipeline
 
-    def unavailable(self, pipeline: PipelineConfig, read: FieldRead) -> Column | None:
+    def unavailable(self, pipeline: DeclaredPipeline, read: FieldRead) -> Column | None:
         """True where the record carries no value for the column but a placeholder of its producer's (a change
         event's unchanged TOASTed value): the column then reads as NULL with none of its problems, and `apply` says
         what becomes of it. None: the column's value is always the record's."""
         return None
 
     @abstractmethod
-    def apply(self, pipeline: PipelineConfig, error: Column, values: dict[str, Column],
+    def apply(self, pipeline: DeclaredPipeline, error: Column, values: dict[str, Column],
               unavailable: dict[str, Column]) -> Enveloped:
         """The record's reason (given the format's and the checks' `error`) and its values, for the output
         (`unavailable`: the columns `unavailable` named, and where they lack their value)."""
@@ -71,13 +70,13 @@ class Envelope(ABC):
 class AppendRecords(Envelope):
     """Every record is a row; a record without a value (a tombstone) is a dead letter."""
 
-    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column],
+    def cheap_ok(self, pipeline: DeclaredPipeline, values: dict[str, Column],
                  unavailable: dict[str, Column]) -> list[Column]:
         from pyspark.sql import functions as F
 
         return [F.col("value").isNotNull()]
 
-    def apply(self, pipeline: PipelineConfig, error: Column, values: dict[str, Column],
+    def apply(self, pipeline: DeclaredPipeline, error: Column, values: dict[str, Column],
               unavailable: dict[str, Column]) -> Enveloped:
         from pyspark.sql import functions as F
 
@@ -90,7 +89,7 @@ class KeyedChanges(Envelope):
     and Debezium write keys) or, for a single key column, that column's value as text; a key column read from the
     Kafka key itself (`source: key`) has its value either way."""
 
-    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column],
+    def cheap_ok(self, pipeline: DeclaredPipeline, values: dict[str, Column],
                  unavailable: dict[str, Column]) -> list[Column]:
         from pyspark.sql import functions as F
 
@@ -100,7 +99,7 @@ class KeyedChanges(Envelope):
     def extra_columns(self) -> tuple[ledger_columns.Column, ...]:
         return (TOMBSTONE,)
 
-    def apply(self, pipeline: PipelineConfig, error: Column, values: dict[str, Column],
+    def apply(self, pipeline: DeclaredPipeline, error: Column, values: dict[str, Column],
               unavailable: dict[str, Column]) -> Enveloped:
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
@@ -136,7 +135,7 @@ class KeyedChanges(Envelope):
 OP_COLUMN = "debezium op"
 
 
-def _old_key_column(column: ColumnSpec) -> str:
+def _old_key_column(column: DeclaredColumn) -> str:
     return f"debezium before {column.name}"
 
 
@@ -147,7 +146,7 @@ class DebeziumChanges(Envelope):
     changes nothing (the delete did it): a published row with no key, which the merge passes over. Any other event
     (t, a truncate; an unknown op; no op at all) is a dead letter saying why, never applied."""
 
-    def reading(self, pipeline: PipelineConfig) -> PipelineConfig:
+    def reading(self, pipeline: DeclaredPipeline) -> DeclaredPipeline:
         """Value columns read at their event path; none required there (a delete has no row image: the required
         fields are checked for upserts, in `apply`); and the hidden columns: the op, and each value key column's
         field in the old row image."""
@@ -162,12 +161,12 @@ class DebeziumChanges(Envelope):
         return pipeline.model_copy(update={"columns": [*moved, op, *old_keys]})
 
     @staticmethod
-    def _keys(pipeline: PipelineConfig, values: dict[str, Column]) -> dict[str, Column]:
+    def _keys(pipeline: DeclaredPipeline, values: dict[str, Column]) -> dict[str, Column]:
         """A delete's key columns: from the old row image, or as read where the column reads the key or a header."""
         return {c.name: values[_old_key_column(c)] if c.source_kind == "value" else values[c.name]
                 for c in pipeline.key_columns}
 
-    def unavailable(self, pipeline: PipelineConfig, read: FieldRead) -> Column | None:
+    def unavailable(self, pipeline: DeclaredPipeline, read: FieldRead) -> Column | None:
         """A row-image column holding the connector's placeholder (`value.unavailable_value`) in any form Debezium
         writes it (model/debezium.py), as the format carried it or as the column's kind read it."""
         from pyspark.sql import functions as F
@@ -187,7 +186,7 @@ class DebeziumChanges(Envelope):
         return F.coalesce(found, F.lit(False))
 
     @staticmethod
-    def _fillable(pipeline: PipelineConfig, unavailable: dict[str, Column]) -> list[str]:
+    def _fillable(pipeline: DeclaredPipeline, unavailable: dict[str, Column]) -> list[str]:
         """The columns whose unavailable value the merge keeps from the entity: all but its key."""
         return [name for name in unavailable if name not in pipeline.key]
 
@@ -197,7 +196,7 @@ class DebeziumChanges(Envelope):
         value = values[name].isNotNull()
         return value | unavailable[name] if name in unavailable else value
 
-    def cheap_ok(self, pipeline: PipelineConfig, values: dict[str, Column],
+    def cheap_ok(self, pipeline: DeclaredPipeline, values: dict[str, Column],
                  unavailable: dict[str, Column]) -> list[Column]:
         from pyspark.sql import functions as F
 
@@ -214,7 +213,7 @@ class DebeziumChanges(Envelope):
             delete = delete & key.isNotNull()
         return [F.col("value").isNotNull(), F.coalesce(upsert | delete, F.lit(False))]
 
-    def apply(self, pipeline: PipelineConfig, error: Column, values: dict[str, Column],
+    def apply(self, pipeline: DeclaredPipeline, error: Column, values: dict[str, Column],
               unavailable: dict[str, Column]) -> Enveloped:
         from pyspark.sql import functions as F
 
@@ -271,7 +270,7 @@ class DebeziumChanges(Envelope):
         ])
 
     @staticmethod
-    def _header_key(pipeline: PipelineConfig, header: str) -> Column:
+    def _header_key(pipeline: DeclaredPipeline, header: str) -> Column:
         """The key a primary-key change's header names (a JSON object of the source key's fields), as a JSON object
         of the key columns, typed as they are; NULL without the header, or when a key column is not a field of the
         row image or of the Kafka key (then the change's entities cannot be linked)."""

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 from kafka_ledger.formats import framing, sources
 from kafka_ledger.formats.base import FieldRead, Reading, ValueFormat
-from kafka_ledger.model.kinds import DecimalKind, JsonbKind, StringKind, TimestampKind
+from kafka_ledger.model.kinds import TimestampKind
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
-    from kafka_ledger.config.pipeline import ColumnSpec, PipelineConfig
+    from kafka_ledger.formats.base import DeclaredColumn, DeclaredPipeline
 
 CORRUPT_COLUMN = "_corrupt_record"
 # The value's document when it is not the value as it is: after the frame (`framing: confluent`; NULL when not
@@ -48,9 +48,28 @@ def json_path(path: tuple[str, ...]) -> str:
     return "$" + "".join(f".{key}" if _IDENTIFIER.match(key) else f"['{key}']" for key in path)
 
 
-def _from_variant(column: ColumnSpec) -> bool:
+# How a column of each kind (by its word) reads its field: `typed`, the token as from_json types it (a number, a
+# boolean); `string`, a string token (an object or array refused); `text`, the token's text read by the kind
+# (`from_text`); `timestamp`, the token's text parsed once as ISO-8601 and once as a number (`TimestampKind.parses`);
+# `exact number`, the token's text from a Spark variant of the document (a JSON number of up to 38 digits exactly,
+# where from_json would go through a binary float); `document`, a JSON object or array from the variant, kept whole;
+# `none`, no JSON token holds the kind (the declaration is refused).
+JSON_READS: dict[str, str] = {
+    "string": "string", "long": "typed", "int": "typed", "double": "typed", "boolean": "typed",
+    "timestamp": "timestamp", "date": "text", "decimal": "exact number", "jsonb": "document", "bytes": "none",
+}
+# The readings whose field comes from the document's variant rather than from_json, and those from_json gives as text.
+_FROM_VARIANT = ("exact number", "document")
+_AS_TEXT = ("text", "timestamp")
+
+
+def _reading(column: DeclaredColumn) -> str:
+    return JSON_READS[column.type.word]
+
+
+def _from_variant(column: DeclaredColumn) -> bool:
     """Whether the column's value is read from the document's variant (exactly) rather than by from_json."""
-    return isinstance(column.type, DecimalKind | JsonbKind)
+    return _reading(column) in _FROM_VARIANT
 
 
 @dataclass(frozen=True)
@@ -59,7 +78,7 @@ class _Document:
     columns in the parsed frame (not identifiers: no declared column can take them)."""
 
     source: str
-    columns: tuple[ColumnSpec, ...]
+    columns: tuple[DeclaredColumn, ...]
 
     @property
     def is_value(self) -> bool:
@@ -95,7 +114,7 @@ class _Document:
             node = tree
             for key in column.field_path[:-1]:
                 node = node.setdefault(key, {})  # type: ignore[assignment]
-            node[column.field_path[-1]] = T.StringType() if column.type.read_as_text else column.type.spark_type()
+            node[column.field_path[-1]] = T.StringType() if _reading(column) in _AS_TEXT else column.type.spark_type()
 
         def struct(node: dict[str, object]) -> StructType:
             return T.StructType([T.StructField(key, struct(sub) if isinstance(sub, dict) else sub)  # type: ignore[arg-type]
@@ -105,7 +124,7 @@ class _Document:
         return T.StructType([*top.fields, T.StructField(CORRUPT_COLUMN, T.StringType())])
 
 
-def _raw(source: str, pipeline: PipelineConfig) -> Column:
+def _raw(source: str, pipeline: DeclaredPipeline) -> Column:
     """A document's bytes: the value's document (VALUE_DOCUMENT when it is not the value itself), the key, or a
     header."""
     from pyspark.sql import functions as F
@@ -113,11 +132,11 @@ def _raw(source: str, pipeline: PipelineConfig) -> Column:
     return F.col(VALUE_DOCUMENT) if source == "value" and _has_document(pipeline) else sources.source_bytes(source)
 
 
-def _has_document(pipeline: PipelineConfig) -> bool:
+def _has_document(pipeline: DeclaredPipeline) -> bool:
     return _framed(pipeline) or pipeline.value.envelope == "debezium"
 
 
-def _value_document(pipeline: PipelineConfig) -> Column:
+def _value_document(pipeline: DeclaredPipeline) -> Column:
     """The value's document: after the frame when framed; a change event's payload when the JsonConverter wrapped
     it (a document starting with a `schema` field, then holding a `payload`)."""
     from pyspark.sql import functions as F
@@ -140,11 +159,11 @@ def _prefixed(prefix: str) -> Callable[[Column], Column]:
     return lambda key: F.concat(F.lit(prefix), key)
 
 
-def _text_column(column: ColumnSpec, how: str) -> str:
+def _text_column(column: DeclaredColumn, how: str) -> str:
     return f"parsed timestamp {how} of {column.name}"
 
 
-def _framed(pipeline: PipelineConfig) -> bool:
+def _framed(pipeline: DeclaredPipeline) -> bool:
     return pipeline.value.framing == "confluent"
 
 
@@ -152,15 +171,26 @@ class JsonFormat(ValueFormat):
     """JSON documents: the record's value must be a JSON object; a key or header a column reads by path too."""
 
     name = "json"
+    description = "a JSON document whose fields the columns name (by `path`)"
+    options = frozenset({"framing"})
+    kind_readings = JSON_READS
 
-    def _documents(self, pipeline: PipelineConfig) -> list[_Document]:
-        by_source: dict[str, list[ColumnSpec]] = {"value": []}
+    def declaration_problems(self, pipeline: DeclaredPipeline) -> list[str]:
+        problems = super().declaration_problems(pipeline)
+        in_json = [c.name for c in pipeline.columns or [] if _reading(c) == "none" and c.field_path]
+        if in_json:
+            problems.append(f"column(s) {', '.join(in_json)}: a bytes column reads an Avro bytes or fixed field, or a "
+                            "whole Kafka key or header; a JSON document's field has no bytes (declare it as a string)")
+        return problems
+
+    def _documents(self, pipeline: DeclaredPipeline) -> list[_Document]:
+        by_source: dict[str, list[DeclaredColumn]] = {"value": []}
         for column in pipeline.columns:
             if column.field_path:
                 by_source.setdefault(column.source, []).append(column)
         return [_Document(source, tuple(columns)) for source, columns in by_source.items()]
 
-    def parse(self, records: DataFrame, pipeline: PipelineConfig, keep: list[str]) -> DataFrame:
+    def parse(self, records: DataFrame, pipeline: DeclaredPipeline, keep: list[str]) -> DataFrame:
         from pyspark.sql import functions as F
 
         documents = self._documents(pipeline)
@@ -173,7 +203,7 @@ class JsonFormat(ValueFormat):
             for d in documents], *[
             F.try_parse_json(_raw(d.source, pipeline).cast("string")).alias(d.variant)
             for d in documents if d.needs_variant])
-        timestamps = [(d, c) for d in documents for c in d.columns if isinstance(c.type, TimestampKind)]
+        timestamps = [(d, c) for d in documents for c in d.columns if _reading(c) == "timestamp"]
         if timestamps:
             parsed = parsed.select("*", *[
                 parse.alias(_text_column(c, how)) for d, c in timestamps
@@ -181,7 +211,7 @@ class JsonFormat(ValueFormat):
         return parsed
 
     @staticmethod
-    def _token(document: _Document, column: ColumnSpec) -> Column:
+    def _token(document: _Document, column: DeclaredColumn) -> Column:
         from pyspark.sql import functions as F
 
         value = F.col(document.parsed)
@@ -189,7 +219,7 @@ class JsonFormat(ValueFormat):
             value = value.getField(key)
         return value
 
-    def read(self, pipeline: PipelineConfig) -> Reading:
+    def read(self, pipeline: DeclaredPipeline) -> Reading:
         from pyspark.sql import functions as F
 
         documents = self._documents(pipeline)
@@ -240,37 +270,60 @@ class JsonFormat(ValueFormat):
         unexpected = self._unexpected(documents[0], pipeline) if pipeline.extra_fields == "dead_letter" else None
         return Reading(first, [reads[c.name] for c in pipeline.columns], last, cheap, unexpected)
 
-    def _field(self, document: _Document, column: ColumnSpec, text: Column) -> FieldRead:
+    def _field(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
+        """A column's field of the document, read as JSON_READS says for its kind."""
+        readers = {"typed": self._typed, "string": self._typed, "text": self._text, "timestamp": self._timestamp,
+                   "exact number": self._exact_number, "document": self._document}
+        return readers[_reading(column)](document, column, text)
+
+    @staticmethod
+    def _variant(document: _Document, column: DeclaredColumn) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.variant_get(F.col(document.variant), json_path(column.field_path), "variant")
+
+    def _document(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
+        from pyspark.sql import functions as F
+
+        variant = self._variant(document, column)
+        read = column.type.from_variant(variant, variant.isNotNull() & ~F.is_variant_null(variant), column.label)
+        return FieldRead(column, read.value, [read.problem], raw_text=F.try_variant_get(variant, "$", "string"))
+
+    def _exact_number(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
+        from pyspark.sql import functions as F
+
+        kind, label = column.type, column.label
+        variant = self._variant(document, column)
+        shape = F.schema_of_variant(variant)
+        exact = (shape == F.lit("STRING")) | shape.startswith("DECIMAL") | shape.isin(*_EXACT_NUMBERS)
+        token = F.when(exact, F.variant_get(variant, "$", "string"))
+        read = kind.from_text(token, column, label)
+        shaped = F.when(variant.isNotNull() & ~F.is_variant_null(variant) & ~exact, F.when(
+            shape.isin("DOUBLE", "FLOAT"), F.lit(f"{label} is not a valid {kind} (a number in exponent notation "
+                                                 "or of more than 38 digits cannot be kept exactly)"))
+            .otherwise(F.lit(f"{label} is not a valid {kind}")))
+        return FieldRead(column, read.value, [shaped, read.problem])
+
+    def _timestamp(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
+        from pyspark.sql import functions as F
+
+        read = column.type.from_parsed(self._token(document, column), F.col(_text_column(column, "text")),
+                                       F.col(_text_column(column, "number")), column, column.label)
+        return FieldRead(column, read.value, [read.problem])
+
+    def _text(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
+        read = column.type.from_text(self._token(document, column), column, column.label)
+        return FieldRead(column, read.value, [read.problem])
+
+    def _typed(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
         from pyspark.sql import functions as F
 
         kind, label, path = column.type, column.label, json_path(column.field_path)
-        if _from_variant(column):
-            variant = F.variant_get(F.col(document.variant), path, "variant")
-            if isinstance(kind, JsonbKind):
-                read = kind.from_variant(variant, variant.isNotNull() & ~F.is_variant_null(variant), label)
-                return FieldRead(column, read.value, [read.problem],
-                                 raw_text=F.try_variant_get(variant, "$", "string"))
-            shape = F.schema_of_variant(variant)
-            exact = (shape == F.lit("STRING")) | shape.startswith("DECIMAL") | shape.isin(*_EXACT_NUMBERS)
-            token = F.when(exact, F.variant_get(variant, "$", "string"))
-            read = kind.from_text(token, column, label)
-            shaped = F.when(variant.isNotNull() & ~F.is_variant_null(variant) & ~exact, F.when(
-                shape.isin("DOUBLE", "FLOAT"), F.lit(f"{label} is not a valid {kind} (a number in exponent notation "
-                                                     "or of more than 38 digits cannot be kept exactly)"))
-                .otherwise(F.lit(f"{label} is not a valid {kind}")))
-            return FieldRead(column, read.value, [shaped, read.problem])
         token = self._token(document, column)
-        if isinstance(kind, TimestampKind):
-            read = kind.from_parsed(token, F.col(_text_column(column, "text")), F.col(_text_column(column, "number")),
-                                    column, label)
-            return FieldRead(column, read.value, [read.problem])
-        if kind.read_as_text:
-            read = kind.from_text(token, column, label)
-            return FieldRead(column, read.value, [read.problem])
         present = F.get_json_object(text, path).isNotNull()
         problems = [F.when(present & token.isNull(), F.lit(f"{label} is not a valid {kind}"))]
         cheap_ok = F.lit(True)
-        if isinstance(kind, StringKind):
+        if _reading(column) == "string":
             # from_json turns an object or array into its JSON text for a string column: refuse that. What looks
             # like JSON text may be a string holding it: only the variant tells (computed for failing records only).
             shape = F.schema_of_variant(F.variant_get(F.try_parse_json(text), path, "variant"))
@@ -282,7 +335,7 @@ class JsonFormat(ValueFormat):
         return FieldRead(column, token, problems, cheap_ok)
 
     @staticmethod
-    def _unexpected(value: _Document, pipeline: PipelineConfig) -> Column:
+    def _unexpected(value: _Document, pipeline: DeclaredPipeline) -> Column:
         """The value's fields no column reads, as sorted paths: at its top level, and inside every object a declared
         path goes through."""
         from pyspark.sql import functions as F

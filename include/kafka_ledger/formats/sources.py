@@ -10,7 +10,7 @@ from kafka_ledger.formats.base import FieldRead
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
-    from kafka_ledger.config.pipeline import ColumnSpec
+    from kafka_ledger.formats.base import DeclaredColumn
 
 
 def source_bytes(source: str) -> Column:
@@ -24,7 +24,7 @@ def source_bytes(source: str) -> Column:
     return F.try_element_at(matching, F.lit(1))["value"]
 
 
-def whole_source(column: ColumnSpec) -> FieldRead:
+def whole_source(column: DeclaredColumn) -> FieldRead:
     """A column of the whole Kafka key or header, read from its bytes as the column's kind reads them."""
     read = column.type.from_bytes(source_bytes(column.source), column, column.label)
     return FieldRead(column, read.value, [read.problem])

@@ -17,6 +17,7 @@ import psycopg2.extras
 
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.services import LedgerDatabase
+from kafka_ledger.formats.base import SchemaPin
 from kafka_ledger.ledger import replies as db_replies
 from kafka_ledger.ledger import sql
 from kafka_ledger.model.columns import Column
@@ -262,29 +263,18 @@ def create_batch(
     return get_batch(cur, batch_id)
 
 
-@dataclass(frozen=True)
-class ReaderSchema:
-    """The reader schema a topic of an Avro batch is decoded with: a subject's version in the schema registry, the
-    newest when the batch was planned (`newest`) or its replayed batch's (`pinned`)."""
-
-    topic: str
-    subject: str
-    schema_id: int
-    version: int | None
-    chosen: str
-
-
-def record_reader_schemas(cur: Cursor, batch_id: int, schemas: list[ReaderSchema]) -> None:
-    """Pin the reader schemas of a batch's topics (in the plan's transaction, before anything is read)."""
+def record_schema_pins(cur: Cursor, batch_id: int, schemas: list[SchemaPin]) -> None:
+    """Pin the schemas of a batch's topics (a registry format's: in the plan's transaction, before anything is
+    read)."""
     psycopg2.extras.execute_batch(cur, sql.INSERT_BATCH_READER_SCHEMA, [
         {"batch_id": batch_id, "topic": s.topic, "subject": s.subject, "schema_id": s.schema_id,
          "version": s.version, "chosen": s.chosen} for s in schemas])
 
 
-def reader_schemas(cur: Cursor, batch_id: int) -> dict[str, ReaderSchema]:
-    """The reader schemas pinned for a batch, by topic (none for a batch of JSON values)."""
+def schema_pins(cur: Cursor, batch_id: int) -> dict[str, SchemaPin]:
+    """The schemas pinned for a batch, by topic (none for a format whose values carry no schema id)."""
     cur.execute(sql.SELECT_BATCH_READER_SCHEMAS, {"batch_id": batch_id})
-    return {row[0]: ReaderSchema(*row) for row in cur.fetchall()}
+    return {row[0]: SchemaPin(*row) for row in cur.fetchall()}
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ INSERT_BATCH_RANGES = """
 """
 BATCH_RANGE_VALUES = "(%s::bigint, %s, %s, %s::int, %s::bigint, %s::bigint, %s::bigint, %s::bigint)"
 
-# The reader schema of each topic of an Avro batch (format avro: formats/avro_registry.py).
+# The schema each topic of a batch is read with (a registry format's: formats/base.SchemaPin).
 INSERT_BATCH_READER_SCHEMA = """
     INSERT INTO kafka_ledger.batch_reader_schemas (batch_id, topic, subject, schema_id, version, chosen)
     VALUES (%(batch_id)s, %(topic)s, %(subject)s, %(schema_id)s, %(version)s, %(chosen)s)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
@@ -74,13 +73,6 @@ class ColumnKind(ABC):
     key_capable: ClassVar[bool] = False
     # What the kind holds, in words, for the configuration reference.
     description: ClassVar[str] = ""
-    # How a text-carrying format (JSON) hands its token to `from_text`: as the token's text (True), or parsed into
-    # `spark_type()` by the format itself (False: numbers, booleans, strings).
-    read_as_text: ClassVar[bool] = False
-    # The Avro types (of a reader schema's field, by name) a column of the kind reads exactly, and how
-    # (formats/avro.py): `same`, the value as Spark decodes it; `cast`, widened without loss; `range`, narrowed, a
-    # value out of the kind's range a dead letter; `fit`, a decimal that must fit exactly; `json`, its JSON text.
-    avro_reads: ClassVar[Mapping[str, str]] = {}
 
     @property
     def declared(self) -> str:
@@ -166,7 +158,6 @@ class _Textual(ColumnKind):
 
 class StringKind(_Textual):
     word = "string"
-    avro_reads = {"string": "same", "enum": "same", "uuid": "same"}
     key_capable = True
     description = "text (no NUL character: Postgres text cannot hold it)"
     postgres_type = "text"
@@ -211,7 +202,6 @@ class _Integral(ColumnKind):
 
 class LongKind(_Integral):
     word = "long"
-    avro_reads = {"int": "cast", "long": "same"}
     description = "a 64-bit integer"
     postgres_type = "bigint"
 
@@ -233,7 +223,6 @@ class LongKind(_Integral):
 
 class IntKind(_Integral):
     word = "int"
-    avro_reads = {"long": "range", "int": "same"}
     description = "a 32-bit integer"
     postgres_type = "integer"
 
@@ -255,7 +244,6 @@ class IntKind(_Integral):
 
 class DoubleKind(ColumnKind):
     word = "double"
-    avro_reads = {"float": "cast", "int": "cast", "double": "same"}
     description = "a binary floating-point number"
     postgres_type = "double precision"
 
@@ -277,7 +265,6 @@ class DoubleKind(ColumnKind):
 
 class BooleanKind(ColumnKind):
     word = "boolean"
-    avro_reads = {"boolean": "same"}
     description = "true or false"
     postgres_type = "boolean"
 
@@ -306,10 +293,8 @@ class BooleanKind(ColumnKind):
 
 class TimestampKind(ColumnKind):
     word = "timestamp"
-    avro_reads = {"timestamp-millis": "same", "timestamp-micros": "same"}
     description = "an instant, from ISO-8601 text or an epoch number ([Timestamps](#timestamps)), in `years`"
     postgres_type = "timestamptz"
-    read_as_text = True
 
     def spark_type(self) -> DataType:
         from pyspark.sql import types as T
@@ -404,10 +389,8 @@ class TimestampKind(ColumnKind):
 
 class DateKind(ColumnKind):
     word = "date"
-    avro_reads = {"date": "same"}
     description = "a calendar date written `YYYY-MM-DD`, in `years`"
     postgres_type = "date"
-    read_as_text = True
 
     def spark_type(self) -> DataType:
         from pyspark.sql import types as T
@@ -448,10 +431,8 @@ class DecimalKind(ColumnKind):
 
     word: ClassVar[str] = "decimal"
     # Any Avro decimal (its precision and scale those of the field), int or long.
-    avro_reads: ClassVar[Mapping[str, str]] = {"decimal": "fit", "int": "fit", "long": "fit"}
     description: ClassVar[str] = ("an exact number of p digits (1 to 38), s of them after the point: a value that "
                                   "does not fit exactly is a dead letter, never rounded")
-    read_as_text: ClassVar[bool] = True
     key_capable: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
@@ -499,11 +480,9 @@ class DecimalKind(ColumnKind):
 
 class JsonbKind(_Textual):
     word = "jsonb"
-    avro_reads = {"record": "json", "array": "json", "map": "json"}
     description = ("a JSON object or array kept whole (its JSON text in Iceberg); one holding a number Spark cannot "
                    "keep exactly (in exponent notation, over 38 digits) is a dead letter")
     postgres_type = "jsonb"
-    read_as_text = True
 
     def spark_type(self) -> DataType:
         from pyspark.sql import types as T
@@ -562,7 +541,6 @@ class BytesKind(ColumnKind):
     (config.pipeline)."""
 
     word = "bytes"
-    avro_reads = {"bytes": "same", "fixed": "same"}
     description = "raw bytes as they are: an Avro `bytes` or `fixed` field, or a whole Kafka key or header"
     postgres_type = "bytea"
 

@@ -27,8 +27,7 @@ from kafka_ledger.batch.requests import BatchRequest, RequestError, as_utc, pars
 from kafka_ledger.config import settings
 from kafka_ledger.config.pipeline import ConfigError, PipelineConfig, get_pipeline, read_pipelines
 from kafka_ledger.config.services import Services, SettingsError
-from kafka_ledger.formats import avro_registry
-from kafka_ledger.formats.avro import declared_columns
+from kafka_ledger.formats import known, schema_registry
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.kafka.headroom import duration, headroom_text
 from kafka_ledger.ledger import db as ledger
@@ -410,11 +409,14 @@ def cmd_kafka(args: argparse.Namespace) -> int:
 
 
 def cmd_columns(args: argparse.Namespace) -> int:
-    schema_id, version, reader = avro_registry.newest_reader(settings.schema_registry().client(), args.subject)
+    client = settings.schema_registry().client()
+    _, _, schema = schema_registry.newest_schema(client, args.subject)
     try:
-        columns = declared_columns(reader, args.envelope)
+        fmt = known.for_schema_type(schema.schema_type)
     except ValueError as exc:
-        raise avro_registry.ReaderSchemaRefused(f"version {version} of subject {args.subject}: {exc}") from None
+        raise schema_registry.SchemaRefused(f"subject {args.subject}: {exc}") from None
+    derived = fmt.derived_columns(client, args.subject, args.envelope)
+    schema_id, version, columns = derived.schema_id, derived.version, derived.columns
     fields = "every field of the row image (after)" if args.envelope == "debezium" else "every top-level field"
     lines = [f"# {fields} of subject {args.subject}, version {version} (schema id {schema_id})",
              "columns:", *("  - {" + ", ".join(f"{k}: {json.dumps(v) if k == 'type' else v}" for k, v in c.items())
@@ -593,11 +595,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pipeline")
     p.set_defaults(run=cmd_maintain)
 
-    p = command("columns", "print a `columns:` declaration of every top-level field of an Avro subject's newest "
-                           "version in the schema registry, each of the column type that holds it")
-    p.epilog = ("Paste it into a pipeline with `value: {format: avro}` and edit it: drop the fields you do not want, "
-                "read nested ones by `path`, add `required`. A field no column type holds (a union of several types, "
-                "a local timestamp) is refused by name.")
+    p = command("columns", "print a `columns:` declaration of every top-level field of a subject's newest version in "
+                           "the schema registry (Avro), each of the column type that holds it")
+    p.epilog = ("Paste it into a pipeline of the subject's format (`value: {format: avro}`) and edit it: drop the "
+                "fields you do not want, read nested ones by `path`, add `required`. A field no column type holds (a "
+                "union of several types, a local timestamp) is refused by name.")
     p.add_argument("subject", help="e.g. orders-value")
     p.add_argument("--envelope", choices=["none", "debezium"], default="none",
                    help="debezium: the subject holds change events; declare the fields of their row image (after)")
@@ -671,10 +673,10 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_FAILED
         print(f"kafka-ledger: refused, nothing was written: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    except avro_registry.ReaderSchemaRefused as exc:
+    except schema_registry.SchemaRefused as exc:
         print(f"kafka-ledger: refused, nothing was written: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    except (Failed, psycopg2.OperationalError, SettingsError, avro_registry.SchemaRegistryError) as exc:
+    except (Failed, psycopg2.OperationalError, SettingsError, schema_registry.SchemaRegistryError) as exc:
         print(f"kafka-ledger: failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
 

@@ -19,7 +19,8 @@ from kafka_ledger.batch.carry import CarryingRun
 from kafka_ledger.batch.commit import CommitResult
 from kafka_ledger.config.pipeline import DAG_ID_PREFIX, PipelineConfig
 from kafka_ledger.config.services import Services
-from kafka_ledger.config.settings import schema_registry, task_services
+from kafka_ledger.config.settings import task_services
+from kafka_ledger.formats.known import value_format
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.model.ranges import join_consecutive
 from kafka_ledger.model.refusals import Refusal
@@ -41,11 +42,11 @@ def refusals_fail_at_once() -> Iterator[None]:
         raise AirflowFailException(f"refused, not retried: {exc}") from exc
 
 
-def mask_secrets(services: Services, pipeline: PipelineConfig) -> None:
+def mask_secrets(services: Services, *pipelines: PipelineConfig) -> None:
     """Register every secret the services hold (the ledger's connection string and its password on its own, Kafka's
-    passwords) and, for Avro values, the schema registry's credentials with Airflow's masker, so that task logs and
-    the UI show *** in their place."""
-    registry = schema_registry().secrets() if pipeline.value.format == "avro" else []
+    passwords) and, where a pipeline's format needs the schema registry, the registry's credentials with Airflow's
+    masker, so that task logs and the UI show *** in their place."""
+    registry = services.registry().secrets() if any(value_format(p).uses_registry for p in pipelines) else []
     for secret in [*services.secrets(), *registry]:
         task_log.mask_secret(secret)
 

@@ -112,9 +112,8 @@ class CarryOperator(BaseOperator):
                     f"carrier {self.carrier_name} reads on the Spark Connect server: pipeline(s) "
                     f"{', '.join(elsewhere)} run on another runtime (spark_runtime, or the deployment's default): "
                     f"declare spark_runtime: {CONNECT} or take trigger.carrier away")
-            # The services' secrets are the same for every member; a format adds its own (Avro: the registry's).
-            for member in {m.value.format: m for m in members}.values():
-                mask_secrets(services, member)
+            # The services' secrets, and the registry's where a member's format needs it.
+            mask_secrets(services, *members)
         dag_id, run_id = context["dag"].dag_id, context["run_id"]
         lease = CarryingLease(services, [m.name for m in members], dag_id, run_id)
         self._carrier = carrier = Carrier(self.carrier_name, services)

@@ -13,10 +13,10 @@ from kafka_ledger.batch.columns import with_columns_or_none
 from kafka_ledger.batch.publish import publish_frame
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.services import Services
-from kafka_ledger.config.settings import SettingsError, runtime_name, schema_registry
-from kafka_ledger.formats import avro_registry
-from kafka_ledger.formats.avro import AvroFormat
+from kafka_ledger.config.settings import SettingsError, runtime_name
 from kafka_ledger.formats.base import ValueFormat
+from kafka_ledger.formats.known import value_format
+from kafka_ledger.formats.schema_registry import SchemaRefused, SchemaRegistryError
 from kafka_ledger.kafka.offsets import subscribed_offsets
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.model.ranges import OffsetRange, PartitionOffsets, PlanError, TopicPartition
@@ -97,12 +97,14 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
         return sum(table.num_rows for table in arrow_stream(publish_frame(frame, pipeline, sink_for(pipeline), 0,
                                                                           fmt=fmt)))
 
-    def value_format(pipeline: PipelineConfig, ranges: list[OffsetRange]) -> ValueFormat | None:
-        """An Avro pipeline's format with its subjects' newest versions, as its next batch will likely pin them."""
-        if pipeline.value.format != "avro":
+    def newest_format(pipeline: PipelineConfig, ranges: list[OffsetRange]) -> ValueFormat | None:
+        """A registry format bound to its subjects' newest versions, as the pipeline's next batch will likely pin
+        them (None: the pipeline's format reads as it is)."""
+        fmt = value_format(pipeline)
+        if not fmt.binds:
             return None
-        subjects = {r.topic: pipeline.value.subject_of(r.topic) for r in ranges}
-        return AvroFormat().bound(avro_registry.newest_schemas(schema_registry().client(), subjects))
+        assert services is not None, "a pipeline's warm-up reads its Kafka: give the services"
+        return fmt.newest(services.registry().client(), pipeline, {r.topic for r in ranges})
 
     def session_of(pipeline: PipelineConfig) -> SparkSession:
         if services is None:
@@ -141,7 +143,7 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
                 continue
             try:
                 with_columns = with_columns_or_none(services.ledger, pipeline)
-            except avro_registry.ReaderSchemaRefused as exc:  # its plans will say so too
+            except SchemaRefused as exc:  # its plans will say so too
                 skipped[pipeline.name] = str(exc)
                 continue
             if with_columns is None:
@@ -149,9 +151,9 @@ def warm_up(records: int = WARM_UP_RECORDS, pipelines: Sequence[PipelineConfig] 
                 continue
             pipeline = with_columns
             try:
-                fmt = value_format(pipeline, ranges)
-            except (avro_registry.SchemaRegistryError, SettingsError) as exc:  # its batches will say so too
-                skipped[pipeline.name] = f"its Avro schemas could not be read: {exc}"
+                fmt = newest_format(pipeline, ranges)
+            except (SchemaRegistryError, SettingsError) as exc:  # its batches will say so too
+                skipped[pipeline.name] = f"its schemas could not be read: {exc}"
                 continue
             # Its batches' session: Spark keeps the generated code of a query per session (pipeline_session).
             sessions.append(session := session_of(pipeline))

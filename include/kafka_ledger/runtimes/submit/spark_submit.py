@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from kafka_ledger.config.pipeline import PipelineConfig, config_path
 from kafka_ledger.config.services import Services, SettingsError
-from kafka_ledger.config.settings import SPARK_SUBMIT_CONN_ID, deployment_settings, env_name, schema_registry
+from kafka_ledger.config.settings import SPARK_SUBMIT_CONN_ID, deployment_settings, env_name
+from kafka_ledger.formats.known import value_format
 from kafka_ledger.spark.defaults import SPARK_DEFAULTS, spark_conf_dir, spark_defaults
 
 if TYPE_CHECKING:
@@ -66,8 +67,8 @@ class SparkJobFailed(RuntimeError):
 
 
 def spark_job_environment(services: Services, pipeline: PipelineConfig) -> dict[str, str]:
-    """What the batch's Spark job reads from its environment: where the ledger, Kafka, the pipelines and (for Avro
-    values) the schema registry are, and the ledger's timeouts.
+    """What the batch's Spark job reads from its environment: where the ledger, Kafka, the pipelines and (for a format
+    that needs it) the schema registry are, and the ledger's timeouts.
 
     It holds secrets, so it reaches spark-submit as the environment it inherits, never as the hook's
     env_vars: on YARN and Kubernetes the Spark provider turns those into `--conf` arguments on its command line.
@@ -77,8 +78,8 @@ def spark_job_environment(services: Services, pipeline: PipelineConfig) -> dict[
         env_name("kafka_config"): json.dumps(dict(services.kafka.settings)),
         env_name("db_statement_timeout"): str(services.ledger.statement_timeout),
         env_name("db_lock_timeout"): str(services.ledger.lock_timeout), env_name("pipelines"): str(config_path())}
-    if pipeline.value.format == "avro":
-        registry = schema_registry()
+    if value_format(pipeline).uses_registry:
+        registry = services.registry()
         environment[env_name("schema_registry_url")] = registry.url
         environment[env_name("schema_registry_config")] = json.dumps(dict(registry.settings))
     return environment
