@@ -220,7 +220,7 @@ def test_the_merge_keeps_the_newest_record_whatever_order_batches_commit_in(dsn)
         rng.shuffle(batches_)
         for batch in batches_ + [rng.choice(batches_) for _ in range(5)]:
             with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-                cur.execute(sql.create_incoming_table(pipeline))
+                cur.execute(sql.create_incoming_table(pipeline, sink_for(pipeline).envelope.extra_columns))
                 execute_values(cur, f"INSERT INTO {sql.INCOMING_TABLE} ({', '.join(columns)}) VALUES %s",
                                [tuple(r[c] for c in columns) for r in batch])
                 for _, statement in sql.merge_entities(pipeline):
