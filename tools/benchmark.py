@@ -259,7 +259,8 @@ def _pipeline(setup: Setup, name: str, delivery_mode: str, sink: str | None = No
     config = setup.workdir / f"{name}.yaml"
     config.write_text(yaml.safe_dump({"pipelines": {name: {
         "topics": [topic], **output, "columns": columns,
-        "value": {"format": value_format, **({"envelope": "debezium"} if cdc and write == "upsert" else {})},
+        "value": {"format": value_format, **({"envelope": "debezium", "debezium": {"decimal.handling.mode": "string"}}
+                                             if cdc and write == "upsert" else {})},
         "max_records_per_partition": setup.cap, "schedule": None, "delivery_mode": delivery_mode,
         "spark_runtime": setup.runtime,
     }}}))

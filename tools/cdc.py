@@ -8,6 +8,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -446,3 +447,122 @@ def records_with(servers: str, topic: str, needle: bytes) -> int:
     finally:
         consumer.close()
     return found
+
+
+# --- a source table of PostgreSQL's everyday types -----------------------------------------------------------------
+# Each column declared as its source column is (docs/configuration.md: Debezium's settings), read from events written
+# with Debezium's defaults but decimal.handling.mode=string (JSON has no other exact numeric).
+
+TYPED_DDL = """
+    id bigint PRIMARY KEY, j json, jb jsonb, d date, ts0 timestamp(0), ts3 timestamp(3), ts6 timestamp,
+    tstz timestamptz, t3 time(3), t6 time, n numeric(12,2), nv numeric, m money, b bytea, u uuid,
+    e kl_mood, ai int[], at text[], r real, dp double precision, sm smallint, bo boolean, vc varchar(20), ch char(3),
+    ip inet, big numeric(38,10), note text"""
+TYPED_DECLARED = [
+    {"name": "id", "type": "long"}, {"name": "j", "type": "jsonb"}, {"name": "jb", "type": "jsonb"},
+    {"name": "d", "type": "date"}, {"name": "ts0", "type": "local_timestamp(0)"},
+    {"name": "ts3", "type": "local_timestamp(3)"}, {"name": "ts6", "type": "local_timestamp"},
+    {"name": "tstz", "type": "timestamp"}, {"name": "t3", "type": "time(3)"}, {"name": "t6", "type": "time"},
+    {"name": "n", "type": "decimal(12,2)"}, {"name": "nv", "type": "decimal(38,20)"},
+    {"name": "m", "type": "decimal(14,2)"}, {"name": "b", "type": "bytes"}, {"name": "u", "type": "uuid"},
+    {"name": "e", "type": "string"}, {"name": "ai", "type": "jsonb"}, {"name": "at", "type": "jsonb"},
+    {"name": "r", "type": "double"}, {"name": "dp", "type": "double"}, {"name": "sm", "type": "int"},
+    {"name": "bo", "type": "boolean"}, {"name": "vc", "type": "string"}, {"name": "ch", "type": "string"},
+    {"name": "ip", "type": "string"}, {"name": "big", "type": "decimal(38,10)"}, {"name": "note", "type": "string"},
+]
+TYPED_COLUMNS = tuple(c["name"] for c in TYPED_DECLARED)
+# The source's values as the entity table holds them (the same SELECT on both: jsonb for json and arrays, numeric for
+# money, double for real, text for inet and the enum).
+TYPED_SELECT = ("id, j::jsonb, jb, d, ts0, ts3, ts6, tstz, t3, t6, n, nv, m::numeric, b, u, e::text, "
+                "to_jsonb(ai), to_jsonb(at), r::float8, dp, sm, bo, vc, ch, ip::text, big, note")
+ENTITY_SELECT = ("id, j, jb, d, ts0, ts3, ts6, tstz, t3, t6, n, nv, m, b, u, e, ai, at, r, dp, sm, bo, vc, ch, "
+                 "ip, big, note")
+
+
+def create_typed_table(cur: Any, table: str, replica_identity: str = "DEFAULT") -> None:
+    cur.execute("DO $$ BEGIN CREATE TYPE kl_mood AS ENUM ('sad', 'ok', 'happy'); "
+                "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+    cur.execute(f"DROP TABLE IF EXISTS {table}")
+    cur.execute(f"CREATE TABLE {table} ({TYPED_DDL})")
+    cur.execute(f"ALTER TABLE {table} REPLICA IDENTITY {replica_identity}")
+
+
+def _typed_values(rng: Any) -> dict[str, Any]:
+    """One row's values, edges among them: empty and nested JSON, the years' ends, a day's last microsecond, negative
+    and tiny numerics, NULLs, unicode, a TOASTed text now and then."""
+    def maybe(value: Any) -> Any:
+        return None if rng.random() < 0.1 else value
+
+    micros = rng.randrange(0, 86_400_000_000)
+    day = rng.randrange(-25_000, 80_000)
+    at = f"{1970 + day // 365:04d}-{1 + rng.randrange(12):02d}-{1 + rng.randrange(28):02d}"
+    clock = f"{micros // 3_600_000_000:02d}:{micros // 60_000_000 % 60:02d}:{micros // 1_000_000 % 60:02d}"
+    fraction = f"{micros % 1_000_000:06d}"
+    return {
+        "j": maybe(json.dumps(rng.choice([{}, {"a": [1, 2.5, None, "x"]}, [1, {"b": {"c": True}}], "text", 7]))),
+        "jb": maybe(json.dumps({"k": rng.randrange(10**6), "nested": {"list": [rng.random() < 0.5, "é"]}})),
+        "d": maybe(rng.choice(["1900-01-01", "2199-12-31", at])),
+        "ts0": maybe(f"{at} {clock}"), "ts3": maybe(f"{at} {clock}.{fraction[:3]}"),
+        "ts6": maybe(rng.choice([f"{at} {clock}.{fraction}", "1900-01-01 00:00:00.000001"])),
+        "tstz": maybe(f"{at} {clock}.{fraction}+0{rng.randrange(10)}:00"),
+        "t3": maybe(f"{clock}.{fraction[:3]}"), "t6": maybe(rng.choice([f"{clock}.{fraction}", "23:59:59.999999"])),
+        "n": maybe(f"{rng.randrange(-10**11, 10**11) / 100:.2f}"),
+        "nv": maybe(rng.choice(["3.14159265358979323846", "-0.00000000000000000001", "0", "123456789012345678"])),
+        "m": maybe(f"{rng.randrange(-10**8, 10**8) / 100:.2f}"),
+        "b": maybe(bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40)))),
+        "u": maybe(str(uuid.UUID(int=rng.getrandbits(128)))), "e": maybe(rng.choice(["sad", "ok", "happy"])),
+        "ai": maybe(rng.choice([[], [1, 2, None], [-(2**31)]])), "at": maybe(rng.choice([[], ["a b", None, "ç"]])),
+        "r": maybe(rng.choice([1.5, -2.25, 0.0])), "dp": maybe(rng.choice([0.1, -1e-300, 12345.678901234])),
+        "sm": maybe(rng.randrange(-32768, 32768)), "bo": maybe(rng.random() < 0.5),
+        "vc": maybe(rng.choice(["héllo", "", "a\"b'c"])), "ch": maybe(rng.choice(["ab", "xyz"])),
+        "ip": maybe(rng.choice(["192.168.0.1/24", "::1/128"])),
+        "big": maybe(f"{rng.randrange(-10**27, 10**27)}.{rng.randrange(10**10):010d}"),
+        "note": maybe(rng.choice(["short", "".join(rng.choice("abcdef0123") for _ in range(rng.randrange(3000,
+                                                                                                         5000)))])),
+    }
+
+
+def change_typed_source(cur: Any, table: str, rng: Any, changes: int, next_id: int) -> tuple[Counter, int]:
+    """`changes` random inserts, updates (of some columns: the TOASTed note often left unchanged), deletes and
+    primary-key changes on the typed table, one transaction each; (the changes made by kind, the next free id)."""
+    import psycopg2
+
+    cur.execute(f"SELECT id FROM {table}")
+    live = [row[0] for row in cur.fetchall()]
+    made: Counter = Counter()
+    names = TYPED_COLUMNS[1:]
+
+    def adapt(name: str, value: Any) -> Any:
+        return psycopg2.Binary(value) if name == "b" and value is not None else value
+
+    for _ in range(changes):
+        roll = rng.random()
+        values = _typed_values(rng)
+        if not live or roll < 0.3:
+            cur.execute(f"INSERT INTO {table} (id, {', '.join(names)}) VALUES (%s{', %s' * len(names)})",
+                        (next_id, *[adapt(n, values[n]) for n in names]))
+            live.append(next_id)
+            next_id += 1
+            made["insert"] += 1
+        elif roll < 0.75:
+            chosen = rng.sample([n for n in names if n != "note"], rng.randrange(1, 6))
+            cur.execute(f"UPDATE {table} SET {', '.join(f'{n} = %s' for n in chosen)} WHERE id = %s",
+                        (*[adapt(n, values[n]) for n in chosen], rng.choice(live)))
+            made["update"] += 1
+        elif roll < 0.9:
+            cur.execute(f"DELETE FROM {table} WHERE id = %s", (live.pop(rng.randrange(len(live))),))
+            made["delete"] += 1
+        else:
+            old = live.pop(rng.randrange(len(live)))
+            cur.execute(f"UPDATE {table} SET id = %s WHERE id = %s", (next_id, old))
+            live.append(next_id)
+            next_id += 1
+            made["key change"] += 1
+    return made, next_id
+
+
+def typed_rows(cur: Any, table: str, select: str = TYPED_SELECT) -> dict[int, tuple]:
+    """A typed table's rows by id, as `select` gives them (the source's: TYPED_SELECT; an entity table's:
+    ENTITY_SELECT)."""
+    cur.execute(f"SELECT {select} FROM {table}")
+    return {row[0]: tuple(bytes(v) if isinstance(v, memoryview) else v for v in row[1:]) for row in cur.fetchall()}

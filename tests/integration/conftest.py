@@ -206,7 +206,8 @@ PIPELINES = {
     # Debezium's change events of a source table into an entity table, in each runtime (test_debezium.py); the
     # topic is Debezium's: <topic prefix>.<schema>.<table>.
     **{f"cdc_{runtime}": {"spark_runtime": runtime, "retries": 0, "write": "upsert", "key": ["id"],
-                          "value": {"format": "json", "envelope": "debezium"}, "columns": CDC_COLUMNS,
+                          "value": {"format": "json", "envelope": "debezium",
+                                    "debezium": {"decimal.handling.mode": "string"}}, "columns": CDC_COLUMNS,
                           "topics": [f"{topic_name(f'cdc_{runtime}')}.public.customers_{runtime}"],
                           "max_records_per_partition": 40}
        for runtime in ("connect", "submit")},
@@ -218,6 +219,14 @@ PIPELINES = {
                             "topics": [f"{topic_name(f'toast_{runtime}')}.public.toasted_{runtime}"],
                             "max_records_per_partition": cap}
        for runtime, cap in (("connect", 9), ("submit", 50))},
+    # A source table of PostgreSQL's everyday types, each column declared as the source's (test_debezium.py).
+    **{f"typed_{runtime}": {"spark_runtime": runtime, "retries": 0, "write": "upsert", "key": ["id"],
+                            "value": {"format": "json", "envelope": "debezium",
+                                      "debezium": {"decimal.handling.mode": "string"}},
+                            "columns": cdc.TYPED_DECLARED,
+                            "topics": [f"{topic_name(f'typed_{runtime}')}.public.typed_{runtime}"],
+                            "max_records_per_partition": cap}
+       for runtime, cap in (("connect", 25), ("submit", 100))},
     # Change events that lack values, made by hand and produced in the order a test needs (test_change_events.py).
     "lacking": {"spark_runtime": "connect", "retries": 0, "write": "upsert", "key": ["id"],
                 "value": {"format": "json", "envelope": "debezium"},

@@ -210,3 +210,50 @@ def test_an_unchanged_toasted_value_keeps_the_entitys_value_never_the_placeholde
         capture.remove()
         cur.execute(f"DROP TABLE IF EXISTS {table}")
         source.close()
+
+
+@pytest.mark.parametrize("runtime", ["connect", "submit"])
+def test_every_everyday_type_lands_as_the_source_had_it(kafka_connect, dsn, servers, runtime):
+    """A source table of PostgreSQL's everyday types (json and jsonb, date, timestamps with and without a zone and of
+    three precisions, times, numerics fixed and unconstrained, money, bytea, uuid, an enum, arrays, real, smallint,
+    char, inet, a TOASTed text), each column declared as the source's, captured by Debezium (its defaults, but
+    decimal.handling.mode=string) through inserts, updates, deletes and key changes: the entity table equals the
+    source table value by value, no dead letter."""
+    key = f"typed_{runtime}"
+    pipeline = get_pipeline(pipeline_name(key))
+    table = f"typed_{runtime}"
+    capture = cdc.Capture(name=pipeline_name(key), topic_prefix=topic_name(key), tables=(f"public.{table}",))
+    topic = capture.topic(f"public.{table}")
+    rng = random.Random(20261130)
+    source = psycopg2.connect(cdc.source_dsn())
+    source.autocommit = True
+    cur = source.cursor()
+    cdc.create_typed_table(cur, table)
+    made, next_id = cdc.change_typed_source(cur, table, rng, 20, next_id=1)
+    events = len(cdc.typed_rows(cur, table))
+    capture.register()
+    try:
+        made, next_id = cdc.change_typed_source(cur, table, rng, 150, next_id)
+        assert made["key change"] and made["update"] and made["delete"]
+        events += cdc.events_of(made)
+        cdc.wait_for_records(servers, topic, events)
+        drain(dsn, servers, pipeline)
+        assert query(dsn, "SELECT kafka_offset, error FROM kafka_ledger.dead_letters WHERE pipeline = %s",
+                     pipeline.name) == []
+        with psycopg2.connect(dsn) as out, out.cursor() as entity:
+            landed = cdc.typed_rows(entity, f"{pipeline.output_schema}.{pipeline.output_table}", cdc.ENTITY_SELECT)
+        out.close()
+        expected = cdc.typed_rows(cur, table)
+        assert {k: (landed.get(k), expected.get(k)) for k in landed.keys() | expected.keys()
+                if landed.get(k) != expected.get(k)} == {}
+        # Every column lands as the source's type.
+        types = dict(query(dsn, "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = "
+                                "%s AND table_name = %s", pipeline.output_schema, pipeline.output_table))
+        assert {name: types[name] for name in ("ts0", "ts6", "tstz", "t3", "u", "b", "jb", "n")} == {
+            "ts0": "timestamp without time zone", "ts6": "timestamp without time zone",
+            "tstz": "timestamp with time zone", "t3": "time without time zone", "u": "uuid", "b": "bytea",
+            "jb": "jsonb", "n": "numeric"}
+    finally:
+        capture.remove()
+        cur.execute(f"DROP TABLE IF EXISTS {table}")
+        source.close()

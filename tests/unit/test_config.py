@@ -143,8 +143,8 @@ def test_unknown_top_level_key_is_rejected():
 def test_bad_column_type_is_rejected_with_its_path():
     message = config_error(pipeline_yaml(columns="[{name: a, type: varchar}]"))
     assert "pipelines.p.columns.0.type" in message
-    assert ("unknown type 'varchar': one of string, long, int, double, boolean, timestamp, date, jsonb, bytes, "
-            "decimal(p,s)") in message
+    assert ("unknown type 'varchar': one of string, long, int, double, boolean, timestamp, local_timestamp, date, "
+            "time, jsonb, uuid, bytes, decimal(p,s), local_timestamp(p), time(p)") in message
     assert "the precision must be 1 to 38" in config_error(pipeline_yaml(columns="[{name: a, type: 'decimal(40,2)'}]"))
     assert "the scale 0 to the precision" in config_error(pipeline_yaml(columns="[{name: a, type: 'decimal(4,5)'}]"))
 
@@ -238,11 +238,13 @@ def test_a_change_events_placeholder_is_debeziums_unless_declared_and_only_with_
 
     entity = dict(write="upsert", key="[id]", columns="[{name: id, type: long}, {name: note, type: string}]")
     events = parse_pipelines(pipeline_yaml(**entity) + "    value: {envelope: debezium}\n")["p"]
-    assert events.value.unavailable_value == "__debezium_unavailable_value" == debezium.UNAVAILABLE_PLACEHOLDER
-    own = parse_pipelines(pipeline_yaml(**entity) + "    value: {envelope: debezium, unavailable_value: '#gone'}\n")
-    assert own["p"].value.unavailable_value == "#gone"
-    assert "unavailable_value applies to envelope debezium" in config_error(
-        pipeline_yaml() + "    value: {unavailable_value: '#gone'}\n")
+    placeholder = events.value.debezium.unavailable_value_placeholder
+    assert placeholder == "__debezium_unavailable_value" == debezium.UNAVAILABLE_PLACEHOLDER
+    own = parse_pipelines(pipeline_yaml(**entity) + "    value: {envelope: debezium, debezium: "
+                                                    "{unavailable.value.placeholder: '#gone'}}\n")
+    assert own["p"].value.debezium.unavailable_value_placeholder == "#gone"
+    assert "debezium applies to envelope debezium" in config_error(
+        pipeline_yaml() + "    value: {debezium: {unavailable.value.placeholder: '#gone'}}\n")
     # The entity sink publishes what the merge needs to fill them, and so does its staging table.
     published = sink_for(events).published_columns()
     assert list(published)[-6:] == ["kafka_tombstone", "kafka_unavailable", "kafka_old_key", "kafka_new_key",
@@ -676,3 +678,39 @@ def test_columns_given_later_are_checked_as_if_the_file_held_them():
         upsert.with_columns([{"name": "id", "type": "long"}])
     with pytest.raises(ValueError, match="column name 'kafka_offset' is reserved"):
         upsert.with_columns([{"name": "order_id", "type": "long"}, {"name": "kafka_offset", "type": "long"}])
+
+
+def test_debeziums_settings_decide_what_json_columns_can_read_exactly():
+    entity = dict(write="upsert", key="[id]", columns="[{name: id, type: long}, {name: amount, type: 'decimal(12,2)'}, "
+                  "{name: at, type: local_timestamp}, {name: seen, type: 'time(3)'}]")
+    precise = config_error(pipeline_yaml(**entity) + "    value: {envelope: debezium}\n")
+    assert ("column(s) amount (decimal(12,2)): Debezium's decimal.handling.mode precise (its default) writes a numeric "
+            "as its unscaled bytes") in precise
+    assert "declare it: `value: {envelope: debezium, debezium: {decimal.handling.mode: string}}`" in precise
+    string = parse_pipelines(pipeline_yaml(**entity) + "    value: {envelope: debezium, debezium: "
+                                                       "{decimal.handling.mode: string}}\n")["p"]
+    assert string.value.debezium.decimal_handling_mode == "string"
+    connect = config_error(pipeline_yaml(**entity) + "    value: {envelope: debezium, debezium: "
+                                                     "{decimal.handling.mode: double, time.precision.mode: connect}}\n")
+    assert "column(s) at (local_timestamp): Debezium's time.precision.mode connect writes milliseconds" in connect
+    assert "seen" not in connect  # time(3): milliseconds lose nothing
+    assert "pipelines.p.value.debezium.decimal.handling.mode" in config_error(
+        pipeline_yaml(**entity) + "    value: {envelope: debezium, debezium: {decimal.handling.mode: exact}}\n")
+    # Avro's decimals carry their scale: nothing to refuse.
+    assert parse_pipelines(pipeline_yaml(**entity) + "    value: {format: avro, envelope: debezium}\n")["p"]
+
+
+def test_debeziums_json_readings_follow_its_settings():
+    from kafka_ledger.formats.json import readings
+
+    events = parse_pipelines(pipeline_yaml(write="upsert", key="[id]", columns=(
+        "[{name: id, type: long}, {name: doc, type: jsonb}, {name: day, type: date}, "
+        "{name: at, type: local_timestamp}, {name: at3, type: 'local_timestamp(3)'}, {name: t, type: time}, "
+        "{name: raw, type: bytes}, "
+        "{name: lsn, type: long, path: source.lsn}, {name: ts, type: timestamp}]"))
+        + "    value: {envelope: debezium, debezium: {binary.handling.mode: hex}}\n")["p"]
+    from kafka_ledger.formats.envelope import DebeziumChanges
+
+    assert {name: how for name, how in readings(DebeziumChanges().reading(events)).items() if " " not in name} == {
+        "id": "typed", "doc": "json text", "day": "epoch days", "at": "epoch micros", "at3": "epoch millis",
+        "t": "epoch micros", "raw": "hex", "lsn": "typed", "ts": "timestamp"}

@@ -9,7 +9,8 @@ from pyspark.sql import types as T
 from kafka_ledger.model import kinds
 from kafka_ledger.model.kinds import DECLARABLE, SIMPLE_KINDS, ColumnKind, DecimalKind, parse_kind
 
-EVERY_KIND = [*SIMPLE_KINDS.values(), DecimalKind(18, 2), DecimalKind(38, 0), DecimalKind(1, 1)]
+EVERY_KIND = [*SIMPLE_KINDS.values(), DecimalKind(18, 2), DecimalKind(38, 0), DecimalKind(1, 1),
+              kinds.LocalTimestampKind(3), kinds.TimeKind(0)]
 
 
 def _every_kind_class() -> set[type[ColumnKind]]:
@@ -61,13 +62,33 @@ def test_decimals_carry_their_precision_and_scale_everywhere():
 
 
 def test_only_exactly_comparable_kinds_can_name_an_entity():
-    assert {str(k) for k in DECLARABLE if k.key_capable} == {"string", "long", "int"}
+    assert {str(k) for k in DECLARABLE if k.key_capable} == {"string", "long", "int", "uuid"}
     assert parse_kind("bytes") is kinds.BYTES and kinds.BYTES.postgres_type == "bytea"
     with pytest.raises(ValueError, match="unknown type 'blob': one of string, long, int, double, boolean, timestamp, "
-                                         "date, jsonb, bytes, decimal"):
+                                         "local_timestamp, date, time, jsonb, uuid, bytes, decimal"):
         parse_kind("blob")
 
 
 def test_jsonb_is_copied_as_jsonb_and_kept_as_text_elsewhere():
     assert kinds.JSONB.postgres_type == "jsonb" and kinds.JSONB.arrow_type() == pa.string()
     assert kinds.JSONB.copy_encoder(pa.field("j", pa.string())) is not None
+
+
+def test_times_and_timestamps_without_a_zone_carry_their_precision():
+    assert (parse_kind("local_timestamp").postgres_type, parse_kind("local_timestamp(3)").postgres_type) == (
+        "timestamp", "timestamp(3)")
+    assert (parse_kind("time").postgres_type, parse_kind("time(0)").declared) == ("time", "time(0)")
+    assert parse_kind("time(3)") != parse_kind("time") and parse_kind("time(6)") == parse_kind("time")
+    for bad in ("time(7)", "local_timestamp(9)"):
+        with pytest.raises(ValueError, match="the precision .digits after the second. must be 0 to 6"):
+            parse_kind(bad)
+    # Spark has no time of day: microseconds past midnight, staged as bigint and made a time again.
+    assert kinds.TIME.staging_type == "bigint" and kinds.TIME.from_staged('"t"') == (
+        "time '00:00' + \"t\" * interval '1 microsecond'")
+
+
+def test_a_uuid_travels_to_copy_as_its_16_bytes():
+    values = pa.chunked_array([pa.array(["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", None])])
+    assert kinds.UUID.copy_array(values).to_pylist() == [bytes.fromhex("a0eebc999c0b4ef8bb6d6bb9bd380a11"), None]
+    assert kinds.TIME.copy_array(pa.chunked_array([pa.array([1_000_001], pa.int64())])).to_pylist()[0].isoformat() \
+        == "00:00:01.000001"

@@ -212,6 +212,33 @@ class ColumnSpec(BaseModel):
         return next((f for f in self.timestamp_formats if f in EPOCH_MICROS_PER_UNIT), None)
 
 
+class DebeziumSettings(BaseModel):
+    """The settings of the Debezium connector whose change events a pipeline reads (`value.debezium`), in the
+    connector's own names: they decide how its events write a row's values. Declare those set on the connector;
+    Debezium's defaults need nothing."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    decimal_handling_mode: Literal["precise", "string", "double"] = Field(
+        default="precise", alias="decimal.handling.mode",
+        description="how a numeric is written: `precise` (Debezium's default: its unscaled bytes, the scale in the "
+                    "schema), `string` (its digits as text: exact), `double` (a binary float)")
+    time_precision_mode: Literal["adaptive", "adaptive_time_microseconds", "connect"] = Field(
+        default="adaptive", alias="time.precision.mode",
+        description="how a time or a timestamp without time zone is written: `adaptive` (Debezium's default: "
+                    "milliseconds up to precision 3, else microseconds), `adaptive_time_microseconds` (times in "
+                    "microseconds), `connect` (milliseconds)")
+    binary_handling_mode: Literal["bytes", "base64", "base64-url-safe", "hex"] = Field(
+        default="bytes", alias="binary.handling.mode",
+        description="how a bytea is written: `bytes` (Debezium's default; base64 in JSON), `base64`, "
+                    "`base64-url-safe`, `hex`")
+    unavailable_value_placeholder: str = Field(
+        default=debezium.UNAVAILABLE_PLACEHOLDER, min_length=1, alias="unavailable.value.placeholder",
+        description="what an event holds in place of a value Postgres did not log (an unchanged TOASTed value); such "
+                    "a column keeps the entity's value, never the placeholder ([Unchanged TOASTed values]"
+                    "(#unchanged-toasted-values))")
+
+
 class ValueSpec(BaseModel):
     """How the record's value (and its key and headers, where columns read them) is encoded on the wire."""
 
@@ -237,11 +264,11 @@ class ValueSpec(BaseModel):
                     "and u upsert its row image `after`, d deletes its entity, the Kafka tombstone that follows a "
                     "delete changes nothing; a column's `path` reads the row image unless it starts with one of the "
                     "event's own fields (`op`, `source.lsn`, `ts_ms`) ([Change events](#change-events-debezium))")
-    unavailable_value: str = Field(
-        default=debezium.UNAVAILABLE_PLACEHOLDER, min_length=1,
-        description="envelope `debezium`: the connector's `unavailable.value.placeholder`, what its change events hold "
-                    "in place of a value Postgres did not log (an unchanged TOASTed value); such a column keeps the "
-                    "entity's value, never the placeholder ([Unchanged TOASTed values](#unchanged-toasted-values))")
+    debezium: DebeziumSettings = Field(
+        default_factory=DebeziumSettings,
+        description="envelope `debezium`: the settings of the connector that writes the events, in its own names "
+                    "(`decimal.handling.mode`, ...), where they differ from Debezium's defaults ([Debezium's "
+                    "settings](#debeziums-settings))")
 
     @field_validator("format")
     @classmethod
@@ -252,15 +279,15 @@ class ValueSpec(BaseModel):
     @model_validator(mode="after")
     def _options_of_the_format(self) -> ValueSpec:
         problems = known.value_problems(self)
-        if self.envelope != "debezium" and "unavailable_value" in self.model_fields_set:
-            problems.append("unavailable_value applies to envelope debezium")
+        if self.envelope != "debezium" and "debezium" in self.model_fields_set:
+            problems.append("debezium applies to envelope debezium")
         if problems:
             raise ValueError("; ".join(problems))
         return self
 
     def given(self) -> set[str]:
         """The format's options the declaration gives (beside `format`, and the envelope's)."""
-        return self.model_fields_set - {"format", "envelope", "unavailable_value"}
+        return self.model_fields_set - {"format", "envelope", "debezium"}
 
     def subject_of(self, topic: str) -> str:
         """The registry subject of a topic's values (a registry format's)."""

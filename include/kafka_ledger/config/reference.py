@@ -28,6 +28,7 @@ from pydantic.fields import FieldInfo
 
 from kafka_ledger.config.pipeline import (
     ColumnSpec,
+    DebeziumSettings,
     DoorbellSpec,
     IcebergSinkSpec,
     LakeMaintenanceSpec,
@@ -79,7 +80,7 @@ def fields_table(model: type[BaseModel], leave_out: tuple[str, ...] = ()) -> str
     rows = ["| field | default | meaning |", "| --- | --- | --- |"]
     for name, field in model.model_fields.items():
         if name not in leave_out:
-            rows.append(f"| `{name}` | {default_text(field)} | {cell(field.description)} |")
+            rows.append(f"| `{field.alias or name}` | {default_text(field)} | {cell(field.description)} |")
     return "\n".join(rows) + "\n"
 
 
@@ -180,6 +181,7 @@ GENERATED: dict[str, dict[str, Callable[[], str]]] = {
         "column fields": lambda: fields_table(ColumnSpec),
         "column types": column_types_table,
         "value fields": lambda: fields_table(ValueSpec),
+        "debezium settings": lambda: fields_table(DebeziumSettings),
         "avro types": avro_types_table,
         "iceberg sink fields": lambda: fields_table(IcebergSinkSpec),
         "lake maintenance fields": lambda: fields_table(LakeMaintenanceSpec),

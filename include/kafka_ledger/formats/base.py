@@ -61,7 +61,7 @@ class DeclaredValue(Protocol):
     framing: str
     subject: str | None
     envelope: str
-    unavailable_value: str
+    debezium: Any  # the connector's settings (config.pipeline.DebeziumSettings)
 
     def subject_of(self, topic: str) -> str: ...
 

@@ -167,14 +167,14 @@ class DebeziumChanges(Envelope):
                 for c in pipeline.key_columns}
 
     def unavailable(self, pipeline: DeclaredPipeline, read: FieldRead) -> Column | None:
-        """A row-image column holding the connector's placeholder (`value.unavailable_value`) in any form Debezium
+        """A row-image column holding the connector's placeholder (`unavailable.value.placeholder`) in any form Debezium
         writes it (model/debezium.py), as the format carried it or as the column's kind read it."""
         from pyspark.sql import functions as F
 
         column = read.column
         if column.source_kind != "value" or column.field_path[:1] != (debezium.ROW_IMAGE,):
             return None
-        texts = debezium.placeholder_texts(pipeline.value.unavailable_value)
+        texts = debezium.placeholder_texts(pipeline.value.debezium.unavailable_value_placeholder)
         checks = [check for check in (column.type.holds_one_of(read.value, texts),
                                       None if read.raw_text is None else read.raw_text.isin(*texts))
                   if check is not None]

@@ -13,13 +13,14 @@ through a binary float. With `framing: confluent` the value's document is what f
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kafka_ledger.formats import framing, sources
 from kafka_ledger.formats.base import FieldRead, Reading, ValueFormat
-from kafka_ledger.model.kinds import TimestampKind
+from kafka_ledger.model import debezium
+from kafka_ledger.model.kinds import ColumnKind, TimestampKind
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -56,20 +57,52 @@ def json_path(path: tuple[str, ...]) -> str:
 # `none`, no JSON token holds the kind (the declaration is refused).
 JSON_READS: dict[str, str] = {
     "string": "string", "long": "typed", "int": "typed", "double": "typed", "boolean": "typed",
-    "timestamp": "timestamp", "date": "text", "decimal": "exact number", "jsonb": "document", "bytes": "none",
+    "timestamp": "timestamp", "local_timestamp": "timestamp", "date": "text", "time": "text", "uuid": "text",
+    "decimal": "exact number", "jsonb": "document", "bytes": "none",
 }
-# The readings whose field comes from the document's variant rather than from_json, and those from_json gives as text.
-_FROM_VARIANT = ("exact number", "document")
-_AS_TEXT = ("text", "timestamp")
+# How Debezium's change events write a row image's field of each kind, where that differs (its PostgreSQL
+# connector's settings, `value.debezium`, choose among them): `json text`, a string holding JSON text (json, jsonb,
+# hstore; an array is a JSON array, kept whole); `epoch days`, a date as days since 1970-01-01; `epoch millis` and
+# `epoch micros`, a timestamp without time zone since the epoch, or a time of day since midnight, as its precision and
+# `time.precision.mode` say; `base64`, `base64-url-safe` and `hex`, bytes as `binary.handling.mode` writes them.
+# Debezium's time.precision.modes that keep a value's digits beyond milliseconds (its third, connect, writes only
+# milliseconds).
+ADAPTIVE_MODES = ("adaptive", "adaptive_time_microseconds")
 
 
-def _reading(column: DeclaredColumn) -> str:
-    return JSON_READS[column.type.word]
+def debezium_reads(settings: Any, kind: ColumnKind) -> str | None:
+    """The reading of a row image's field of `kind` under the connector's `settings`, or None: as plain JSON."""
+    word = kind.word
+    if word == "jsonb":
+        return "json text"
+    if word == "date":
+        return "epoch days"
+    if word in ("local_timestamp", "time"):
+        mode = settings.time_precision_mode
+        micros = (kind.precision > 3 and mode in ADAPTIVE_MODES) or (word == "time" and mode == ADAPTIVE_MODES[1])
+        return "epoch micros" if micros else "epoch millis"
+    if word == "bytes":
+        return "base64" if settings.binary_handling_mode == "bytes" else settings.binary_handling_mode
+    return None
 
 
-def _from_variant(column: DeclaredColumn) -> bool:
-    """Whether the column's value is read from the document's variant (exactly) rather than by from_json."""
-    return _reading(column) in _FROM_VARIANT
+# The readings whose field comes from the document's variant rather than from_json, those from_json gives as text,
+# and those it gives as a number.
+_FROM_VARIANT = ("exact number", "document", "json text")
+_AS_TEXT = ("text", "timestamp", "base64", "base64-url-safe", "hex")
+_AS_LONG = ("epoch days", "epoch millis", "epoch micros")
+
+
+def readings(pipeline: DeclaredPipeline) -> dict[str, str]:
+    """Each column's reading: by its kind (JSON_READS), or, for a change event's row image, as Debezium writes it."""
+    found = {}
+    for column in pipeline.columns:
+        reading = None
+        if pipeline.value.envelope == "debezium" and column.field_path[:1] in (
+                (debezium.ROW_IMAGE,), (debezium.OLD_ROW_IMAGE,)) and column.source_kind == "value":
+            reading = debezium_reads(pipeline.value.debezium, column.type)
+        found[column.name] = reading or JSON_READS[column.type.word]
+    return found
 
 
 @dataclass(frozen=True)
@@ -79,6 +112,14 @@ class _Document:
 
     source: str
     columns: tuple[DeclaredColumn, ...]
+    readings: Mapping[str, str]
+
+    def reading(self, column: DeclaredColumn) -> str:
+        return self.readings[column.name]
+
+    def from_variant(self, column: DeclaredColumn) -> bool:
+        """Whether the column's value is read from the document's variant (exactly) rather than by from_json."""
+        return self.reading(column) in _FROM_VARIANT
 
     @property
     def is_value(self) -> bool:
@@ -101,7 +142,7 @@ class _Document:
 
     @property
     def needs_variant(self) -> bool:
-        return any(_from_variant(c) for c in self.columns)
+        return any(self.from_variant(c) for c in self.columns)
 
     def schema(self) -> StructType:
         """from_json's schema: every field a column reads, nested along its path, and the corrupt-record column."""
@@ -109,12 +150,14 @@ class _Document:
 
         tree: dict[str, object] = {}
         for column in self.columns:
-            if _from_variant(column):
+            reading = self.reading(column)
+            if reading in _FROM_VARIANT:
                 continue
             node = tree
             for key in column.field_path[:-1]:
                 node = node.setdefault(key, {})  # type: ignore[assignment]
-            node[column.field_path[-1]] = T.StringType() if _reading(column) in _AS_TEXT else column.type.spark_type()
+            node[column.field_path[-1]] = (T.StringType() if reading in _AS_TEXT else T.LongType()
+                                           if reading in _AS_LONG else column.type.spark_type())
 
         def struct(node: dict[str, object]) -> StructType:
             return T.StructType([T.StructField(key, struct(sub) if isinstance(sub, dict) else sub)  # type: ignore[arg-type]
@@ -177,10 +220,35 @@ class JsonFormat(ValueFormat):
 
     def declaration_problems(self, pipeline: DeclaredPipeline) -> list[str]:
         problems = super().declaration_problems(pipeline)
-        in_json = [c.name for c in pipeline.columns or [] if _reading(c) == "none" and c.field_path]
+        settings = pipeline.value.debezium
+        in_json, imprecise, truncated = [], [], []
+        for c in pipeline.columns or []:
+            if not c.field_path:
+                continue
+            in_row = (pipeline.value.envelope == "debezium" and c.source_kind == "value"
+                      and debezium.event_path(c.field_path)[0] == debezium.ROW_IMAGE)
+            reading = (debezium_reads(settings, c.type) if in_row else None) or JSON_READS[c.type.word]
+            if reading == "none":
+                in_json.append(c.name)
+            if in_row and c.type.word == "decimal" and settings.decimal_handling_mode == "precise":
+                imprecise.append(f"{c.name} ({c.type})")
+            if in_row and c.type.word in ("local_timestamp", "time") and c.type.precision > 3 \
+                    and settings.time_precision_mode not in ADAPTIVE_MODES:
+                truncated.append(f"{c.name} ({c.type})")
         if in_json:
             problems.append(f"column(s) {', '.join(in_json)}: a bytes column reads an Avro bytes or fixed field, or a "
                             "whole Kafka key or header; a JSON document's field has no bytes (declare it as a string)")
+        if imprecise:
+            problems.append(
+                f"column(s) {', '.join(imprecise)}: Debezium's decimal.handling.mode precise (its default) writes a "
+                "numeric as its unscaled bytes, the scale in the record's schema only, which a JSON value's columns do "
+                "not read: set decimal.handling.mode=string on the connector (every digit, as text) and declare it: "
+                "`value: {envelope: debezium, debezium: {decimal.handling.mode: string}}`")
+        if truncated:
+            problems.append(
+                f"column(s) {', '.join(truncated)}: Debezium's time.precision.mode connect writes milliseconds, losing "
+                "the digits after them: set time.precision.mode=adaptive on the connector (its default) and declare "
+                "it, or declare the columns' precision as 3")
         return problems
 
     def _documents(self, pipeline: DeclaredPipeline) -> list[_Document]:
@@ -188,7 +256,8 @@ class JsonFormat(ValueFormat):
         for column in pipeline.columns:
             if column.field_path:
                 by_source.setdefault(column.source, []).append(column)
-        return [_Document(source, tuple(columns)) for source, columns in by_source.items()]
+        found = readings(pipeline)
+        return [_Document(source, tuple(columns), found) for source, columns in by_source.items()]
 
     def parse(self, records: DataFrame, pipeline: DeclaredPipeline, keep: list[str]) -> DataFrame:
         from pyspark.sql import functions as F
@@ -203,7 +272,7 @@ class JsonFormat(ValueFormat):
             for d in documents], *[
             F.try_parse_json(_raw(d.source, pipeline).cast("string")).alias(d.variant)
             for d in documents if d.needs_variant])
-        timestamps = [(d, c) for d in documents for c in d.columns if _reading(c) == "timestamp"]
+        timestamps = [(d, c) for d in documents for c in d.columns if d.reading(c) == "timestamp"]
         if timestamps:
             parsed = parsed.select("*", *[
                 parse.alias(_text_column(c, how)) for d, c in timestamps
@@ -273,8 +342,52 @@ class JsonFormat(ValueFormat):
     def _field(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
         """A column's field of the document, read as JSON_READS says for its kind."""
         readers = {"typed": self._typed, "string": self._typed, "text": self._text, "timestamp": self._timestamp,
-                   "exact number": self._exact_number, "document": self._document}
-        return readers[_reading(column)](document, column, text)
+                   "exact number": self._exact_number, "document": self._document, "json text": self._json_text,
+                   "epoch days": self._epoch, "epoch millis": self._epoch, "epoch micros": self._epoch,
+                   "base64": self._encoded, "base64-url-safe": self._encoded, "hex": self._encoded}
+        return readers[document.reading(column)](document, column, text)
+
+    def _json_text(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
+        """A jsonb column of a change event's row image: a string holding JSON text (any JSON value: json, jsonb,
+        hstore), or a JSON array (an array column), kept whole."""
+        from pyspark.sql import functions as F
+
+        variant = self._variant(document, column)
+        as_text = F.when(F.schema_of_variant(variant) == F.lit("STRING"), F.variant_get(variant, "$", "string"))
+        parsed = F.coalesce(F.try_parse_json(as_text), F.when(as_text.isNull(), variant))
+        present = variant.isNotNull() & ~F.is_variant_null(variant)
+        read = column.type.from_variant(parsed, present, column.label, scalars=True)
+        unparsed = F.when(as_text.isNotNull() & F.try_parse_json(as_text).isNull(), F.lit(
+            f"{column.label} is not a valid jsonb (its text is not JSON)"))
+        return FieldRead(column, read.value, [unparsed, read.problem], raw_text=as_text)
+
+    def _epoch(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
+        """A number a change event writes a date, a time or a timestamp without time zone as."""
+        from pyspark.sql import functions as F
+
+        reading, label = document.reading(column), column.label
+        number = self._token(document, column)
+        present = F.get_json_object(text, json_path(column.field_path)).isNotNull()
+        typed = F.when(present & number.isNull(), F.lit(f"{label} is not a valid {column.type} (a whole number, as "
+                                                        f"Debezium writes it: {reading})"))
+        read = column.type.from_debezium(number, reading, column, label)
+        return FieldRead(column, read.value, [typed, read.problem])
+
+    def _encoded(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
+        """Bytes as a change event writes them: base64 (the JsonConverter's, and binary.handling.mode base64),
+        base64-url-safe or hex."""
+        from pyspark.sql import functions as F
+
+        reading, label = document.reading(column), column.label
+        token = self._token(document, column)
+        if reading == "hex":
+            value = F.try_to_binary(token, F.lit("hex"))
+        else:
+            standard = F.translate(token, "-_", "+/") if reading == "base64-url-safe" else token
+            shaped = standard.rlike(r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$")
+            value = F.when(shaped, F.try_to_binary(standard, F.lit("base64")))
+        return FieldRead(column, value, [F.when(token.isNotNull() & value.isNull(), F.lit(
+            f"{label} is not valid {reading} (Debezium's binary.handling.mode)"))])
 
     @staticmethod
     def _variant(document: _Document, column: DeclaredColumn) -> Column:
@@ -323,7 +436,7 @@ class JsonFormat(ValueFormat):
         present = F.get_json_object(text, path).isNotNull()
         problems = [F.when(present & token.isNull(), F.lit(f"{label} is not a valid {kind}"))]
         cheap_ok = F.lit(True)
-        if _reading(column) == "string":
+        if document.reading(column) == "string":
             # from_json turns an object or array into its JSON text for a string column: refuse that. What looks
             # like JSON text may be a string holding it: only the variant tells (computed for failing records only).
             shape = F.schema_of_variant(F.variant_get(F.try_parse_json(text), path, "variant"))

@@ -586,9 +586,12 @@ def staging_table_name(pipeline: PipelineConfig) -> str:
     return f"{STAGING_SCHEMA}.{pipeline.name}"
 
 
-def declared_columns(pipeline: PipelineConfig) -> list[sql.Composed]:
-    """The declared columns as CREATE TABLE lines, each of its kind's Postgres type."""
-    return [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type.postgres_type)) for c in pipeline.columns]
+def declared_columns(pipeline: PipelineConfig, staged: bool = False) -> list[sql.Composed]:
+    """The declared columns as CREATE TABLE lines, each of its kind's Postgres type (`staged`: the type Spark's JDBC
+    writer stages it in)."""
+    return [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type.staging_type if staged
+                                                                     else c.type.postgres_type))
+            for c in pipeline.columns]
 
 
 def ledger_columns(columns: Iterable[Column]) -> list[sql.Composable]:
@@ -609,7 +612,7 @@ def create_staging_table(pipeline: PipelineConfig, extra: tuple[Column, ...]) ->
         table=staging_table(pipeline),
         # "$" cannot appear in a pipeline name, so this index name never collides with a staging table.
         index=sql.Identifier(f"{pipeline.name}$batch_attempt"),
-        columns=sql.SQL(",\n            ").join(ledger_columns(STAGING_HEAD) + declared_columns(pipeline)
+        columns=sql.SQL(",\n            ").join(ledger_columns(STAGING_HEAD) + declared_columns(pipeline, staged=True)
                                                 + ledger_columns(extra)),
     )
 

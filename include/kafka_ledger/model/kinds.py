@@ -114,6 +114,20 @@ class ColumnKind(ABC):
         """pgpq's encoder of the column for binary COPY, when the Arrow type alone does not say which (else None)."""
         return None
 
+    def copy_array(self, values: Any) -> Any:
+        """Spark's values of the kind (an Arrow array of `spark_type()`) as `arrow_type()`, the column's Postgres
+        wire form in binary COPY: a cast, unless the kind says otherwise."""
+        return values.cast(self.arrow_type())
+
+    @property
+    def staging_type(self) -> str:
+        """The Postgres type Spark's JDBC writer stages a value of the kind in (the submit runtime)."""
+        return self.postgres_type
+
+    def from_staged(self, column: str) -> str:
+        """The SQL expression that makes a staged value (`column`, quoted) a value of the kind's Postgres type."""
+        return column
+
     def csv_field(self, value: Column) -> Column:
         """The value as one field of a COPY CSV line (NULL stays NULL: an unquoted empty field). Spark's text form of
         numbers and booleans is Postgres input syntax (doubles round-trip exactly)."""
@@ -142,6 +156,11 @@ class ColumnKind(ABC):
     def value_problems(self, value: Column, label: str) -> list[Column]:
         """Why a decoded value cannot be stored, whatever format it came in (NULL each when it can)."""
         return []
+
+    def from_debezium(self, number: Column, unit: str, column: DeclaredColumn, label: str) -> TextValue:
+        """A value of the kind from the number a Debezium change event writes it as (`unit`: `epoch days`, `epoch
+        millis`, `epoch micros`: since 1970-01-01, or since midnight for a time of day)."""
+        raise NotImplementedError(f"Debezium writes no {self} as a number")
 
     def holds_one_of(self, value: Column, texts: tuple[str, ...]) -> Column | None:
         """Whether a decoded value is one of `texts`, as the kind holds text (a producer's placeholder for a value it
@@ -387,6 +406,190 @@ class TimestampKind(ColumnKind):
                          F.when(text.isNotNull(), F.when(iso_like, text_problem).otherwise(number_problem)))
 
 
+# Digits of a second's fraction Postgres keeps for a timestamp or time by default (and at most).
+MAX_SECOND_DIGITS = 6
+
+
+def _digits_problem(micros: Column, precision: int, label: str, kind: ColumnKind) -> Column:
+    """A value with more digits of its seconds' fraction than the kind keeps (Postgres would round them away)."""
+    from pyspark.sql import functions as F
+
+    if precision >= MAX_SECOND_DIGITS:
+        return F.lit(None).cast("string")
+    return F.when(micros % F.lit(10 ** (MAX_SECOND_DIGITS - precision)) != 0, F.lit(
+        f"{label} is not a valid {kind} (more than {precision} digit(s) after the second: it would be rounded)"))
+
+
+def _check_precision(word: str, precision: int) -> None:
+    if not 0 <= precision <= MAX_SECOND_DIGITS:
+        raise ValueError(f"{word}({precision}): the precision (digits after the second) must be 0 to "
+                         f"{MAX_SECOND_DIGITS}")
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class LocalTimestampKind(TimestampKind):
+    """A date and time of day without a time zone (Postgres `timestamp(p)`, Spark's timestamp_ntz), `precision` the
+    digits of its seconds' fraction. Read from ISO-8601 text without an offset (text with one names an instant:
+    a `timestamp` column's), or from an epoch number in a declared unit, taken as UTC's wall clock; a value with more
+    digits than the precision is a dead letter, never rounded."""
+
+    precision: int = MAX_SECOND_DIGITS
+
+    word: ClassVar[str] = "local_timestamp"
+    description: ClassVar[str] = ("a date and time of day without a time zone (Postgres `timestamp(p)`, p the digits "
+                                  "of its seconds' fraction, 6 when left out), from ISO-8601 text without an offset, "
+                                  "in `years`")
+
+    def __post_init__(self) -> None:
+        _check_precision(self.word, self.precision)
+
+    @property
+    def declared(self) -> str:
+        return self.word if self.precision == MAX_SECOND_DIGITS else f"{self.word}({self.precision})"
+
+    @property
+    def postgres_type(self) -> str:  # type: ignore[override]
+        return "timestamp" if self.precision == MAX_SECOND_DIGITS else f"timestamp({self.precision})"
+
+    def spark_type(self) -> DataType:
+        from pyspark.sql import types as T
+
+        return T.TimestampNTZType()
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.timestamp("us")
+
+    def iceberg_type(self) -> Any:
+        from pyiceberg import types
+
+        return types.TimestampType()
+
+    def csv_field(self, value: Column) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.date_format(value, "yyyy-MM-dd HH:mm:ss.SSSSSS")
+
+    def from_parsed(self, text: Column, parsed_text: Column, parsed_number: Column, column: DeclaredColumn,
+                    label: str) -> TextValue:
+        """As a timestamp's, then its wall clock in UTC; text with a time zone is refused (it names an instant)."""
+
+        read = super().from_parsed(text, parsed_text, parsed_number, column, label)
+        return self._local(read.value, read.problem, text.isNotNull() & self.iso_like(text) & text.rlike(
+            r"(Z|[+-][0-9]{2}(:?[0-9]{2})?)$"), label, f"{label} is not a valid {self} (it has a time zone: a "
+                                                   "timestamp column holds an instant)")
+
+    def from_epoch(self, number: Column, unit: str, column: DeclaredColumn, label: str) -> TextValue:
+        """An epoch number in `unit` (`epoch_millis`, `epoch_micros`), taken as UTC's wall clock, in the column's
+        years."""
+        from pyspark.sql import functions as F
+
+        micros_range = _years_micros(column.value_years)
+        per_unit = EPOCH_MICROS_PER_UNIT[unit]
+        in_range = (number >= F.lit(micros_range[0] // per_unit)) & (number < F.lit(micros_range[1] // per_unit))
+        value = F.when(in_range, F.timestamp_micros(number * F.lit(per_unit)))
+        first, last = column.value_years
+        problem = F.when(number.isNotNull() & ~in_range, F.lit(
+            f"{label} is not a valid {self} (a number outside {first}-{last} read as {unit})"))
+        return self._local(value, problem, F.lit(False), label, "")
+
+    def from_debezium(self, number: Column, unit: str, column: DeclaredColumn, label: str) -> TextValue:
+        return self.from_epoch(number, unit.replace(" ", "_"), column, label)
+
+    def _local(self, instant: Column, problem: Column, zoned: Column, label: str, zoned_reason: str) -> TextValue:
+        from pyspark.sql import functions as F
+
+        micros = F.unix_micros(instant)
+        digits = _digits_problem(micros, self.precision, label, self)
+        problem = F.when(zoned, F.lit(zoned_reason)).otherwise(F.coalesce(problem, F.when(instant.isNotNull(),
+                                                                                           digits)))
+        return TextValue(F.when(~zoned & digits.isNull(), instant.cast("timestamp_ntz")), problem)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class TimeKind(ColumnKind):
+    """A time of day without a time zone (Postgres `time(p)`), `precision` the digits of its seconds' fraction: in
+    Spark, microseconds past midnight. Read from `HH:MM:SS[.ffffff]` text, or from a change event, milli- or
+    microseconds past midnight; a value with more digits than the precision is a dead letter, never rounded."""
+
+    precision: int = MAX_SECOND_DIGITS
+
+    word: ClassVar[str] = "time"
+    description: ClassVar[str] = ("a time of day without a time zone (Postgres `time(p)`, p the digits of its "
+                                  "seconds' fraction, 6 when left out), from `HH:MM:SS[.ffffff]` text (in the lake: "
+                                  "microseconds past midnight)")
+    # A day's microseconds: Postgres takes 24:00:00 as a time too.
+    DAY_MICROS: ClassVar[int] = 86_400_000_000
+
+    def __post_init__(self) -> None:
+        _check_precision(self.word, self.precision)
+
+    @property
+    def declared(self) -> str:
+        return self.word if self.precision == MAX_SECOND_DIGITS else f"{self.word}({self.precision})"
+
+    @property
+    def postgres_type(self) -> str:
+        return "time" if self.precision == MAX_SECOND_DIGITS else f"time({self.precision})"
+
+    @property
+    def staging_type(self) -> str:
+        return "bigint"
+
+    def from_staged(self, column: str) -> str:
+        return f"time '00:00' + {column} * interval '1 microsecond'"
+
+    def spark_type(self) -> DataType:
+        from pyspark.sql import types as T
+
+        return T.LongType()
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.time64("us")
+
+    def iceberg_type(self) -> Any:
+        from pyiceberg import types
+
+        return types.LongType()
+
+    def copy_array(self, values: Any) -> Any:
+        import pyarrow as pa
+
+        # Spark's microseconds, reinterpreted as Arrow's time of day in microseconds.
+        return values.cast(pa.int64()).cast(pa.time64("us"))
+
+    def from_text(self, text: Column, column: DeclaredColumn, label: str) -> TextValue:
+        from pyspark.sql import functions as F
+
+        parts = r"^([0-9]{2}):([0-9]{2}):([0-9]{2})(\.([0-9]{1,6}))?$"
+        shaped = text.rlike(parts)
+        hours, minutes, seconds = (F.regexp_extract(text, parts, i).cast("long") for i in (1, 2, 3))
+        fraction = F.rpad(F.regexp_extract(text, parts, 5), 6, "0").cast("long")
+        micros = ((hours * 3600 + minutes * 60 + seconds) * 1_000_000 + fraction)
+        valid = shaped & (minutes < 60) & (seconds < 60)
+        return self.from_micros(F.when(valid, micros), label, F.when(text.isNotNull() & ~valid, F.lit(
+            f"{label} is not a valid {self} (HH:MM:SS[.ffffff])")))
+
+    def from_debezium(self, number: Column, unit: str, column: DeclaredColumn, label: str) -> TextValue:
+        from pyspark.sql import functions as F
+
+        return self.from_micros(number * F.lit(1000) if unit == "epoch millis" else number, label)
+
+    def from_micros(self, micros: Column, label: str, problem: Column | None = None) -> TextValue:
+        """Microseconds past midnight, up to a whole day (24:00:00), at most the precision's digits."""
+        from pyspark.sql import functions as F
+
+        in_day = (micros >= 0) & (micros <= F.lit(self.DAY_MICROS))
+        digits = _digits_problem(micros, self.precision, label, self)
+        bad = F.when(micros.isNotNull() & ~in_day, F.lit(f"{label} is not a valid {self} (outside a day)"))
+        return TextValue(F.when(in_day & digits.isNull(), micros),
+                         F.coalesce(problem if problem is not None else F.lit(None).cast("string"), bad,
+                                    F.when(micros.isNotNull(), digits)))
+
+
 class DateKind(ColumnKind):
     word = "date"
     description = "a calendar date written `YYYY-MM-DD`, in `years`"
@@ -418,6 +621,16 @@ class DateKind(ColumnKind):
         problem = F.when(text.isNotNull(), F.when(value.isNull(), F.lit(f"{label} is not a valid date (YYYY-MM-DD)"))
                          .when(~in_years, F.lit(f"{label} is not a valid date (outside {first}-{last})")))
         return TextValue(F.when(in_years, value), problem)
+
+    def from_debezium(self, number: Column, unit: str, column: DeclaredColumn, label: str) -> TextValue:
+        """Days since 1970-01-01, in the column's years."""
+        from pyspark.sql import functions as F
+
+        first, last = column.value_years
+        days = [(datetime(year, 1, 1, tzinfo=UTC) - _EPOCH).days for year in (first, last + 1)]
+        in_years = (number >= F.lit(days[0])) & (number < F.lit(days[1]))
+        return TextValue(F.when(in_years, F.date_from_unix_date(number.cast("int"))), F.when(
+            number.isNotNull() & ~in_years, F.lit(f"{label} is not a valid date (outside {first}-{last})")))
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -511,14 +724,15 @@ class JsonbKind(_Textual):
 
         return self.from_variant(F.try_parse_json(text), text.isNotNull(), label)
 
-    def from_variant(self, variant: Column, present: Column, label: str) -> TextValue:
+    def from_variant(self, variant: Column, present: Column, label: str, scalars: bool = False) -> TextValue:
         """A value parsed as a Spark variant: exact as long as every number in it is (Spark keeps a JSON number of up
-        to 38 digits in plain notation exactly, and turns any other into a binary float)."""
+        to 38 digits in plain notation exactly, and turns any other into a binary float). An object or array, or
+        any JSON value with `scalars` (a change event's json column holds any)."""
         from pyspark.sql import functions as F
 
         shape = F.schema_of_variant(variant)
-        whole = shape.startswith("OBJECT") | shape.startswith("ARRAY")
-        inexact = shape.rlike(r"(<|, |: )(DOUBLE|FLOAT)(>|,|$)")
+        whole = F.lit(True) if scalars else shape.startswith("OBJECT") | shape.startswith("ARRAY")
+        inexact = shape.rlike(r"(^|<|, |: )(DOUBLE|FLOAT)(>|,|$)")
         text = F.to_json(variant)
         problem = F.when(present, F.when(~whole | variant.isNull(), F.lit(f"{label} is not a valid jsonb (a JSON "
                                                                           "object or array)"))
@@ -533,6 +747,55 @@ class JsonbKind(_Textual):
         # followed by `u0000`).
         return [F.when(value.rlike(r"(^|[^\\])(\\\\)*\\u0000"),
                        F.lit(f"{label} contains a NUL character, which Postgres jsonb cannot store"))]
+
+
+class UuidKind(_Textual):
+    """A UUID (Postgres `uuid`): in Spark, its canonical text (lower-case, hyphens); in binary COPY its 16 bytes."""
+
+    word = "uuid"
+    key_capable = True
+    description = "a UUID, from its text (`a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11`; in the lake as that text)"
+    postgres_type = "uuid"
+    _SHAPE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+
+    def spark_type(self) -> DataType:
+        from pyspark.sql import types as T
+
+        return T.StringType()
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.binary(16)
+
+    def iceberg_type(self) -> Any:
+        from pyiceberg import types
+
+        return types.StringType()
+
+    def copy_array(self, values: Any) -> Any:
+        """The canonical texts (lower-case, hyphens) as 16 bytes each, their hex digits decoded at once."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        texts = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+        valid = texts.is_valid()
+        hex_digits = pc.replace_substring(pc.if_else(valid, texts, "00000000-0000-0000-0000-000000000000"), "-", "")
+        offsets = np.frombuffer(hex_digits.buffers()[1], dtype=np.int32)[hex_digits.offset:]
+        digits = np.frombuffer(hex_digits.buffers()[2], dtype=np.uint8)[
+            offsets[0]:offsets[len(hex_digits)]].reshape(-1, 32)
+        nibbles = np.where(digits >= ord("a"), digits - (ord("a") - 10), digits - ord("0")).astype(np.uint8)
+        raw = ((nibbles[:, 0::2] << 4) | nibbles[:, 1::2]).astype(np.uint8)
+        uuids = pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), len(texts), [None, pa.py_buffer(raw.tobytes())])
+        return pc.if_else(valid, uuids, pa.nulls(len(texts), pa.binary(16)))
+
+    def from_text(self, text: Column, column: DeclaredColumn, label: str) -> TextValue:
+        from pyspark.sql import functions as F
+
+        valid = F.trim(text).rlike(self._SHAPE)
+        return TextValue(F.when(valid, F.lower(F.trim(text))),
+                         F.when(text.isNotNull() & ~valid, F.lit(f"{label} is not a valid {self}")))
 
 
 class BytesKind(ColumnKind):
@@ -580,25 +843,29 @@ class BytesKind(ColumnKind):
         return value.isin(*[F.lit(bytearray(text.encode())) for text in texts])
 
 
-# One instance per kind without parameters; `decimal(p,s)` is made by parse_kind.
-STRING, LONG, INT, DOUBLE, BOOLEAN, TIMESTAMP, DATE, JSONB, BYTES = (
-    StringKind(), LongKind(), IntKind(), DoubleKind(), BooleanKind(), TimestampKind(), DateKind(), JsonbKind(),
-    BytesKind())
-SIMPLE_KINDS: dict[str, ColumnKind] = {k.word: k for k in (STRING, LONG, INT, DOUBLE, BOOLEAN, TIMESTAMP, DATE,
-                                                            JSONB, BYTES)}
+# One instance per kind without parameters (and of those with, at their defaults); others are made by parse_kind.
+STRING, LONG, INT, DOUBLE, BOOLEAN, TIMESTAMP, LOCAL_TIMESTAMP, DATE, TIME, JSONB, UUID, BYTES = (
+    StringKind(), LongKind(), IntKind(), DoubleKind(), BooleanKind(), TimestampKind(), LocalTimestampKind(),
+    DateKind(), TimeKind(), JsonbKind(), UuidKind(), BytesKind())
+SIMPLE_KINDS: dict[str, ColumnKind] = {k.word: k for k in (STRING, LONG, INT, DOUBLE, BOOLEAN, TIMESTAMP,
+                                                            LOCAL_TIMESTAMP, DATE, TIME, JSONB, UUID, BYTES)}
 # Every kind a pipeline may declare, one example of each parameterised one (the docs and the mapping test use it).
 DECLARABLE: tuple[ColumnKind, ...] = (*SIMPLE_KINDS.values(), DecimalKind(18, 2))
 
 _DECIMAL = re.compile(r"^decimal\(\s*([0-9]+)\s*,\s*([0-9]+)\s*\)$")
+_PRECISE = re.compile(r"^(local_timestamp|time)\(\s*([0-9]+)\s*\)$")
 
 
 def parse_kind(text: str) -> ColumnKind:
-    """A declared kind (`long`, `decimal(12,2)`, ...), or ValueError saying which are known."""
+    """A declared kind (`long`, `decimal(12,2)`, `time(3)`, ...), or ValueError saying which are known."""
     kind = SIMPLE_KINDS.get(text.strip())
     if kind is not None:
         return kind
     match = _DECIMAL.match(text.strip())
     if match:
         return DecimalKind(int(match[1]), int(match[2]))
+    match = _PRECISE.match(text.strip())
+    if match:
+        return {"local_timestamp": LocalTimestampKind, "time": TimeKind}[match[1]](int(match[2]))
     known = ", ".join(SIMPLE_KINDS)
-    raise ValueError(f"unknown type {text!r}: one of {known}, decimal(p,s)")
+    raise ValueError(f"unknown type {text!r}: one of {known}, decimal(p,s), local_timestamp(p), time(p)")

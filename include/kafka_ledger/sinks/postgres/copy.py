@@ -30,9 +30,10 @@ def output_schema(published: dict[str, ColumnKind]) -> pa.Schema:
     return pa.schema([pa.field(name, kind.arrow_type()) for name, kind in published.items()])
 
 
-def output_rows(table: pa.Table, schema: pa.Schema, batch_id: int) -> pa.Table:
+def output_rows(table: pa.Table, schema: pa.Schema, batch_id: int,
+                kinds: dict[str, ColumnKind] | None = None) -> pa.Table:
     """The publishable rows of a publish frame's table as output rows: the columns of `schema` (output_schema), in
-    its order and types, with the batch id.
+    its order and types (each as its kind in `kinds` makes it, else cast), with the batch id.
 
     Timestamps keep their instant whatever their zone; one without a zone cannot be published as timestamptz.
     """
@@ -42,9 +43,11 @@ def output_rows(table: pa.Table, schema: pa.Schema, batch_id: int) -> pa.Table:
             fields.append(pa.array(np.full(table.num_rows, batch_id, dtype=np.int64)))
             continue
         column = table[field.name]
-        if pa.types.is_timestamp(column.type) and column.type.tz is None:  # decode never gives one
+        if (pa.types.is_timestamp(column.type) and column.type.tz is None and pa.types.is_timestamp(field.type)
+                and field.type.tz is not None):  # decode never gives one
             raise TypeError(f"a timestamp without time zone cannot be published as timestamptz ({column.type})")
-        fields.append(column.cast(field.type))
+        kind = (kinds or {}).get(field.name)
+        fields.append(kind.copy_array(column) if kind is not None else column.cast(field.type))
     return pa.table(fields, schema=schema)
 
 
@@ -53,7 +56,7 @@ class OutputEncoder:
     rows, then `trailer()` once. `published`: the columns and their kinds (the sink's published_columns)."""
 
     def __init__(self, published: dict[str, ColumnKind], batch_id: int):
-        self._schema, self._batch_id = output_schema(published), batch_id
+        self._schema, self._batch_id, self._kinds = output_schema(published), batch_id, dict(published)
         encoders = {field.name: kind.copy_encoder(field) for field, kind in zip(self._schema, published.values(),
                                                                                strict=True)}
         if any(encoder is not None for encoder in encoders.values()):
@@ -68,7 +71,7 @@ class OutputEncoder:
 
     def rows(self, table: pa.Table) -> Iterator[bytes]:
         """The rows of a publish frame's table holding publishable rows only (`output_rows`), batch by batch."""
-        for batch in output_rows(table, self._schema, self._batch_id).to_batches():
+        for batch in output_rows(table, self._schema, self._batch_id, self._kinds).to_batches():
             yield self._encoder.write_batch(batch)
 
     def trailer(self) -> bytes:

@@ -142,15 +142,24 @@ def copy_rows(target: sql.Composable, columns: list[str]) -> sql.Composed:
 
 
 def publish_staged(pipeline: PipelineConfig, target: sql.Composable, columns: list[str]) -> sql.Composed:
-    """Copy one attempt's decoded rows (`columns`) from staging into `target`."""
-    listed = sql.SQL(", ").join(sql.Identifier(name) for name in columns)
+    """Copy one attempt's decoded rows (`columns`) from staging into `target`, each declared column made its kind's
+    type from the type it was staged in."""
+    kinds = {c.name: c.type for c in pipeline.columns}
+
+    def staged(name: str) -> sql.Composable:
+        column = sql.Identifier(name)
+        kind = kinds.get(name)
+        return column if kind is None else sql.SQL(kind.from_staged("{}")).format(column)
+
     return sql.SQL(
         """
         INSERT INTO {target} ({columns})
-        SELECT {columns} FROM {staging}
+        SELECT {values} FROM {staging}
         WHERE batch_id = %(batch_id)s AND attempt = %(attempt)s AND error IS NULL
         """
-    ).format(target=target, staging=staging_table(pipeline), columns=listed)
+    ).format(target=target, staging=staging_table(pipeline),
+             columns=sql.SQL(", ").join(sql.Identifier(name) for name in columns),
+             values=sql.SQL(", ").join(staged(name) for name in columns))
 
 
 # --- entity tables (write: upsert) ------------------------------------------------------------------------------
