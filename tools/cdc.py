@@ -472,9 +472,9 @@ TYPED_DECLARED = [
 ]
 TYPED_COLUMNS = tuple(c["name"] for c in TYPED_DECLARED)
 # The source's values as the entity table holds them (the same SELECT on both: jsonb for json and arrays, numeric for
-# money, double for real, text for inet and the enum).
+# money, double for real, the output form of inet and text of the enum).
 TYPED_SELECT = ("id, j::jsonb, jb, d, ts0, ts3, ts6, tstz, t3, t6, n, nv, m::numeric, b, u, e::text, "
-                "to_jsonb(ai), to_jsonb(at), r::float8, dp, sm, bo, vc, ch, ip::text, big, note")
+                "to_jsonb(ai), to_jsonb(at), r::float8, dp, sm, bo, vc, ch, nullif(format('%s', ip), ''), big, note")
 ENTITY_SELECT = ("id, j, jb, d, ts0, ts3, ts6, tstz, t3, t6, n, nv, m, b, u, e, ai, at, r, dp, sm, bo, vc, ch, "
                  "ip, big, note")
 

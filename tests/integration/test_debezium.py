@@ -244,8 +244,10 @@ def test_every_everyday_type_lands_as_the_source_had_it(kafka_connect, dsn, serv
             landed = cdc.typed_rows(entity, f"{pipeline.output_schema}.{pipeline.output_table}", cdc.ENTITY_SELECT)
         out.close()
         expected = cdc.typed_rows(cur, table)
-        assert {k: (landed.get(k), expected.get(k)) for k in landed.keys() | expected.keys()
-                if landed.get(k) != expected.get(k)} == {}
+        assert landed.keys() == expected.keys()
+        names = cdc.TYPED_COLUMNS[1:]
+        assert {(k, name): (got, want) for k in landed for name, got, want in zip(names, landed[k], expected[k],
+                                                                                   strict=True) if got != want} == {}
         # Every column lands as the source's type.
         types = dict(query(dsn, "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = "
                                 "%s AND table_name = %s", pipeline.output_schema, pipeline.output_table))

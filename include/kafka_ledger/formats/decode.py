@@ -26,13 +26,6 @@ if TYPE_CHECKING:
 _KEPT = ["topic", "partition", "offset", "timestamp", "key", "value"]
 
 
-def _all(checks: list[Column]) -> Column:
-    good = checks[0]
-    for check in checks[1:]:
-        good = good & check
-    return good
-
-
 def _without_value(read: FieldRead, lacks: Column) -> FieldRead:
     """The column where the record lacks its value (`lacks`): NULL, with none of the format's problems (the envelope
     says what becomes of it)."""
@@ -75,14 +68,15 @@ def decode_records(records: DataFrame, pipeline: DeclaredPipeline, envelope: Env
     if lean:
         cheap = [*envelope.cheap_ok(pipeline, values, unavailable), *reading.cheap_ok]
         for read in fields:
-            cheap.append(read.cheap_ok if read.cheap_ok is not None else _all([p.isNull() for p in read.problems]))
+            cheap.append(read.cheap_ok if read.cheap_ok is not None
+                         else validate.every([p.isNull() for p in read.problems]))
             cheap += [p.isNull() for p in validate.value_problems(read)]
             if read.column.required:
                 cheap.append(read.value.isNotNull())
         if found is not None:
             cheap.append(validate.no_unexpected_fields(found))
         # A record passing every cheap check has no reason: `reason` is worked out for the others only.
-        reason = F.when(~_all(cheap), reason)
+        reason = F.when(~validate.every(cheap), reason)
     enveloped = envelope.apply(pipeline, reason, values, unavailable)
     return frame.select(
         F.col("topic").alias("kafka_topic"),

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kafka_ledger.formats import validate
 from kafka_ledger.formats.json import json_path
 from kafka_ledger.model import columns as ledger_columns
 from kafka_ledger.model import debezium
@@ -118,9 +119,7 @@ class KeyedChanges(Envelope):
                 as_text = ((text if isinstance(c.type, StringKind) else F.trim(text).try_cast(c.type.spark_type()))
                            if c is single else F.lit(None).cast(c.type.spark_type()))
                 named[c.name] = F.when(is_object, parsed[c.name]).otherwise(as_text)
-        missing = F.lit(False)
-        for c in pipeline.key_columns:
-            missing = missing | named.get(c.name, values[c.name]).isNull()
+        missing = validate.some([named.get(c.name, values[c.name]).isNull() for c in pipeline.key_columns])
         names = ", ".join(pipeline.key)
         forms = f"a JSON object with {names}" + (f" or the {single.name} itself" if single else "")
         problem = (F.when(key.isNull(), F.lit("tombstone (null value) without a Kafka key"))
@@ -180,10 +179,7 @@ class DebeziumChanges(Envelope):
                   if check is not None]
         if not checks:
             return None
-        found = checks[0]
-        for check in checks[1:]:
-            found = found | check
-        return F.coalesce(found, F.lit(False))
+        return F.coalesce(validate.some(checks), F.lit(False))
 
     @staticmethod
     def _fillable(pipeline: DeclaredPipeline, unavailable: dict[str, Column]) -> list[str]:
@@ -201,16 +197,11 @@ class DebeziumChanges(Envelope):
         from pyspark.sql import functions as F
 
         op = values[OP_COLUMN]
-        upsert = op.isin(*debezium.UPSERT_OPS)
-        for c in pipeline.columns:
-            if c.required:
-                upsert = upsert & self._carried(values, unavailable, c.name)
-        for name in pipeline.key:
-            if name in unavailable:
-                upsert = upsert & ~unavailable[name]
-        delete = op == F.lit(debezium.DELETE_OP)
-        for key in self._keys(pipeline, values).values():
-            delete = delete & key.isNotNull()
+        upsert = validate.every([op.isin(*debezium.UPSERT_OPS),
+                                 *[self._carried(values, unavailable, c.name) for c in pipeline.columns if c.required],
+                                 *[~unavailable[name] for name in pipeline.key if name in unavailable]])
+        delete = validate.every([op == F.lit(debezium.DELETE_OP),
+                                 *[key.isNotNull() for key in self._keys(pipeline, values).values()]])
         return [F.col("value").isNotNull(), F.coalesce(upsert | delete, F.lit(False))]
 
     def apply(self, pipeline: DeclaredPipeline, error: Column, values: dict[str, Column],
@@ -253,9 +244,7 @@ class DebeziumChanges(Envelope):
         fillable = self._fillable(pipeline, unavailable)
         lacking = F.lit(None).cast("string")
         if fillable:
-            any_lacking = unavailable[fillable[0]]
-            for name in fillable[1:]:
-                any_lacking = any_lacking | unavailable[name]
+            any_lacking = validate.some([unavailable[name] for name in fillable])
             names = F.array_compact(F.array(*[F.when(unavailable[name], F.lit(name)) for name in fillable]))
             lacking = F.when(upserted & any_lacking, F.to_json(names))
         held = lacking.isNotNull()

@@ -6,6 +6,7 @@ record refused for the same cause gets the same reason whatever its format.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,3 +42,21 @@ def no_unexpected_fields(unexpected: Column) -> Column:
     from pyspark.sql import functions as F
 
     return F.size(unexpected) == 0
+
+
+def every(checks: list[Column]) -> Column:
+    """All the checks true, as a balanced tree of ANDs: a chain of hundreds (a wide table's cheap checks) nests deeper
+    than Spark Connect's plans may (its protobuf decoder stops at a depth of 100)."""
+    return _balanced(checks, lambda a, b: a & b)
+
+
+def some(checks: list[Column]) -> Column:
+    """Any of the checks true, as a balanced tree of ORs (see `every`)."""
+    return _balanced(checks, lambda a, b: a | b)
+
+
+def _balanced(checks: list[Column], join: Callable[[Column, Column], Column]) -> Column:
+    while len(checks) > 1:
+        checks = [join(checks[i], checks[i + 1]) if i + 1 < len(checks) else checks[i]
+                  for i in range(0, len(checks), 2)]
+    return checks[0]

@@ -14,8 +14,10 @@ if TYPE_CHECKING:
     from kafka_ledger.config.pipeline import ColumnSpec, PipelineConfig
     from kafka_ledger.model.kinds import ColumnKind
 
-# The names Postgres's format_type() gives the kinds' types where they differ from the kinds' own.
+# The names Postgres's format_type() gives the kinds' types where they differ from the kinds' own; a time or timestamp
+# without time zone is named so, its precision after its name (`timestamp(3) without time zone`).
 _CATALOG_NAMES = {"timestamptz": "timestamp with time zone"}
+_WITHOUT_ZONE = re.compile(r"^(timestamp|time)(\(\d+\))?$")
 _NUMERIC = re.compile(r"^numeric\((\d+),(\d+)\)$")
 # Digits before the point a column of each integer type needs.
 _INTEGER_DIGITS = {"smallint": 5, "integer": 10, "bigint": 19}
@@ -23,6 +25,8 @@ _INTEGER_DIGITS = {"smallint": 5, "integer": 10, "bigint": 19}
 
 def catalog_type(kind: ColumnKind) -> str:
     """The kind's Postgres type as the catalog names it."""
+    if _WITHOUT_ZONE.match(kind.postgres_type):
+        return f"{kind.postgres_type} without time zone"
     return _CATALOG_NAMES.get(kind.postgres_type, kind.postgres_type)
 
 
