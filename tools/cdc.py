@@ -70,6 +70,9 @@ class Capture:
     value_schemas: bool = False
     partitions: int = 3
     keep_slot: bool = False
+    # JSON has no decimal type: with `string`, a numeric's digits as text, exact without the schema; with Debezium's
+    # default, `precise`, its unscaled bytes, the scale in the schema (value_schemas).
+    decimal_handling_mode: str = "string"
 
     @property
     def slot(self) -> str:
@@ -99,8 +102,7 @@ class Capture:
             "publication.name": f"{self.slot}_publication",
             "publication.autocreate.mode": "filtered",
             "snapshot.mode": "initial",
-            # JSON has no decimal type: Debezium's default sends a numeric's unscaled bytes; as text it stays exact.
-            "decimal.handling.mode": "string",
+            "decimal.handling.mode": self.decimal_handling_mode,
             "key.converter": "org.apache.kafka.connect.json.JsonConverter",
             "key.converter.schemas.enable": "false",
             "value.converter": "org.apache.kafka.connect.json.JsonConverter",
@@ -318,12 +320,18 @@ def change_source(cur: Any, table: str, rng: Any, changes: int, next_id: int) ->
             deleted.append(target)
             made["delete"] += 1
         else:
-            old = live.pop(rng.randrange(len(live)))
-            cur.execute(f"UPDATE {table} SET id = %s WHERE id = %s", (next_id, old))
-            live.append(next_id)
-            next_id += 1
+            next_id = change_key(cur, table, live, rng, next_id)
             made["key change"] += 1
     return made, next_id
+
+
+def change_key(cur: Any, table: str, live: list[int], rng: Any, next_id: int) -> int:
+    """Give a random live row the next free id (a primary-key change: Debezium's delete of the old key and create
+    of the new one); returns the next free id."""
+    old = live.pop(rng.randrange(len(live)))
+    cur.execute(f"UPDATE {table} SET id = %s WHERE id = %s", (next_id, old))
+    live.append(next_id)
+    return next_id + 1
 
 
 def events_of(changes: Counter) -> int:
@@ -553,10 +561,7 @@ def change_typed_source(cur: Any, table: str, rng: Any, changes: int, next_id: i
             cur.execute(f"DELETE FROM {table} WHERE id = %s", (live.pop(rng.randrange(len(live))),))
             made["delete"] += 1
         else:
-            old = live.pop(rng.randrange(len(live)))
-            cur.execute(f"UPDATE {table} SET id = %s WHERE id = %s", (next_id, old))
-            live.append(next_id)
-            next_id += 1
+            next_id = change_key(cur, table, live, rng, next_id)
             made["key change"] += 1
     return made, next_id
 

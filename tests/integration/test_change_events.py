@@ -260,3 +260,73 @@ def test_the_merge_fills_what_change_events_lack_or_parks_them_or_dead_letters_t
     assert entities() == {1: (3, "A2", "D1"), 5: (9, "N4b", "D5")}
     assert query(dsn, "SELECT count(*) FROM kafka_ledger.dead_letters WHERE pipeline = %s", pipeline.name) == [(1,)]
     assert change_tables() == (0, 0)
+
+
+def _unscaled(value: int) -> str:
+    """A Connect Decimal's unscaled value, as the JsonConverter writes it: big-endian two's complement, in base64."""
+    import base64
+
+    size = max(1, (value.bit_length() + 8) // 8)
+    return base64.b64encode(value.to_bytes(size, "big", signed=True)).decode()
+
+
+def test_precise_numerics_read_their_scale_from_the_records_schema_or_their_own_object(spark):
+    """Debezium's default decimal.handling.mode (precise): a numeric(p,s) as its unscaled value, the scale in the
+    JsonConverter's schema; a numeric without a declared scale as an object of both. Read exactly, whatever their
+    size and sign; one that does not fit, or has no schema to take its scale from, is a dead letter saying so."""
+    from decimal import Decimal
+
+    from kafka_ledger.formats.decode import decode_records
+
+    columns = [{"name": "id", "type": "long"}, {"name": "amount", "type": "decimal(12,2)"},
+               {"name": "big", "type": "decimal(38,10)"}, {"name": "var", "type": "decimal(38,20)"}]
+    pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {
+        "topics": ["t"], "output_table": "t", "write": "upsert", "key": ["id"],
+        "value": {"format": "json", "envelope": "debezium"}, "columns": columns}}}))["p"]
+    decimal = {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "optional": True}
+    row_schema = {"type": "struct", "optional": True, "fields": [
+        {"type": "int64", "field": "id"}, {**decimal, "parameters": {"scale": "2"}, "field": "amount"},
+        {**decimal, "parameters": {"scale": "10"}, "field": "big"},
+        {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "optional": True, "field": "var",
+         "fields": [{"type": "int32", "field": "scale"}, {"type": "bytes", "field": "value"}]}]}
+    schema = {"type": "struct", "fields": [{**row_schema, "field": "before"}, {**row_schema, "field": "after"},
+                                           {"type": "string", "field": "op"}]}
+
+    def wrapped(after: dict) -> bytes:
+        return json.dumps({"schema": schema, "payload": {"before": None, "after": after, "op": "c"}}).encode()
+
+    values = [
+        wrapped({"id": 1, "amount": _unscaled(12345), "big": _unscaled(10**37 - 1),
+                 "var": {"scale": 3, "value": _unscaled(3141592)}}),
+        wrapped({"id": 2, "amount": _unscaled(-1), "big": _unscaled(-(2**100)), "var": {"scale": 0, "value": "AA=="}}),
+        wrapped({"id": 3, "amount": _unscaled(0), "big": None, "var": None}),
+        wrapped({"id": 4, "amount": _unscaled(12345), "big": _unscaled(2**127 - 1), "var": None}),
+        wrapped({"id": 5, "amount": _unscaled(10**12), "big": None, "var": None}),
+        wrapped({"id": 6, "amount": "not base64!", "big": None, "var": None}),
+        # Without the JsonConverter's wrapper, the fixed numeric has no scale to be read with.
+        json.dumps({"before": None, "after": {"id": 7, "amount": _unscaled(1)}, "op": "c"}).encode(),
+        json.dumps({"before": None, "after": {"id": 8, "var": {"scale": 21, "value": _unscaled(1)}},
+                    "op": "c"}).encode(),
+    ]
+    records = spark.createDataFrame(
+        [("t", 0, offset, datetime(2026, 11, 27, tzinfo=UTC), b'{"id": 1}', value, [])
+         for offset, value in enumerate(values)], RECORDS)
+    frames = [{row["kafka_offset"]: (row["error"], row["amount"], row["big"], row["var"])
+               for row in decode_records(records, pipeline, sink_for(pipeline).envelope, lean=lean).collect()}
+              for lean in (True, False)]
+    assert frames[0] == frames[1]
+    assert frames[0] == {
+        0: (None, Decimal("123.45"), Decimal("999999999999999999999999999.9999999999"), Decimal("3141.592")),
+        1: (None, Decimal("-0.01"), Decimal(-(2**100)), Decimal("0")),
+        2: (None, Decimal("0.00"), None, None),
+        3: ("field 'after.big' is not a valid decimal(38,10) (more than 38 digits)", None, None, None),
+        4: ("field 'after.amount' is not a valid decimal(12,2) (it does not fit exactly: more than 2 digit(s) after "
+            "the point or 10 before it)", None, None, None),
+        5: ("field 'after.amount' is not a valid decimal(12,2) (an unscaled value in base64 of 1 to 16 bytes, and its "
+            "scale)", None, None, None),
+        6: ("field 'after.amount' has no scale: Debezium's decimal.handling.mode precise writes it in the record's "
+            "schema, and this value has none (set value.converter.schemas.enable=true on the connector, or "
+            "decimal.handling.mode=string, and declare it)", None, None, None),
+        7: ("field 'after.var' is not a valid decimal(38,20) (it does not fit exactly: more than 20 digit(s) after "
+            "the point or 18 before it)", None, None, None),
+    }

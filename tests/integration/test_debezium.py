@@ -6,13 +6,16 @@ DEFAULT and FULL, with and without the JsonConverter's wrapper."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 import pytest
@@ -140,6 +143,27 @@ def test_the_entity_table_equals_the_source_table_through_every_kind_of_change(
     assert password not in log
 
 
+@contextlib.contextmanager
+def _captured(key: str, table: str, create: Callable[[Any, str], None], **capture: Any
+              ) -> Iterator[tuple[Any, cdc.Capture, str, Any]]:
+    """The test pipeline `key`, its source table `table` made by `create` in the source database, and Debezium's
+    connector of it (registered by the test, after the changes its snapshot should hold): (pipeline, the capture, its
+    topic, a cursor on the source database). Both are gone afterwards."""
+    pipeline = get_pipeline(pipeline_name(key))
+    connector = cdc.Capture(name=pipeline_name(key), topic_prefix=topic_name(key), tables=(f"public.{table}",),
+                            **capture)
+    source = psycopg2.connect(cdc.source_dsn())
+    source.autocommit = True
+    cur = source.cursor()
+    create(cur, table)
+    try:
+        yield pipeline, connector, connector.topic(f"public.{table}"), cur
+    finally:
+        connector.remove()
+        cur.execute(f"DROP TABLE IF EXISTS {table}")
+        source.close()
+
+
 def _toasted_entities(dsn: str, pipeline) -> dict[int, tuple]:
     return {row[0]: tuple(row[1:]) for row in query(
         dsn, f"SELECT {', '.join(cdc.TOASTED_COLUMNS)} FROM {pipeline.output_schema}.{pipeline.output_table}")}
@@ -159,21 +183,13 @@ def test_an_unchanged_toasted_value_keeps_the_entitys_value_never_the_placeholde
     the old key is in another partition, read by batches of 9 records a partition at their own pace), deletes:
     the entity table equals the source table, no dead letter, no placeholder; then after a replay of every range,
     and after more changes."""
-    key = f"toast_{runtime}"
-    pipeline = get_pipeline(pipeline_name(key))
     table = f"toasted_{runtime}"
-    capture = cdc.Capture(name=pipeline_name(key), topic_prefix=topic_name(key), tables=(f"public.{table}",),
-                          value_schemas=runtime == "connect")
-    topic = capture.topic(f"public.{table}")
     rng = random.Random(20261129)
-    source = psycopg2.connect(cdc.source_dsn())
-    source.autocommit = True
-    cur = source.cursor()
-    cdc.create_toasted_table(cur, table)
-    made, next_id = cdc.change_toasted_source(cur, table, rng, 15, next_id=1)
-    events = len(cdc.toasted_rows(cur, table))
-    capture.register()
-    try:
+    with _captured(f"toast_{runtime}", table, cdc.create_toasted_table, value_schemas=runtime == "connect") as (
+            pipeline, capture, topic, cur):
+        made, next_id = cdc.change_toasted_source(cur, table, rng, 15, next_id=1)
+        events = len(cdc.toasted_rows(cur, table))
+        capture.register()
         for _ in range(2):
             made, next_id = cdc.change_toasted_source(cur, table, rng, 120, next_id)
             assert made["key change"] and made["update"] and made["delete"]
@@ -206,33 +222,23 @@ def test_an_unchanged_toasted_value_keeps_the_entitys_value_never_the_placeholde
         assert _toasted_entities(dsn, pipeline) == cdc.toasted_rows(cur, table)
         assert query(dsn, "SELECT count(*) FROM kafka_ledger.dead_letters WHERE pipeline = %s",
                      pipeline.name) == [(0,)]
-    finally:
-        capture.remove()
-        cur.execute(f"DROP TABLE IF EXISTS {table}")
-        source.close()
 
 
 @pytest.mark.parametrize("runtime", ["connect", "submit"])
 def test_every_everyday_type_lands_as_the_source_had_it(kafka_connect, dsn, servers, runtime):
     """A source table of PostgreSQL's everyday types (json and jsonb, date, timestamps with and without a zone and of
     three precisions, times, numerics fixed and unconstrained, money, bytea, uuid, an enum, arrays, real, smallint,
-    char, inet, a TOASTed text), each column declared as the source's, captured by Debezium (its defaults, but
-    decimal.handling.mode=string) through inserts, updates, deletes and key changes: the entity table equals the
-    source table value by value, no dead letter."""
-    key = f"typed_{runtime}"
-    pipeline = get_pipeline(pipeline_name(key))
+    char, inet, a TOASTed text), each column declared as the source's, captured by Debezium through inserts, updates,
+    deletes and key changes, with its defaults and the JsonConverter's (schemas, precise numerics) or without schemas
+    (numerics as text): the entity table equals the source table value by value, no dead letter."""
     table = f"typed_{runtime}"
-    capture = cdc.Capture(name=pipeline_name(key), topic_prefix=topic_name(key), tables=(f"public.{table}",))
-    topic = capture.topic(f"public.{table}")
+    defaults = runtime == "connect"  # Debezium's and the JsonConverter's own defaults: schemas, precise numerics
     rng = random.Random(20261130)
-    source = psycopg2.connect(cdc.source_dsn())
-    source.autocommit = True
-    cur = source.cursor()
-    cdc.create_typed_table(cur, table)
-    made, next_id = cdc.change_typed_source(cur, table, rng, 20, next_id=1)
-    events = len(cdc.typed_rows(cur, table))
-    capture.register()
-    try:
+    with _captured(f"typed_{runtime}", table, cdc.create_typed_table, value_schemas=defaults,
+                   decimal_handling_mode="precise" if defaults else "string") as (pipeline, capture, topic, cur):
+        made, next_id = cdc.change_typed_source(cur, table, rng, 20, next_id=1)
+        events = len(cdc.typed_rows(cur, table))
+        capture.register()
         made, next_id = cdc.change_typed_source(cur, table, rng, 150, next_id)
         assert made["key change"] and made["update"] and made["delete"]
         events += cdc.events_of(made)
@@ -255,7 +261,3 @@ def test_every_everyday_type_lands_as_the_source_had_it(kafka_connect, dsn, serv
             "ts0": "timestamp without time zone", "ts6": "timestamp without time zone",
             "tstz": "timestamp with time zone", "t3": "time without time zone", "u": "uuid", "b": "bytea",
             "jb": "jsonb", "n": "numeric"}
-    finally:
-        capture.remove()
-        cur.execute(f"DROP TABLE IF EXISTS {table}")
-        source.close()

@@ -683,10 +683,14 @@ def test_columns_given_later_are_checked_as_if_the_file_held_them():
 def test_debeziums_settings_decide_what_json_columns_can_read_exactly():
     entity = dict(write="upsert", key="[id]", columns="[{name: id, type: long}, {name: amount, type: 'decimal(12,2)'}, "
                   "{name: at, type: local_timestamp}, {name: seen, type: 'time(3)'}]")
-    precise = config_error(pipeline_yaml(**entity) + "    value: {envelope: debezium}\n")
+    # Precise numerics (Debezium's default) read their scale from the JsonConverter's schema (Kafka's default too).
+    assert parse_pipelines(pipeline_yaml(**entity) + "    value: {envelope: debezium}\n")["p"]
+    precise = config_error(pipeline_yaml(**entity) + "    value: {envelope: debezium, debezium: "
+                                                     "{value.converter.schemas.enable: false}}\n")
     assert ("column(s) amount (decimal(12,2)): Debezium's decimal.handling.mode precise (its default) writes a numeric "
             "as its unscaled bytes") in precise
-    assert "declare it: `value: {envelope: debezium, debezium: {decimal.handling.mode: string}}`" in precise
+    assert ("declare it: `value: {envelope: debezium, debezium: {decimal.handling.mode: string, "
+            "value.converter.schemas.enable: false}}`") in precise
     string = parse_pipelines(pipeline_yaml(**entity) + "    value: {envelope: debezium, debezium: "
                                                        "{decimal.handling.mode: string}}\n")["p"]
     assert string.value.debezium.decimal_handling_mode == "string"

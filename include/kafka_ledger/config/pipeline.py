@@ -222,7 +222,8 @@ class DebeziumSettings(BaseModel):
     decimal_handling_mode: Literal["precise", "string", "double"] = Field(
         default="precise", alias="decimal.handling.mode",
         description="how a numeric is written: `precise` (Debezium's default: its unscaled bytes, the scale in the "
-                    "schema), `string` (its digits as text: exact), `double` (a binary float)")
+                    "schema: exact, in JSON with the JsonConverter's schemas), `string` (its digits as text: exact), "
+                    "`double` (a binary float)")
     time_precision_mode: Literal["adaptive", "adaptive_time_microseconds", "connect"] = Field(
         default="adaptive", alias="time.precision.mode",
         description="how a time or a timestamp without time zone is written: `adaptive` (Debezium's default: "
@@ -232,6 +233,10 @@ class DebeziumSettings(BaseModel):
         default="bytes", alias="binary.handling.mode",
         description="how a bytea is written: `bytes` (Debezium's default; base64 in JSON), `base64`, "
                     "`base64-url-safe`, `hex`")
+    value_converter_schemas_enable: bool = Field(
+        default=True, alias="value.converter.schemas.enable",
+        description="whether the connector's JsonConverter writes each value with its schema (Kafka Connect's "
+                    "default): a precise numeric's scale is there only")
     unavailable_value_placeholder: str = Field(
         default=debezium.UNAVAILABLE_PLACEHOLDER, min_length=1, alias="unavailable.value.placeholder",
         description="what an event holds in place of a value Postgres did not log (an unchanged TOASTed value); such "

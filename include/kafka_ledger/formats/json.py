@@ -64,7 +64,9 @@ JSON_READS: dict[str, str] = {
 # connector's settings, `value.debezium`, choose among them): `json text`, a string holding JSON text (json, jsonb,
 # hstore; an array is a JSON array, kept whole); `epoch days`, a date as days since 1970-01-01; `epoch millis` and
 # `epoch micros`, a timestamp without time zone since the epoch, or a time of day since midnight, as its precision and
-# `time.precision.mode` say; `base64`, `base64-url-safe` and `hex`, bytes as `binary.handling.mode` writes them.
+# `time.precision.mode` say; `base64`, `base64-url-safe` and `hex`, bytes as `binary.handling.mode` writes them;
+# `precise`, a numeric as its unscaled value in base64, its scale in the record's schema (the JsonConverter's, with
+# schemas enabled), or, for a numeric without a declared scale, an object of both.
 # Debezium's time.precision.modes that keep a value's digits beyond milliseconds (its third, connect, writes only
 # milliseconds).
 ADAPTIVE_MODES = ("adaptive", "adaptive_time_microseconds")
@@ -83,12 +85,14 @@ def debezium_reads(settings: Any, kind: ColumnKind) -> str | None:
         return "epoch micros" if micros else "epoch millis"
     if word == "bytes":
         return "base64" if settings.binary_handling_mode == "bytes" else settings.binary_handling_mode
+    if word == "decimal" and settings.decimal_handling_mode == "precise":
+        return "precise"
     return None
 
 
 # The readings whose field comes from the document's variant rather than from_json, those from_json gives as text,
 # and those it gives as a number.
-_FROM_VARIANT = ("exact number", "document", "json text")
+_FROM_VARIANT = ("exact number", "document", "json text", "precise")
 _AS_TEXT = ("text", "timestamp", "base64", "base64-url-safe", "hex")
 _AS_LONG = ("epoch days", "epoch millis", "epoch micros")
 
@@ -179,6 +183,25 @@ def _has_document(pipeline: DeclaredPipeline) -> bool:
     return _framed(pipeline) or pipeline.value.envelope == "debezium"
 
 
+# A change event's row image's fields as the JsonConverter's schema declares them (with schemas enabled): each
+# field's name and parameters (a Decimal's `scale`). Not an identifier: no declared column can take the name.
+ROW_SCHEMA = "debezium row schema"
+
+
+def _row_schema(pipeline: DeclaredPipeline) -> Column:
+    """The `after` struct's fields in the schema of the JsonConverter's wrapper; NULL for a value without one."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    field = T.StructType([T.StructField("field", T.StringType()),
+                          T.StructField("parameters", T.MapType(T.StringType(), T.StringType()))])
+    wrapper = T.StructType([T.StructField("schema", T.StructType([T.StructField("fields", T.ArrayType(T.StructType([
+        T.StructField("field", T.StringType()), T.StructField("fields", T.ArrayType(field))])))]))])
+    text = (framing.payload(F.col("value")) if _framed(pipeline) else F.col("value")).cast("string")
+    fields = F.from_json(F.when(text.rlike(_WRAPPED), text), wrapper)["schema"]["fields"]
+    return F.try_element_at(F.filter(fields, lambda f: f["field"] == F.lit(debezium.ROW_IMAGE)), F.lit(1))["fields"]
+
+
 def _value_document(pipeline: DeclaredPipeline) -> Column:
     """The value's document: after the frame when framed; a change event's payload when the JsonConverter wrapped
     it (a document starting with a `schema` field, then holding a `payload`)."""
@@ -230,7 +253,8 @@ class JsonFormat(ValueFormat):
             reading = (debezium_reads(settings, c.type) if in_row else None) or JSON_READS[c.type.word]
             if reading == "none":
                 in_json.append(c.name)
-            if in_row and c.type.word == "decimal" and settings.decimal_handling_mode == "precise":
+            if in_row and c.type.word == "decimal" and settings.decimal_handling_mode == "precise" \
+                    and not settings.value_converter_schemas_enable:
                 imprecise.append(f"{c.name} ({c.type})")
             if in_row and c.type.word in ("local_timestamp", "time") and c.type.precision > 3 \
                     and settings.time_precision_mode not in ADAPTIVE_MODES:
@@ -241,9 +265,10 @@ class JsonFormat(ValueFormat):
         if imprecise:
             problems.append(
                 f"column(s) {', '.join(imprecise)}: Debezium's decimal.handling.mode precise (its default) writes a "
-                "numeric as its unscaled bytes, the scale in the record's schema only, which a JSON value's columns do "
-                "not read: set decimal.handling.mode=string on the connector (every digit, as text) and declare it: "
-                "`value: {envelope: debezium, debezium: {decimal.handling.mode: string}}`")
+                "numeric as its unscaled bytes, the scale in the record's schema only, and its JsonConverter writes "
+                "no schema (value.converter.schemas.enable false): set decimal.handling.mode=string on the connector "
+                "(every digit, as text) and declare it: `value: {envelope: debezium, debezium: "
+                "{decimal.handling.mode: string, value.converter.schemas.enable: false}}`")
         if truncated:
             problems.append(
                 f"column(s) {', '.join(truncated)}: Debezium's time.precision.mode connect writes milliseconds, losing "
@@ -266,6 +291,9 @@ class JsonFormat(ValueFormat):
         if _has_document(pipeline):
             records = records.withColumn(VALUE_DOCUMENT, _value_document(pipeline))
             keep = [*keep, VALUE_DOCUMENT]
+        if "precise" in readings(pipeline).values():
+            records = records.withColumn(ROW_SCHEMA, _row_schema(pipeline))
+            keep = [*keep, ROW_SCHEMA]
         parsed = records.select(*keep, *[
             F.from_json(_raw(d.source, pipeline).cast("string"), d.schema(),
                         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}).alias(d.parsed)
@@ -344,8 +372,34 @@ class JsonFormat(ValueFormat):
         readers = {"typed": self._typed, "string": self._typed, "text": self._text, "timestamp": self._timestamp,
                    "exact number": self._exact_number, "document": self._document, "json text": self._json_text,
                    "epoch days": self._epoch, "epoch millis": self._epoch, "epoch micros": self._epoch,
-                   "base64": self._encoded, "base64-url-safe": self._encoded, "hex": self._encoded}
+                   "base64": self._encoded, "base64-url-safe": self._encoded, "hex": self._encoded,
+                   "precise": self._precise}
         return readers[document.reading(column)](document, column, text)
+
+    def _precise(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
+        """A numeric as Debezium's decimal.handling.mode precise writes it: its unscaled value in base64, the scale
+        from the record's schema; or, for a numeric without a declared scale (Debezium's VariableScaleDecimal), an
+        object holding both."""
+        from pyspark.sql import functions as F
+
+        label, variant = column.label, self._variant(document, column)
+        shape = F.schema_of_variant(variant)
+        fixed = F.when(shape == F.lit("STRING"), F.variant_get(variant, "$", "string"))
+        is_object = shape.startswith("OBJECT")
+        declared = F.try_element_at(F.filter(F.col(ROW_SCHEMA), lambda f: f["field"] == F.lit(column.field_path[-1])),
+                                    F.lit(1))["parameters"]["scale"].try_cast("int")
+        unscaled = F.coalesce(fixed, F.when(is_object, F.try_variant_get(variant, "$.value", "string")))
+        scale = F.when(fixed.isNotNull(), declared).otherwise(F.try_variant_get(variant, "$.scale", "int"))
+        read = column.type.from_unscaled(unscaled, scale, column, label)
+        present = variant.isNotNull() & ~F.is_variant_null(variant)
+        shaped = F.when(present & fixed.isNull() & ~is_object, F.lit(
+            f"{label} is not a valid {column.type} (Debezium's decimal.handling.mode precise writes a numeric as "
+            "its unscaled value in base64)"))
+        unschema = F.when(fixed.isNotNull() & declared.isNull(), F.lit(
+            f"{label} has no scale: Debezium's decimal.handling.mode precise writes it in the record's schema, and "
+            "this value has none (set value.converter.schemas.enable=true on the connector, or "
+            "decimal.handling.mode=string, and declare it)"))
+        return FieldRead(column, read.value, [shaped, unschema, read.problem], raw_text=fixed)
 
     def _json_text(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
         """A jsonb column of a change event's row image: a string holding JSON text (any JSON value: json, jsonb,
