@@ -225,6 +225,10 @@ def _prefixed(prefix: str) -> Callable[[Column], Column]:
     return lambda key: F.concat(F.lit(prefix), key)
 
 
+def _precise_column(column: DeclaredColumn, part: str) -> str:
+    return f"precise {part} of {column.name}"
+
+
 def _text_column(column: DeclaredColumn, how: str) -> str:
     return f"parsed timestamp {how} of {column.name}"
 
@@ -305,7 +309,34 @@ class JsonFormat(ValueFormat):
             parsed = parsed.select("*", *[
                 parse.alias(_text_column(c, how)) for d, c in timestamps
                 for parse, how in zip(TimestampKind.parses(self._token(d, c)), ("text", "number"), strict=True)])
+        precise = [(d, c) for d in documents for c in d.columns if d.reading(c) == "precise"]
+        if precise:
+            # Two projections: the parts from the document and its schema, then the decimal's text from them (each
+            # read several times, and deep enough to pass Spark Connect's nesting limit if written out each time).
+            parsed = parsed.select("*", *[part.alias(_precise_column(c, name)) for d, c in precise
+                                          for name, part in self._precise_parts(d, c).items()])
+            parsed = parsed.select("*", *[
+                part.alias(_precise_column(c, name)) for _, c in precise
+                for name, part in zip(("text", "why"), c.type.unscaled_text(
+                    F.col(_precise_column(c, "unscaled")), F.col(_precise_column(c, "scale"))), strict=True)])
         return parsed
+
+    def _precise_parts(self, document: _Document, column: DeclaredColumn) -> dict[str, Column]:
+        """A precise numeric's parts: its unscaled value as written (`fixed`, a numeric with a declared scale; else
+        the object's `value`), the scale (from the record's schema; else the object's), and the scale the schema
+        declares."""
+        from pyspark.sql import functions as F
+
+        variant = self._variant(document, column)
+        shape = F.schema_of_variant(variant)
+        fixed = F.when(shape == F.lit("STRING"), F.variant_get(variant, "$", "string"))
+        is_object = shape.startswith("OBJECT")
+        declared = F.try_element_at(F.filter(F.col(ROW_SCHEMA), lambda f: f["field"] == F.lit(column.field_path[-1])),
+                                    F.lit(1))["parameters"]["scale"].try_cast("int")
+        return {"fixed": fixed, "object": is_object, "declared": declared,
+                "present": variant.isNotNull() & ~F.is_variant_null(variant),
+                "unscaled": F.coalesce(fixed, F.when(is_object, F.try_variant_get(variant, "$.value", "string"))),
+                "scale": F.when(fixed.isNotNull(), declared).otherwise(F.try_variant_get(variant, "$.scale", "int"))}
 
     @staticmethod
     def _token(document: _Document, column: DeclaredColumn) -> Column:
@@ -379,27 +410,23 @@ class JsonFormat(ValueFormat):
     def _precise(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
         """A numeric as Debezium's decimal.handling.mode precise writes it: its unscaled value in base64, the scale
         from the record's schema; or, for a numeric without a declared scale (Debezium's VariableScaleDecimal), an
-        object holding both."""
+        object holding both (parse's projections made them)."""
         from pyspark.sql import functions as F
 
-        label, variant = column.label, self._variant(document, column)
-        shape = F.schema_of_variant(variant)
-        fixed = F.when(shape == F.lit("STRING"), F.variant_get(variant, "$", "string"))
-        is_object = shape.startswith("OBJECT")
-        declared = F.try_element_at(F.filter(F.col(ROW_SCHEMA), lambda f: f["field"] == F.lit(column.field_path[-1])),
-                                    F.lit(1))["parameters"]["scale"].try_cast("int")
-        unscaled = F.coalesce(fixed, F.when(is_object, F.try_variant_get(variant, "$.value", "string")))
-        scale = F.when(fixed.isNotNull(), declared).otherwise(F.try_variant_get(variant, "$.scale", "int"))
-        read = column.type.from_unscaled(unscaled, scale, column, label)
-        present = variant.isNotNull() & ~F.is_variant_null(variant)
-        shaped = F.when(present & fixed.isNull() & ~is_object, F.lit(
+        label = column.label
+
+        def part(name: str) -> Column:
+            return F.col(_precise_column(column, name))
+
+        read = column.type.from_unscaled(part("text"), part("why"), column, label)
+        shaped = F.when(part("present") & part("fixed").isNull() & ~part("object"), F.lit(
             f"{label} is not a valid {column.type} (Debezium's decimal.handling.mode precise writes a numeric as "
             "its unscaled value in base64)"))
-        unschema = F.when(fixed.isNotNull() & declared.isNull(), F.lit(
+        unschema = F.when(part("fixed").isNotNull() & part("declared").isNull(), F.lit(
             f"{label} has no scale: Debezium's decimal.handling.mode precise writes it in the record's schema, and "
             "this value has none (set value.converter.schemas.enable=true on the connector, or "
             "decimal.handling.mode=string, and declare it)"))
-        return FieldRead(column, read.value, [shaped, unschema, read.problem], raw_text=fixed)
+        return FieldRead(column, read.value, [shaped, unschema, read.problem], raw_text=part("fixed"))
 
     def _json_text(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
         """A jsonb column of a change event's row image: a string holding JSON text (any JSON value: json, jsonb,

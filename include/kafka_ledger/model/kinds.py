@@ -690,10 +690,13 @@ class DecimalKind(ColumnKind):
                                                      f"{self.precision - self.scale} before it)")))
         return TextValue(value, problem)
 
-    def from_unscaled(self, unscaled: Column, scale: Column, column: DeclaredColumn, label: str) -> TextValue:
+    @staticmethod
+    def unscaled_text(unscaled: Column, scale: Column) -> tuple[Column, Column]:
         """A decimal written as its unscaled value, a big-endian two's-complement integer in base64 (Kafka Connect's
-        Decimal, Debezium's precise numerics), and its scale: read exactly, as its digits with the point put `scale`
-        places from the right (no arithmetic that could round), then as decimal text. Up to 16 bytes (38 digits)."""
+        Decimal, Debezium's precise numerics), and its scale, as plain decimal text: its digits with the point put
+        `scale` places from the right (no arithmetic that could round). Up to 16 bytes and 38 digits. Returns (the
+        text, NULL when there is none; why there is none: `shape` or `size`, NULL when there is). Heavy: a format
+        computes both once per record, in a projection of their own, and reads them with `from_unscaled`."""
         from pyspark.sql import functions as F
 
         raw = F.try_to_binary(unscaled, F.lit("base64"))
@@ -703,19 +706,28 @@ class DecimalKind(ColumnKind):
         magnitude_hex = F.lpad(F.when(negative, F.translate(hexed, "0123456789ABCDEF", "FEDCBA9876543210"))
                                .otherwise(hexed), 32, "0")
         high, low = (F.conv(F.substring(magnitude_hex, start, 16), 16, 10).cast("decimal(38,0)") for start in (1, 17))
-        # try_: a magnitude of more than 38 digits is NULL (refused below), never an overflow that fails the batch.
-        magnitude = F.try_add(F.try_add(F.try_multiply(high, F.lit(18446744073709551616).cast("decimal(20,0)")), low),
+        # try_: a magnitude of more than 38 digits is NULL (refused), never an overflow that fails the batch.
+        magnitude = F.try_add(F.try_add(F.try_multiply(high, F.lit("18446744073709551616").cast("decimal(20,0)")), low),
                               F.when(negative, F.lit(1)).otherwise(F.lit(0)).cast("decimal(1,0)"))
-        digits = F.lpad(magnitude.cast("string"), scale + 1, "0")
+        plain = magnitude.cast("string")
+        # lpad cuts a longer string to its length: zeros only where the digits are fewer than the scale asks.
+        digits = F.when(F.length(plain) <= scale, F.lpad(plain, scale + 1, "0")).otherwise(plain)
         whole = F.length(digits) - scale
         text = F.concat(F.when(negative, F.lit("-")).otherwise(F.lit("")), F.substring(digits, 1, whole),
                         F.when(scale > 0, F.concat(F.lit("."), F.substring(digits, whole + 1, scale))).otherwise(""))
         shaped = raw.isNotNull() & (F.length(raw) <= 16) & (F.length(raw) > 0) & scale.isNotNull() & (scale >= 0)
-        read = self.from_text(F.when(shaped, text), column, label)
-        return TextValue(read.value, F.when(unscaled.isNotNull() & ~shaped, F.lit(
+        why = F.when(unscaled.isNotNull() & ~shaped, F.lit("shape")).when(unscaled.isNotNull() & magnitude.isNull(),
+                                                                          F.lit("size"))
+        return F.when(shaped & magnitude.isNotNull(), text), why
+
+    def from_unscaled(self, text: Column, why: Column, column: DeclaredColumn, label: str) -> TextValue:
+        """A decimal from `unscaled_text`'s text and why (their projection's columns)."""
+        from pyspark.sql import functions as F
+
+        read = self.from_text(text, column, label)
+        return TextValue(read.value, F.when(why == F.lit("shape"), F.lit(
             f"{label} is not a valid {self} (an unscaled value in base64 of 1 to 16 bytes, and its scale)"))
-            .when(unscaled.isNotNull() & magnitude.isNull(), F.lit(f"{label} is not a valid {self} (more than 38 "
-                                                                    "digits)"))
+            .when(why == F.lit("size"), F.lit(f"{label} is not a valid {self} (more than 38 digits)"))
             .otherwise(read.problem))
 
 
