@@ -224,9 +224,9 @@ install_jars() {
     rm -rf "$KAFKA_LIBS"; mvn_copy "$KL_HOME/stack/maven/kafka" "$KAFKA_LIBS"
     stamp_set kafka-libs "$key"
   fi
-  key=$(hash_files "$KL_HOME/stack/maven/spark-jars/pom.xml" "$KL_HOME/requirements.lock")
+  key=$(hash_files "$KL_HOME/stack/maven/spark-jars/pom.xml" "$KL_HOME/requirements.lock" "$KL_HOME"/stack/spark-jars/*.java)
   if ! stamp_ok spark-jars "$key"; then
-    say "resolving the Spark Kafka connector, the Postgres JDBC driver and Iceberg's Spark runtime from Maven Central"
+    say "resolving the Spark Kafka connector, the Postgres JDBC driver, Iceberg's Spark runtime and protobuf-java from Maven Central"
     tmp=$(mktemp -d); mvn_copy "$KL_HOME/stack/maven/spark-jars" "$tmp"
     pyspark_jars=$("$KL_VENV/bin/python" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')
     rm -rf "$KAFKA_LEDGER_SPARK_JARS_DIR"; mkdir -p "$KAFKA_LEDGER_SPARK_JARS_DIR"
@@ -235,6 +235,13 @@ install_jars() {
       artifact=$(basename "$jar" | sed -E 's/-[0-9][^-]*(-[A-Za-z0-9.]+)?\.jar$//')
       compgen -G "$pyspark_jars/$artifact-[0-9]*.jar" >/dev/null || cp "$jar" "$KAFKA_LEDGER_SPARK_JARS_DIR/"
     done
+    rm -rf "$tmp"
+    # kafka-ledger's own Spark functions (the Protobuf decoder), compiled against PySpark's jars and those above.
+    tmp=$(mktemp -d)
+    javac -nowarn --release 17 -cp "$pyspark_jars/*:$KAFKA_LEDGER_SPARK_JARS_DIR/*" -d "$tmp" "$KL_HOME"/stack/spark-jars/*.java \
+      >"$LOGS/spark-functions-build.log" 2>&1 \
+      || { tail -n 20 "$LOGS/spark-functions-build.log" >&2; die "compiling kafka-ledger's Spark functions failed"; }
+    jar --create --file "$KAFKA_LEDGER_SPARK_JARS_DIR/kafka-ledger-spark-functions.jar" -C "$tmp" .
     rm -rf "$tmp"
     stamp_set spark-jars "$key"
   fi

@@ -23,6 +23,7 @@ from integration_support import (  # noqa: E402
     CDC_COLUMNS,
     COLUMNS,
     LAKE_NAMESPACE,
+    PROTOBUF_COLUMNS,
     RICH_COLUMNS,
     RUN,
     RecordedProducer,
@@ -156,6 +157,12 @@ PIPELINES = {
            ("avro_connect", "connect", {}), ("avro_submit", "submit", {}),
            ("avro_iceberg", "connect", {"output_table": None, "sink": {
                "type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name("avro_iceberg")}}))},
+    # Protobuf values through the stack's schema registry, in each runtime and sink (test_protobuf.py).
+    **{key: {"spark_runtime": runtime, "value": {"format": "protobuf"}, "columns": PROTOBUF_COLUMNS, **sink}
+       for key, runtime, sink in (
+           ("protobuf_connect", "connect", {}), ("protobuf_submit", "submit", {}),
+           ("protobuf_iceberg", "connect", {"output_table": None, "sink": {
+               "type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name("protobuf_iceberg")}}))},
     "avro_refused": {"value": {"format": "avro"}, "columns": [*AVRO_COLUMNS, {"name": "coupon", "type": "string"}]},
     "avro_registry_away": {"spark_runtime": "connect", "value": {"format": "avro"}, "columns": AVRO_COLUMNS},
     # No `columns:`: the first plan takes the reader schema's fields (None leaves the key out of the file).

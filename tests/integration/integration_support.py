@@ -91,6 +91,28 @@ AVRO_COLUMNS = [
     {"name": "trace", "type": "bytes", "source": "header:trace"},
 ]
 
+# The columns of test_protobuf.py's shop.Order: a field of each type a column reads.
+PROTOBUF_COLUMNS = [
+    {"name": "order_id", "type": "string", "required": True},
+    {"name": "quantity", "type": "long"},
+    {"name": "amount", "type": "decimal(10,2)"},
+    {"name": "at", "type": "timestamp"},
+    {"name": "city", "type": "string", "path": "address.city"},
+    {"name": "zip", "type": "string", "path": "address.zip"},
+    {"name": "status", "type": "string"},
+    {"name": "tags", "type": "jsonb"},
+    {"name": "counts", "type": "jsonb"},
+    {"name": "total", "type": "int"},
+    {"name": "digest", "type": "bytes"},
+    {"name": "discount", "type": "long"},
+    {"name": "took", "type": "decimal(30,9)"},
+    {"name": "big", "type": "decimal(20,0)"},
+    {"name": "card", "type": "string"},
+    {"name": "iban", "type": "string"},
+    {"name": "customer", "type": "string", "source": "key"},
+]
+
+
 def declared(pipeline, columns: list[dict]):
     """The pipeline as its file would declare it with `columns` (a declaration that changed)."""
     from kafka_ledger.config.pipeline import PipelineConfig

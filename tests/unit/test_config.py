@@ -183,7 +183,7 @@ def test_a_column_that_cannot_be_read_is_refused(columns, problem):
 def test_the_value_format_is_declared_json_by_default_or_by_name():
     assert parse_pipelines(pipeline_yaml())["p"].value.format == "json"
     assert parse_pipelines(pipeline_yaml() + "    value: json\n")["p"].value.format == "json"
-    assert "pipelines.p.value.format" in config_error(pipeline_yaml() + "    value: {format: protobuf}\n")
+    assert "pipelines.p.value.format" in config_error(pipeline_yaml() + "    value: {format: thrift}\n")
 
 
 def test_an_avro_value_names_its_subject_or_takes_the_topics_and_refuses_what_applies_to_json():

@@ -259,9 +259,13 @@ class ValueSpec(BaseModel):
                     "document")
     subject: str | None = Field(
         default=None,
-        description="a registry format (`avro`): the subject whose newest version is the reader schema when a batch is "
-                    "planned, and whose versions are the writer schemas its values may carry; default "
+        description="a registry format (`avro`, `protobuf`): the subject whose newest version is the reader schema "
+                    "when a batch is planned, and whose versions are the writer schemas its values may carry; default "
                     "`<topic>-value` (Confluent's TopicNameStrategy)")
+    message: str | None = Field(
+        default=None,
+        description="format `protobuf`: the full name of the message the values are (`shop.Order`; a value of "
+                    "another message is a dead letter); default the reader schema's first message")
     envelope: Literal["none", "debezium"] = Field(
         default="none",
         description="`none`: each value is a row (or, in an entity table, the entity's newest version); `debezium`: "

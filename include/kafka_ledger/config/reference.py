@@ -37,6 +37,7 @@ from kafka_ledger.config.pipeline import (
 )
 from kafka_ledger.config.settings import PROJECT_ROOT, Settings, env_name
 from kafka_ledger.formats.avro import AVRO_READS
+from kafka_ledger.formats.protobuf import PROTOBUF_READS
 from kafka_ledger.model.kinds import DECLARABLE, DecimalKind
 
 BLOCK = re.compile(
@@ -132,6 +133,15 @@ def avro_types_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def protobuf_types_table() -> str:
+    """One row per kind: the Protobuf field types (of the reader's message) a column of that kind reads."""
+    rows = ["| type | reads the Protobuf field types |", "| --- | --- |"]
+    for kind in DECLARABLE:
+        name = "decimal(p,s)" if isinstance(kind, DecimalKind) else kind.declared
+        rows.append(f"| `{name}` | {', '.join(f'`{field_type}`' for field_type in PROTOBUF_READS[kind.word])} |")
+    return "\n".join(rows) + "\n"
+
+
 def settings_table(names: list[str]) -> str:
     """One row per deployment setting: its variable, default, the stacks' values and its description."""
     rows = ["| variable | default | local stack | Docker Compose | used for |", "| --- | --- | --- | --- | --- |"]
@@ -183,6 +193,7 @@ GENERATED: dict[str, dict[str, Callable[[], str]]] = {
         "value fields": lambda: fields_table(ValueSpec),
         "debezium settings": lambda: fields_table(DebeziumSettings),
         "avro types": avro_types_table,
+        "protobuf types": protobuf_types_table,
         "iceberg sink fields": lambda: fields_table(IcebergSinkSpec),
         "lake maintenance fields": lambda: fields_table(LakeMaintenanceSpec),
         "doorbell fields": lambda: fields_table(DoorbellSpec),

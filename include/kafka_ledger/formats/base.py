@@ -60,6 +60,7 @@ class DeclaredValue(Protocol):
     format: str
     framing: str
     subject: str | None
+    message: str | None
     envelope: str
     debezium: Any  # the connector's settings (config.pipeline.DebeziumSettings)
 

@@ -171,18 +171,6 @@ class _Document:
         return T.StructType([*top.fields, T.StructField(CORRUPT_COLUMN, T.StringType())])
 
 
-def _raw(source: str, pipeline: DeclaredPipeline) -> Column:
-    """A document's bytes: the value's document (VALUE_DOCUMENT when it is not the value itself), the key, or a
-    header."""
-    from pyspark.sql import functions as F
-
-    return F.col(VALUE_DOCUMENT) if source == "value" and _has_document(pipeline) else sources.source_bytes(source)
-
-
-def _has_document(pipeline: DeclaredPipeline) -> bool:
-    return _framed(pipeline) or pipeline.value.envelope == "debezium"
-
-
 # A change event's row image's fields as the JsonConverter's schema declares them (with schemas enabled): each
 # field's name and parameters (a Decimal's `scale`). Not an identifier: no declared column can take the name.
 ROW_SCHEMA = "debezium row schema"
@@ -280,29 +268,61 @@ class JsonFormat(ValueFormat):
                 "it, or declare the columns' precision as 3")
         return problems
 
+    # --- hooks for a format whose values become JSON documents on their way in (protobuf.py) ---------------------
+
+    def column_readings(self, pipeline: DeclaredPipeline) -> dict[str, str]:
+        """Each column's reading (JSON_READS' words)."""
+        return readings(pipeline)
+
+    def _has_document(self, pipeline: DeclaredPipeline) -> bool:
+        """Whether the value's document is not the value as it is (VALUE_DOCUMENT holds it)."""
+        return _framed(pipeline) or pipeline.value.envelope == "debezium"
+
+    def _with_document(self, records: DataFrame, pipeline: DeclaredPipeline) -> DataFrame:
+        """The records with VALUE_DOCUMENT (when `_has_document`)."""
+        return records.withColumn(VALUE_DOCUMENT, _value_document(pipeline))
+
+    def _value_checks(self, pipeline: DeclaredPipeline, raw: Column) -> tuple[list[Column], list[Column]]:
+        """The value's problems before it is a document (its frame), and cheap checks proving them NULL."""
+        from pyspark.sql import functions as F
+
+        if _framed(pipeline):
+            return ([F.when(~framing.is_framed(F.col("value")), F.lit(framing.NOT_FRAMED))],
+                    [framing.is_framed(F.col("value"))])
+        # No JSON document begins with a byte 0: such a value was framed by a serializer.
+        return [F.when(framing.is_framed(raw), F.lit(FRAMED_LIKE_CONFLUENT))], []
+
+    def _raw(self, source: str, pipeline: DeclaredPipeline) -> Column:
+        """A document's bytes: the value's document (VALUE_DOCUMENT when it is not the value itself), the key, or a
+        header."""
+        from pyspark.sql import functions as F
+
+        return (F.col(VALUE_DOCUMENT) if source == "value" and self._has_document(pipeline)
+                else sources.source_bytes(source))
+
     def _documents(self, pipeline: DeclaredPipeline) -> list[_Document]:
         by_source: dict[str, list[DeclaredColumn]] = {"value": []}
         for column in pipeline.columns:
             if column.field_path:
                 by_source.setdefault(column.source, []).append(column)
-        found = readings(pipeline)
+        found = self.column_readings(pipeline)
         return [_Document(source, tuple(columns), found) for source, columns in by_source.items()]
 
     def parse(self, records: DataFrame, pipeline: DeclaredPipeline, keep: list[str]) -> DataFrame:
         from pyspark.sql import functions as F
 
         documents = self._documents(pipeline)
-        if _has_document(pipeline):
-            records = records.withColumn(VALUE_DOCUMENT, _value_document(pipeline))
+        if self._has_document(pipeline):
+            records = self._with_document(records, pipeline)
             keep = [*keep, VALUE_DOCUMENT]
-        if "precise" in readings(pipeline).values():
+        if "precise" in self.column_readings(pipeline).values():
             records = records.withColumn(ROW_SCHEMA, _row_schema(pipeline))
             keep = [*keep, ROW_SCHEMA]
         parsed = records.select(*keep, *[
-            F.from_json(_raw(d.source, pipeline).cast("string"), d.schema(),
+            F.from_json(self._raw(d.source, pipeline).cast("string"), d.schema(),
                         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}).alias(d.parsed)
             for d in documents], *[
-            F.try_parse_json(_raw(d.source, pipeline).cast("string")).alias(d.variant)
+            F.try_parse_json(self._raw(d.source, pipeline).cast("string")).alias(d.variant)
             for d in documents if d.needs_variant])
         timestamps = [(d, c) for d in documents for c in d.columns if d.reading(c) == "timestamp"]
         if timestamps:
@@ -351,24 +371,20 @@ class JsonFormat(ValueFormat):
         from pyspark.sql import functions as F
 
         documents = self._documents(pipeline)
-        framed = _framed(pipeline)
         first: list[Column] = []
         last: list[Column] = []
         cheap: list[Column] = []
         reads: dict[str, FieldRead] = {}
         for document in documents:
-            raw = _raw(document.source, pipeline)
+            raw = self._raw(document.source, pipeline)
             text = raw.cast("string")
             parsed = F.col(document.parsed)
             if document.is_value:
                 keys = F.json_object_keys(text)
                 opening_brackets = F.length(text) - F.length(F.regexp_replace(text, r"[\[{]", ""))
-                if framed:
-                    first.append(F.when(~framing.is_framed(F.col("value")), F.lit(framing.NOT_FRAMED)))
-                    cheap.append(framing.is_framed(F.col("value")))
-                else:
-                    # No JSON document begins with a byte 0: such a value was framed by a serializer.
-                    first.append(F.when(framing.is_framed(raw), F.lit(FRAMED_LIKE_CONFLUENT)))
+                frame_problems, frame_ok = self._value_checks(pipeline, raw)
+                first += frame_problems
+                cheap += frame_ok
                 first += [
                     F.when(~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
                     F.when(keys.isNull() & (opening_brackets > MAX_JSON_DEPTH),
@@ -528,13 +544,12 @@ class JsonFormat(ValueFormat):
             cheap_ok = F.coalesce(~looks_nested, F.lit(True))
         return FieldRead(column, token, problems, cheap_ok)
 
-    @staticmethod
-    def _unexpected(value: _Document, pipeline: DeclaredPipeline) -> Column:
+    def _unexpected(self, value: _Document, pipeline: DeclaredPipeline) -> Column:
         """The value's fields no column reads, as sorted paths: at its top level, and inside every object a declared
         path goes through."""
         from pyspark.sql import functions as F
 
-        text = _raw("value", pipeline).cast("string")
+        text = self._raw("value", pipeline).cast("string")
         declared: dict[tuple[str, ...], set[str]] = {(): set()}
         for column in value.columns:
             for depth in range(len(column.field_path)):

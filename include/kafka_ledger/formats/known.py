@@ -7,11 +7,12 @@ from typing import TYPE_CHECKING
 from kafka_ledger.formats.avro import AvroFormat
 from kafka_ledger.formats.base import ValueFormat
 from kafka_ledger.formats.json import JsonFormat
+from kafka_ledger.formats.protobuf import ProtobufFormat
 
 if TYPE_CHECKING:
     from kafka_ledger.formats.base import DeclaredPipeline, DeclaredValue
 
-FORMATS: dict[str, ValueFormat] = {fmt.name: fmt for fmt in (JsonFormat(), AvroFormat())}
+FORMATS: dict[str, ValueFormat] = {fmt.name: fmt for fmt in (JsonFormat(), AvroFormat(), ProtobufFormat())}
 
 
 def format_named(name: str) -> ValueFormat:

@@ -1,0 +1,455 @@
+"""The Protobuf format: values in Confluent's wire format with its message index, decoded in Spark with the batch's
+reader schema into a JSON document that the JSON format's reading takes field by field.
+
+A schema is the registry's .proto text; protoc (grpcio-tools' own) builds its descriptors on the driver, with the
+files it imports (its registry references, and Protobuf's well-known types), once per text. A plan pins each topic's
+reader schema (the subject's newest version, or the replayed batch's) and refuses one that cannot fill the columns;
+the read binds the format to the reader and every version of the subject as writers. In Spark, kafka-ledger's decoder
+(stack/spark-jars/ProtobufDocument.java, on protobuf-java: Spark's own spark-protobuf is not on Maven Central here)
+checks the frame, finds the writer's message by the message index (the one-byte `[0]` and the full form both), decodes
+the bytes with the reader schema's message of that name (Protobuf's evolution: fields by number) and writes it out as
+JSON: a field by its .proto name, 64-bit integers as numbers, bytes in base64, enums by name, repeated fields and maps
+as arrays and objects (jsonb), Timestamp as ISO-8601 text, Duration as its seconds, the wrappers as their values. A
+value is a dead letter, with its reason, when it is not framed, when its schema id is not a version of the subject,
+when its message index names no message, when it is another message than the pipeline reads (`value.message`), or
+when its bytes do not decode (a truncated payload). Protobuf writes no presence for a proto3 scalar: an unset one
+reads as its default (0, "", false), as every Protobuf reader sees it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kafka_ledger.formats.base import (
+    DeclaredColumn,
+    DeclaredPipeline,
+    DerivedColumns,
+    SchemaPin,
+    ValueFormat,
+)
+from kafka_ledger.formats.json import VALUE_DOCUMENT, JsonFormat
+from kafka_ledger.formats.schema_registry import SchemaRefused, asking, newest, newest_schema, schema_of
+
+if TYPE_CHECKING:
+    from google.protobuf.descriptor import Descriptor, FieldDescriptor
+    from pyspark.sql import Column, DataFrame
+
+log = logging.getLogger(__name__)
+
+# The decoder in the Spark jars (scripts/stack.sh builds it), and the name it is registered under in a session.
+DECODER_CLASS = "io.kafkaledger.spark.ProtobufDocument"
+DECODER_FUNCTION = "kafka_ledger_protobuf_document"
+DECODED_TYPE = "struct<document:string,problem:string>"
+DECODED_COLUMN = "protobuf decoded"
+NO_SCHEMAS = "the batch has no schemas for the record's topic"
+
+# How a column of each kind (by its word) reads a field of the reader's message, by the field's type (`type_name`),
+# in the JSON format's readings (json.py's JSON_READS words) of the document the decoder writes. A type missing is one
+# the kind cannot hold exactly (the plan refuses the reader schema).
+_INTEGERS_32 = ("int32", "sint32", "sfixed32")
+_INTEGERS_64 = ("int64", "sint64", "sfixed64", "uint32", "fixed32")
+PROTOBUF_READS: dict[str, Mapping[str, str]] = {
+    "string": {"string": "string", "enum": "string"},
+    "long": dict.fromkeys((*_INTEGERS_32, *_INTEGERS_64, "uint64", "fixed64"), "typed"),
+    "int": dict.fromkeys(_INTEGERS_32, "typed"),
+    "double": dict.fromkeys(("double", "float", *_INTEGERS_32, "uint32", "fixed32"), "typed"),
+    "boolean": {"bool": "typed"},
+    "timestamp": {"google.protobuf.Timestamp": "timestamp", "string": "timestamp"},
+    "local_timestamp": {"string": "timestamp"},
+    "date": {"string": "text"},
+    "time": {"string": "text"},
+    "uuid": {"string": "text"},
+    "decimal": dict.fromkeys(("string", "google.protobuf.Duration", *_INTEGERS_32, *_INTEGERS_64, "uint64",
+                              "fixed64"), "exact number"),
+    "jsonb": dict.fromkeys(("message", "repeated", "map", "google.protobuf.Struct", "google.protobuf.ListValue",
+                            "google.protobuf.Value"), "document"),
+    "bytes": {"bytes": "base64"},
+}
+# The well-known messages the decoder writes as a value of their own, and the wrappers as the type they wrap.
+_WELL_KNOWN = ("google.protobuf.Timestamp", "google.protobuf.Duration", "google.protobuf.Struct",
+               "google.protobuf.ListValue", "google.protobuf.Value")
+_WRAPPERS = {f"google.protobuf.{name}Value": name.lower() for name in (
+    "Double", "Float", "Int64", "UInt64", "Int32", "UInt32", "Bool", "String", "Bytes")}
+# The kind each field type is derived as, when a declaration leaves its columns out.
+_DERIVED_KINDS = {
+    "string": "string", "enum": "string", "bool": "boolean", "double": "double", "float": "double",
+    **dict.fromkeys(_INTEGERS_32, "int"), **dict.fromkeys(_INTEGERS_64, "long"),
+    "uint64": "decimal(20,0)", "fixed64": "decimal(20,0)", "bytes": "bytes",
+    "google.protobuf.Timestamp": "timestamp", "google.protobuf.Duration": "decimal(30,9)",
+    "message": "jsonb", "repeated": "jsonb", "map": "jsonb", "google.protobuf.Struct": "jsonb",
+    "google.protobuf.ListValue": "jsonb", "google.protobuf.Value": "jsonb",
+}
+
+
+# --- the registry's .proto text, built -------------------------------------------------------------------------------
+
+_built: dict[str, bytes] = {}
+
+
+def _files(client: Any, schema: Any, what: str, files: dict[str, str]) -> None:
+    """Every file `schema` imports through its registry references (by import name), into `files`."""
+    for reference in schema.references or []:
+        if reference.name in files:
+            continue
+        with asking(f"reference {reference.name} of {what}", reference.subject):
+            registered = client.get_version(reference.subject, reference.version)
+        imported = schema_of(registered, f"reference {reference.name} (subject {reference.subject})", "PROTOBUF")
+        files[reference.name] = imported.schema_str
+        _files(client, imported, f"reference {reference.name}", files)
+
+
+def descriptor_set(client: Any, schema: Any, what: str) -> bytes:
+    """A registered Protobuf schema as a FileDescriptorSet: its imports first, its own file last (SchemaRefused when
+    it cannot be built)."""
+    schema = schema_of(schema, what, "PROTOBUF")
+    files: dict[str, str] = {}
+    _files(client, schema, what, files)
+    return build_descriptor_set(schema.schema_str, files, what)
+
+
+def _encoded_descriptor(text: str) -> Any:
+    """A schema the registry holds as a base64 FileDescriptorProto (as Confluent's Python serializer registers it),
+    or None: .proto text."""
+    import base64
+    import binascii
+
+    from google.protobuf import descriptor_pb2
+    from google.protobuf.message import DecodeError
+
+    try:
+        proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text.strip(), validate=True))
+    except (binascii.Error, ValueError, DecodeError):
+        return None
+    return proto if proto.name else None
+
+
+def _well_known(name: str) -> Any:
+    """The FileDescriptorProto of one of Protobuf's well-known types (`google/protobuf/timestamp.proto`), or None."""
+    import importlib
+
+    from google.protobuf import descriptor_pb2, descriptor_pool
+
+    if not name.startswith("google/protobuf/"):
+        return None
+    try:
+        importlib.import_module("google.protobuf." + name.removeprefix("google/protobuf/").removesuffix(".proto")
+                                + "_pb2")
+        found = descriptor_pool.Default().FindFileByName(name)
+    except (ImportError, KeyError):
+        return None
+    proto = descriptor_pb2.FileDescriptorProto()
+    found.CopyToProto(proto)
+    return proto
+
+
+def build_descriptor_set(text: str, imports: Mapping[str, str], what: str) -> bytes:
+    """The FileDescriptorSet of a schema `text` whose imports (beside Protobuf's well-known types) are `imports`
+    (import name -> text): each .proto text or a base64 FileDescriptorProto; built once per text."""
+    key = hashlib.sha256(repr((text, sorted(imports.items()))).encode()).hexdigest()
+    if key not in _built:
+        encoded = {name: _encoded_descriptor(imported) for name, imported in imports.items()}
+        own = _encoded_descriptor(text)
+        if own is None and not any(encoded.values()):
+            _built[key] = _compiled(text, imports, what)
+        elif own is not None and all(encoded.values()):
+            _built[key] = _assembled(own, {name: proto for name, proto in encoded.items()}, what)
+        else:
+            raise SchemaRefused(f"{what} mixes .proto text and encoded descriptors among its references")
+    return _built[key]
+
+
+def _assembled(own: Any, imports: Mapping[str, Any], what: str) -> bytes:
+    """A FileDescriptorSet of encoded descriptors, each after the files it imports."""
+    from google.protobuf import descriptor_pb2
+
+    ordered: list[Any] = []
+    placed: set[str] = set()
+
+    def place(proto: Any) -> None:
+        for dependency in proto.dependency:
+            if dependency in placed:
+                continue
+            found = imports.get(dependency) or _well_known(dependency)
+            if found is None:
+                raise SchemaRefused(f"{what} imports {dependency}, which is not among its references")
+            place(found)
+        if proto.name not in placed:
+            placed.add(proto.name)
+            ordered.append(proto)
+
+    place(own)
+    return descriptor_pb2.FileDescriptorSet(file=ordered).SerializeToString()
+
+
+def _compiled(text: str, imports: Mapping[str, str], what: str) -> bytes:
+    """protoc's FileDescriptorSet of .proto text (its imports written beside it, the well-known types from protoc's
+    own)."""
+    import importlib.resources
+
+    well_known = str(importlib.resources.files("grpc_tools") / "_proto")
+    with tempfile.TemporaryDirectory(prefix="kafka-ledger-proto-") as folder:
+        root = Path(folder)
+        own = "kafka_ledger_schema.proto"
+        for name, imported in imports.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(imported)
+        (root / own).write_text(text)
+        out = root / "set.pb"
+        # protoc writes its complaints to its own stderr: a process of its own keeps them.
+        done = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{root}", f"-I{well_known}",
+                               "--include_imports", f"--descriptor_set_out={out}", own],
+                              capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        if done.returncode != 0:
+            complaint = (done.stderr or done.stdout).strip().replace(str(root) + "/", "")
+            raise SchemaRefused(f"{what} is not a Protobuf schema protoc can build: {complaint}")
+        return out.read_bytes()
+
+
+def messages(descriptor_set_bytes: bytes) -> list[Descriptor]:
+    """The top-level messages of a descriptor set's last file (the schema's own), in order."""
+    from google.protobuf import descriptor_pb2, descriptor_pool
+
+    files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set_bytes).file
+    pool = descriptor_pool.DescriptorPool()
+    for file in files:
+        pool.Add(file)
+    own = pool.FindFileByName(files[-1].name)
+    return list(own.message_types_by_name.values())
+
+
+def message_named(descriptor_set_bytes: bytes, name: str | None, what: str) -> Descriptor:
+    """The message the pipeline reads: `name` (a full name, nested ones too), or the schema's first message."""
+    found = messages(descriptor_set_bytes)
+    if not found:
+        raise SchemaRefused(f"{what} defines no message")
+    if name is None:
+        return found[0]
+    pool = found[0].file.pool
+    try:
+        return pool.FindMessageTypeByName(name)
+    except KeyError:
+        names = ", ".join(m.full_name for m in found)
+        raise SchemaRefused(f"{what} has no message {name} (its messages: {names}; `value.message` names "
+                            "one)") from None
+
+
+def type_name(field: FieldDescriptor) -> str:
+    """A field's type as PROTOBUF_READS names it: a scalar's type, `enum`, `repeated`, `map`, a well-known message's
+    full name (a wrapper: the type it wraps), or `message`."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        return "map"
+    if field.is_repeated:
+        return "repeated"
+    if field.type == F.TYPE_MESSAGE:
+        full = field.message_type.full_name
+        return _WRAPPERS.get(full) or (full if full in _WELL_KNOWN else "message")
+    if field.type == F.TYPE_ENUM:
+        return "enum"
+    names = {F.TYPE_DOUBLE: "double", F.TYPE_FLOAT: "float", F.TYPE_INT64: "int64", F.TYPE_UINT64: "uint64",
+             F.TYPE_INT32: "int32", F.TYPE_FIXED64: "fixed64", F.TYPE_FIXED32: "fixed32", F.TYPE_BOOL: "bool",
+             F.TYPE_STRING: "string", F.TYPE_BYTES: "bytes", F.TYPE_UINT32: "uint32", F.TYPE_SFIXED32: "sfixed32",
+             F.TYPE_SFIXED64: "sfixed64", F.TYPE_SINT32: "sint32", F.TYPE_SINT64: "sint64"}
+    return names[field.type]
+
+
+def field_at(message: Descriptor, path: tuple[str, ...]) -> FieldDescriptor:
+    """The field a column's path names, through nested messages (KeyError when there is none)."""
+    field = None
+    for depth, name in enumerate(path):
+        if field is not None:
+            if type_name(field) != "message":
+                raise KeyError(".".join(path[:depth]))
+            message = field.message_type
+        field = message.fields_by_name[name]
+    if field is None:
+        raise KeyError("")
+    return field
+
+
+def columns_problems(columns: list[DeclaredColumn], message: Descriptor, what: str) -> list[str]:
+    """Why `message` cannot fill the columns: a value column whose field it lacks, or whose type the column's kind
+    cannot hold exactly."""
+    problems = []
+    for column in columns:
+        if column.source != "value" or not column.field_path:
+            continue
+        path = ".".join(column.field_path)
+        try:
+            found = type_name(field_at(message, column.field_path))
+        except KeyError:
+            problems.append(f"column {column.name}: message {message.full_name} of {what} has no field {path}")
+            continue
+        holds = PROTOBUF_READS[column.type.word]
+        if found not in holds:
+            problems.append(f"column {column.name}: field {path} is {found}, which a {column.type} column cannot hold "
+                            f"exactly (it holds {', '.join(holds)})")
+    return problems
+
+
+def declared_columns(message: Descriptor) -> list[dict[str, str]]:
+    """A column for every field of `message`, of the kind that holds it."""
+    return [{"name": field.name, "type": _DERIVED_KINDS[type_name(field)], "path": field.name}
+            for field in message.fields]
+
+
+@dataclass(frozen=True)
+class TopicSchemas:
+    """The schemas one topic's values are decoded with in a batch: the reader (`reader_id`) of `subject`, and every
+    version of the subject as a writer (its descriptor set by schema id)."""
+
+    subject: str
+    reader_id: int
+    writers: Mapping[int, bytes]
+
+    def reader_message(self, name: str | None) -> Descriptor:
+        return message_named(self.writers[self.reader_id], name,
+                             f"the reader schema (id {self.reader_id}) of subject {self.subject}")
+
+    def blob(self, message: str) -> bytes:
+        """The schemas as the decoder takes them: the reader's id and the message read, then each writer's id and
+        descriptor set (big-endian lengths; the message's name as Java's DataInput.readUTF reads it)."""
+        name = message.encode()
+        parts = [struct.pack(">iH", self.reader_id, len(name)), name, struct.pack(">i", len(self.writers))]
+        for writer_id, built in sorted(self.writers.items()):
+            parts += [struct.pack(">ii", writer_id, len(built)), built]
+        return b"".join(parts)
+
+
+def topic_schemas(client: Any, subject: str, reader_id: int) -> TopicSchemas:
+    """A topic's schemas in a batch: the reader `reader_id` and every version of `subject` as writers."""
+    with asking(f"the schemas of subject {subject}", subject):
+        registered = [client.get_version(subject, version) for version in client.get_versions(subject)]
+    writers = {r.schema_id: descriptor_set(client, r.schema, f"version {r.version} of subject {subject}")
+               for r in registered}
+    if reader_id not in writers:
+        with asking(f"schema id {reader_id}"):
+            writers[reader_id] = descriptor_set(client, client.get_schema(reader_id), f"schema id {reader_id}")
+    return TopicSchemas(subject, reader_id, writers)
+
+
+class ProtobufFormat(JsonFormat):
+    """Protobuf values through a schema registry (see the module); `schemas`: the batch's, by topic."""
+
+    name = "protobuf"
+    description = ("Protobuf in Confluent's wire format, its schemas in the schema registry ([Protobuf values]"
+                   "(#protobuf-values))")
+    options = frozenset({"subject", "message"})
+    uses_registry = True
+    derives_columns = True
+    kind_readings = PROTOBUF_READS
+
+    def __init__(self, schemas: Mapping[str, TopicSchemas] | None = None):
+        self.schemas = dict(schemas or {})
+
+    def declaration_problems(self, pipeline: DeclaredPipeline) -> list[str]:
+        problems = ValueFormat.declaration_problems(self, pipeline)
+        if pipeline.value.envelope != "none":
+            problems.append(f"envelope {pipeline.value.envelope} reads JSON or Avro change events, not Protobuf")
+        inside = [c.name for c in pipeline.columns or [] if c.source != "value" and c.field_path]
+        if inside:
+            problems.append(f"column(s) {', '.join(inside)}: with format protobuf a key or header column reads the "
+                            "whole key or header (no path)")
+        return problems
+
+    # --- a batch's schemas --------------------------------------------------------------------------------------
+
+    def pin(self, registry: Any, pipeline: DeclaredPipeline, columns: list[DeclaredColumn], topics: set[str],
+            replayed: Mapping[str, SchemaPin]) -> list[SchemaPin]:
+        """Each topic's reader schema: its replayed batch's, else the subject's newest version, refused when its
+        message cannot fill the columns."""
+        pinned = []
+        for topic in sorted(topics):
+            if topic in replayed:
+                pinned.append(replace(replayed[topic], chosen="pinned"))
+                continue
+            subject = pipeline.value.subject_of(topic)
+            schema_id, version = newest(registry, subject)
+            what = f"version {version} of subject {subject} (schema id {schema_id})"
+            with asking(f"schema id {schema_id}"):
+                reader = descriptor_set(registry, registry.get_schema(schema_id), what)
+            problems = columns_problems(columns, message_named(reader, pipeline.value.message, what), what)
+            if problems:
+                raise SchemaRefused("; ".join(problems))
+            pinned.append(SchemaPin(topic, subject, schema_id, version, "newest"))
+            log.info("topic %s: values read with version %s of subject %s (schema id %s)", topic, version, subject,
+                     schema_id)
+        return pinned
+
+    def bound(self, registry: Any, pins: Mapping[str, SchemaPin], topics: set[str], batch_id: int) -> ProtobufFormat:
+        unpinned = sorted(topics - set(pins))
+        if unpinned:
+            raise SchemaRefused(
+                f"batch {batch_id} has no reader schema for topic(s) {', '.join(unpinned)}: it was planned before "
+                "the pipeline declared Protobuf values; replay its ranges as a new batch (`kafka-ledger replay`)")
+        return ProtobufFormat({topic: topic_schemas(registry, pin.subject, pin.schema_id)
+                               for topic, pin in pins.items()})
+
+    def newest(self, registry: Any, pipeline: DeclaredPipeline, topics: set[str]) -> ProtobufFormat:
+        found = {}
+        for topic in sorted(topics):
+            subject = pipeline.value.subject_of(topic)
+            found[topic] = topic_schemas(registry, subject, newest(registry, subject)[0])
+        return ProtobufFormat(found)
+
+    def derived_columns(self, registry: Any, subject: str, envelope: str) -> DerivedColumns:
+        schema_id, version, schema = newest_schema(registry, subject)
+        what = f"version {version} of subject {subject}"
+        message = message_named(descriptor_set(registry, schema, what), None, what)
+        return DerivedColumns(subject, schema_id, version, declared_columns(message))
+
+    # --- the decoding -------------------------------------------------------------------------------------------
+
+    def column_readings(self, pipeline: DeclaredPipeline) -> dict[str, str]:
+        """Each value column's reading by its field's type in the reader's message (the first topic's: a kind
+        reads every type it holds alike); a column the reader lacks (declared after the batch was planned) reads
+        nothing there."""
+        message = None
+        if self.schemas:
+            message = self.schemas[sorted(self.schemas)[0]].reader_message(pipeline.value.message)
+        found = {}
+        for column in pipeline.columns:
+            holds = PROTOBUF_READS[column.type.word]
+            reading = next(iter(holds.values()))
+            if message is not None and column.source == "value" and column.field_path:
+                try:
+                    reading = holds.get(type_name(field_at(message, column.field_path)), reading)
+                except KeyError:
+                    pass
+            found[column.name] = reading
+        return found
+
+    def _has_document(self, pipeline: DeclaredPipeline) -> bool:
+        return True
+
+    def _with_document(self, records: DataFrame, pipeline: DeclaredPipeline) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        records.sparkSession.udf.registerJavaFunction(DECODER_FUNCTION, DECODER_CLASS, DECODED_TYPE)
+        decoded = F.struct(F.lit(None).cast("string").alias("document"), F.lit(NO_SCHEMAS).alias("problem"))
+        for topic, schemas in sorted(self.schemas.items(), reverse=True):
+            message = schemas.reader_message(pipeline.value.message).full_name
+            decoded = F.when(F.col("topic") == topic, F.call_function(
+                DECODER_FUNCTION, F.col("value"), F.lit(schemas.blob(message)))).otherwise(decoded)
+        return (records.withColumn(DECODED_COLUMN, decoded)
+                .withColumn(VALUE_DOCUMENT, F.col(DECODED_COLUMN)["document"]))
+
+    def _value_checks(self, pipeline: DeclaredPipeline, raw: Column) -> tuple[list[Column], list[Column]]:
+        from pyspark.sql import functions as F
+
+        problem = F.col(DECODED_COLUMN)["problem"]
+        return [problem], [problem.isNull()]
+
+    def parse(self, records: DataFrame, pipeline: DeclaredPipeline, keep: list[str]) -> DataFrame:
+        return super().parse(records, pipeline, [*keep, DECODED_COLUMN])

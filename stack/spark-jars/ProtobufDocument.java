@@ -1,0 +1,414 @@
+package io.kafkaledger.spark;
+
+import com.google.protobuf.ByteString;
+import com.google.protobuf.CodedInputStream;
+import com.google.protobuf.DescriptorProtos.FileDescriptorProto;
+import com.google.protobuf.DescriptorProtos.FileDescriptorSet;
+import com.google.protobuf.Descriptors.Descriptor;
+import com.google.protobuf.Descriptors.DescriptorValidationException;
+import com.google.protobuf.Descriptors.EnumValueDescriptor;
+import com.google.protobuf.Descriptors.FieldDescriptor;
+import com.google.protobuf.Descriptors.FileDescriptor;
+import com.google.protobuf.DynamicMessage;
+import com.google.protobuf.Message;
+import java.io.ByteArrayInputStream;
+import java.io.DataInputStream;
+import java.io.IOException;
+import java.math.BigDecimal;
+import java.time.Instant;
+import java.time.format.DateTimeFormatter;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Base64;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.api.java.UDF2;
+
+/**
+ * kafka-ledger's Protobuf values (formats/protobuf.py): a value in Confluent's wire format (a magic byte 0, the writer
+ * schema's id in 4 big-endian bytes, the message-index array, the message) decoded with the batch's reader schema and
+ * written as a JSON document, which the JSON format's reading then takes field by field. Returns a struct of
+ * (document, problem): exactly one of them is set for a non-NULL value.
+ *
+ * <p>The second argument is the batch's schemas of the value's topic, as protobuf.py's `pins_blob` writes them: the
+ * reader's id and the full name of the message the pipeline reads, then each version of the subject (its id and its
+ * FileDescriptorSet, imports first, the schema's own file last). The message index names a message of the writer
+ * schema; the reader schema's message of that name decodes the bytes (Protobuf's own evolution: fields by number).
+ *
+ * <p>The document: a field by its name in the .proto; a scalar without presence always (its default when unset), a
+ * field with presence (a message, `optional`, a `oneof` member) only when set; 64-bit integers as JSON numbers (not
+ * the text Protobuf's JSON mapping writes), bytes in base64, enums by their value's name (an unknown number as
+ * itself), repeated fields as arrays, maps as objects; google.protobuf.Timestamp as ISO-8601 text, Duration as its
+ * seconds (a decimal number), the wrappers as the value they wrap, Struct, Value and ListValue as the JSON they hold.
+ */
+public final class ProtobufDocument implements UDF2<byte[], byte[], Row> {
+  private static final long serialVersionUID = 1L;
+
+  /** A topic's schemas in a batch, built once per executor from the blob. */
+  private static final class Schemas {
+    final int readerId;
+    final String message;
+    final Map<String, Descriptor> readerMessages = new HashMap<>();
+    final Map<Integer, FileDescriptor> writers = new HashMap<>();
+
+    Schemas(byte[] blob) throws IOException, DescriptorValidationException {
+      DataInputStream in = new DataInputStream(new ByteArrayInputStream(blob));
+      readerId = in.readInt();
+      message = in.readUTF();
+      int count = in.readInt();
+      for (int i = 0; i < count; i++) {
+        int id = in.readInt();
+        byte[] set = new byte[in.readInt()];
+        in.readFully(set);
+        writers.put(id, build(FileDescriptorSet.parseFrom(set)));
+      }
+      FileDescriptor reader = writers.get(readerId);
+      if (reader == null) {
+        throw new IOException("the reader schema (id " + readerId + ") is not among the subject's versions");
+      }
+      for (Descriptor d : reader.getMessageTypes()) {
+        index(d);
+      }
+    }
+
+    private void index(Descriptor d) {
+      readerMessages.put(d.getFullName(), d);
+      for (Descriptor nested : d.getNestedTypes()) {
+        index(nested);
+      }
+    }
+
+    private static FileDescriptor build(FileDescriptorSet set) throws DescriptorValidationException {
+      Map<String, FileDescriptor> built = new HashMap<>();
+      FileDescriptor last = null;
+      for (FileDescriptorProto file : set.getFileList()) {
+        List<FileDescriptor> dependencies = new ArrayList<>();
+        for (String name : file.getDependencyList()) {
+          dependencies.add(built.get(name));
+        }
+        last = FileDescriptor.buildFrom(file, dependencies.toArray(new FileDescriptor[0]));
+        built.put(file.getName(), last);
+      }
+      return last;
+    }
+  }
+
+  /** Why a value is not published: a dead letter's reason. */
+  private static final class Refused extends Exception {
+    private static final long serialVersionUID = 1L;
+
+    Refused(String reason) {
+      super(reason, null, false, false);
+    }
+  }
+
+  // The blob last seen and its schemas: a batch's task passes the same literal for every row.
+  private static volatile Object[] cached = {null, null};
+
+  private static Schemas schemas(byte[] blob) {
+    Object[] seen = cached;
+    if (seen[0] == blob || Arrays.equals((byte[]) seen[0], blob)) {
+      return (Schemas) seen[1];
+    }
+    try {
+      Schemas built = new Schemas(blob);
+      cached = new Object[] {blob, built};
+      return built;
+    } catch (IOException | DescriptorValidationException e) {
+      // The driver built the same descriptors before the read: a blob that does not build is a bug, never a record's.
+      throw new IllegalStateException("the batch's Protobuf schemas do not build: " + e, e);
+    }
+  }
+
+  @Override
+  public Row call(byte[] value, byte[] blob) {
+    if (value == null) {
+      return null;
+    }
+    try {
+      return RowFactory.create(document(value, schemas(blob)), null);
+    } catch (Refused e) {
+      return RowFactory.create(null, e.getMessage());
+    }
+  }
+
+  private static String document(byte[] value, Schemas schemas) throws Refused {
+    if (value.length < 6 || value[0] != 0) {
+      throw new Refused("value is not in Confluent's wire format (a magic byte 0, a 4-byte schema id and a message "
+          + "index before the Protobuf message)");
+    }
+    int id = ((value[1] & 0xff) << 24) | ((value[2] & 0xff) << 16) | ((value[3] & 0xff) << 8) | (value[4] & 0xff);
+    FileDescriptor writer = schemas.writers.get(id);
+    if (writer == null) {
+      throw new Refused("schema id " + id + " is not a version of the topic's subject");
+    }
+    CodedInputStream in = CodedInputStream.newInstance(value, 5, value.length - 5);
+    Descriptor written = writtenMessage(in, writer, id);
+    Descriptor reader = schemas.readerMessages.get(written.getFullName());
+    if (reader == null) {
+      throw new Refused("message " + written.getFullName() + " (writer schema id " + id + ") is not in the reader "
+          + "schema (id " + schemas.readerId + ")");
+    }
+    if (!reader.getFullName().equals(schemas.message)) {
+      throw new Refused("value is a " + reader.getFullName() + " message, and the pipeline reads " + schemas.message);
+    }
+    DynamicMessage message;
+    try {
+      message = DynamicMessage.parseFrom(reader, in);
+      in.checkLastTagWas(0);
+    } catch (IOException e) {
+      throw new Refused("value does not decode as message " + reader.getFullName() + " (writer schema id " + id
+          + "): " + e.getMessage());
+    }
+    StringBuilder out = new StringBuilder(value.length * 2 + 16);
+    writeMessage(out, message);
+    return out.toString();
+  }
+
+  /** The message the index array names: a count then the indexes (zig-zag varints), or a lone 0 for [0]. */
+  private static Descriptor writtenMessage(CodedInputStream in, FileDescriptor writer, int id) throws Refused {
+    try {
+      int count = in.readSInt32();
+      int[] indexes = count == 0 ? new int[] {0} : new int[count];
+      if (count < 0 || count > 100) {
+        throw new Refused("bad message index (a count of " + count + ") after schema id " + id);
+      }
+      for (int i = 0; i < count; i++) {
+        indexes[i] = in.readSInt32();
+      }
+      List<Descriptor> level = writer.getMessageTypes();
+      Descriptor found = null;
+      for (int index : indexes) {
+        if (index < 0 || index >= level.size()) {
+          throw new Refused("bad message index " + Arrays.toString(indexes) + ": schema id " + id + " has no such "
+              + "message");
+        }
+        found = level.get(index);
+        level = found.getNestedTypes();
+      }
+      return found;
+    } catch (IOException e) {
+      throw new Refused("bad message index after schema id " + id + " (the value ends inside it)");
+    }
+  }
+
+  private static void writeMessage(StringBuilder out, Message message) throws Refused {
+    Descriptor type = message.getDescriptorForType();
+    String special = type.getFullName();
+    switch (special) {
+      case "google.protobuf.Timestamp":
+        writeTimestamp(out, message);
+        return;
+      case "google.protobuf.Duration":
+        out.append(seconds(message));
+        return;
+      case "google.protobuf.DoubleValue":
+      case "google.protobuf.FloatValue":
+      case "google.protobuf.Int64Value":
+      case "google.protobuf.UInt64Value":
+      case "google.protobuf.Int32Value":
+      case "google.protobuf.UInt32Value":
+      case "google.protobuf.BoolValue":
+      case "google.protobuf.StringValue":
+      case "google.protobuf.BytesValue":
+        FieldDescriptor wrapped = type.findFieldByName("value");
+        writeScalar(out, wrapped, message.getField(wrapped));
+        return;
+      case "google.protobuf.Struct":
+        writeStruct(out, message);
+        return;
+      case "google.protobuf.ListValue":
+        writeList(out, message);
+        return;
+      case "google.protobuf.Value":
+        writeValue(out, message);
+        return;
+      default:
+        break;
+    }
+    out.append('{');
+    boolean first = true;
+    for (FieldDescriptor field : type.getFields()) {
+      boolean present = field.isRepeated() || !field.hasPresence() || message.hasField(field);
+      if (!present) {
+        continue;
+      }
+      if (!first) {
+        out.append(',');
+      }
+      first = false;
+      writeString(out, field.getName());
+      out.append(':');
+      Object fieldValue = message.getField(field);
+      if (field.isMapField()) {
+        writeMap(out, field, (List<?>) fieldValue);
+      } else if (field.isRepeated()) {
+        out.append('[');
+        List<?> items = (List<?>) fieldValue;
+        for (int i = 0; i < items.size(); i++) {
+          if (i > 0) {
+            out.append(',');
+          }
+          writeSingle(out, field, items.get(i));
+        }
+        out.append(']');
+      } else {
+        writeSingle(out, field, fieldValue);
+      }
+    }
+    out.append('}');
+  }
+
+  private static void writeMap(StringBuilder out, FieldDescriptor field, List<?> entries) throws Refused {
+    Descriptor entry = field.getMessageType();
+    FieldDescriptor key = entry.findFieldByName("key");
+    FieldDescriptor mapped = entry.findFieldByName("value");
+    out.append('{');
+    for (int i = 0; i < entries.size(); i++) {
+      Message item = (Message) entries.get(i);
+      if (i > 0) {
+        out.append(',');
+      }
+      writeString(out, scalarText(key, item.getField(key)));
+      out.append(':');
+      writeSingle(out, mapped, item.getField(mapped));
+    }
+    out.append('}');
+  }
+
+  private static void writeSingle(StringBuilder out, FieldDescriptor field, Object value) throws Refused {
+    if (field.getJavaType() == FieldDescriptor.JavaType.MESSAGE) {
+      writeMessage(out, (Message) value);
+    } else {
+      writeScalar(out, field, value);
+    }
+  }
+
+  private static void writeScalar(StringBuilder out, FieldDescriptor field, Object value) {
+    switch (field.getType()) {
+      case STRING:
+        writeString(out, (String) value);
+        return;
+      case BYTES:
+        writeString(out, Base64.getEncoder().encodeToString(((ByteString) value).toByteArray()));
+        return;
+      case ENUM:
+        EnumValueDescriptor symbol = (EnumValueDescriptor) value;
+        if (symbol.getIndex() < 0) {
+          out.append(symbol.getNumber());  // a number the reader's enum does not name
+        } else {
+          writeString(out, symbol.getName());
+        }
+        return;
+      case DOUBLE:
+        writeFloating(out, (Double) value, Double.toString((Double) value));
+        return;
+      case FLOAT:
+        writeFloating(out, (Float) value, Float.toString((Float) value));
+        return;
+      default:
+        out.append(scalarText(field, value));
+    }
+  }
+
+  /** A finite number as it is; NaN and the infinities as the strings Spark's JSON reader takes for them. */
+  private static void writeFloating(StringBuilder out, double value, String text) {
+    if (Double.isNaN(value) || Double.isInfinite(value)) {
+      out.append('"').append(text).append('"');
+    } else {
+      out.append(text);
+    }
+  }
+
+  /** An integer or boolean as its text (unsigned types as unsigned); a map key's text. */
+  private static String scalarText(FieldDescriptor field, Object value) {
+    switch (field.getType()) {
+      case UINT32:
+      case FIXED32:
+        return Long.toString(Integer.toUnsignedLong((Integer) value));
+      case UINT64:
+      case FIXED64:
+        return Long.toUnsignedString((Long) value);
+      default:
+        return String.valueOf(value);
+    }
+  }
+
+  private static void writeTimestamp(StringBuilder out, Message message) throws Refused {
+    Descriptor type = message.getDescriptorForType();
+    long seconds = (Long) message.getField(type.findFieldByName("seconds"));
+    int nanos = (Integer) message.getField(type.findFieldByName("nanos"));
+    // Protobuf's own range (years 1 to 9999): beyond it a producer wrote no valid Timestamp.
+    if (seconds < -62135596800L || seconds > 253402300799L || nanos < 0 || nanos > 999_999_999) {
+      throw new Refused("a google.protobuf.Timestamp is out of its range (seconds " + seconds + ", nanos " + nanos
+          + ")");
+    }
+    writeString(out, DateTimeFormatter.ISO_INSTANT.format(Instant.ofEpochSecond(seconds, nanos)));
+  }
+
+  private static String seconds(Message message) throws Refused {
+    Descriptor type = message.getDescriptorForType();
+    long seconds = (Long) message.getField(type.findFieldByName("seconds"));
+    int nanos = (Integer) message.getField(type.findFieldByName("nanos"));
+    if (nanos != 0 && (seconds < 0) != (nanos < 0) && seconds != 0) {
+      throw new Refused("a google.protobuf.Duration's seconds and nanos have opposite signs");
+    }
+    return BigDecimal.valueOf(seconds).add(BigDecimal.valueOf(nanos, 9)).stripTrailingZeros().toPlainString();
+  }
+
+  private static void writeStruct(StringBuilder out, Message struct) throws Refused {
+    FieldDescriptor fields = struct.getDescriptorForType().findFieldByName("fields");
+    writeMap(out, fields, (List<?>) struct.getField(fields));
+  }
+
+  private static void writeList(StringBuilder out, Message list) throws Refused {
+    FieldDescriptor values = list.getDescriptorForType().findFieldByName("values");
+    List<?> items = (List<?>) list.getField(values);
+    out.append('[');
+    for (int i = 0; i < items.size(); i++) {
+      if (i > 0) {
+        out.append(',');
+      }
+      writeValue(out, (Message) items.get(i));
+    }
+    out.append(']');
+  }
+
+  private static void writeValue(StringBuilder out, Message value) throws Refused {
+    FieldDescriptor kind = value.getOneofFieldDescriptor(value.getDescriptorForType().getOneofs().get(0));
+    if (kind == null || kind.getName().equals("null_value")) {
+      out.append("null");
+    } else if (kind.getName().equals("struct_value")) {
+      writeStruct(out, (Message) value.getField(kind));
+    } else if (kind.getName().equals("list_value")) {
+      writeList(out, (Message) value.getField(kind));
+    } else {
+      writeScalar(out, kind, value.getField(kind));
+    }
+  }
+
+  private static void writeString(StringBuilder out, String text) {
+    out.append('"');
+    for (int i = 0; i < text.length(); i++) {
+      char c = text.charAt(i);
+      switch (c) {
+        case '"':
+          out.append("\\\"");
+          break;
+        case '\\':
+          out.append("\\\\");
+          break;
+        default:
+          if (c < 0x20) {
+            out.append(String.format("\\u%04x", (int) c));
+          } else {
+            out.append(c);
+          }
+      }
+    }
+    out.append('"');
+  }
+}

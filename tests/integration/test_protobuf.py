@@ -1,0 +1,231 @@
+"""Protobuf values on the real Spark and the stack's schema registry: schemas registered as .proto text with a
+reference (as Java's serializers register them) or as base64 descriptors (as Confluent's Python ProtobufSerializer
+does), values framed with the message index in both forms, decoded by kafka-ledger with the batch's reader schema;
+every value published exactly or dead-lettered with its reason, in both runtimes and both sinks."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaReference
+from integration_support import PROTOBUF_COLUMNS
+
+from kafka_ledger.config import settings
+from kafka_ledger.config.pipeline import parse_pipelines
+from kafka_ledger.formats.base import SchemaPin
+from kafka_ledger.sinks import sink_for
+
+pytestmark = pytest.mark.integration
+
+ADDRESS = """syntax = "proto3";
+package shop;
+message Address { string city = 1; optional string zip = 2; }
+"""
+ORDER = """syntax = "proto3";
+package shop;
+import "address.proto";
+import "google/protobuf/timestamp.proto";
+import "google/protobuf/duration.proto";
+import "google/protobuf/wrappers.proto";
+message Order {
+  string order_id = 1;
+  int64 quantity = 2;
+  string amount = 3;
+  google.protobuf.Timestamp at = 4;
+  Address address = 5;
+  Status status = 6;
+  repeated string tags = 7;
+  map<string, int32> counts = 8;
+  sint32 total = 9;
+  bytes digest = 10;
+  google.protobuf.Int64Value discount = 11;
+  google.protobuf.Duration took = 12;
+  uint64 big = 13;
+  oneof payment { string card = 14; string iban = 15; }
+  message Line { string sku = 1; }
+}
+enum Status { NEW = 0; PAID = 1; }
+"""
+# Version 2 adds a field: values written with it are read with version 1 (the pinned reader), the field skipped.
+ORDER_V2 = ORDER.replace("oneof payment", "string channel = 16;\n  oneof payment")
+
+
+def classes(text: str):
+    """The Order and Order.Line message classes of a schema, built from its descriptors as a batch builds them."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    from kafka_ledger.formats.protobuf import build_descriptor_set
+
+    pool = descriptor_pool.DescriptorPool()
+    for file in descriptor_pb2.FileDescriptorSet.FromString(
+            build_descriptor_set(text, {"address.proto": ADDRESS}, "test")).file:
+        pool.Add(file)
+    return (message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order")),
+            message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order.Line")))
+
+
+def order(cls, i: int, **changes):
+    message = cls(order_id=f"o{i}", quantity=2**53 + i, amount=f"{i}.50", status=1, tags=["a", "b"],
+                  counts={"x": i}, total=-i, digest=bytes([0, 0xFF, i % 256]), big=2**64 - 1 - i, card=f"card{i}",
+                  **changes)
+    message.at.FromDatetime(datetime(2026, 11, 27, 10, 0, i % 60, 123456, tzinfo=UTC))
+    message.address.city = "Lyon"
+    message.took.FromMilliseconds(1500 + i)
+    return message
+
+
+def register_text(client, subject: str, text: str) -> int:
+    """`text` registered as .proto text under `subject`, its import a reference to the text of address.proto (a
+    subject of its own: Confluent's Python serializer registers its descriptors under the import's name)."""
+    client.register_schema("address-text.proto", Schema(ADDRESS, "PROTOBUF"))
+    version = client.get_latest_version("address-text.proto").version
+    return client.register_schema(subject, Schema(text, "PROTOBUF", [SchemaReference("address.proto",
+                                                                                      "address-text.proto", version)]))
+
+
+def framed(schema_id: int, message, index: bytes = b"\x00") -> bytes:
+    return b"\x00" + schema_id.to_bytes(4, "big") + index + message.SerializeToString()
+
+
+def test_values_decode_with_the_reader_schema_and_bad_ones_are_dead_letters(spark):
+    from kafka_ledger.formats.decode import decode_records
+    from kafka_ledger.formats.protobuf import ProtobufFormat, topic_schemas
+
+    client = settings.schema_registry().client()
+    topic = f"it-protobuf-{uuid.uuid4().hex[:8]}"
+    subject = f"{topic}-value"
+    v1_id, v2_id = register_text(client, subject, ORDER), register_text(client, subject, ORDER_V2)
+    order_v1, line = classes(ORDER)
+    order_v2, _ = classes(ORDER_V2)
+    values: list[tuple[bytes | None, str | None]] = [
+        (framed(v1_id, order(order_v1, 1)), None),
+        (framed(v2_id, order(order_v2, 2, channel="app")), None),            # a newer writer: its field skipped
+        (framed(v1_id, order(order_v1, 3, iban="FR76"), b"\x02\x00"), None),  # the message index's full form [0]
+        (framed(v1_id, order_v1(order_id="o4")), None),                       # every field unset
+        (b'{"order_id": "json"}', "value is not in Confluent's wire format (a magic byte 0, a 4-byte schema id and "
+                                  "a message index before the Protobuf message)"),
+        (framed(999_999, order(order_v1, 6)), "schema id 999999 is not a version of the topic's subject"),
+        (framed(v1_id, order(order_v1, 7), b"\x02\x0a"), "bad message index [5]: schema id "
+                                                         f"{v1_id} has no such message"),
+        (framed(v1_id, order(order_v1, 8))[:9], None),  # truncated in order_id: the reason is protobuf-java's
+        (framed(v1_id, line(sku="s"), b"\x04\x00\x00"), "value is a shop.Order.Line message, and the pipeline reads "
+                                                        "shop.Order"),
+        (framed(v1_id, order(order_v1, 9, amount="1.234")),
+         "field 'amount' is not a valid decimal(10,2) (it does not fit exactly: more than 2 digit(s) after the point "
+         "or 8 before it)"),
+        (None, "null value (tombstone)"),
+    ]
+    pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {
+        "topics": [topic], "output_table": "t", "columns": PROTOBUF_COLUMNS, "value": {"format": "protobuf"}}}}))["p"]
+    records = spark.createDataFrame(
+        [(topic, 0, offset, datetime(2026, 11, 27, tzinfo=UTC), f"c{offset}".encode(), value, [])
+         for offset, (value, _) in enumerate(values)],
+        "topic string, partition int, offset long, timestamp timestamp, key binary, value binary, "
+        "headers array<struct<key: string, value: binary>>")
+    fmt = ProtobufFormat({topic: topic_schemas(client, subject, v1_id)})
+    names = [c["name"] for c in PROTOBUF_COLUMNS]
+
+    def decoded(lean: bool) -> dict[int, dict]:
+        frame = decode_records(records, pipeline, sink_for(pipeline).envelope, lean=lean, fmt=fmt)
+        return {row["kafka_offset"]: row.asDict() for row in frame.select("kafka_offset", "error", *names).collect()}
+
+    lean, full = decoded(True), decoded(False)
+    assert {o: (lean[o], full[o]) for o in lean if lean[o] != full[o]} == {}
+    reasons = {offset: row["error"] for offset, row in lean.items()}
+    truncated = reasons.pop(7)
+    assert truncated.startswith(f"value does not decode as message shop.Order (writer schema id {v1_id}): "), truncated
+    assert reasons == {offset: reason for offset, (_, reason) in enumerate(values) if offset != 7}
+    assert lean[0] == {
+        "kafka_offset": 0, "error": None, "order_id": "o1", "quantity": 2**53 + 1, "amount": Decimal("1.50"),
+        "at": lean[0]["at"], "city": "Lyon", "zip": None, "status": "PAID", "tags": '["a","b"]',
+        "counts": '{"x":1}', "total": -1, "digest": bytes([0, 0xFF, 1]), "discount": None,
+        "took": Decimal("1.501000000"), "big": Decimal(2**64 - 2), "card": "card1", "iban": None,
+        "customer": "c0"}
+    assert lean[0]["at"].astimezone(UTC) == datetime(2026, 11, 27, 10, 0, 1, 123456, tzinfo=UTC)
+    assert (lean[1]["order_id"], lean[1]["quantity"]) == ("o2", 2**53 + 2)
+    assert (lean[2]["card"], lean[2]["iban"]) == (None, "FR76")
+    # Unset proto3 scalars read as their defaults; unset fields with presence (a message, optional, a wrapper, a
+    # oneof member) as NULL.
+    unset = lean[3]
+    assert {n: unset[n] for n in ("quantity", "status", "tags", "counts", "total", "digest", "big", "city", "zip",
+                                  "discount", "card", "at", "took")} == {
+        "quantity": 0, "status": "NEW", "tags": "[]", "counts": "{}", "total": 0, "digest": b"", "big": Decimal(0),
+        "city": None, "zip": None, "discount": None, "card": None, "at": None, "took": None}
+
+
+def _produce(servers: str, topic: str, values: list[tuple[bytes | None, bytes]]) -> list[tuple[str, int, int]]:
+    from integration_support import RecordedProducer
+
+    return RecordedProducer(servers).send(topic, [v for v, _ in values], keys=[k for _, k in values])
+
+
+def _published(dsn: str, pipeline) -> dict[tuple[int, int], dict]:
+    from integration_support import query
+
+    names = [c["name"] for c in PROTOBUF_COLUMNS]
+    if pipeline.sink.type == "iceberg":
+        table = sink_for(pipeline).table().scan().to_arrow().to_pylist()
+        return {(r["kafka_partition"], r["kafka_offset"]): {n: r[n] for n in names} for r in table}
+    return {(p, o): dict(zip(names, rest, strict=True)) for p, o, *rest in query(
+        dsn, f"SELECT kafka_partition, kafka_offset, {', '.join(names)} FROM {pipeline.qualified_output_table}")}
+
+
+@pytest.mark.parametrize("key", ["protobuf_connect", "protobuf_submit", "protobuf_iceberg"])
+def test_protobuf_values_are_published_exactly_and_a_replay_decodes_with_its_batchs_reader(
+        dsn, servers, pipeline_factory, key):
+    """Values written by Confluent's ProtobufSerializer (its schema registered as base64 descriptors, its import as a
+    reference), read with the newest version at plan time; a version registered later changes nothing for a replay."""
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from integration_support import assert_exactly_once, catch_up
+
+    from kafka_ledger.batch.plan import plan_batch
+    from kafka_ledger.batch.requests import BatchRequest
+    from kafka_ledger.config.settings import services_for
+    from kafka_ledger.ledger import db as ledger
+    from kafka_ledger.runtimes import run_batch
+
+    pipeline = pipeline_factory(key, partitions=2)
+    topic = pipeline.topics[0]
+    client = settings.schema_registry().client()
+    order_v1, _ = classes(ORDER)
+    serialize = ProtobufSerializer(order_v1, client, conf={"auto.register.schemas": True})
+    context = SerializationContext(topic, MessageField.VALUE)
+    values = [(serialize(order(order_v1, i), context), f"c{i}".encode()) for i in range(20)]
+    values += [(serialize(order(order_v1, 20, amount="x"), context), b"c20"), (b'{"order_id": "json"}', b"c21")]
+    landed = _produce(servers, topic, values)
+    if key == "protobuf_connect":  # the server's warm-up reads them with the subject's newest version, as a batch would
+        from kafka_ledger.runtimes.connect.warm_up import warm_up
+
+        done = warm_up(1_000, [pipeline], services_for(dsn, servers))
+        assert (done.skipped, done.pipeline_records) == ({}, {pipeline.name: len(values)})
+    first = catch_up(dsn, servers, pipeline)
+    assert_exactly_once(dsn, servers, pipeline, {
+        landed[20]: "field 'amount' is not a valid decimal(10,2)",
+        landed[21]: "value is not in Confluent's wire format (a magic byte 0, a 4-byte schema id and a message "
+                    "index before the Protobuf message)"})
+    rows = _published(dsn, pipeline)
+    assert {landed[i][1:]: (rows[landed[i][1:]]["order_id"], rows[landed[i][1:]]["quantity"], rows[landed[i][1:]][
+        "amount"], rows[landed[i][1:]]["customer"]) for i in range(20)} == {
+        landed[i][1:]: (f"o{i}", 2**53 + i, Decimal(f"{i}.50"), f"c{i}") for i in range(20)}
+    assert bytes(rows[landed[3][1:]]["digest"]) == bytes([0, 0xFF, 3])
+    services = services_for(dsn, servers)
+    v1_id = int.from_bytes(values[0][0][1:5], "big")
+    with ledger.session(services.ledger) as conn, conn.cursor() as cur:
+        assert ledger.schema_pins(cur, first.batch_id) == {topic: SchemaPin(topic, f"{topic}-value", v1_id, 1,
+                                                                            "newest")}
+
+    # Version 2 (a field added): the replay keeps version 1 and publishes the same rows.
+    order_v2, _ = classes(ORDER_V2)
+    ProtobufSerializer(order_v2, client, conf={"auto.register.schemas": True})(order(order_v2, 30), context)
+    replay = plan_batch(services, pipeline, BatchRequest(mode="replay_batch", batch_id=first.batch_id,
+                                                         reason="test"))
+    run_batch(pipeline, replay.batch_id, services)
+    with ledger.session(services.ledger) as conn, conn.cursor() as cur:
+        assert ledger.schema_pins(cur, replay.batch_id) == {
+            topic: SchemaPin(topic, f"{topic}-value", v1_id, 1, "pinned")}
+    assert _published(dsn, pipeline) == rows
