@@ -15,6 +15,8 @@
 #     --format avro  the pipeline impressions_avro: Avro impressions written by Confluent's AvroSerializer through
 #                 the stack's schema registry (a second schema version, a field added with a default, registered
 #                 before the first run), the output checked value by value against Confluent's AvroDeserializer
+#     --format protobuf  the pipeline impressions_protobuf: the same as Protobuf, written by Confluent's
+#                 ProtobufSerializer, checked against its ProtobufDeserializer
 #     --doorbell N  then N impressions more, published by the run the pipeline's doorbell starts under the stack's
 #                 own Airflow (scripts/stack.sh airflow: scheduler and triggerer), with the seconds it took
 #     --cdc [N]   change data capture instead: Debezium's PostgreSQL connector on the stack's Kafka Connect worker
@@ -40,6 +42,7 @@ for arg in "$@"; do
   if [ "$previous" = --sink ] && [ "$arg" = iceberg ] || [ "$arg" = --sink=iceberg ]; then pipeline=impressions_lake; fi
   # --format avro: Avro impressions through the stack's schema registry (tools/demo.py), verified below
   if [ "$previous" = --format ] && [ "$arg" = avro ] || [ "$arg" = --format=avro ]; then pipeline=impressions_avro; fi
+  if [ "$previous" = --format ] && [ "$arg" = protobuf ] || [ "$arg" = --format=protobuf ]; then pipeline=impressions_protobuf; fi
   # --cdc: Debezium's change events into the entity table of pipeline customers (tools/demo.py), verified below
   case $arg in --cdc|--cdc=*) pipeline=customers ;; esac
   previous=$arg

@@ -18,7 +18,9 @@ table of them (`envelope: debezium`), checked for exactly KEYS rows, and a pipel
 (their row images by path), checked for one row each: `ratio_cdc_vs_append`.
 `--format avro` also writes the records as Avro (confluent-kafka's AvroSerializer through the schema registry) to a
 second topic, and runs, each round, kafka-ledger on both topics (`ratio_avro_vs_json`) and, with `--peers`, the Python
-peer decoding the Avro values with AvroDeserializer (`ratio_avro_vs_python_avro`) instead of the other peers.
+peer decoding the Avro values with AvroDeserializer (`ratio_avro_vs_python_avro`) instead of the other peers;
+`--format protobuf` the same with Protobuf values, ProtobufSerializer and ProtobufDeserializer
+(`ratio_protobuf_vs_json`, `ratio_protobuf_vs_python_protobuf`).
 `--freshness` runs the freshness benchmark instead (tools/freshness.py). `--verify` times `kafka-ledger verify`
 instead: `--full` over the ingested topic, then incremental after one more small batch (wall time and peak resident
 memory of the verify process).
@@ -167,13 +169,26 @@ def produce_cdc(servers: str, topic: str, events: int, keys: int) -> tuple[float
     return produced / (time.monotonic() - started), produced
 
 
-def produce_avro(servers: str, topic: str, records: int, partitions: int, users: int = 5000) -> float:
-    """The same records as `produce`, as Avro values written by AvroSerializer through the schema registry (subject
-    `<topic>-value`, registered by the serializer); returns records per second."""
-    from confluent_kafka.schema_registry.avro import AvroSerializer
+def produce_registered(servers: str, topic: str, records: int, partitions: int, value_format: str,
+                       users: int = 5000) -> float:
+    """The same records as `produce`, as Avro values written by AvroSerializer or Protobuf values by
+    ProtobufSerializer through the schema registry (subject `<topic>-value`, registered by the serializer); returns
+    records per second."""
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    serialize = AvroSerializer(schema_registry().client(), json.dumps(benchmark_peers.AVRO_SCHEMA))
+    client = schema_registry().client()
+    if value_format == "protobuf":
+        from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
+        event_class = benchmark_peers.protobuf_event_class()
+        protobuf = ProtobufSerializer(event_class, client, {"auto.register.schemas": True})
+
+        def serialize(fields: dict, context: SerializationContext) -> bytes:
+            return protobuf(benchmark_peers.protobuf_record(event_class, fields["amount"], users), context)
+    else:
+        from confluent_kafka.schema_registry.avro import AvroSerializer
+
+        serialize = AvroSerializer(client, json.dumps(benchmark_peers.AVRO_SCHEMA))
     context = SerializationContext(topic, MessageField.VALUE)
     producer = Producer(kafka_for(servers).confluent(**{"enable.idempotence": True, "linger.ms": 50,
                                                         "batch.size": 1_000_000, "compression.type": "lz4"}))
@@ -237,7 +252,9 @@ class Setup:
     sink: str = "postgres"  # where kafka-ledger publishes: postgres, or iceberg (the stack's lake)
     lake_tables: list[str] = field(default_factory=list)  # the Iceberg peer's tables, lake.benchmark.<name>
     entity_keys: int | None = None  # distinct user ids, and an entity table keyed by them each round
-    avro_topic: str | None = None  # the same records as Avro values (--format avro)
+    # The same records as Avro or Protobuf values (--format avro|protobuf), and that format.
+    registered_topic: str | None = None
+    registered_format: str | None = None
     cdc_topic: str | None = None  # `records` change events over cdc_keys keys (--cdc), into an entity table
     cdc_keys: int | None = None
     cdc_records: int = 0  # the events and the tombstones after deletes
@@ -249,7 +266,7 @@ def _pipeline(setup: Setup, name: str, delivery_mode: str, sink: str | None = No
               else {"output_table": name, "output_schema": SCHEMA})
     if write == "upsert":
         output.update(write="upsert", key=["id" if cdc else "user_id"])
-    topic = setup.cdc_topic if cdc else setup.avro_topic if value_format == "avro" else setup.topic
+    topic = setup.cdc_topic if cdc else setup.registered_topic if value_format != "json" else setup.topic
     columns = COLUMNS
     if cdc:
         # The entity table applies the events (envelope debezium); the appending pipeline keeps each event's row
@@ -278,7 +295,7 @@ def round_pipeline(setup: Setup, delivery_mode: str, sink: str | None = None, wr
     session, where the query's generated code stays compiled (runtimes/connect.py: pipeline_session)."""
     sink = sink or setup.sink
     name = setup.topic.replace("-", "_") + ("_lake" if sink == "iceberg" else "") + (
-        "_entity" if write == "upsert" else "") + ("_avro" if value_format == "avro" else "") + (
+        "_entity" if write == "upsert" else "") + (f"_{value_format}" if value_format != "json" else "") + (
         "_cdc" if cdc else "")
     for old in [p for p in setup.pipelines if p.name == name]:
         _remove_pipeline(setup, old)
@@ -418,12 +435,12 @@ def run_spark_stages(setup: Setup, contender: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_python_peer(setup: Setup, round_no: int, value_format: str = "json") -> dict[str, Any]:
-    table = f"python_peer_{round_no}" + ("_avro" if value_format == "avro" else "")
+    table = f"python_peer_{round_no}" + (f"_{value_format}" if value_format != "json" else "")
     benchmark_peers.create_table(setup.dsn, SCHEMA, table)
     setup.tables.append(table)
     # Run by its path, as spark-submit runs the Spark peer: it needs no package of the project but kafka_ledger.
     command = [sys.executable, benchmark_peers.__file__, "python", "--servers", setup.servers,
-               "--topic", setup.avro_topic if value_format == "avro" else setup.topic, "--schema", SCHEMA,
+               "--topic", setup.registered_topic if value_format != "json" else setup.topic, "--schema", SCHEMA,
                "--table", table, "--format", value_format]
     done = subprocess.run(command, env={**os.environ, "KAFKA_LEDGER_DB_URL": setup.dsn}, capture_output=True,
                           text=True)
@@ -580,16 +597,18 @@ def summarise(setup: Setup, rounds: list[dict[str, Any]], partitions: int) -> di
         summary["ratio_cdc_vs_w1"] = _median([r["cdc"]["seconds"] / r["kafka_ledger"]["seconds"] for r in rounds])
         summary.update(cdc_keys=setup.cdc_keys, cdc_records=setup.cdc_records)
         exact = exact and all(r["cdc"]["exact"] and r["cdc_append"]["exact"] for r in rounds)
-    if rounds and all("kafka_ledger_avro" in r for r in rounds):
-        summary["kafka_ledger_avro_seconds"] = _median([r["kafka_ledger_avro"]["seconds"] for r in rounds])
-        summary["ratio_avro_vs_json"] = _median([r["kafka_ledger_avro"]["seconds"] / r["kafka_ledger"]["seconds"]
-                                                 for r in rounds])
-        exact = exact and all(r["kafka_ledger_avro"]["exact"] for r in rounds)
-        if all("python_avro_peer" in r for r in rounds):
-            summary["python_avro_peer_seconds"] = _median([r["python_avro_peer"]["seconds"] for r in rounds])
-            summary["ratio_avro_vs_python_avro"] = _median([r["kafka_ledger_avro"]["seconds"]
-                                                            / r["python_avro_peer"]["seconds"] for r in rounds])
-            exact = exact and all(r["python_avro_peer"]["exact"] for r in rounds)
+    fmt = setup.registered_format
+    if fmt and rounds and all(f"kafka_ledger_{fmt}" in r for r in rounds):
+        ours, peer = f"kafka_ledger_{fmt}", f"python_{fmt}_peer"
+        summary[f"{ours}_seconds"] = _median([r[ours]["seconds"] for r in rounds])
+        summary[f"ratio_{fmt}_vs_json"] = _median([r[ours]["seconds"] / r["kafka_ledger"]["seconds"]
+                                                   for r in rounds])
+        exact = exact and all(r[ours]["exact"] for r in rounds)
+        if all(peer in r for r in rounds):
+            summary[f"{peer}_seconds"] = _median([r[peer]["seconds"] for r in rounds])
+            summary[f"ratio_{fmt}_vs_python_{fmt}"] = _median([r[ours]["seconds"] / r[peer]["seconds"]
+                                                               for r in rounds])
+            exact = exact and all(r[peer]["exact"] for r in rounds)
     if rounds and all("floor" in r for r in rounds):
         for part in ("kafka_read_seconds", "copy_seconds"):
             summary[f"floor_{part}"] = _median([r["floor"][part] for r in rounds])
@@ -622,7 +641,7 @@ def _clean_up(setup: Setup, admin: AdminClient) -> None:
         catalog = lake.reader("lake")
         for table in setup.lake_tables:
             catalog.purge_table(tuple(table.split(".")[1:]))
-    for topic in filter(None, (setup.topic, setup.avro_topic, setup.cdc_topic)):
+    for topic in filter(None, (setup.topic, setup.registered_topic, setup.cdc_topic)):
         admin.delete_topics([topic])[topic].result(30)
 
 
@@ -670,9 +689,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy-cores", type=int, default=0,
                         help="--freshness: keep this many cores busy beside the benchmark all along (a CPU hog each: "
                              "a shared machine's neighbours)")
-    parser.add_argument("--format", choices=["json", "avro"], default="json",
-                        help="avro: the records also as Avro values on a second topic, kafka-ledger run on both each "
-                             "round, and with --peers the Python peer with AvroDeserializer instead of the others")
+    parser.add_argument("--format", choices=["json", "avro", "protobuf"], default="json",
+                        help="avro or protobuf: the records also as Avro or Protobuf values on a second topic, "
+                             "kafka-ledger run on both each round, and with --peers the Python peer with "
+                             "AvroDeserializer or ProtobufDeserializer instead of the others")
     parser.add_argument("--cdc", type=int, metavar="KEYS",
                         help="also --records Debezium change events over KEYS keys on a second topic (a snapshot, "
                              "60 %% updates, 10 %% deletes, 10 %% creates, a second snapshot), and each round an "
@@ -753,10 +773,11 @@ def main(argv: list[str] | None = None) -> int:
     runtime = args.runtime or deployment_spark_runtime()
     setup = Setup(servers, dsn, topic, records, args.cap, runtime, Path(tempfile.mkdtemp(prefix="kl-benchmark-")),
                   sink=args.sink, entity_keys=args.entity_keys,
-                  avro_topic=f"{topic}-avro" if args.format == "avro" else None,
+                  registered_topic=f"{topic}-{args.format}" if args.format != "json" else None,
+                  registered_format=args.format if args.format != "json" else None,
                   cdc_topic=f"{topic}-cdc" if args.cdc else None, cdc_keys=args.cdc)
     admin = AdminClient(kafka_for(servers).confluent())
-    for name in filter(None, (topic, setup.avro_topic, setup.cdc_topic)):
+    for name in filter(None, (topic, setup.registered_topic, setup.cdc_topic)):
         create_topic(admin, name, args.partitions)
     # Warm, as a worker is: the Airflow connection look-up imported once (the runtimes are imported above), and
     # the Spark Connect client started once, so that the first round times the server, not this process's
@@ -771,9 +792,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rate = produce(servers, topic, records, args.partitions, args.entity_keys or 5000)
         report({"produced": records, "partitions": args.partitions, "produce_records_per_s": round(rate)})
-        if setup.avro_topic:
-            rate = produce_avro(servers, setup.avro_topic, records, args.partitions, args.entity_keys or 5000)
-            report({"produced_avro": records, "produce_records_per_s": round(rate)})
+        if setup.registered_topic and setup.registered_format:
+            rate = produce_registered(servers, setup.registered_topic, records, args.partitions,
+                                      setup.registered_format, args.entity_keys or 5000)
+            report({f"produced_{setup.registered_format}": records, "produce_records_per_s": round(rate)})
         if setup.cdc_topic and setup.cdc_keys:
             rate, setup.cdc_records = produce_cdc(servers, setup.cdc_topic, records, setup.cdc_keys)
             report({"produced_cdc": setup.cdc_records, "events": records, "keys": setup.cdc_keys,
@@ -800,17 +822,18 @@ def main(argv: list[str] | None = None) -> int:
                 result["cdc_append"] = run_kafka_ledger(setup, round_pipeline(setup, args.delivery_mode, cdc=True))
                 result["cdc"] = run_kafka_ledger(setup, round_pipeline(setup, args.delivery_mode, write="upsert",
                                                                        cdc=True))
-            if setup.avro_topic:
-                result["kafka_ledger_avro"] = run_kafka_ledger(setup, round_pipeline(setup, args.delivery_mode,
-                                                                                     value_format="avro"))
+            fmt = setup.registered_format
+            if fmt:
+                result[f"kafka_ledger_{fmt}"] = run_kafka_ledger(setup, round_pipeline(setup, args.delivery_mode,
+                                                                                       value_format=fmt))
                 if args.peers:
-                    result["python_avro_peer"] = run_python_peer(setup, round_no, "avro")
+                    result[f"python_{fmt}_peer"] = run_python_peer(setup, round_no, fmt)
             if args.stages and runtime == "connect" and not args.airflow and args.sink == "postgres":
                 result["spark_stages"] = run_spark_stages(setup, contender)
             if args.peers and args.sink == "iceberg":
                 result["postgres_sink"] = run_kafka_ledger(setup, round_pipeline(setup, args.delivery_mode, "postgres"))
                 result["spark_peer"] = run_spark_peer(setup, round_no)
-            elif args.peers and not setup.avro_topic:
+            elif args.peers and not setup.registered_topic:
                 result["python_peer"] = run_python_peer(setup, round_no)
                 result["spark_peer"] = run_spark_peer(setup, round_no)
                 if not args.airflow:

@@ -3,7 +3,8 @@
 - the Python peer (`python tools/benchmark_peers.py python ...`): confluent-kafka (read_committed,
   partitions assigned from the first offset) + json + psycopg2 COPY in one transaction, streaming: a chunk of
   50,000 rows is copied while the next is read. With `--format avro`, the values decoded by confluent-kafka's
-  AvroDeserializer through the schema registry instead of json.
+  AvroDeserializer through the schema registry instead of json; with `--format protobuf`, by its
+  ProtobufDeserializer.
 - the Spark peer (`spark-submit tools/benchmark_peers.py spark ...`): Spark Structured Streaming with
   Trigger.AvailableNow and foreachBatch appending to the table over JDBC (`--iceberg-table`: to an Iceberg table of
   the same lake catalog kafka-ledger's Iceberg sink writes); with `--processing-time S` the streaming peer of the
@@ -29,6 +30,7 @@ import sys
 import threading
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg2
 from psycopg2 import sql
@@ -53,6 +55,40 @@ AVRO_SCHEMA = {"type": "record", "name": "Event", "namespace": "kafka_ledger.ben
     {"name": "price", "type": "double"}, {"name": "event_time", "type": {"type": "long",
                                                                           "logicalType": "timestamp-millis"}}]}
 EVENT_TIME = datetime(2026, 11, 21, 10, tzinfo=UTC)
+# And as Protobuf values (--format protobuf), written by confluent-kafka's ProtobufSerializer.
+PROTOBUF_SCHEMA = """syntax = "proto3";
+package kafka_ledger.benchmark;
+import "google/protobuf/timestamp.proto";
+message Event {
+  string event_id = 1;
+  string user_id = 2;
+  int64 amount = 3;
+  double price = 4;
+  google.protobuf.Timestamp event_time = 5;
+}
+"""
+
+
+def protobuf_event_class() -> type:
+    """The Event message's class, built from PROTOBUF_SCHEMA as a batch builds a schema (no generated code)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    from kafka_ledger.formats.protobuf import build_descriptor_set
+
+    pool = descriptor_pool.DescriptorPool()
+    for file in descriptor_pb2.FileDescriptorSet.FromString(
+            build_descriptor_set(PROTOBUF_SCHEMA, {}, "the benchmark's schema")).file:
+        pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("kafka_ledger.benchmark.Event"))
+
+
+def protobuf_record(event_class: type, i: int, users: int = 5000) -> Any:
+    """record(i) as an Event message."""
+    fields = record(i, users)
+    message = event_class(event_id=fields["event_id"], user_id=fields["user_id"], amount=fields["amount"],
+                          price=fields["price"])
+    message.event_time.FromDatetime(fields["event_time"])
+    return message
 
 
 def record(i: int, users: int = 5000) -> dict:
@@ -111,11 +147,24 @@ CHUNK_ROWS = 50_000
 def python_peer(servers: str, dsn: str, topic: str, schema: str, table: str, value_format: str = "json") -> None:
     """Read the whole topic with confluent-kafka and COPY its rows into `table` in one transaction, a chunk of
     CHUNK_ROWS at a time while the next chunk is read (a reader thread; librdkafka and the COPY release the GIL).
-    The values JSON, or Avro (`value_format`) decoded by AvroDeserializer through the schema registry."""
+    The values JSON, Avro (`value_format`) decoded by AvroDeserializer through the schema registry, or Protobuf
+    decoded by ProtobufDeserializer (with the message's class, as a hand-written consumer has it)."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     decode = json.loads
-    if value_format == "avro":
+    if value_format == "protobuf":
+        from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        protobuf = ProtobufDeserializer(protobuf_event_class(), {"use.deprecated.format": False})
+        context = SerializationContext(topic, MessageField.VALUE)
+
+        def decode(value: bytes) -> dict:
+            event = protobuf(value, context)
+            return {"event_id": event.event_id, "user_id": event.user_id, "amount": event.amount,
+                    "price": event.price, "event_time": event.event_time.ToDatetime(tzinfo=UTC).isoformat()}
+
+    elif value_format == "avro":
         from confluent_kafka.schema_registry.avro import AvroDeserializer
         from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -255,8 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The benchmark's peers, each run as its own program.")
     peers = parser.add_subparsers(dest="peer", required=True)
     python = peers.add_parser("python", help="confluent-kafka + json + COPY in chunks while reading, one transaction")
-    python.add_argument("--format", choices=["json", "avro"], default="json",
-                        help="the values' format: avro, decoded by AvroDeserializer through the schema registry")
+    python.add_argument("--format", choices=["json", "avro", "protobuf"], default="json",
+                        help="the values' format: avro, decoded by AvroDeserializer through the schema registry; "
+                             "protobuf, by ProtobufDeserializer")
     spark = peers.add_parser("spark", help="Structured Streaming AvailableNow + foreachBatch JDBC (spark-submit)")
     for sub in (python, spark):
         for name in ("--servers", "--topic", "--schema", "--table"):

@@ -23,6 +23,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -41,7 +42,8 @@ log = logging.getLogger("tools.demo")
 # The demo's pipeline for each sink (config/pipelines.yaml): the same topic into a Postgres table, or into the lake;
 # and the Avro impressions' pipeline.
 DEMO_PIPELINES = {"postgres": "impressions", "iceberg": "impressions_lake"}
-AVRO_PIPELINE = "impressions_avro"
+# The Avro and the Protobuf impressions' pipelines.
+REGISTERED_PIPELINES = {"avro": "impressions_avro", "protobuf": "impressions_protobuf"}
 DEMO_PARTITIONS = 18  # the reference deployment in the Spark + Kafka integration talk
 COUNTRIES = ["ES", "FR", "DE", "GB", "US", "BR", "MX", "IN", "JP", "IT"]
 DEVICES = ["android", "ios", "desktop", "tablet"]
@@ -133,33 +135,50 @@ IMPRESSION_V2 = {**IMPRESSION_V1, "fields": [*IMPRESSION_V1["fields"],
 PLACEMENTS = ["feed", "story", "search"]
 
 
-def produce_avro_impressions(servers: str, topic: str, count: int, seed: int, schema: dict) -> None:
-    """`count` Avro impressions written with `schema` by Confluent's AvroSerializer (which registers it under
-    `<topic>-value`); about 2% bad on purpose: not framed, an unknown schema id, a truncated payload, a tombstone."""
+def registered_impression(rng: random.Random, start: datetime, fields: set[str]) -> dict:
+    """An Avro or Protobuf impression's fields (`placement` when the schema has it)."""
     from decimal import Decimal
+
+    event = {
+        "impression_id": uuid.UUID(int=rng.getrandbits(128)).hex, "ad_id": f"ad-{rng.randrange(2_000)}",
+        "campaign_id": rng.randrange(1, 300), "geo": {"country": rng.choice(COUNTRIES), "region": None},
+        "device": rng.choice(DEVICES).upper(), "bid_price": Decimal(rng.randrange(100, 30_000)) / 10_000,
+        "clicked": rng.random() < 0.03,
+        "event_time": start + timedelta(milliseconds=rng.randrange(3_600_000)),
+    }
+    if "placement" in fields:
+        event["placement"] = rng.choice(PLACEMENTS)
+    return event
+
+
+def produce_registered_impressions(servers: str, topic: str, count: int, seed: int, schema: dict | str) -> None:
+    """`count` Avro impressions written with `schema` by Confluent's AvroSerializer (which registers it under
+    `<topic>-value`), or Protobuf ones by its ProtobufSerializer (`schema` a .proto text); about 2% bad on purpose:
+    not framed, an unknown schema id, a truncated payload, a tombstone."""
 
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     from kafka_ledger.config.settings import schema_registry
 
-    serialize = AvroSerializer(schema_registry().client(), json.dumps(schema))
-    context = SerializationContext(topic, MessageField.VALUE)
+    if isinstance(schema, str):
+        encode = protobuf_serializer(topic, schema)
+        fields = {"placement"} if "placement" in schema else set()
+    else:
+        avro = AvroSerializer(schema_registry().client(), json.dumps(schema))
+        context = SerializationContext(topic, MessageField.VALUE)
+        fields = {f["name"] for f in schema["fields"]}
+
+        def encode(event: dict) -> bytes:
+            return avro(event, context)
+
     rng = random.Random(seed)
     start = datetime.now(UTC) - timedelta(hours=1)
     producer = Producer(kafka_for(servers).confluent(**{"enable.idempotence": True, "linger.ms": 20}))
     for _ in range(count):
         user = f"user-{rng.randrange(50_000)}"
-        event = {
-            "impression_id": uuid.UUID(int=rng.getrandbits(128)).hex, "ad_id": f"ad-{rng.randrange(2_000)}",
-            "campaign_id": rng.randrange(1, 300), "geo": {"country": rng.choice(COUNTRIES), "region": None},
-            "device": rng.choice(DEVICES).upper(), "bid_price": Decimal(rng.randrange(100, 30_000)) / 10_000,
-            "clicked": rng.random() < 0.03,
-            "event_time": start + timedelta(milliseconds=rng.randrange(3_600_000)),
-        }
-        if "placement" in {f["name"] for f in schema["fields"]}:
-            event["placement"] = rng.choice(PLACEMENTS)
-        value: bytes | None = serialize(event, context)
+        event = registered_impression(rng, start, fields)
+        value: bytes | None = encode(event)
         if rng.random() < 0.02:
             bad = rng.randrange(4)
             value = (json.dumps({"impression_id": event["impression_id"]}).encode(),  # not framed
@@ -174,7 +193,65 @@ def produce_avro_impressions(servers: str, topic: str, count: int, seed: int, sc
                 producer.poll(0.5)
         producer.poll(0)
     producer.flush(60)
-    log.info("produced %d Avro impressions (schema with %d fields) to %s", count, len(schema["fields"]), topic)
+    log.info("produced %d %s impressions to %s", count, "Protobuf" if isinstance(schema, str) else "Avro", topic)
+
+
+# The Protobuf impressions' schema, version 1 (.proto text); version 2 adds `placement`. A bid is a string holding
+# its decimal text, read exactly into decimal(10,4).
+IMPRESSION_PROTO_V1 = """syntax = "proto3";
+package demo.ads;
+import "google/protobuf/timestamp.proto";
+enum Device { ANDROID = 0; IOS = 1; DESKTOP = 2; TABLET = 3; }
+message Impression {
+  string impression_id = 1;
+  string ad_id = 2;
+  int64 campaign_id = 3;
+  message Geo { string country = 1; optional string region = 2; }
+  Geo geo = 4;
+  Device device = 5;
+  string bid_price = 6;
+  bool clicked = 7;
+  google.protobuf.Timestamp event_time = 8;
+}
+"""
+IMPRESSION_PROTO_V2 = IMPRESSION_PROTO_V1.replace("  google.protobuf.Timestamp event_time = 8;\n",
+                                                  "  google.protobuf.Timestamp event_time = 8;\n"
+                                                  "  string placement = 9;\n")
+
+
+def impression_class(text: str) -> type:
+    """The Impression message's class of a schema version, built from its text (no generated code)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    from kafka_ledger.formats.protobuf import build_descriptor_set
+
+    pool = descriptor_pool.DescriptorPool()
+    for file in descriptor_pb2.FileDescriptorSet.FromString(build_descriptor_set(text, {}, "the demo's schema")).file:
+        pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("demo.ads.Impression"))
+
+
+def protobuf_serializer(topic: str, text: str) -> Any:
+    """Confluent's ProtobufSerializer of a schema version (it registers it under `<topic>-value` on first use): a
+    function of an impression's fields to its framed value."""
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from kafka_ledger.config.settings import schema_registry
+
+    impression = impression_class(text)
+    serialize = ProtobufSerializer(impression, schema_registry().client(), {"auto.register.schemas": True})
+    context = SerializationContext(topic, MessageField.VALUE)
+
+    def encode(event: dict) -> bytes:
+        message = impression(**{k: v for k, v in event.items() if k not in ("geo", "event_time", "bid_price",
+                                                                              "device")},
+                             bid_price=str(event["bid_price"]), device=event["device"])
+        message.geo.country = event["geo"]["country"]
+        message.event_time.FromDatetime(event["event_time"])
+        return serialize(message, context)
+
+    return encode
 
 
 def register_schema(topic: str, schema: dict) -> int:
@@ -186,9 +263,10 @@ def register_schema(topic: str, schema: dict) -> int:
     return schema_registry().client().register_schema(f"{topic}-value", Schema(json.dumps(schema), "AVRO"))
 
 
-def wrong_avro_values(services: Services, pipeline: PipelineConfig) -> int:
+def wrong_registered_values(services: Services, pipeline: PipelineConfig) -> int:
     """Output rows whose values differ from their Kafka record decoded by Confluent's AvroDeserializer (with the
-    newest schema as its reader, as the demo's batches had): kafka-ledger's decoding checked independently."""
+    newest schema as its reader, as the demo's batches had), or for Protobuf values by its ProtobufDeserializer (with
+    version 2's class): kafka-ledger's decoding checked independently."""
     from decimal import Decimal
 
     import psycopg2
@@ -200,8 +278,22 @@ def wrong_avro_values(services: Services, pipeline: PipelineConfig) -> int:
 
     client = schema_registry().client()
     topic = pipeline.topics[0]
-    reader = client.get_latest_version(f"{topic}-value").schema
-    deserialize = AvroDeserializer(client, reader.schema_str)
+    if pipeline.value.format == "protobuf":
+        from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+
+        protobuf = ProtobufDeserializer(impression_class(IMPRESSION_PROTO_V2), {"use.deprecated.format": False})
+
+        def deserialize(value: bytes, context: SerializationContext) -> dict:
+            message = protobuf(value, context)
+            return {"impression_id": message.impression_id, "ad_id": message.ad_id,
+                    "campaign_id": message.campaign_id, "geo": {"country": message.geo.country},
+                    "device": message.DESCRIPTOR.fields_by_name["device"].enum_type.values_by_number[
+                        message.device].name,
+                    "bid_price": message.bid_price, "clicked": message.clicked,
+                    "event_time": message.event_time.ToDatetime(tzinfo=UTC), "placement": message.placement}
+    else:
+        reader = client.get_latest_version(f"{topic}-value").schema
+        deserialize = AvroDeserializer(client, reader.schema_str)
     with psycopg2.connect(services.ledger.libpq()) as conn, conn.cursor() as cur:
         cur.execute(f"SELECT kafka_partition, kafka_offset, impression_id, ad_id, campaign_id, user_id, country, "
                     f"device, bid_price, clicked, event_time, placement FROM {pipeline.qualified_output_table}")
@@ -379,11 +471,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=40_000, help="impressions produced before the first run")
     parser.add_argument("--second", type=int, default=25_000, help="impressions produced before the second run")
     parser.add_argument("--seed", type=int, default=None, help="random seed of the generator")
-    parser.add_argument("--format", choices=["json", "avro"], default="json",
+    parser.add_argument("--format", choices=["json", *REGISTERED_PIPELINES], default="json",
                         help="the impressions' format: JSON (default), or Avro through the stack's schema registry "
-                             f"(pipeline {AVRO_PIPELINE}: version 1 of the schema, then version 2 with a field added "
-                             "with a default, registered before the first run; the output checked value by value "
-                             "against Confluent's AvroDeserializer)")
+                             f"(pipeline {REGISTERED_PIPELINES['avro']}: version 1 of the schema, then version 2 with "
+                             "a field added with a default, registered before the first run; the output checked value "
+                             "by value against Confluent's AvroDeserializer), or the same as Protobuf (pipeline "
+                             f"{REGISTERED_PIPELINES['protobuf']}, Confluent's ProtobufSerializer and "
+                             "ProtobufDeserializer)")
     parser.add_argument("--sink", choices=sorted(DEMO_PIPELINES), default="postgres",
                         help="where the rows go: the Postgres table of pipeline impressions (default), or the Iceberg "
                              "table of pipeline impressions_lake, counted back without Spark (pyiceberg)")
@@ -406,21 +500,28 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({**summary, "pipeline": CDC_PIPELINE, "seed": seed}), flush=True)
         return 0 if exact else 1
 
-    if args.format == "avro" and args.sink != "postgres":
-        parser.error("--format avro: the demo's Avro pipeline publishes into Postgres (--sink postgres)")
-    pipeline = get_pipeline(AVRO_PIPELINE if args.format == "avro" else DEMO_PIPELINES[args.sink])
+    if args.format != "json" and args.sink != "postgres":
+        parser.error(f"--format {args.format}: the demo's {args.format} pipeline publishes into Postgres "
+                     "(--sink postgres)")
+    pipeline = get_pipeline(REGISTERED_PIPELINES.get(args.format) or DEMO_PIPELINES[args.sink])
     servers = kafka_client().servers
     topic = pipeline.topics[0]
     ensure_topic(servers, topic, DEMO_PARTITIONS)
 
-    if args.format == "avro":
-        produce_avro_impressions(servers, topic, args.first, seed, IMPRESSION_V1)
-        register_schema(topic, IMPRESSION_V2)  # the first batches read version 1 values with its default
+    versions = {"avro": (IMPRESSION_V1, IMPRESSION_V2), "protobuf": (IMPRESSION_PROTO_V1, IMPRESSION_PROTO_V2)}
+    if args.format in versions:
+        produce_registered_impressions(servers, topic, args.first, seed, versions[args.format][0])
+        # The first batches read version 1 values with version 2 (its default for the field it adds).
+        if args.format == "avro":
+            register_schema(topic, IMPRESSION_V2)
+        else:
+            protobuf_serializer(topic, IMPRESSION_PROTO_V2)(registered_impression(random.Random(seed), datetime.now(
+                UTC), {"placement"}))  # registers version 2, produces nothing
     else:
         produce_impressions(servers, topic, args.first, seed)
     first_runs = run_until_caught_up(pipeline)
-    if args.format == "avro":
-        produce_avro_impressions(servers, topic, args.second, seed + 1, IMPRESSION_V2)
+    if args.format in versions:
+        produce_registered_impressions(servers, topic, args.second, seed + 1, versions[args.format][1])
     else:
         produce_impressions(servers, topic, args.second, seed + 1)
     second_runs = run_until_caught_up(pipeline)
@@ -431,8 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     figures = accounting(task_services(), pipeline)
     figures["prometheus_lag"] = prometheus_lag(pipeline, caught_up)
     exact = figures.pop("exact") and figures["prometheus_lag"] == 0
-    if args.format == "avro":
-        figures["wrong_values"] = wrong_avro_values(task_services(), pipeline)
+    if args.format in versions:
+        figures["wrong_values"] = wrong_registered_values(task_services(), pipeline)
         exact = exact and figures["wrong_values"] == 0
     summary = {**figures, "pipeline": pipeline.name, "dag_runs": first_runs + second_runs, **doorbell, "seed": seed}
     sys.stdout.flush()

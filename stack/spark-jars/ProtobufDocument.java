@@ -21,6 +21,7 @@ import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Base64;
 import java.util.HashMap;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import org.apache.spark.sql.Row;
@@ -266,15 +267,24 @@ public final class ProtobufDocument implements UDF2<byte[], byte[], Row> {
     Descriptor entry = field.getMessageType();
     FieldDescriptor key = entry.findFieldByName("key");
     FieldDescriptor mapped = entry.findFieldByName("value");
+    // A key the wire repeats keeps its last value, as every Protobuf parser merges a map.
+    Map<String, Object> last = new LinkedHashMap<>();
+    for (Object entryValue : entries) {
+      Message item = (Message) entryValue;
+      String text = scalarText(key, item.getField(key));
+      last.remove(text);
+      last.put(text, item.getField(mapped));
+    }
     out.append('{');
-    for (int i = 0; i < entries.size(); i++) {
-      Message item = (Message) entries.get(i);
-      if (i > 0) {
+    boolean first = true;
+    for (Map.Entry<String, Object> item : last.entrySet()) {
+      if (!first) {
         out.append(',');
       }
-      writeString(out, scalarText(key, item.getField(key)));
+      first = false;
+      writeString(out, item.getKey());
       out.append(':');
-      writeSingle(out, mapped, item.getField(mapped));
+      writeSingle(out, mapped, item.getValue());
     }
     out.append('}');
   }
