@@ -8,7 +8,7 @@
 #   bash scripts/fault_campaign.sh --network --runtime connect --faults 40   # through Toxiproxy, with network faults
 #   bash scripts/fault_campaign.sh --runtime connect --sink iceberg --faults 40   # into an Iceberg table of the lake
 #   bash scripts/fault_campaign.sh --runtime connect --write upsert --faults 40   # into an entity table (97 entities)
-#   bash scripts/fault_campaign.sh --runtime connect --format avro --faults 40   # Avro values through the schema
+#   bash scripts/fault_campaign.sh --runtime connect --format avro --faults 40   # Avro (or protobuf) values through the schema
 #       # registry (reached through Toxiproxy): the registry killed, restarted, slowed, a new version registered
 #   bash scripts/fault_campaign.sh --runtime connect --doorbell --faults 20   # runs by the doorbell under a dedicated
 #       # Airflow, its triggerer killed mid-poll, its scheduler killed with a doorbell run queued, a carrying run's
@@ -35,8 +35,8 @@ for arg in "$@"; do
   esac
 done
 bash scripts/stack.sh up >&2
-proxies=0  # network faults, and an Avro campaign's registry faults, go through Toxiproxy
-for arg in "$@"; do case $arg in --network|avro|--format=avro) proxies=1 ;; esac; done
+proxies=0  # network faults, and an Avro or Protobuf campaign's registry faults, go through Toxiproxy
+for arg in "$@"; do case $arg in --network|avro|--format=avro|protobuf|--format=protobuf) proxies=1 ;; esac; done
 [ $proxies = 0 ] || bash scripts/stack.sh proxies >&2
 . scripts/env.sh
 for arg in "$@"; do [ "$arg" != --secure ] || . scripts/secured_kafka.sh || exit 1; done

@@ -137,9 +137,10 @@ public final class ProtobufDocument implements UDF2<byte[], byte[], Row> {
   }
 
   private static String document(byte[] value, Schemas schemas) throws Refused {
-    if (value.length < 6 || value[0] != 0) {
-      throw new Refused("value is not in Confluent's wire format (a magic byte 0, a 4-byte schema id and a message "
-          + "index before the Protobuf message)");
+    // formats/framing.py checks the frame first, in the same words: this one is never the reason given.
+    if (value.length < 5 || value[0] != 0) {
+      throw new Refused("value is not in Confluent's wire format (a magic byte 0 and a 4-byte schema id before the "
+          + "payload)");
     }
     int id = ((value[1] & 0xff) << 24) | ((value[2] & 0xff) << 16) | ((value[3] & 0xff) << 8) | (value[4] & 0xff);
     FileDescriptor writer = schemas.writers.get(id);

@@ -216,11 +216,13 @@ def test_an_entity_campaign_writes_versions_and_tombstones_of_few_entities_keyed
 
 def test_an_avro_campaign_adds_the_registry_s_faults_and_reaches_it_through_its_proxy(monkeypatch):
     from tools.fault_campaign.network import registry_proxied_environment
-    from tools.fault_campaign.strikes import AVRO_FAULTS, NETWORK_FAULTS, campaign_shape, fault_kinds
+    from tools.fault_campaign.strikes import NETWORK_FAULTS, REGISTRY_FAULTS, campaign_shape, fault_kinds
 
-    assert campaign_shape("connect", False, network=True, avro=True) == "connect-network-avro"
-    assert fault_kinds("connect-network-avro") == FAULT_KINDS["connect"] + NETWORK_FAULTS + AVRO_FAULTS
-    assert fault_kinds("submit-avro") == FAULT_KINDS["submit"] + AVRO_FAULTS
+    assert campaign_shape("connect", False, network=True, registered="avro") == "connect-network-avro"
+    assert fault_kinds("connect-network-avro") == FAULT_KINDS["connect"] + NETWORK_FAULTS + REGISTRY_FAULTS
+    assert fault_kinds("submit-avro") == FAULT_KINDS["submit"] + REGISTRY_FAULTS
+    assert campaign_shape("submit", False, registered="protobuf") == "submit-protobuf"
+    assert fault_kinds("submit-protobuf") == FAULT_KINDS["submit"] + REGISTRY_FAULTS
     monkeypatch.setenv("KL_SCHEMA_REGISTRY_PORT", "18585")
     monkeypatch.setenv("KL_SCHEMA_REGISTRY_PROXY_PORT", "18586")
     env = {"KAFKA_LEDGER_SCHEMA_REGISTRY_URL": "http://127.0.0.1:18585/apis/ccompat/v7", "OTHER": "18585"}
@@ -259,6 +261,32 @@ def test_avro_records_decode_with_confluent_s_deserializer_and_bad_ones_carry_th
     assert decode(records.value(8), context) == {**decode(records.value(8), context), "event_id": "s8", "note_5": ""}
     # A resumed campaign's records: the newest version of the subject.
     assert int.from_bytes(AvroRecords(client, "t").value(9)[1:5], "big") == newer
+
+
+def test_protobuf_records_decode_with_confluent_s_deserializer_and_bad_ones_carry_their_reason():
+    """The Protobuf campaign's records, against confluent-kafka's in-process registry: good ones decode to the values
+    the final check expects, each bad kind has its reason, and a new version registered mid-way writes the records
+    after it (a resumed campaign's too)."""
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from kafka_ledger.config.services import SchemaRegistry
+    from kafka_ledger.formats.framing import NOT_FRAMED
+    from tools.fault_campaign.producer import BAD_EVERY, ProtobufRecords
+
+    client = SchemaRegistry("mock://protobuf-campaign").client()
+    records = ProtobufRecords(client, "t")
+    first = records.first_id
+    assert records.value(7)[:6] == b"\x00" + first.to_bytes(4, "big") + b"\x00" and records.reason(7) is None
+    reasons = {records.reason(seq) for seq in range(0, 6 * BAD_EVERY, BAD_EVERY)}
+    assert reasons >= {NOT_FRAMED, "schema id 2147483647 is not a version of the topic's subject",
+                       f"bad message index [3]: schema id {first} has no such message",
+                       "required field 'event_id' is missing or null", "null value (tombstone)"}
+    assert len(reasons) == 6
+    newer = records.evolve()
+    assert int.from_bytes(records.value(8)[1:5], "big") == newer != first
+    resumed = ProtobufRecords(client, "t")
+    assert (resumed.first_id, int.from_bytes(resumed.value(9)[1:5], "big")) == (first, newer)
+    assert SerializationContext("t", MessageField.VALUE)
 
 
 @pytest.mark.parametrize("failed", [0, 2])

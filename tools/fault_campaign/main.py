@@ -56,10 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sink", choices=["postgres", "iceberg"], default="postgres",
                         help="where the pipeline publishes: its Postgres table, or an Iceberg table of the stack's "
                              "lake, adding the lake's faults")
-    parser.add_argument("--format", choices=["json", "avro"], default="json",
-                        help="the records' values: JSON, or Avro written by confluent-kafka's AvroSerializer through "
-                             "the stack's schema registry, which every task reaches through Toxiproxy "
-                             "(scripts/fault_campaign.sh --format avro starts it), adding the registry's faults")
+    parser.add_argument("--format", choices=["json", "avro", "protobuf"], default="json",
+                        help="the records' values: JSON, or Avro written by confluent-kafka's AvroSerializer (Protobuf "
+                             "by its ProtobufSerializer) through the stack's schema registry, which every task reaches "
+                             "through Toxiproxy (scripts/fault_campaign.sh --format avro|protobuf starts it), adding "
+                             "the registry's faults")
     parser.add_argument("--write", choices=["append", "upsert"], default="append",
                         help="the pipeline's write: append (a row per record) or upsert (an entity table keyed by "
                              "event_id: each record a version of one of 97 entities, some tombstones)")
@@ -85,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--cluster: KAFKA_LEDGER_SPARK_MASTER names no cluster: run scripts/fault_campaign.sh --cluster")
     if args.driver_in_cluster and not (args.cluster and args.runtime == "submit"):
         parser.error("--driver-in-cluster: with --cluster --runtime submit (the connect runtime's driver: its server)")
-    if args.format == "avro" and (args.doorbell or args.write != "append"):
-        parser.error("--format avro: a campaign of plain runs (no --doorbell) into an append-only table")
+    if args.format != "json" and (args.doorbell or args.write != "append"):
+        parser.error(f"--format {args.format}: a campaign of plain runs (no --doorbell) into an append-only table")
     if args.envelope != "none" and args.write != "upsert":
         parser.error("--envelope debezium: change events go into an entity table (--write upsert)")
     if args.carrier and not args.doorbell:

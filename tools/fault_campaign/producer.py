@@ -208,6 +208,104 @@ class AvroRecords:
         return self._bad(seq)[1] if seq % BAD_EVERY == 0 else None
 
 
+# The Protobuf records' first schema: the campaign's columns, event_id optional (unset: NULL) so that a bad record can
+# leave it out; later versions (ProtobufRecords.evolve) add a field each, which no column reads.
+PROTOBUF_SCHEMA = """syntax = "proto3";
+package kafka_ledger.campaign;
+import "google/protobuf/timestamp.proto";
+message Impression {
+  optional string event_id = 1;
+  int64 amount = 2;
+  double price = 3;
+  bool ok = 4;
+  google.protobuf.Timestamp event_time = 5;
+}
+"""
+
+
+class ProtobufRecords:
+    """The records as Protobuf values written by confluent-kafka's ProtobufSerializer through the schema registry
+    (subject `<topic>-value`), the newest version registered; the bad ones: a value not in the wire format, an unknown
+    schema id, a message index naming no message, a payload cut short, a missing required field, a tombstone.
+    `evolve()` registers a new version (a field added) that the records after it are written with."""
+
+    format = "protobuf"
+
+    def __init__(self, client: Any, topic: str):
+        self.client, self.topic, self.subject = client, topic, f"{topic}-value"
+        self.fields = 0
+        # The first version is registered (or found) by the serializer's first value; a resumed campaign's subject
+        # may hold more: the records go on with as many fields as its newest version.
+        try:
+            newest = client.get_latest_version(self.subject)
+        except Exception:  # noqa: BLE001 - a new campaign's subject (the registry answers 404)
+            newest = None
+        self._write_with(0 if newest is None else newest.version - 1)
+        self.first_id = int.from_bytes(self._good(1)[1:5], "big") if newest is None else client.get_version(
+            self.subject, 1).schema_id
+
+    def _write_with(self, added: int) -> None:
+        from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+        from kafka_ledger.formats.protobuf import build_descriptor_set
+
+        text = PROTOBUF_SCHEMA.replace("}\n", "".join(f"  string note_{6 + i} = {6 + i};\n" for i in range(added))
+                                       + "}\n")
+        pool = descriptor_pool.DescriptorPool()
+        for file in descriptor_pb2.FileDescriptorSet.FromString(
+                build_descriptor_set(text, {}, "the campaign's schema")).file:
+            pool.Add(file)
+        impression = message_factory.GetMessageClass(pool.FindMessageTypeByName("kafka_ledger.campaign.Impression"))
+        serializer = ProtobufSerializer(impression, self.client, {"auto.register.schemas": True})
+        context = SerializationContext(self.topic, MessageField.VALUE)
+
+        def encode(record: dict[str, Any]) -> bytes:
+            message = impression(**{k: v for k, v in record.items() if k != "event_time" and v is not None})
+            message.event_time.FromDatetime(record["event_time"])
+            return serializer(message, context)
+
+        # One attribute, swapped at once: the producer's thread writes with the old or the new version, whole.
+        self.fields = added
+        self._encode = encode
+
+    def evolve(self) -> int:
+        """Register the next version (one field more); the records after this are written with it. Its schema id."""
+        self._write_with(self.fields + 1)
+        return int.from_bytes(self._good(1)[1:5], "big")
+
+    def _good(self, seq: int, **changes: Any) -> bytes:
+        return self._encode({"event_id": f"s{seq}", "amount": seq, "price": seq / 4, "ok": seq % 2 == 0,
+                             "event_time": EVENT_TIME, **changes})
+
+    def _bad(self, seq: int) -> tuple[bytes | None, str]:
+        which = (seq // BAD_EVERY) % 6
+        if which == 0:
+            return json.dumps({"event_id": f"s{seq}"}).encode(), NOT_FRAMED
+        if which == 1:
+            return (b"\x00" + UNKNOWN_SCHEMA_ID.to_bytes(4, "big") + b"\x00",
+                    f"schema id {UNKNOWN_SCHEMA_ID} is not a version of the topic's subject")
+        if which == 2:  # the message index [3]: the schema has one message
+            return (b"\x00" + self.first_id.to_bytes(4, "big") + b"\x02\x06",
+                    f"bad message index [3]: schema id {self.first_id} has no such message")
+        if which == 3:  # event_id's tag and a length of 9, then nothing
+            return (b"\x00" + self.first_id.to_bytes(4, "big") + b"\x00\x0a\x09",
+                    f"value does not decode as message kafka_ledger.campaign.Impression (writer schema id "
+                    f"{self.first_id}): While parsing a protocol message, the input ended unexpectedly in the "
+                    "middle of a field.  This could mean either that the input has been truncated or that an "
+                    "embedded message misreported its own length.")
+        if which == 4:
+            return self._good(seq, event_id=None), "required field 'event_id' is missing or null"
+        return None, "null value (tombstone)"
+
+    def value(self, seq: int) -> bytes | None:
+        return self._bad(seq)[0] if seq % BAD_EVERY == 0 else self._good(seq)
+
+    def reason(self, seq: int) -> str | None:
+        return self._bad(seq)[1] if seq % BAD_EVERY == 0 else None
+
+
 class Landed:
     """Where each record landed, (partition, offset) -> its sequence number, as a dict is read: one growable int64
     array per partition indexed by offset (-1 where none landed). 8 bytes a record where a dict of tuples took about
@@ -338,7 +436,8 @@ class SequenceProducer:
     """Background producer of sequence-numbered records; remembers where each one landed."""
 
     def __init__(self, servers: str, topic: str, rate: float, landed: Landed | dict[tuple[int, int], int] | None = None,
-                 entity_partitions: int | None = None, records: JsonRecords | AvroRecords | None = None,
+                 entity_partitions: int | None = None,
+                 records: JsonRecords | AvroRecords | ProtobufRecords | None = None,
                  delivery_timeout: float = 120, change_events: bool = False):
         self.topic = topic
         self.records = records or JsonRecords()

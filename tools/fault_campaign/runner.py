@@ -31,6 +31,7 @@ from tools.fault_campaign.producer import (
     AvroRecords,
     JsonRecords,
     Landed,
+    ProtobufRecords,
     SequenceProducer,
     append_journal,
     change_effect,
@@ -101,17 +102,17 @@ class Campaign(FaultStrikes):
         # Debezium's change events into the entity table (envelope: debezium): a delete event deletes, a Kafka
         # tombstone changes nothing.
         self.change_events = pipeline.value.envelope == "debezium"
-        # Avro values through the schema registry: its faults among the kinds, every task reaching it through its
-        # proxy.
-        self.avro = pipeline.value.format == "avro"
-        if self.avro and self.entity:
-            raise CampaignFailure("an Avro campaign writes an append-only table (--write append)")
+        # Avro or Protobuf values through the schema registry: its faults among the kinds, every task reaching it
+        # through its proxy.
+        self.registered = pipeline.value.format if pipeline.value.format in ("avro", "protobuf") else None
+        if self.registered and self.entity:
+            raise CampaignFailure(f"a {self.registered} campaign writes an append-only table (--write append)")
         self.shape = campaign_shape(self.runtime, os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"),
-                                    network, secured(), self.iceberg, self.avro, self.entity, self.change_events,
+                                    network, secured(), self.iceberg, self.registered, self.entity, self.change_events,
                                     self.runtime == "submit" and self.submission.outcome_in_ledger)
         # Network faults: every task reaches the services through Toxiproxy; the campaign's own checks do not.
         self.network_faults = network
-        self.network = Toxiproxy() if network or self.avro else None
+        self.network = Toxiproxy() if network or self.registered else None
         if network and self.runtime != "connect":
             raise CampaignFailure("network faults are injected in the connect runtime only")
         if self.network is not None:
@@ -152,7 +153,7 @@ class Campaign(FaultStrikes):
     # --- the tasks, each in its own process as Airflow runs them --------------------------------------
     def _task_env(self, failpoints: str | None, once_dir: Path | None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KAFKA_LEDGER_FAILPOINTS")}
-        if self.avro:
+        if self.registered:
             env = registry_proxied_environment(env)
         if self.network_faults:
             env = proxied_environment(env)
@@ -234,7 +235,7 @@ class Campaign(FaultStrikes):
         # The job reaches the registry through its proxy, as the connect runtime's tasks do (the campaign's own
         # producer keeps the client it made with the registry's own address).
         environment = submission.environment
-        os.environ.update(registry_proxied_environment(environment) if self.avro else environment)
+        os.environ.update(registry_proxied_environment(environment) if self.registered else environment)
         hook = spark_submit_hook(self.pipeline, batch_id, submission)
         once_dir = self.workdir / "failpoints" / uuid.uuid4().hex[:8]
         if failpoints:
@@ -803,7 +804,9 @@ class Campaign(FaultStrikes):
             from kafka_ledger.kafka.offsets import partition_offsets
 
             partitions = len(partition_offsets(kafka_for(self.servers), [self.topic]))
-        records = (AvroRecords(schema_registry().client(), self.topic) if self.avro else JsonRecords())
+        records = ({"avro": AvroRecords, "protobuf": ProtobufRecords}[self.registered](schema_registry().client(),
+                                                                                     self.topic)
+                   if self.registered else JsonRecords())
         self.producer = SequenceProducer(self.servers, self.topic, self.rate, landed=self.resumed_landed,
                                          entity_partitions=partitions, records=records,
                                          change_events=self.change_events)

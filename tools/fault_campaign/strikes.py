@@ -47,9 +47,10 @@ FAULT_KINDS = {
 ICEBERG_FAULTS = (
     "restart_postgres_in_write",  # Postgres (the lake's catalog and the ledger) restarted while the snapshot is written
 )
-# With Avro values (--format avro): the schema registry, which every task reaches through its proxy. A task asks it
-# before anything is begun (the plan for the newest version, the Spark task for the batch's schemas).
-AVRO_FAULTS = (
+# With Avro or Protobuf values (--format avro|protobuf): the schema registry, which every task reaches through its
+# proxy. A task asks it before anything is begun (the plan for the newest version, the Spark task for the batch's
+# schemas).
+REGISTRY_FAULTS = (
     "kill_registry_in_plan",      # the registry SIGKILLed as the plan task starts, started again once the task ended
     "kill_registry_in_read",      # the registry SIGKILLed as the Spark task starts, started again once the task ended
     "restart_registry",           # the registry stopped and started at a random moment of the Spark task
@@ -90,17 +91,19 @@ class NetworkFault:
 
 
 def campaign_shape(runtime: str, on_cluster: bool, network: bool = False, secure: bool = False,
-                   iceberg: bool = False, avro: bool = False, entity: bool = False,
+                   iceberg: bool = False, registered: str | None = None, entity: bool = False,
                    change_events: bool = False, driver_in_cluster: bool = False) -> str:
     """What a campaign ran on: the Spark runtime, whether on the local standalone cluster (with the submit runtime's
     driver on its worker, cluster deploy mode, or not), whether Kafka over
     SASL_SSL with the ledger over verified TLS (the production shape), whether through the network proxies
     (network faults among its kinds), whether into an Iceberg table (the lake's faults among its kinds), whether its
-    values are Avro through the schema registry (the registry's faults among its kinds), whether into an entity
+    values are Avro or Protobuf (`registered`) through the schema registry (the registry's faults among its kinds),
+    whether into an entity
     table (write: upsert), of Debezium's change events or not."""
     return (runtime + ("-cluster" if on_cluster else "") + ("-driver" if driver_in_cluster else "")
             + ("-secure" if secure else "")
-            + ("-network" if network else "") + ("-iceberg" if iceberg else "") + ("-avro" if avro else "")
+            + ("-network" if network else "") + ("-iceberg" if iceberg else "")
+            + (f"-{registered}" if registered else "")
             + ("-cdc" if change_events else "-entity" if entity else ""))
 
 
@@ -116,7 +119,7 @@ def fault_kinds(shape: str) -> tuple[str, ...]:
     runtime, *traits = shape.split("-")
     return (FAULT_KINDS[runtime] + (CLUSTER_FAULTS if "cluster" in traits else ())
             + (NETWORK_FAULTS if "network" in traits else ()) + (ICEBERG_FAULTS if "iceberg" in traits else ())
-            + (AVRO_FAULTS if "avro" in traits else ()))
+            + (REGISTRY_FAULTS if {"avro", "protobuf"} & set(traits) else ()))
 
 
 # The longest a task may wait on a blackholed service before the campaign calls its wait unbounded: Spark's
@@ -178,8 +181,8 @@ class FaultStrikes:
     """The faults of a Campaign (runner.py), which mixes this in: the hooks that inject each fault into a run.
 
     Uses the campaign's rng, runtime, pipeline, servers, task_log, network (its Toxiproxy), iceberg (whether its
-    sink is an Iceberg table) and producer (its records, which an Avro campaign's faults evolve), its ledger look-up
-    (_query, batch_state) and its task processes (_start_task, _finish_task).
+    sink is an Iceberg table) and producer (its records, which an Avro or Protobuf campaign's faults evolve), its
+    ledger look-up (_query, batch_state) and its task processes (_start_task, _finish_task).
     """
 
     # --- where a batch is ---------------------------------------------------------------------------------
@@ -465,7 +468,7 @@ class FaultStrikes:
                     self.network.remove(proxy, f"{name}-{stream}")
         return strike
 
-    # --- the schema registry's faults (an Avro campaign's) ------------------------------------------------
+    # --- the schema registry's faults (an Avro or Protobuf campaign's) ------------------------------------------------
     def _registry_away(self, task: str) -> Callable[..., str]:
         """The registry SIGKILLed as `task` starts (before it asks the registry anything: its process is still
         importing), and started again once the task ended, so that its retry finds it."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kafka_ledger.formats import framing
 from kafka_ledger.formats.base import (
     DeclaredColumn,
     DeclaredPipeline,
@@ -448,8 +449,9 @@ class ProtobufFormat(JsonFormat):
     def _value_checks(self, pipeline: DeclaredPipeline, raw: Column) -> tuple[list[Column], list[Column]]:
         from pyspark.sql import functions as F
 
+        framed = framing.is_framed(F.col("value"))
         problem = F.col(DECODED_COLUMN)["problem"]
-        return [problem], [problem.isNull()]
+        return [F.when(~framed, F.lit(framing.NOT_FRAMED)), problem], [framed, problem.isNull()]
 
     def parse(self, records: DataFrame, pipeline: DeclaredPipeline, keep: list[str]) -> DataFrame:
         return super().parse(records, pipeline, [*keep, DECODED_COLUMN])
