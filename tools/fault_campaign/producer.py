@@ -236,10 +236,14 @@ class ProtobufRecords:
         self.fields = 0
         # The first version is registered (or found) by the serializer's first value; a resumed campaign's subject
         # may hold more: the records go on with as many fields as its newest version.
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
         try:
             newest = client.get_latest_version(self.subject)
-        except Exception:  # noqa: BLE001 - a new campaign's subject (the registry answers 404)
-            newest = None
+        except SchemaRegistryError as exc:
+            if exc.http_status_code != 404:
+                raise
+            newest = None  # a new campaign's subject
         self._write_with(0 if newest is None else newest.version - 1)
         self.first_id = int.from_bytes(self._good(1)[1:5], "big") if newest is None else client.get_version(
             self.subject, 1).schema_id
