@@ -380,6 +380,12 @@ class TimestampKind(ColumnKind):
                 (F.unix_micros(value_text) < F.lit(micros_range[0]))
                 | (F.unix_micros(value_text) >= F.lit(micros_range[1])),
                 F.lit(f"{label} is not a valid timestamp (a date outside {years})"),
+            ).when(
+                # Spark's cast drops a fraction's digits beyond microseconds (a Protobuf Timestamp's nanoseconds):
+                # refused, never cut. Only text longer than a microsecond's ISO-8601 can hold them.
+                (F.length(text) > 26) & text.rlike(r"\.[0-9]{6}[0-9]*[1-9]"),
+                F.lit(f"{label} is not a valid timestamp (more than {MAX_SECOND_DIGITS} digits after the second: "
+                      "they would be lost)"),
             )
         else:
             text_problem = F.when(value_text.isNull(), invalid).otherwise(
