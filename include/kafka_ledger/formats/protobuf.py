@@ -300,9 +300,10 @@ def columns_problems(columns: list[DeclaredColumn], message: Descriptor, what: s
 
 
 def declared_columns(message: Descriptor) -> list[dict[str, str]]:
-    """A column for every field of `message`, of the kind that holds it."""
-    return [{"name": field.name, "type": _DERIVED_KINDS[type_name(field)], "path": field.name}
-            for field in message.fields]
+    """A column for every field of `message`, of the kind that holds it (a field not in lower case read by a
+    lower-case column through its path)."""
+    return [{"name": field.name.lower(), "type": _DERIVED_KINDS[type_name(field)],
+             **({"path": field.name} if field.name != field.name.lower() else {})} for field in message.fields]
 
 
 @dataclass(frozen=True)
