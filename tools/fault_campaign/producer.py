@@ -134,7 +134,24 @@ EVENT_TIME = datetime(2026, 11, 21, 10, tzinfo=UTC)
 UNKNOWN_SCHEMA_ID = 2**31 - 1
 
 
-class AvroRecords:
+class RegisteredRecords:
+    """Records written through the schema registry: every BAD_EVERY-th one bad (`_bad`: its value and reason), the
+    others good (`_good`)."""
+
+    def _good(self, seq: int) -> bytes:
+        raise NotImplementedError
+
+    def _bad(self, seq: int) -> tuple[bytes | None, str]:
+        raise NotImplementedError
+
+    def value(self, seq: int) -> bytes | None:
+        return self._bad(seq)[0] if seq % BAD_EVERY == 0 else self._good(seq)
+
+    def reason(self, seq: int) -> str | None:
+        return self._bad(seq)[1] if seq % BAD_EVERY == 0 else None
+
+
+class AvroRecords(RegisteredRecords):
     """The records as Avro values written by confluent-kafka's AvroSerializer through the schema registry (subject
     `<topic>-value`), the newest version registered; the bad ones: a value not in the wire format, an unknown schema
     id, a payload that does not decode, a missing required field, a tombstone. `evolve()` registers a new version (a
@@ -201,11 +218,6 @@ class AvroRecords:
             return self._good(seq, event_id=None), "required field 'event_id' is missing or null"
         return None, "null value (tombstone)"
 
-    def value(self, seq: int) -> bytes | None:
-        return self._bad(seq)[0] if seq % BAD_EVERY == 0 else self._good(seq)
-
-    def reason(self, seq: int) -> str | None:
-        return self._bad(seq)[1] if seq % BAD_EVERY == 0 else None
 
 
 # The Protobuf records' first schema: the campaign's columns, event_id optional (unset: NULL) so that a bad record can
@@ -223,7 +235,7 @@ message Impression {
 """
 
 
-class ProtobufRecords:
+class ProtobufRecords(RegisteredRecords):
     """The records as Protobuf values written by confluent-kafka's ProtobufSerializer through the schema registry
     (subject `<topic>-value`), the newest version registered; the bad ones: a value not in the wire format, an unknown
     schema id, a message index naming no message, a payload cut short, a missing required field, a tombstone.
@@ -303,11 +315,6 @@ class ProtobufRecords:
             return self._good(seq, event_id=None), "required field 'event_id' is missing or null"
         return None, "null value (tombstone)"
 
-    def value(self, seq: int) -> bytes | None:
-        return self._bad(seq)[0] if seq % BAD_EVERY == 0 else self._good(seq)
-
-    def reason(self, seq: int) -> str | None:
-        return self._bad(seq)[1] if seq % BAD_EVERY == 0 else None
 
 
 class Landed:

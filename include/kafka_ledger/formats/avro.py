@@ -19,9 +19,8 @@ the newest versions; a pipeline may leave its columns to the reader schema's fie
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kafka_ledger.formats import framing, sources
@@ -31,10 +30,15 @@ from kafka_ledger.formats.base import (
     DerivedColumns,
     FieldRead,
     Reading,
-    SchemaPin,
-    ValueFormat,
 )
-from kafka_ledger.formats.schema_registry import SchemaRefused, asking, newest, newest_schema, schema_of
+from kafka_ledger.formats.schema_registry import (
+    RegistryFormat,
+    SchemaRefused,
+    asking,
+    newest,
+    newest_schema,
+    schema_of,
+)
 from kafka_ledger.model import debezium
 from kafka_ledger.model.kinds import DECLARABLE, ColumnKind, DecimalKind
 
@@ -45,8 +49,6 @@ if TYPE_CHECKING:
 DECODED_FIELD = "__kafka_ledger_decoded"
 SCHEMA_ID_COLUMN = "avro schema id"
 _PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
-
-log = logging.getLogger(__name__)
 
 # How a column of each kind (by its word) reads a field of the reader schema, by the field's Avro type (`type_name`):
 # `same`, the value as Spark decodes it; `cast`, widened without loss; `range`, narrowed, a value out of the kind's
@@ -290,15 +292,14 @@ def _schema_id(value: Column) -> Column:
     return F.conv(F.hex(value.substr(2, 4)), 16, 10).cast("long")
 
 
-class AvroFormat(ValueFormat):
+class AvroFormat(RegistryFormat):
     """Avro values through a schema registry (see the module); `schemas`: the batch's, by topic."""
 
     name = "avro"
     description = ("Avro in Confluent's wire format, its schemas in the schema registry ([Avro values]"
                    "(#avro-values))")
     options = frozenset({"subject"})
-    uses_registry = True
-    derives_columns = True
+    values_name = "Avro values"
     kind_readings = AVRO_READS
 
     def __init__(self, schemas: Mapping[str, TopicSchemas] | None = None):
@@ -313,41 +314,14 @@ class AvroFormat(ValueFormat):
         if pipeline.extra_fields != "ignore":
             problems.append("extra_fields applies to format json: an Avro value has its schema's fields, and the "
                             "reader schema decides which are read")
-        inside = [c.name for c in pipeline.columns or [] if c.source != "value" and c.field_path]
-        if inside:
-            problems.append(f"column(s) {', '.join(inside)}: with format avro a key or header column reads the whole "
-                            "key or header (no path)")
         return problems
 
-    def pin(self, registry: Any, pipeline: DeclaredPipeline, columns: list[DeclaredColumn], topics: set[str],
-            replayed: Mapping[str, SchemaPin]) -> list[SchemaPin]:
-        """Each topic's reader schema: its replayed batch's, else the subject's newest version, refused when it
-        cannot fill the columns."""
-        pinned = []
-        for topic in sorted(topics):
-            if topic in replayed:
-                pinned.append(replace(replayed[topic], chosen="pinned"))
-                continue
-            subject = pipeline.value.subject_of(topic)
-            schema_id, version = newest(registry, subject)
-            check_reader(registry, columns, subject, schema_id)
-            pinned.append(SchemaPin(topic, subject, schema_id, version, "newest"))
-            log.info("topic %s: values read with version %s of subject %s (schema id %s)", topic, version, subject,
-                     schema_id)
-        return pinned
+    def check_reader(self, registry: Any, pipeline: DeclaredPipeline, columns: list[DeclaredColumn], subject: str,
+                     schema_id: int, version: int) -> None:
+        check_reader(registry, columns, subject, schema_id)
 
-    def bound(self, registry: Any, pins: Mapping[str, SchemaPin], topics: set[str], batch_id: int) -> AvroFormat:
-        unpinned = sorted(topics - set(pins))
-        if unpinned:
-            raise SchemaRefused(
-                f"batch {batch_id} has no reader schema for topic(s) {', '.join(unpinned)}: it was planned before "
-                "the pipeline declared Avro values; replay its ranges as a new batch (`kafka-ledger replay`)")
-        return self.with_schemas({topic: topic_schemas(registry, pin.subject, pin.schema_id)
-                                  for topic, pin in pins.items()})
-
-    def newest(self, registry: Any, pipeline: DeclaredPipeline, topics: set[str]) -> AvroFormat:
-        return self.with_schemas(newest_schemas(registry, {topic: pipeline.value.subject_of(topic)
-                                                           for topic in sorted(topics)}))
+    def topic_schemas(self, registry: Any, subject: str, reader_id: int) -> TopicSchemas:
+        return topic_schemas(registry, subject, reader_id)
 
     def derived_columns(self, registry: Any, subject: str, envelope: str) -> DerivedColumns:
         schema_id, version, reader = newest_reader(registry, subject)

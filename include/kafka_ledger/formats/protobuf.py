@@ -19,14 +19,13 @@ reads as its default (0, "", false), as every Protobuf reader sees it.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import struct
 import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,17 +34,13 @@ from kafka_ledger.formats.base import (
     DeclaredColumn,
     DeclaredPipeline,
     DerivedColumns,
-    SchemaPin,
-    ValueFormat,
 )
 from kafka_ledger.formats.json import VALUE_DOCUMENT, JsonFormat
-from kafka_ledger.formats.schema_registry import SchemaRefused, asking, newest, newest_schema, schema_of
+from kafka_ledger.formats.schema_registry import RegistryFormat, SchemaRefused, asking, newest_schema, schema_of
 
 if TYPE_CHECKING:
     from google.protobuf.descriptor import Descriptor, FieldDescriptor
     from pyspark.sql import Column, DataFrame
-
-log = logging.getLogger(__name__)
 
 # The decoder in the Spark jars (scripts/stack.sh builds it), and the name it is registered under in a session.
 DECODER_CLASS = "io.kafkaledger.spark.ProtobufDocument"
@@ -341,69 +336,41 @@ def topic_schemas(client: Any, subject: str, reader_id: int) -> TopicSchemas:
     return TopicSchemas(subject, reader_id, writers)
 
 
-class ProtobufFormat(JsonFormat):
+class ProtobufFormat(RegistryFormat, JsonFormat):
     """Protobuf values through a schema registry (see the module); `schemas`: the batch's, by topic."""
 
     name = "protobuf"
     description = ("Protobuf in Confluent's wire format, its schemas in the schema registry ([Protobuf values]"
                    "(#protobuf-values))")
     options = frozenset({"subject", "message"})
-    uses_registry = True
-    derives_columns = True
+    values_name = "Protobuf values"
     kind_readings = PROTOBUF_READS
 
     def __init__(self, schemas: Mapping[str, TopicSchemas] | None = None):
         self.schemas = dict(schemas or {})
 
     def declaration_problems(self, pipeline: DeclaredPipeline) -> list[str]:
-        problems = ValueFormat.declaration_problems(self, pipeline)
+        problems = RegistryFormat.declaration_problems(self, pipeline)
         if pipeline.value.envelope != "none":
             problems.append(f"envelope {pipeline.value.envelope} reads JSON or Avro change events, not Protobuf")
-        inside = [c.name for c in pipeline.columns or [] if c.source != "value" and c.field_path]
-        if inside:
-            problems.append(f"column(s) {', '.join(inside)}: with format protobuf a key or header column reads the "
-                            "whole key or header (no path)")
         return problems
 
     # --- a batch's schemas --------------------------------------------------------------------------------------
 
-    def pin(self, registry: Any, pipeline: DeclaredPipeline, columns: list[DeclaredColumn], topics: set[str],
-            replayed: Mapping[str, SchemaPin]) -> list[SchemaPin]:
-        """Each topic's reader schema: its replayed batch's, else the subject's newest version, refused when its
-        message cannot fill the columns."""
-        pinned = []
-        for topic in sorted(topics):
-            if topic in replayed:
-                pinned.append(replace(replayed[topic], chosen="pinned"))
-                continue
-            subject = pipeline.value.subject_of(topic)
-            schema_id, version = newest(registry, subject)
-            what = f"version {version} of subject {subject} (schema id {schema_id})"
-            with asking(f"schema id {schema_id}"):
-                reader = descriptor_set(registry, registry.get_schema(schema_id), what)
-            problems = columns_problems(columns, message_named(reader, pipeline.value.message, what), what)
-            if problems:
-                raise SchemaRefused("; ".join(problems))
-            pinned.append(SchemaPin(topic, subject, schema_id, version, "newest"))
-            log.info("topic %s: values read with version %s of subject %s (schema id %s)", topic, version, subject,
-                     schema_id)
-        return pinned
+    def check_reader(self, registry: Any, pipeline: DeclaredPipeline, columns: list[DeclaredColumn], subject: str,
+                     schema_id: int, version: int) -> None:
+        what = f"version {version} of subject {subject} (schema id {schema_id})"
+        with asking(f"schema id {schema_id}"):
+            reader = descriptor_set(registry, registry.get_schema(schema_id), what)
+        problems = columns_problems(columns, message_named(reader, pipeline.value.message, what), what)
+        if problems:
+            raise SchemaRefused("; ".join(problems))
 
-    def bound(self, registry: Any, pins: Mapping[str, SchemaPin], topics: set[str], batch_id: int) -> ProtobufFormat:
-        unpinned = sorted(topics - set(pins))
-        if unpinned:
-            raise SchemaRefused(
-                f"batch {batch_id} has no reader schema for topic(s) {', '.join(unpinned)}: it was planned before "
-                "the pipeline declared Protobuf values; replay its ranges as a new batch (`kafka-ledger replay`)")
-        return ProtobufFormat({topic: topic_schemas(registry, pin.subject, pin.schema_id)
-                               for topic, pin in pins.items()})
+    def topic_schemas(self, registry: Any, subject: str, reader_id: int) -> TopicSchemas:
+        return topic_schemas(registry, subject, reader_id)
 
-    def newest(self, registry: Any, pipeline: DeclaredPipeline, topics: set[str]) -> ProtobufFormat:
-        found = {}
-        for topic in sorted(topics):
-            subject = pipeline.value.subject_of(topic)
-            found[topic] = topic_schemas(registry, subject, newest(registry, subject)[0])
-        return ProtobufFormat(found)
+    def with_schemas(self, schemas: Mapping[str, TopicSchemas]) -> ProtobufFormat:
+        return ProtobufFormat(schemas)
 
     def derived_columns(self, registry: Any, subject: str, envelope: str) -> DerivedColumns:
         schema_id, version, schema = newest_schema(registry, subject)

@@ -9,10 +9,15 @@ the same way on its retry or replay. A registry that cannot be reached or answer
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from typing import Any, ClassVar
 
+from kafka_ledger.formats.base import DeclaredColumn, DeclaredPipeline, SchemaPin, ValueFormat
 from kafka_ledger.model.refusals import Refusal
+
+log = logging.getLogger(__name__)
 
 
 class SchemaRegistryError(RuntimeError):
@@ -63,3 +68,66 @@ def newest_schema(client: Any, subject: str) -> tuple[int, int, Any]:
     schema_id, version = newest(client, subject)
     with asking(f"schema id {schema_id}"):
         return schema_id, version, client.get_schema(schema_id)
+
+
+class RegistryFormat(ValueFormat):
+    """A format whose values carry a schema id the registry resolves (avro.py, protobuf.py): a batch pins each topic's
+    reader schema when planned (its replayed batch's, else the subject's newest version, refused when it cannot fill
+    the columns), and its read binds the format to the reader and every version of the subject as writers."""
+
+    uses_registry = True
+    derives_columns = True
+    # The values in a refusal ("Avro values").
+    values_name: ClassVar[str]
+
+    def declaration_problems(self, pipeline: DeclaredPipeline) -> list[str]:
+        # Every format's rules, then the registry's: never another format's (Protobuf borrows JSON's reading only).
+        problems = ValueFormat.declaration_problems(self, pipeline)
+        inside = [c.name for c in pipeline.columns or [] if c.source != "value" and c.field_path]
+        if inside:
+            problems.append(f"column(s) {', '.join(inside)}: with format {self.name} a key or header column reads the "
+                            "whole key or header (no path)")
+        return problems
+
+    def check_reader(self, registry: Any, pipeline: DeclaredPipeline, columns: list[DeclaredColumn], subject: str,
+                     schema_id: int, version: int) -> None:
+        """Refuse a reader schema that cannot fill the columns (SchemaRefused naming each one)."""
+        raise NotImplementedError
+
+    def topic_schemas(self, registry: Any, subject: str, reader_id: int) -> Any:
+        """A topic's schemas in a batch: the reader `reader_id` and every version of `subject` as writers."""
+        raise NotImplementedError
+
+    def with_schemas(self, schemas: Mapping[str, Any]) -> RegistryFormat:
+        """The format with a batch's schemas, by topic."""
+        raise NotImplementedError
+
+    def pin(self, registry: Any, pipeline: DeclaredPipeline, columns: list[DeclaredColumn], topics: set[str],
+            replayed: Mapping[str, SchemaPin]) -> list[SchemaPin]:
+        pinned = []
+        for topic in sorted(topics):
+            if topic in replayed:
+                pinned.append(replace(replayed[topic], chosen="pinned"))
+                continue
+            subject = pipeline.value.subject_of(topic)
+            schema_id, version = newest(registry, subject)
+            self.check_reader(registry, pipeline, columns, subject, schema_id, version)
+            pinned.append(SchemaPin(topic, subject, schema_id, version, "newest"))
+            log.info("topic %s: values read with version %s of subject %s (schema id %s)", topic, version, subject,
+                     schema_id)
+        return pinned
+
+    def bound(self, registry: Any, pins: Mapping[str, SchemaPin], topics: set[str], batch_id: int
+              ) -> RegistryFormat:
+        unpinned = sorted(topics - set(pins))
+        if unpinned:
+            raise SchemaRefused(
+                f"batch {batch_id} has no reader schema for topic(s) {', '.join(unpinned)}: it was planned before "
+                f"the pipeline declared {self.values_name}; replay its ranges as a new batch (`kafka-ledger replay`)")
+        return self.with_schemas({topic: self.topic_schemas(registry, pin.subject, pin.schema_id)
+                                  for topic, pin in pins.items()})
+
+    def newest(self, registry: Any, pipeline: DeclaredPipeline, topics: set[str]) -> RegistryFormat:
+        subjects = {topic: pipeline.value.subject_of(topic) for topic in sorted(topics)}
+        return self.with_schemas({topic: self.topic_schemas(registry, subject, newest(registry, subject)[0])
+                                  for topic, subject in subjects.items()})
