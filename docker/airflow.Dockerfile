@@ -13,13 +13,14 @@ FROM apache/airflow:3.3.2-python3.11
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # --- OS packages (as root) --------------------------------------------------------------------------
-# A JRE for spark-submit and the Spark driver, and Maven to resolve the connector jars below. Java 17 is
-# what the apache/spark:4.0.0 executors run; a base image whose Debian no longer ships it (trixie) gets
-# the distribution's default JRE instead (21, also supported by Spark 4.0).
+# A JDK for spark-submit and the Spark driver (and javac for kafka-ledger's own Spark function below), and
+# Maven to resolve the connector jars below. Java 17 is what the apache/spark:4.0.0 executors run; a base image
+# whose Debian no longer ships it (trixie) gets the distribution's default JDK instead (21, also supported by
+# Spark 4.0).
 USER root
 RUN apt-get update -qq \
-    && jre=openjdk-17-jre-headless \
-    && { apt-cache show "$jre" >/dev/null 2>&1 || jre=default-jre-headless; } \
+    && jre=openjdk-17-jdk-headless \
+    && { apt-cache show "$jre" >/dev/null 2>&1 || jre=default-jdk-headless; } \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$jre" maven \
     && apt-get autoremove -yqq --purge \
     && apt-get clean \
@@ -35,10 +36,12 @@ COPY --chown=airflow:0 requirements.txt requirements.lock ./
 RUN pip install --no-cache-dir -r requirements.txt -c requirements.lock
 
 # --- Spark connector jars (scripts/stack.sh install_jars) --------------------------------------------
-# The Kafka source at the exact PySpark version and the Postgres JDBC driver. Only the jars PySpark does
+# The Kafka source at the exact PySpark version and the Postgres JDBC driver (and the rest of the pom's list), then
+# kafka-ledger's own Spark function (the Protobuf decoder) compiled against them. Only the jars PySpark does
 # not already ship are kept: a second copy of a jar at another version breaks the classpath. spark-submit
 # ships them to the executors with --jars (KAFKA_LEDGER_SPARK_JARS_DIR points the DAGs here).
 COPY --chown=airflow:0 stack/maven ./stack/maven
+COPY --chown=airflow:0 stack/spark-jars ./stack/spark-jars
 RUN tmp=$(mktemp -d) \
     && mvn -q -B -s stack/maven/settings.xml -f stack/maven/spark-jars/pom.xml \
         dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$tmp" \
@@ -48,6 +51,9 @@ RUN tmp=$(mktemp -d) \
          compgen -G "$pyspark_jars/$artifact-[0-9]*.jar" >/dev/null || cp "$jar" /opt/kafka-ledger/spark-jars/; \
        done \
     && ls /opt/kafka-ledger/spark-jars/*.jar >/dev/null \
+    && rm -rf "$tmp" && tmp=$(mktemp -d) \
+    && javac -nowarn --release 17 -cp "$pyspark_jars/*:/opt/kafka-ledger/spark-jars/*" -d "$tmp" stack/spark-jars/*.java \
+    && jar --create --file /opt/kafka-ledger/spark-jars/kafka-ledger-spark-functions.jar -C "$tmp" . \
     && rm -rf "$tmp" "$HOME/.m2"
 ENV KAFKA_LEDGER_SPARK_JARS_DIR=/opt/kafka-ledger/spark-jars
 

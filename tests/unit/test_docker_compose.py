@@ -248,6 +248,7 @@ def test_airflow_image_is_built_from_the_locked_requirements(services):
     assert re.search(r"pip install .*-r requirements\.txt -c requirements\.lock", dockerfile)
     assert "pip install --no-cache-dir --no-deps -e ." in dockerfile
     assert "stack/maven/spark-jars/pom.xml" in dockerfile
+    assert "kafka-ledger-spark-functions.jar" in dockerfile and "stack/spark-jars/*.java" in dockerfile
     assert "ENV KAFKA_LEDGER_SPARK_JARS_DIR=/opt/kafka-ledger/spark-jars" in dockerfile
     assert env(services["airflow-scheduler"])["KAFKA_LEDGER_SPARK_JARS_DIR"] == "/opt/kafka-ledger/spark-jars"
 
