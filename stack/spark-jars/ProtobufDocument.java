@@ -106,22 +106,37 @@ public final class ProtobufDocument implements UDF2<byte[], byte[], Row> {
     }
   }
 
-  // The blob last seen and its schemas: a batch's task passes the same literal for every row.
-  private static volatile Object[] cached = {null, null};
+  // The blobs seen and their schemas, newest first (a few: one per topic of the batches this executor decodes). A
+  // task passes the same literal, the same array, for every row of a topic: found by identity, else by content.
+  private static final int CACHED = 16;
+  private static volatile Object[][] cached = new Object[0][];
 
   private static Schemas schemas(byte[] blob) {
-    Object[] seen = cached;
-    if (seen[0] == blob || Arrays.equals((byte[]) seen[0], blob)) {
-      return (Schemas) seen[1];
+    Object[][] seen = cached;
+    for (Object[] entry : seen) {
+      if (entry[0] == blob) {
+        return (Schemas) entry[1];
+      }
+    }
+    for (Object[] entry : seen) {
+      if (Arrays.equals((byte[]) entry[0], blob)) {
+        return remember(seen, blob, (Schemas) entry[1]);
+      }
     }
     try {
-      Schemas built = new Schemas(blob);
-      cached = new Object[] {blob, built};
-      return built;
+      return remember(seen, blob, new Schemas(blob));
     } catch (IOException | DescriptorValidationException e) {
       // The driver built the same descriptors before the read: a blob that does not build is a bug, never a record's.
       throw new IllegalStateException("the batch's Protobuf schemas do not build: " + e, e);
     }
+  }
+
+  private static Schemas remember(Object[][] seen, byte[] blob, Schemas schemas) {
+    Object[][] next = new Object[Math.min(seen.length + 1, CACHED)][];
+    next[0] = new Object[] {blob, schemas};
+    System.arraycopy(seen, 0, next, 1, next.length - 1);
+    cached = next;
+    return schemas;
   }
 
   @Override

@@ -1,8 +1,9 @@
 """The Protobuf format: values in Confluent's wire format with its message index, decoded in Spark with the batch's
 reader schema into a JSON document that the JSON format's reading takes field by field.
 
-A schema is the registry's .proto text; protoc (grpcio-tools' own) builds its descriptors on the driver, with the
-files it imports (its registry references, and Protobuf's well-known types), once per text. A plan pins each topic's
+A schema is the registry's .proto text, which protoc (grpcio-tools' own) builds into descriptors on the driver with
+the files it imports (its registry references, and Protobuf's well-known types), or the base64 descriptor Confluent's
+Python serializer registers; once per text. A plan pins each topic's
 reader schema (the subject's newest version, or the replayed batch's) and refuses one that cannot fill the columns;
 the read binds the format to the reader and every version of the subject as writers. In Spark, kafka-ledger's decoder
 (stack/spark-jars/ProtobufDocument.java, on protobuf-java: Spark's own spark-protobuf is not on Maven Central here)
