@@ -113,6 +113,22 @@ PROTOBUF_COLUMNS = [
 ]
 
 
+def lean_decoded(records, pipeline, fmt, names: list[str]) -> dict[int, dict]:
+    """Records decoded as a batch decodes them (the lean path: reasons worked out for the records failing the cheap
+    checks only), asserted equal to the reference path (every record's reason worked out); rows by offset, with
+    `error` and the columns `names`."""
+    from kafka_ledger.formats.decode import decode_records
+    from kafka_ledger.sinks import sink_for
+
+    def decoded(lean: bool) -> dict[int, dict]:
+        frame = decode_records(records, pipeline, sink_for(pipeline).envelope, lean=lean, fmt=fmt)
+        return {row["kafka_offset"]: row.asDict() for row in frame.select("kafka_offset", "error", *names).collect()}
+
+    lean, full = decoded(True), decoded(False)
+    assert {o: (lean[o], full[o]) for o in lean if lean[o] != full[o]} == {}
+    return lean
+
+
 def declared(pipeline, columns: list[dict]):
     """The pipeline as its file would declare it with `columns` (a declaration that changed)."""
     from kafka_ledger.config.pipeline import PipelineConfig

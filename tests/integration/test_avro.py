@@ -9,7 +9,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
-from integration_support import AVRO_COLUMNS
+from integration_support import AVRO_COLUMNS, lean_decoded
 
 from kafka_ledger.config import settings
 from kafka_ledger.config.pipeline import parse_pipelines
@@ -66,7 +66,6 @@ def encode(serialize, subject_topic: str, value: dict) -> bytes:
 
 def test_values_of_every_version_decode_into_the_reader_schema_and_bad_ones_are_dead_letters(spark):
     from kafka_ledger.formats.avro import AvroFormat, topic_schemas
-    from kafka_ledger.formats.decode import decode_records
     from kafka_ledger.formats.framing import NOT_FRAMED
     from kafka_ledger.formats.schema_registry import newest
 
@@ -106,14 +105,7 @@ def test_values_of_every_version_decode_into_the_reader_schema_and_bad_ones_are_
         "topic string, partition int, offset long, timestamp timestamp, key binary, value binary, "
         "headers array<struct<key: string, value: binary>>")
     fmt = AvroFormat().with_schemas({topic: schemas})
-    names = [c["name"] for c in AVRO_COLUMNS]
-
-    def decoded(lean: bool) -> dict[int, dict]:
-        frame = decode_records(records, pipeline, sink_for(pipeline).envelope, lean=lean, fmt=fmt)
-        return {row["kafka_offset"]: row.asDict() for row in frame.select("kafka_offset", "error", *names).collect()}
-
-    lean, full = decoded(True), decoded(False)
-    assert {o: (lean[o], full[o]) for o in lean if lean[o] != full[o]} == {}
+    lean = lean_decoded(records, pipeline, fmt, [c["name"] for c in AVRO_COLUMNS])
     reasons = {offset: row["error"] for offset, row in lean.items()}
     expected = {offset: reason for offset, (_, _, reason) in enumerate(values)}
     expected[6] = f"value does not decode with its writer schema (id {v1_id})"
@@ -146,7 +138,6 @@ def _produce(servers: str, topic: str, values: list[tuple[bytes | None, bytes]])
 def _published(dsn: str, pipeline) -> dict[tuple[int, int], dict]:
     from integration_support import query
 
-    from kafka_ledger.sinks import sink_for
 
     names = [c["name"] for c in AVRO_COLUMNS]
     if pipeline.sink.type == "iceberg":

@@ -12,7 +12,7 @@ from decimal import Decimal
 
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaReference
-from integration_support import PROTOBUF_COLUMNS
+from integration_support import PROTOBUF_COLUMNS, lean_decoded
 
 from kafka_ledger.config import settings
 from kafka_ledger.config.pipeline import parse_pipelines
@@ -105,7 +105,6 @@ def framed(schema_id: int, message, index: bytes = b"\x00") -> bytes:
 
 
 def test_values_decode_with_the_reader_schema_and_bad_ones_are_dead_letters(spark):
-    from kafka_ledger.formats.decode import decode_records
     from kafka_ledger.formats.protobuf import ProtobufFormat, topic_schemas
 
     client = settings.schema_registry().client()
@@ -143,14 +142,7 @@ def test_values_decode_with_the_reader_schema_and_bad_ones_are_dead_letters(spar
         "topic string, partition int, offset long, timestamp timestamp, key binary, value binary, "
         "headers array<struct<key: string, value: binary>>")
     fmt = ProtobufFormat({topic: topic_schemas(client, subject, v1_id)})
-    names = [c["name"] for c in PROTOBUF_COLUMNS]
-
-    def decoded(lean: bool) -> dict[int, dict]:
-        frame = decode_records(records, pipeline, sink_for(pipeline).envelope, lean=lean, fmt=fmt)
-        return {row["kafka_offset"]: row.asDict() for row in frame.select("kafka_offset", "error", *names).collect()}
-
-    lean, full = decoded(True), decoded(False)
-    assert {o: (lean[o], full[o]) for o in lean if lean[o] != full[o]} == {}
+    lean = lean_decoded(records, pipeline, fmt, [c["name"] for c in PROTOBUF_COLUMNS])
     reasons = {offset: row["error"] for offset, row in lean.items()}
     cut = next(offset for offset, (_, reason) in enumerate(values) if reason == TRUNCATED)
     truncated = reasons.pop(cut)
