@@ -71,15 +71,9 @@ message Event {
 
 def protobuf_event_class() -> type:
     """The Event message's class, built from PROTOBUF_SCHEMA as a batch builds a schema (no generated code)."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from kafka_ledger.formats.protobuf import message_class
 
-    from kafka_ledger.formats.protobuf import build_descriptor_set
-
-    pool = descriptor_pool.DescriptorPool()
-    for file in descriptor_pb2.FileDescriptorSet.FromString(
-            build_descriptor_set(PROTOBUF_SCHEMA, {}, "the benchmark's schema")).file:
-        pool.Add(file)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("kafka_ledger.benchmark.Event"))
+    return message_class(PROTOBUF_SCHEMA, "kafka_ledger.benchmark.Event")
 
 
 def protobuf_record(event_class: type, i: int, users: int = 5000) -> Any:

@@ -221,14 +221,9 @@ IMPRESSION_PROTO_V2 = IMPRESSION_PROTO_V1.replace("  google.protobuf.Timestamp e
 
 def impression_class(text: str) -> type:
     """The Impression message's class of a schema version, built from its text (no generated code)."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from kafka_ledger.formats.protobuf import message_class
 
-    from kafka_ledger.formats.protobuf import build_descriptor_set
-
-    pool = descriptor_pool.DescriptorPool()
-    for file in descriptor_pb2.FileDescriptorSet.FromString(build_descriptor_set(text, {}, "the demo's schema")).file:
-        pool.Add(file)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("demo.ads.Impression"))
+    return message_class(text, "demo.ads.Impression")
 
 
 def protobuf_serializer(topic: str, text: str) -> Any:

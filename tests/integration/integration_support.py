@@ -129,6 +129,18 @@ def lean_decoded(records, pipeline, fmt, names: list[str]) -> dict[int, dict]:
     return lean
 
 
+def published_rows(dsn: str, pipeline, names: list[str]) -> dict[tuple[int, int], dict]:
+    """The pipeline's output rows by (partition, offset), the columns `names` of each: its Postgres table, or its
+    Iceberg table read back without Spark."""
+    from kafka_ledger.sinks import sink_for
+
+    if pipeline.sink.type == "iceberg":
+        table = sink_for(pipeline).table().scan().to_arrow().to_pylist()
+        return {(r["kafka_partition"], r["kafka_offset"]): {n: r[n] for n in names} for r in table}
+    return {(p, o): dict(zip(names, rest, strict=True)) for p, o, *rest in query(
+        dsn, f"SELECT kafka_partition, kafka_offset, {', '.join(names)} FROM {pipeline.qualified_output_table}")}
+
+
 def declared(pipeline, columns: list[dict]):
     """The pipeline as its file would declare it with `columns` (a declaration that changed)."""
     from kafka_ledger.config.pipeline import PipelineConfig

@@ -9,12 +9,11 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
-from integration_support import AVRO_COLUMNS, lean_decoded
+from integration_support import AVRO_COLUMNS, lean_decoded, published_rows
 
 from kafka_ledger.config import settings
 from kafka_ledger.config.pipeline import parse_pipelines
 from kafka_ledger.formats.base import SchemaPin
-from kafka_ledger.sinks import sink_for
 
 pytestmark = pytest.mark.integration
 
@@ -136,15 +135,7 @@ def _produce(servers: str, topic: str, values: list[tuple[bytes | None, bytes]])
 
 
 def _published(dsn: str, pipeline) -> dict[tuple[int, int], dict]:
-    from integration_support import query
-
-
-    names = [c["name"] for c in AVRO_COLUMNS]
-    if pipeline.sink.type == "iceberg":
-        table = sink_for(pipeline).table().scan().to_arrow().to_pylist()
-        return {(r["kafka_partition"], r["kafka_offset"]): {n: r[n] for n in names} for r in table}
-    return {(p, o): dict(zip(names, rest, strict=True)) for p, o, *rest in query(
-        dsn, f"SELECT kafka_partition, kafka_offset, {', '.join(names)} FROM {pipeline.qualified_output_table}")}
+    return published_rows(dsn, pipeline, [c["name"] for c in AVRO_COLUMNS])
 
 
 @pytest.mark.parametrize("key", ["avro_connect", "avro_submit", "avro_iceberg"])

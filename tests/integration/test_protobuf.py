@@ -12,13 +12,12 @@ from decimal import Decimal
 
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaReference
-from integration_support import PROTOBUF_COLUMNS, lean_decoded
+from integration_support import PROTOBUF_COLUMNS, lean_decoded, published_rows
 
 from kafka_ledger.config import settings
 from kafka_ledger.config.pipeline import parse_pipelines
 from kafka_ledger.formats.base import SchemaPin
 from kafka_ledger.formats.framing import NOT_FRAMED
-from kafka_ledger.sinks import sink_for
 
 pytestmark = pytest.mark.integration
 
@@ -57,16 +56,10 @@ ORDER_V2 = ORDER.replace("oneof payment", "string channel = 16;\n  oneof payment
 
 def classes(text: str):
     """The Order and Order.Line message classes of a schema, built from its descriptors as a batch builds them."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from kafka_ledger.formats.protobuf import message_class
 
-    from kafka_ledger.formats.protobuf import build_descriptor_set
-
-    pool = descriptor_pool.DescriptorPool()
-    for file in descriptor_pb2.FileDescriptorSet.FromString(
-            build_descriptor_set(text, {"address.proto": ADDRESS}, "test")).file:
-        pool.Add(file)
-    return (message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order")),
-            message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order.Line")))
+    imports = {"address.proto": ADDRESS}
+    return message_class(text, "shop.Order", imports), message_class(text, "shop.Order.Line", imports)
 
 
 def order(cls, i: int, **changes):
@@ -173,14 +166,7 @@ def _produce(servers: str, topic: str, values: list[tuple[bytes | None, bytes]])
 
 
 def _published(dsn: str, pipeline) -> dict[tuple[int, int], dict]:
-    from integration_support import query
-
-    names = [c["name"] for c in PROTOBUF_COLUMNS]
-    if pipeline.sink.type == "iceberg":
-        table = sink_for(pipeline).table().scan().to_arrow().to_pylist()
-        return {(r["kafka_partition"], r["kafka_offset"]): {n: r[n] for n in names} for r in table}
-    return {(p, o): dict(zip(names, rest, strict=True)) for p, o, *rest in query(
-        dsn, f"SELECT kafka_partition, kafka_offset, {', '.join(names)} FROM {pipeline.qualified_output_table}")}
+    return published_rows(dsn, pipeline, [c["name"] for c in PROTOBUF_COLUMNS])
 
 
 # The connect runtime into Postgres in the default run; spark-submit's and the Iceberg sink's twins in the long lane

@@ -263,17 +263,12 @@ class ProtobufRecords(RegisteredRecords):
     def _write_with(self, added: int) -> None:
         from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
         from confluent_kafka.serialization import MessageField, SerializationContext
-        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-        from kafka_ledger.formats.protobuf import build_descriptor_set
+        from kafka_ledger.formats.protobuf import message_class
 
         text = PROTOBUF_SCHEMA.replace("}\n", "".join(f"  string note_{6 + i} = {6 + i};\n" for i in range(added))
                                        + "}\n")
-        pool = descriptor_pool.DescriptorPool()
-        for file in descriptor_pb2.FileDescriptorSet.FromString(
-                build_descriptor_set(text, {}, "the campaign's schema")).file:
-            pool.Add(file)
-        impression = message_factory.GetMessageClass(pool.FindMessageTypeByName("kafka_ledger.campaign.Impression"))
+        impression = message_class(text, "kafka_ledger.campaign.Impression")
         serializer = ProtobufSerializer(impression, self.client, {"auto.register.schemas": True})
         context = SerializationContext(self.topic, MessageField.VALUE)
 

@@ -19,6 +19,7 @@ reads as its default (0, "", false), as every Protobuf reader sees it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import struct
@@ -212,16 +213,32 @@ def _compiled(text: str, imports: Mapping[str, str], what: str) -> bytes:
         return out.read_bytes()
 
 
-def messages(descriptor_set_bytes: bytes) -> list[Descriptor]:
-    """The top-level messages of a descriptor set's last file (the schema's own), in order."""
+@functools.lru_cache(maxsize=64)
+def _pool(descriptor_set_bytes: bytes) -> tuple[Any, str]:
+    """A descriptor set's files in a pool of their own, and its last file's name (the schema's own): built once per
+    set (a batch's decode asks for its messages several times)."""
     from google.protobuf import descriptor_pb2, descriptor_pool
 
     files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set_bytes).file
     pool = descriptor_pool.DescriptorPool()
     for file in files:
         pool.Add(file)
-    own = pool.FindFileByName(files[-1].name)
-    return list(own.message_types_by_name.values())
+    return pool, files[-1].name
+
+
+def messages(descriptor_set_bytes: bytes) -> list[Descriptor]:
+    """The top-level messages of a descriptor set's last file (the schema's own), in order."""
+    pool, own = _pool(descriptor_set_bytes)
+    return list(pool.FindFileByName(own).message_types_by_name.values())
+
+
+def message_class(text: str, name: str, imports: Mapping[str, str] | None = None) -> type:
+    """The class of message `name` of a .proto `text` (with `imports`), built as a batch builds a schema: for the
+    producers of the demo, the benchmark, the campaign and the tests (no generated code)."""
+    from google.protobuf import message_factory
+
+    pool, _ = _pool(build_descriptor_set(text, imports or {}, f"the schema of {name}"))
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
 
 
 def message_named(descriptor_set_bytes: bytes, name: str | None, what: str) -> Descriptor:
