@@ -19,6 +19,7 @@ from tools.fault_campaign.network import proxied_environment
 from tools.fault_campaign.report import write_docs
 from tools.fault_campaign.runner import NETWORK_DB_STATEMENT_SECONDS, Campaign, task_main
 from tools.fault_campaign.strikes import FAULT_KINDS, secured
+from tools.fault_campaign.typed_events import TYPED_CAMPAIGN_COLUMNS, TYPED_DEBEZIUM
 from tools.kafka_topics import create_topic
 from tools.records import COLUMNS
 
@@ -67,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--envelope", choices=["none", "debezium"], default="none",
                         help="with --write upsert: debezium, each record a Debezium change event (updates of the "
                              "entities' row images, deletes, the Kafka tombstones after them, events not applied)")
+    parser.add_argument("--typed", action="store_true",
+                        help="with --envelope debezium: the change events of a wide table of PostgreSQL's everyday "
+                             "types as Debezium writes them without schemas (dates, timestamps, times, numerics, "
+                             "bytea, uuid, json, arrays...), updates among them that leave its TOASTed text and jsonb "
+                             "unchanged (Debezium's placeholder in their place): every value compared")
     parser.add_argument("--doorbell", action="store_true",
                         help="the pipeline runs by its doorbell under a dedicated Airflow (scheduler, triggerer), "
                              "whose triggerer and scheduler the faults kill (tools/fault_campaign/doorbell.py)")
@@ -90,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--format {args.format}: a campaign of plain runs (no --doorbell) into an append-only table")
     if args.envelope != "none" and args.write != "upsert":
         parser.error("--envelope debezium: change events go into an entity table (--write upsert)")
+    if args.typed and (args.envelope != "debezium" or args.doorbell):
+        parser.error("--typed: the typed table's change events (--write upsert --envelope debezium), plain runs")
     if args.carrier and not args.doorbell:
         parser.error("--carrier: with --doorbell (a carrier carries doorbell pipelines)")
     if args.rate and not args.doorbell:
@@ -145,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             command += f" --format {args.format}"
         if args.envelope != "none":
             command += f" --envelope {args.envelope}"
+        if args.typed:
+            command += " --typed"
         if args.doorbell:
             command += " --doorbell"
         if args.carrier:
@@ -162,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                     "keep": args.keep, "pipeline": f"fault_campaign_{tag}", "partitions": args.partitions,
                     "runtime": runtime, "network": args.network, "sink": args.sink, "write": args.write,
                     "doorbell": args.doorbell, "carrier": args.carrier, "format": args.format,
-                    "envelope": args.envelope,
+                    "envelope": args.envelope, "typed": args.typed,
                     "driver_in_cluster": args.driver_in_cluster,
                     "topic": f"fault-campaign-{tag.replace('_', '-')}", "commits": [git_commit()]}
     if settings.get("driver_in_cluster"):
@@ -200,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
             "columns": COLUMNS, "schedule": None, "spark_runtime": settings["runtime"],
             "trigger": {"type": "doorbell", "poll_seconds": 1, "carrier": carrier}}} if carrier else {}
         config.write_text(yaml.safe_dump({"pipelines": {**companion, name: {
-            "topics": [topic], **output, "columns": COLUMNS,
-            "value": {"format": settings.get("format", "json"), "envelope": settings.get("envelope", "none")},
+            "topics": [topic], **output, "columns": TYPED_CAMPAIGN_COLUMNS if settings.get("typed") else COLUMNS,
+            "value": {"format": settings.get("format", "json"), "envelope": settings.get("envelope", "none"),
+                      **({"debezium": TYPED_DEBEZIUM} if settings.get("typed") else {})},
             "max_records_per_partition": max(100, args.records_per_fault // args.partitions), "schedule": None,
             # A driver on the worker holds one of its cores: each application one executor core at most, so that
             # two drivers (a resubmission, racing runs) never hold every core while their executors wait for one.
@@ -221,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         pipeline = get_pipeline(name)
         campaign = None if args.doorbell else Campaign(pipeline, dsn, servers, args.seed, args.faults,
                                                        args.records_per_fault, workdir, network=settings["network"],
-                                                       network_weight=args.network_weight)
+                                                       network_weight=args.network_weight, typed=args.typed)
         say(f"fault campaign ({campaign.shape if campaign else 'doorbell'}): {args.faults} faults, seed {args.seed}, "
             f"{args.records_per_fault} records per fault, "
             f"topic {topic} ({args.partitions} partitions); logs in {workdir}; if it is interrupted, go on with "

@@ -20,6 +20,7 @@ import numpy as np
 from kafka_ledger.config.settings import kafka_for
 from kafka_ledger.formats.framing import NOT_FRAMED
 from tools.fault_campaign import CampaignFailure
+from tools.fault_campaign.typed_events import KEEP_NOTE, KEEP_NOTE_AND_DOC, TOASTED, typed_after
 from tools.records import BAD_VALUES
 
 BAD_EVERY = 50  # every 50th sequence number is a bad record, cycling through BAD_VALUES
@@ -60,29 +61,38 @@ CDC_BAD_EVENTS: list[tuple[bytes, str]] = [
 ]
 
 
-def change_effect(seq: int) -> str:
+def change_effect(seq: int, typed: bool = False) -> str:
     """What change event `seq` does to its entity: `row` (its newest version), `delete`, `none` (a Kafka tombstone),
-    or `dead letter`."""
+    or `dead letter`; of the typed table's events (`typed`) also an update that leaves its TOASTed note (and jsonb)
+    unchanged (typed_events.TOASTED: their placeholder in their place)."""
     if seq % BAD_EVERY == 0:
         return "dead letter"
-    return {5: "delete", 7: "none"}.get(seq % TOMBSTONE_EVERY, "row")
+    return {5: "delete", 7: "none", **({2: KEEP_NOTE, 9: KEEP_NOTE_AND_DOC} if typed else {})}.get(
+        seq % TOMBSTONE_EVERY, "row")
 
 
-def change_event(seq: int) -> bytes | None:
-    """The value of change event `seq` (change_effect says what it does)."""
-    effect = change_effect(seq)
+def change_event(seq: int, typed: bool = False) -> bytes | None:
+    """The value of change event `seq` (change_effect says what it does): the typed table's (`typed`) or a row image
+    of the campaign's columns."""
+    effect = change_effect(seq, typed)
     if effect == "dead letter":
         return CDC_BAD_EVENTS[(seq // BAD_EVERY) % len(CDC_BAD_EVENTS)][0]
     if effect == "none":
         return None
-    row = json.loads(record_value(seq, entity=True) or b"{}") if effect == "row" else None
+    if effect == "delete":
+        row = None
+    elif typed:
+        row = {"event_id": entity_of(seq), "amount": seq, **typed_after(seq, TOASTED.get(effect, ()))}
+    else:
+        row = json.loads(record_value(seq, entity=True) or b"{}")
     return json.dumps({"before": {"event_id": entity_of(seq)} if effect == "delete" else None, "after": row,
                        "source": {"connector": "postgresql", "lsn": seq}, "op": "d" if effect == "delete" else "u",
                        "ts_ms": 1795780800000}).encode()
 
 
 def change_event_reason(seq: int) -> str | None:
-    """The dead-letter reason of change event `seq`, None for one that is applied (or changes nothing)."""
+    """The dead-letter reason of bad change event `seq`, None for one that is a change event (which a typed table's
+    that lacks a value of an entity without a row is too: the model says so)."""
     if change_effect(seq) != "dead letter":
         return None
     return CDC_BAD_EVENTS[(seq // BAD_EVERY) % len(CDC_BAD_EVENTS)][1]
@@ -444,7 +454,7 @@ class SequenceProducer:
     def __init__(self, servers: str, topic: str, rate: float, landed: Landed | dict[tuple[int, int], int] | None = None,
                  entity_partitions: int | None = None,
                  records: JsonRecords | AvroRecords | ProtobufRecords | None = None,
-                 delivery_timeout: float = 120, change_events: bool = False):
+                 delivery_timeout: float = 120, change_events: bool = False, typed: bool = False):
         self.topic = topic
         self.records = records or JsonRecords()
         self.rate = rate
@@ -452,6 +462,7 @@ class SequenceProducer:
         # the keys also carry the sequence number.
         self.entity_partitions = entity_partitions
         self.change_events = change_events  # an entity campaign's records as Debezium's change events
+        self.typed = typed  # ... of the typed table (typed_events.py)
         # With the deployment's Kafka settings (security), as every client of the project; log_level 2: no
         # connection errors while a broker restarts.
         self.servers, self.delivery_timeout = servers, delivery_timeout
@@ -507,7 +518,7 @@ class SequenceProducer:
     def _produce_one(self, seq: int) -> None:
         entity = self.entity_partitions is not None
         where = {"partition": seq % ENTITIES % self.entity_partitions} if entity else {}
-        value = (change_event(seq) if self.change_events else record_value(seq, entity)) if entity else \
+        value = (change_event(seq, self.typed) if self.change_events else record_value(seq, entity)) if entity else \
             self.records.value(seq)
         self.producer.produce(self.topic, key=record_key(seq, entity), value=value,
                               on_delivery=self._report(seq), **where)

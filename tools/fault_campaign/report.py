@@ -78,6 +78,8 @@ def render_campaign(data: dict[str, Any], iterations: list[dict[str, Any]]) -> l
              + (", Protobuf values through the schema registry" if protobuf else "")
              + (", Debezium change events into an entity table" if change_events
                 else ", into an entity table" if entity else "")
+             + (" (a wide table of PostgreSQL's everyday types without the JsonConverter's schemas, updates that "
+                "leave its TOASTed text and jsonb unchanged)" if "typed" in traits else "")
              + (", run by its doorbell under Airflow" if doorbell else ""), ""]
     if not full:
         lines += ["**This is not a full campaign** (at least 200 faults over at least 1,000,000 records): "
@@ -133,6 +135,9 @@ def render_campaign(data: dict[str, Any], iterations: list[dict[str, Any]]) -> l
          "of the records produced below the positions (per entity its newest "
          + ("applied event: its row image, or its delete; the Kafka tombstones after deletes change nothing"
             if change_events else "record: its version, or its tombstone")
+         + ("; every value of every column equal to its event's, an unchanged TOASTed value equal to the entity's "
+            "value before the event, and such an event of an entity without a row a dead letter saying so"
+            if "typed" in traits else "")
          + "; every bad record a dead letter with its reason), committed ranges tiling each partition without gap "
          "or overlap, no position moving back." if entity else
          "Every check passed after every fault: output ∪ dead letters equal to the records produced below the "

@@ -51,6 +51,7 @@ from tools.fault_campaign.strikes import (
     secured,
 )
 from tools.fault_campaign.tally import Tally
+from tools.fault_campaign.typed_events import TOASTED, TYPED_CAMPAIGN_NAMES, typed_held, unavailable_reason
 
 # The ledger's statement bound in the tasks of a campaign through the proxies.
 NETWORK_DB_STATEMENT_SECONDS = 30
@@ -83,7 +84,7 @@ class Campaign(FaultStrikes):
 
     def __init__(self, pipeline: Any, dsn: str, servers: str, seed: int, faults: int, records_per_fault: int,
                  workdir: Path, rate: float | None = None, network: bool = False,
-                 kinds: tuple[str, ...] | None = None, network_weight: int = 1):
+                 kinds: tuple[str, ...] | None = None, network_weight: int = 1, typed: bool = False):
         from kafka_ledger.runtimes import runtime_for
 
         self.pipeline, self.dsn, self.servers = pipeline, dsn, servers
@@ -102,6 +103,11 @@ class Campaign(FaultStrikes):
         # Debezium's change events into the entity table (envelope: debezium): a delete event deletes, a Kafka
         # tombstone changes nothing.
         self.change_events = pipeline.value.envelope == "debezium"
+        # ... of the wide typed table (typed_events.py), updates among them that leave TOASTed values unchanged: each
+        # entity's values compared, the kept ones from its earlier events.
+        self.typed = typed
+        if typed and not self.change_events:
+            raise CampaignFailure("a typed campaign's records are change events (--envelope debezium)")
         # Avro or Protobuf values through the schema registry: its faults among the kinds, every task reaching it
         # through its proxy.
         self.registered = pipeline.value.format if pipeline.value.format in ("avro", "protobuf") else None
@@ -109,7 +115,7 @@ class Campaign(FaultStrikes):
             raise CampaignFailure(f"a {self.registered} campaign writes an append-only table (--write append)")
         self.shape = campaign_shape(self.runtime, os.environ.get("KAFKA_LEDGER_SPARK_MASTER", "").startswith("spark://"),
                                     network, secured(), self.iceberg, self.registered, self.entity, self.change_events,
-                                    self.runtime == "submit" and self.submission.outcome_in_ledger)
+                                    self.runtime == "submit" and self.submission.outcome_in_ledger, typed)
         # Network faults: every task reaches the services through Toxiproxy; the campaign's own checks do not.
         self.network_faults = network
         self.network = Toxiproxy() if network or self.registered else None
@@ -617,6 +623,9 @@ class Campaign(FaultStrikes):
         return problems
 
     def _entity_model(self, positions: dict[int, int]) -> dict[tuple[str, Any], Any]:
+        return self._typed_model(positions) if self.typed else self._newest_model(positions)
+
+    def _newest_model(self, positions: dict[int, int]) -> dict[tuple[str, Any], Any]:
         """What an entity campaign's table, tombstones and dead letters must hold once the positions are these: per
         entity its newest record below them (an entity's records share a partition: the highest offset), as a row
         (its content is its sequence number) or a tombstone; every bad record below them as a dead letter."""
@@ -640,6 +649,37 @@ class Campaign(FaultStrikes):
                 model[("row", entity)] = (p, o, seq)
         return model
 
+    def _typed_model(self, positions: dict[int, int]) -> dict[tuple[str, Any], Any]:
+        """What a typed change-event campaign's table, tombstones and dead letters must hold once the positions are
+        these: each entity's events below them applied in order (an entity's events share a partition), an update
+        that leaves values unchanged keeping the entity's (each kept value's row image named by its sequence number),
+        or, with no row to keep them from, a dead letter saying so; every bad record a dead letter."""
+        events: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+        model: dict[tuple[str, Any], Any] = {}
+        for (p, o), seq in list(self.producer.landed.items()):
+            if o >= positions.get(p, 0):
+                continue
+            if (reason := change_event_reason(seq)) is not None:
+                model[("dead letter", (p, o))] = reason
+            elif change_effect(seq, typed=True) != "none":  # a Kafka tombstone after a delete changes nothing
+                events[entity_of(seq)].append((o, p, seq))
+        for entity, applied in events.items():
+            row: tuple[int, int, int, int, int] | None = None  # (p, o, seq, the note's seq, the jsonb's seq)
+            for o, p, seq in sorted(applied):
+                effect = change_effect(seq, typed=True)
+                if effect == "delete":
+                    row = None
+                    model[("tombstone", entity)] = (p, o)
+                elif effect in TOASTED and row is None:
+                    model[("dead letter", (p, o))] = unavailable_reason(TOASTED[effect])
+                else:
+                    kept = TOASTED.get(effect, ())
+                    row = (p, o, seq, row[3] if "note" in kept else seq, row[4] if "jb" in kept else seq)
+                    model.pop(("tombstone", entity), None)
+            if row is not None:
+                model[("row", entity)] = (row[0], row[1], row[2], typed_held(*row[2:]))
+        return model
+
     def _entity_state(self) -> dict[tuple[str, Any], Any]:
         """The entity table, its tombstones and the dead letters, in _entity_model's shape."""
         from psycopg2 import sql
@@ -647,8 +687,11 @@ class Campaign(FaultStrikes):
         from kafka_ledger.sinks.postgres.sql import tombstone_table
 
         state: dict[tuple[str, Any], Any] = {}
-        for entity, p, o, amount in self._output_rows(["event_id", "kafka_partition", "kafka_offset", "amount"]):
-            state[("row", entity)] = (p, o, amount)
+        values = list(TYPED_CAMPAIGN_NAMES) if self.typed else []
+        for entity, p, o, amount, *held in self._output_rows(["event_id", "kafka_partition", "kafka_offset", "amount",
+                                                               *values]):
+            state[("row", entity)] = (p, o, amount, *(
+                [tuple(bytes(v) if isinstance(v, memoryview) else v for v in held)] if self.typed else []))
         for entity, p, o in self._query(sql.SQL("SELECT event_id, kafka_partition, kafka_offset FROM {}").format(
                 tombstone_table(self.pipeline))):
             state[("tombstone", entity)] = (p, o)
@@ -755,7 +798,8 @@ class Campaign(FaultStrikes):
         state = cls.saved_state(workdir)
         campaign = cls(pipeline, dsn, servers, state["seed"], state["faults"], state["records_per_fault"], workdir,
                        network="network" in state.get("shape", "").split("-"),
-                       network_weight=state.get("network_weight", 1))
+                       network_weight=state.get("network_weight", 1),
+                       typed="typed" in state.get("shape", "").split("-"))
         campaign.restore(state)
         return campaign
 
@@ -809,7 +853,7 @@ class Campaign(FaultStrikes):
                    if self.registered else JsonRecords())
         self.producer = SequenceProducer(self.servers, self.topic, self.rate, landed=self.resumed_landed,
                                          entity_partitions=partitions, records=records,
-                                         change_events=self.change_events)
+                                         change_events=self.change_events, typed=self.typed)
         try:
             if self.iterations:
                 # Resumed: the interruption (processes killed mid-iteration, services restarted) is recovered

@@ -92,19 +92,19 @@ class NetworkFault:
 
 def campaign_shape(runtime: str, on_cluster: bool, network: bool = False, secure: bool = False,
                    iceberg: bool = False, registered: str | None = None, entity: bool = False,
-                   change_events: bool = False, driver_in_cluster: bool = False) -> str:
+                   change_events: bool = False, driver_in_cluster: bool = False, typed: bool = False) -> str:
     """What a campaign ran on: the Spark runtime, whether on the local standalone cluster (with the submit runtime's
     driver on its worker, cluster deploy mode, or not), whether Kafka over
     SASL_SSL with the ledger over verified TLS (the production shape), whether through the network proxies
     (network faults among its kinds), whether into an Iceberg table (the lake's faults among its kinds), whether its
     values are Avro or Protobuf (`registered`) through the schema registry (the registry's faults among its kinds),
     whether into an entity
-    table (write: upsert), of Debezium's change events or not."""
+    table (write: upsert), of Debezium's change events or not (of the wide typed table: `typed`)."""
     return (runtime + ("-cluster" if on_cluster else "") + ("-driver" if driver_in_cluster else "")
             + ("-secure" if secure else "")
             + ("-network" if network else "") + ("-iceberg" if iceberg else "")
             + (f"-{registered}" if registered else "")
-            + ("-cdc" if change_events else "-entity" if entity else ""))
+            + ("-cdc" if change_events else "-entity" if entity else "") + ("-typed" if typed else ""))
 
 
 def secured() -> bool:
