@@ -67,12 +67,14 @@ from kafka_ledger.config.settings import (
     services_for,
 )
 from kafka_ledger.ledger import db as ledger
+from kafka_ledger.model.debezium import UNAVAILABLE_PLACEHOLDER
 from kafka_ledger.observe.stages import until_first_rows
 from kafka_ledger.runtimes import run_batch
 from kafka_ledger.runtimes.submit.spark_submit import BASE_SPARK_CONF, spark_jars
 from kafka_ledger.sinks import IcebergSink, remove_pipeline, sink_for
 from tools import benchmark_peers, git_commit
 from tools.benchmark_peers import COLUMNS
+from tools.cdc import TYPED_DEBEZIUM, TYPED_DECLARED, typed_image
 from tools.demo import accounting
 from tools.kafka_topics import create_topic
 from tools.stack import service_pids, stack_command
@@ -111,6 +113,15 @@ CDC_COLUMNS = [
     {"name": "updated_at", "type": "timestamp"}, {"name": "source_lsn", "type": "long", "path": "source.lsn"},
     {"name": "op", "type": "string", "path": "op"},
 ]
+# --cdc-table typed: the wide typed table's (tools/cdc.py), its events as Debezium writes them without schemas.
+TYPED_CDC_COLUMNS = [*TYPED_DECLARED, *CDC_COLUMNS[-2:]]
+# The appending pipeline of the typed table's events reads their fields as they are on the wire (no envelope: no
+# Debezium reading of a day count, an epoch, a numeric's text, base64 or JSON text).
+TYPED_WIRE_KINDS = {"d": "int", "ts0": "long", "ts3": "long", "ts6": "long", "tstz": "string", "t3": "int",
+                    "t6": "long", "n": "string", "nv": "string", "m": "string", "b": "string", "u": "string",
+                    "j": "string", "jb": "string", "big": "string"}
+# One update in TOASTED_EVERY of the typed table leaves its note unchanged (Debezium's placeholder in its place).
+TOASTED_EVERY = 3
 
 
 def cdc_events(events: int, keys: int, seed: int = 20261127) -> list[tuple[str, int]]:
@@ -133,20 +144,27 @@ def cdc_events(events: int, keys: int, seed: int = 20261127) -> list[tuple[str, 
     return history + [("r", key) for key in range(keys)]
 
 
-def cdc_value(op: str, key: int, lsn: int) -> bytes:
-    """A Debezium PostgreSQL change event (JsonConverter without its schema wrapper) of customer `key`."""
-    row = {"id": key, "email": f"user{key}.{lsn % 997}@example.org", "city": ("Lyon", "Oslo", "Porto", None)[lsn % 4],
-           "balance": f"{(lsn % 2_000_000 - 1_000_000) / 100:.2f}", "updated_at": "2026-11-27T10:00:00.123456Z"}
+def cdc_value(op: str, key: int, lsn: int, table: str = "customers") -> bytes:
+    """A Debezium PostgreSQL change event (JsonConverter without its schema wrapper) of row `key` of `table`: the
+    customers or the wide typed table (one update in TOASTED_EVERY leaving its TOASTed note unchanged)."""
+    if table == "typed":
+        row = {"id": key, **{name: wire for name, (wire, _) in typed_image(lsn).items()},
+               "jb": json.dumps({"lsn": lsn, "list": [True, "é"]}),
+               "note": UNAVAILABLE_PLACEHOLDER if op == "u" and lsn % TOASTED_EVERY == 0 else f"note {lsn}"}
+    else:
+        row = {"id": key, "email": f"user{key}.{lsn % 997}@example.org",
+               "city": ("Lyon", "Oslo", "Porto", None)[lsn % 4],
+               "balance": f"{(lsn % 2_000_000 - 1_000_000) / 100:.2f}", "updated_at": "2026-11-27T10:00:00.123456Z"}
     return json.dumps({
-        "before": {"id": key, "email": None, "city": None, "balance": None, "updated_at": None} if op == "d" else None,
+        "before": {"id": key, **{name: None for name in row if name != "id"}} if op == "d" else None,
         "after": None if op == "d" else row,
         "source": {"version": "3.6.1.Final", "connector": "postgresql", "name": "bench", "ts_ms": 1795780800000,
                    "snapshot": "true" if op == "r" else "false", "db": "cdc", "sequence": f'[null,"{lsn}"]',
-                   "schema": "public", "table": "customers", "txId": lsn // 4, "lsn": lsn, "xmin": None},
+                   "schema": "public", "table": table, "txId": lsn // 4, "lsn": lsn, "xmin": None},
         "op": op, "ts_ms": 1795780800000, "transaction": None}).encode()
 
 
-def produce_cdc(servers: str, topic: str, events: int, keys: int) -> tuple[float, int]:
+def produce_cdc(servers: str, topic: str, events: int, keys: int, table: str = "customers") -> tuple[float, int]:
     """Produce `cdc_events` keyed by `{"id": key}` (a key's events in one partition, as Debezium's are), without the
     tombstone after a delete (Debezium's `tombstones.on.delete=false`: the appending pipeline then reads the very same
     records); returns (records per second, records produced)."""
@@ -155,7 +173,7 @@ def produce_cdc(servers: str, topic: str, events: int, keys: int) -> tuple[float
     started, produced = time.monotonic(), 0
     for lsn, (op, key) in enumerate(cdc_events(events, keys), start=1):
         record_key = json.dumps({"id": key}).encode()
-        value = cdc_value(op, key, lsn)
+        value = cdc_value(op, key, lsn, table)
         while True:
             try:
                 producer.produce(topic, key=record_key, value=value)
@@ -258,6 +276,7 @@ class Setup:
     cdc_topic: str | None = None  # `records` change events over cdc_keys keys (--cdc), into an entity table
     cdc_keys: int | None = None
     cdc_records: int = 0  # the events and the tombstones after deletes
+    cdc_table: str = "customers"  # whose events: the customers' or the wide typed table's (--cdc-table)
 
 
 def _pipeline(setup: Setup, name: str, delivery_mode: str, sink: str | None = None,
@@ -271,12 +290,14 @@ def _pipeline(setup: Setup, name: str, delivery_mode: str, sink: str | None = No
     if cdc:
         # The entity table applies the events (envelope debezium); the appending pipeline keeps each event's row
         # image and own fields as a row, by path.
-        columns = CDC_COLUMNS if write == "upsert" else [
-            {**c, "path": c.get("path", f"after.{c['name']}")} for c in CDC_COLUMNS]
+        declared = TYPED_CDC_COLUMNS if setup.cdc_table == "typed" else CDC_COLUMNS
+        columns = declared if write == "upsert" else [
+            {**c, "path": c.get("path", f"after.{c['name']}"), "type": TYPED_WIRE_KINDS.get(c["name"], c["type"])}
+            for c in declared]
     config = setup.workdir / f"{name}.yaml"
     config.write_text(yaml.safe_dump({"pipelines": {name: {
         "topics": [topic], **output, "columns": columns,
-        "value": {"format": value_format, **({"envelope": "debezium", "debezium": {"decimal.handling.mode": "string"}}
+        "value": {"format": value_format, **({"envelope": "debezium", "debezium": TYPED_DEBEZIUM}
                                              if cdc and write == "upsert" else {})},
         "max_records_per_partition": setup.cap, "schedule": None, "delivery_mode": delivery_mode,
         "spark_runtime": setup.runtime,
@@ -595,7 +616,7 @@ def summarise(setup: Setup, rounds: list[dict[str, Any]], partitions: int) -> di
         summary["cdc_append_seconds"] = _median([r["cdc_append"]["seconds"] for r in rounds])
         summary["ratio_cdc_vs_append"] = _median([r["cdc"]["seconds"] / r["cdc_append"]["seconds"] for r in rounds])
         summary["ratio_cdc_vs_w1"] = _median([r["cdc"]["seconds"] / r["kafka_ledger"]["seconds"] for r in rounds])
-        summary.update(cdc_keys=setup.cdc_keys, cdc_records=setup.cdc_records)
+        summary.update(cdc_keys=setup.cdc_keys, cdc_records=setup.cdc_records, cdc_table=setup.cdc_table)
         exact = exact and all(r["cdc"]["exact"] and r["cdc_append"]["exact"] for r in rounds)
     fmt = setup.registered_format
     if fmt and rounds and all(f"kafka_ledger_{fmt}" in r for r in rounds):
@@ -698,6 +719,10 @@ def main(argv: list[str] | None = None) -> int:
                              "60 %% updates, 10 %% deletes, 10 %% creates, a second snapshot), and each round an "
                              "entity table of them (envelope: debezium) and a pipeline appending the same events as "
                              "rows: ratio_cdc_vs_append")
+    parser.add_argument("--cdc-table", choices=["customers", "typed"], default="customers",
+                        help="--cdc's source table: customers (five columns), or the wide typed table of PostgreSQL's "
+                             "everyday types (tools/cdc.py: dates, timestamps, times, numerics, bytea, uuid, json, "
+                             "arrays...), one update in three leaving its TOASTed note unchanged")
     parser.add_argument("--scrape", type=int, metavar="PIPELINES",
                         help="the Prometheus endpoint's cost instead: PIPELINES pipelines of --partitions partitions "
                              "each, scraped --rounds times over HTTP (tools/scrape_benchmark.py)")
@@ -775,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
                   sink=args.sink, entity_keys=args.entity_keys,
                   registered_topic=f"{topic}-{args.format}" if args.format != "json" else None,
                   registered_format=args.format if args.format != "json" else None,
-                  cdc_topic=f"{topic}-cdc" if args.cdc else None, cdc_keys=args.cdc)
+                  cdc_topic=f"{topic}-cdc" if args.cdc else None, cdc_keys=args.cdc, cdc_table=args.cdc_table)
     admin = AdminClient(kafka_for(servers).confluent())
     for name in filter(None, (topic, setup.registered_topic, setup.cdc_topic)):
         create_topic(admin, name, args.partitions)
@@ -797,8 +822,9 @@ def main(argv: list[str] | None = None) -> int:
                                       setup.registered_format, args.entity_keys or 5000)
             report({f"produced_{setup.registered_format}": records, "produce_records_per_s": round(rate)})
         if setup.cdc_topic and setup.cdc_keys:
-            rate, setup.cdc_records = produce_cdc(servers, setup.cdc_topic, records, setup.cdc_keys)
+            rate, setup.cdc_records = produce_cdc(servers, setup.cdc_topic, records, setup.cdc_keys, setup.cdc_table)
             report({"produced_cdc": setup.cdc_records, "events": records, "keys": setup.cdc_keys,
+                    "cdc_table": setup.cdc_table,
                     "produce_records_per_s": round(rate)})
         if args.verify:
             lines = run_verify(setup, args.partitions, args.verify_extra)

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from datetime import time as time_of_day
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -571,3 +575,68 @@ def typed_rows(cur: Any, table: str, select: str = TYPED_SELECT) -> dict[int, tu
     ENTITY_SELECT)."""
     cur.execute(f"SELECT {select} FROM {table}")
     return {row[0]: tuple(bytes(v) if isinstance(v, memoryview) else v for v in row[1:]) for row in cur.fetchall()}
+
+
+# --- the typed table's change events, made by hand ------------------------------------------------------------------
+# As Debezium's connector writes them without the JsonConverter's schemas, numerics as text; the time precision and
+# bytea's base64 are its defaults (a benchmark's and a campaign's millions of events, with no source table behind).
+TYPED_DEBEZIUM = {"decimal.handling.mode": "string", "value.converter.schemas.enable": False}
+_EPOCH = datetime(1970, 1, 1)
+
+
+def typed_image(seq: int) -> dict[str, tuple[Any, Any]]:
+    """Row image `seq` of the typed table (but its id, jsonb and note), each value (as Debezium writes it in JSON
+    without schemas, TYPED_DEBEZIUM, as an entity table of TYPED_DECLARED holds it): edges among them (the day's last
+    microsecond, dates before 1970 and far ahead, negative and tiny numerics, NULLs, unicode)."""
+    rng = random.Random(seq)
+
+    def maybe(wire: Any, held: Any) -> tuple[Any, Any]:
+        return (None, None) if rng.random() < 0.08 else (wire, held)
+
+    day = rng.randrange(-25_000, 80_000)
+    micros_of_day = rng.choice([rng.randrange(86_400_000_000), 86_399_999_999, 0])
+    seconds_of_day, millis_of_day = micros_of_day // 1_000_000, micros_of_day // 1000
+    instant = day * 86_400_000_000 + micros_of_day
+    at = _EPOCH + timedelta(microseconds=instant)
+    cents, money, big = rng.randrange(-10**11, 10**11), rng.randrange(-10**8, 10**8), rng.randrange(-10**37, 10**37)
+    raw = rng.randbytes(rng.randrange(0, 40))
+    document = rng.choice([{}, {"a": [1, 2.5, None, "x"]}, [1, {"b": {"c": True}}], "text", 7])
+    words = rng.choice([[], ["a b", None, "ç"], ["\"quoted\""]])
+    number = rng.choice([[], [1, 2, None], [-(2**31)]])
+    key = str(uuid.UUID(int=rng.getrandbits(128)))
+    return {
+        "j": maybe(json.dumps(document), document),
+        "d": maybe(day, date(1970, 1, 1) + timedelta(days=day)),
+        "ts0": maybe(day * 86_400_000 + seconds_of_day * 1000, _EPOCH + timedelta(days=day, seconds=seconds_of_day)),
+        "ts3": maybe(day * 86_400_000 + millis_of_day, _EPOCH + timedelta(days=day, milliseconds=millis_of_day)),
+        "ts6": maybe(instant, at),
+        "tstz": maybe(at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), at.replace(tzinfo=UTC)),
+        "t3": maybe(millis_of_day, _time_of(millis_of_day * 1000)),
+        "t6": maybe(micros_of_day, _time_of(micros_of_day)),
+        "n": maybe(_decimal_text(cents, 2), Decimal(_decimal_text(cents, 2))),
+        "nv": maybe(*(lambda t: (t, Decimal(t)))(rng.choice(["3.14159265358979323846", "-0.00000000000000000001",
+                                                              "0", "123456789012345678"]))),
+        "m": maybe(_decimal_text(money, 2), Decimal(_decimal_text(money, 2))),
+        "b": maybe(base64.b64encode(raw).decode(), raw),
+        "u": maybe(key, key),
+        "e": maybe(*[rng.choice(["sad", "ok", "happy"])] * 2),
+        "ai": maybe(number, number),
+        "at": maybe(words, words),
+        "r": maybe(*[rng.choice([1.5, -2.25, 0.0])] * 2),
+        "dp": maybe(*[rng.choice([0.1, -1e-300, 12345.678901234])] * 2),
+        "sm": maybe(*[rng.randrange(-32768, 32768)] * 2),
+        "bo": maybe(*[rng.random() < 0.5] * 2),
+        "vc": maybe(*[rng.choice(["héllo", "", "a\"b'c"])] * 2),
+        "ch": maybe(*[rng.choice(["ab ", "xyz"])] * 2),
+        "ip": maybe(*[rng.choice(["192.168.0.1/24", "::1/128"])] * 2),
+        "big": maybe(_decimal_text(big, 10), Decimal(_decimal_text(big, 10))),
+    }
+
+
+def _time_of(micros: int) -> time_of_day:
+    return (datetime.min + timedelta(microseconds=micros)).time()
+
+
+def _decimal_text(unscaled: int, scale: int) -> str:
+    digits = str(abs(unscaled)).rjust(scale + 1, "0")
+    return ("-" if unscaled < 0 else "") + digits[:-scale] + "." + digits[-scale:]

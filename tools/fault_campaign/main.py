@@ -14,12 +14,13 @@ from pathlib import Path
 import tools.fault_campaign
 from kafka_ledger.config.settings import kafka_client, kafka_for, ledger_database
 from tools import git_commit
+from tools.cdc import TYPED_DEBEZIUM
 from tools.fault_campaign import PROJECT_ROOT, CampaignFailure
 from tools.fault_campaign.network import proxied_environment
 from tools.fault_campaign.report import write_docs
 from tools.fault_campaign.runner import NETWORK_DB_STATEMENT_SECONDS, Campaign, task_main
 from tools.fault_campaign.strikes import FAULT_KINDS, secured
-from tools.fault_campaign.typed_events import TYPED_CAMPAIGN_COLUMNS, TYPED_DEBEZIUM
+from tools.fault_campaign.typed_events import TYPED_CAMPAIGN_COLUMNS
 from tools.kafka_topics import create_topic
 from tools.records import COLUMNS
 
