@@ -119,7 +119,7 @@ TYPED_CDC_COLUMNS = [*TYPED_DECLARED, *CDC_COLUMNS[-2:]]
 # Debezium reading of a day count, an epoch, a numeric's text, base64 or JSON text).
 TYPED_WIRE_KINDS = {"d": "int", "ts0": "long", "ts3": "long", "ts6": "long", "tstz": "string", "t3": "int",
                     "t6": "long", "n": "string", "nv": "string", "m": "string", "b": "string", "u": "string",
-                    "j": "string", "jb": "string", "big": "string"}
+                    "j": "string", "jb": "string", "big": "string", "iv": "string"}
 # One update in TOASTED_EVERY of the typed table leaves its note unchanged (Debezium's placeholder in its place).
 TOASTED_EVERY = 3
 

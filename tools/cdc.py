@@ -77,6 +77,8 @@ class Capture:
     # JSON has no decimal type: with `string`, a numeric's digits as text, exact without the schema; with Debezium's
     # default, `precise`, its unscaled bytes, the scale in the schema (value_schemas).
     decimal_handling_mode: str = "string"
+    # Debezium's default, numeric, counts a month as 30.4375 days: string (ISO-8601 text) keeps an interval exact.
+    interval_handling_mode: str = "numeric"
 
     @property
     def slot(self) -> str:
@@ -107,6 +109,7 @@ class Capture:
             "publication.autocreate.mode": "filtered",
             "snapshot.mode": "initial",
             "decimal.handling.mode": self.decimal_handling_mode,
+            "interval.handling.mode": self.interval_handling_mode,
             "key.converter": "org.apache.kafka.connect.json.JsonConverter",
             "key.converter.schemas.enable": "false",
             "value.converter": "org.apache.kafka.connect.json.JsonConverter",
@@ -469,7 +472,7 @@ TYPED_DDL = """
     id bigint PRIMARY KEY, j json, jb jsonb, d date, ts0 timestamp(0), ts3 timestamp(3), ts6 timestamp,
     tstz timestamptz, t3 time(3), t6 time, n numeric(12,2), nv numeric, m money, b bytea, u uuid,
     e kl_mood, ai int[], at text[], r real, dp double precision, sm smallint, bo boolean, vc varchar(20), ch char(3),
-    ip inet, big numeric(38,10), note text"""
+    ip inet, big numeric(38,10), iv interval, note text"""
 TYPED_DECLARED = [
     {"name": "id", "type": "long"}, {"name": "j", "type": "jsonb"}, {"name": "jb", "type": "jsonb"},
     {"name": "d", "type": "date"}, {"name": "ts0", "type": "local_timestamp(0)"},
@@ -480,15 +483,17 @@ TYPED_DECLARED = [
     {"name": "e", "type": "string"}, {"name": "ai", "type": "jsonb"}, {"name": "at", "type": "jsonb"},
     {"name": "r", "type": "double"}, {"name": "dp", "type": "double"}, {"name": "sm", "type": "int"},
     {"name": "bo", "type": "boolean"}, {"name": "vc", "type": "string"}, {"name": "ch", "type": "string"},
-    {"name": "ip", "type": "string"}, {"name": "big", "type": "decimal(38,10)"}, {"name": "note", "type": "string"},
+    {"name": "ip", "type": "string"}, {"name": "big", "type": "decimal(38,10)"}, {"name": "iv", "type": "interval"},
+    {"name": "note", "type": "string"},
 ]
 TYPED_COLUMNS = tuple(c["name"] for c in TYPED_DECLARED)
 # The source's values as the entity table holds them (the same SELECT on both: jsonb for json and arrays, numeric for
 # money, double for real, the output form of inet and text of the enum).
 TYPED_SELECT = ("id, j::jsonb, jb, d, ts0, ts3, ts6, tstz, t3, t6, n, nv, m::numeric, b, u, e::text, "
-                "to_jsonb(ai), to_jsonb(at), r::float8, dp, sm, bo, vc, ch, nullif(format('%s', ip), ''), big, note")
+                "to_jsonb(ai), to_jsonb(at), r::float8, dp, sm, bo, vc, ch, nullif(format('%s', ip), ''), big, "
+                "iv::text, note")
 ENTITY_SELECT = ("id, j, jb, d, ts0, ts3, ts6, tstz, t3, t6, n, nv, m, b, u, e, ai, at, r, dp, sm, bo, vc, ch, "
-                 "ip, big, note")
+                 "ip, big, iv::text, note")
 
 
 def create_typed_table(cur: Any, table: str, replica_identity: str = "DEFAULT") -> None:
@@ -529,6 +534,8 @@ def _typed_values(rng: Any) -> dict[str, Any]:
         "vc": maybe(rng.choice(["héllo", "", "a\"b'c"])), "ch": maybe(rng.choice(["ab", "xyz"])),
         "ip": maybe(rng.choice(["192.168.0.1/24", "::1/128"])),
         "big": maybe(f"{rng.randrange(-10**27, 10**27)}.{rng.randrange(10**10):010d}"),
+        "iv": maybe(rng.choice(["1 mon", "-1 years -2 mons +3 days -04:05:06.78", "00:00:00.000001", "36:00:00",
+                                "2 days", "-00:00:03.5", "178000000 years"])),
         "note": maybe(rng.choice(["short", "".join(rng.choice("abcdef0123") for _ in range(rng.randrange(3000,
                                                                                                          5000)))])),
     }
@@ -580,7 +587,8 @@ def typed_rows(cur: Any, table: str, select: str = TYPED_SELECT) -> dict[int, tu
 # --- the typed table's change events, made by hand ------------------------------------------------------------------
 # As Debezium's connector writes them without the JsonConverter's schemas, numerics as text; the time precision and
 # bytea's base64 are its defaults (a benchmark's and a campaign's millions of events, with no source table behind).
-TYPED_DEBEZIUM = {"decimal.handling.mode": "string", "value.converter.schemas.enable": False}
+TYPED_DEBEZIUM = {"decimal.handling.mode": "string", "interval.handling.mode": "string",
+                  "value.converter.schemas.enable": False}
 _EPOCH = datetime(1970, 1, 1)
 
 
@@ -604,6 +612,7 @@ def typed_image(seq: int) -> dict[str, tuple[Any, Any]]:
     words = rng.choice([[], ["a b", None, "ç"], ["\"quoted\""]])
     number = rng.choice([[], [1, 2, None], [-(2**31)]])
     key = str(uuid.UUID(int=rng.getrandbits(128)))
+    months, span_days, span_micros = rng.randrange(40), rng.randrange(40), rng.randrange(200_000_000_000)
     return {
         "j": maybe(json.dumps(document), document),
         "d": maybe(day, date(1970, 1, 1) + timedelta(days=day)),
@@ -630,6 +639,11 @@ def typed_image(seq: int) -> dict[str, tuple[Any, Any]]:
         "ch": maybe(*[rng.choice(["ab ", "xyz"])] * 2),
         "ip": maybe(*[rng.choice(["192.168.0.1/24", "::1/128"])] * 2),
         "big": maybe(_decimal_text(big, 10), Decimal(_decimal_text(big, 10))),
+        # As Debezium's interval.handling.mode string writes it; held as psycopg2 reads an interval back (a year 365
+        # days, a month 30).
+        "iv": maybe(f"P{months // 12}Y{months % 12}M{span_days}DT0H0M{span_micros // 1_000_000}."
+                    f"{span_micros % 1_000_000:06d}S",
+                    timedelta(days=months // 12 * 365 + months % 12 * 30 + span_days, microseconds=span_micros)),
     }
 
 

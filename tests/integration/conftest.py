@@ -227,16 +227,15 @@ PIPELINES = {
               "topics": [f"{topic_name('toast')}.public.toasted"], "max_records_per_partition": 9},
     # A source table of PostgreSQL's everyday types, each column declared as the source's (test_debezium.py): in
     # the connect runtime as Debezium writes them by default (the JsonConverter's schemas, precise numerics), in
-    # submit without schemas (numerics as text).
+    # submit without schemas (numerics as text); intervals as ISO-8601 text in both (Debezium's default is not exact).
     **{f"typed_{runtime}": {"spark_runtime": runtime, "retries": 0, "write": "upsert", "key": ["id"],
                             "value": {"format": "json", "envelope": "debezium", **debezium},
                             "columns": cdc.TYPED_DECLARED,
                             "topics": [f"{topic_name(f'typed_{runtime}')}.public.typed_{runtime}"],
                             "max_records_per_partition": cap}
        for runtime, cap, debezium in (
-           ("connect", 25, {}),
-           ("submit", 100, {"debezium": {"decimal.handling.mode": "string",
-                                         "value.converter.schemas.enable": False}}))},
+           ("connect", 25, {"debezium": {"interval.handling.mode": "string"}}),
+           ("submit", 100, {"debezium": cdc.TYPED_DEBEZIUM}))},
     # Change events that lack values, made by hand and produced in the order a test needs (test_change_events.py).
     "lacking": {"spark_runtime": "connect", "retries": 0, "write": "upsert", "key": ["id"],
                 "value": {"format": "json", "envelope": "debezium"},

@@ -440,6 +440,7 @@ RICH_COLUMNS = [
     {"name": "order_key", "type": "string", "source": "key"},
     {"name": "tenant", "type": "long", "source": "header:tenant"},
     {"name": "trace", "type": "string", "source": "header:trace", "path": "id"},
+    {"name": "span", "type": "interval"},
 ]
 
 CASES: dict[str, tuple[bytes | None, bytes | None, str | None]] = {

@@ -227,15 +227,16 @@ def test_an_unchanged_toasted_value_keeps_the_entitys_value_never_the_placeholde
 def test_every_everyday_type_lands_as_the_source_had_it(kafka_connect, dsn, servers, runtime):
     """A source table of PostgreSQL's everyday types (json and jsonb, date, timestamps with and without a zone and of
     three precisions, times, numerics fixed and unconstrained, money, bytea, uuid, an enum, arrays, real, smallint,
-    char, inet, a TOASTed text its updates often leave unchanged), each column declared as the source's, captured by
-    Debezium through inserts, updates, deletes and key changes, with its defaults and the JsonConverter's (schemas,
-    precise numerics) or without schemas (numerics as text): the entity table equals the source table value by value,
-    no dead letter."""
+    char, inet, intervals, a TOASTed text its updates often leave unchanged), each column declared as the source's,
+    captured by Debezium through inserts, updates, deletes and key changes, with its defaults and the JsonConverter's
+    (schemas, precise numerics) or without schemas (numerics as text), intervals as ISO-8601 text (its numeric default
+    counts a month as 30.4375 days): the entity table equals the source table value by value, no dead letter."""
     table = f"typed_{runtime}"
     defaults = runtime == "connect"  # Debezium's and the JsonConverter's own defaults: schemas, precise numerics
     rng = random.Random(20261130)
     with _captured(f"typed_{runtime}", table, cdc.create_typed_table, value_schemas=defaults,
-                   decimal_handling_mode="precise" if defaults else "string") as (pipeline, capture, topic, cur):
+                   decimal_handling_mode="precise" if defaults else "string",
+                   interval_handling_mode="string") as (pipeline, capture, topic, cur):
         made, next_id = cdc.change_typed_source(cur, table, rng, 20, next_id=1)
         events = len(cdc.typed_rows(cur, table))
         capture.register()
@@ -260,7 +261,7 @@ def test_every_everyday_type_lands_as_the_source_had_it(kafka_connect, dsn, serv
         # Every column lands as the source's type.
         types = dict(query(dsn, "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = "
                                 "%s AND table_name = %s", pipeline.output_schema, pipeline.output_table))
-        assert {name: types[name] for name in ("ts0", "ts6", "tstz", "t3", "u", "b", "jb", "n")} == {
+        assert {name: types[name] for name in ("ts0", "ts6", "tstz", "t3", "u", "b", "jb", "n", "iv")} == {
             "ts0": "timestamp without time zone", "ts6": "timestamp without time zone",
             "tstz": "timestamp with time zone", "t3": "time without time zone", "u": "uuid", "b": "bytea",
-            "jb": "jsonb", "n": "numeric"}
+            "jb": "jsonb", "n": "numeric", "iv": "interval"}

@@ -144,12 +144,26 @@ def test_framed_values_are_published_exactly_and_unframed_ones_dead_lettered(
 
 
 GOOD = {"id": "a", "customer": {"id": 7, "address": {"city": "Lyon"}}, "amount": 12.5, "ordered_on": "2026-11-26",
-        "doc": {"x": [1, 2.50, {"y": None}]}, "meta": {"at": "2026-11-21T10:00:00Z"}}
+        "doc": {"x": [1, 2.50, {"y": None}]}, "meta": {"at": "2026-11-21T10:00:00Z"}, "span": "P1Y2M3DT4H5M6.5S"}
+# Intervals as Postgres prints them (each published row's, by its case; the first is GOOD's), and in the lake.
+SPANS = {0: ("1 year 2 mons 3 days 04:05:06.5", "P14M3DT14706.500000S"),
+         1: ("1 year 2 mons 3 days 04:05:06.5", "P14M3DT14706.500000S"),
+         2: ("-00:00:03.5", "P0M0DT-3.500000S"),
+         3: ("-1 mons +2 days -03:00:00.5", "P-1M2DT-10800.500000S"),
+         4: ("36:00:00", "P0M0DT129600.000000S")}
+_BAD_SPAN = ("field 'span' is not a valid interval (ISO-8601 text with designators, e.g. P1Y2M3DT4H5M6.5S, or "
+             "seconds)")
 # (value, key, headers) -> the reason (None: published).
 RICH_CASES: list[tuple[dict | bytes | None, bytes | None, list[tuple[str, bytes]], str | None]] = [
     (GOOD, b"order-1", [("tenant", b"42"), ("trace", b'{"id": "t-1"}')], None),
     ({**GOOD, "amount": "12.50"}, b"k", [], None),  # a decimal as text
-    ({**GOOD, "amount": -0.01}, None, [("tenant", b" 5 "), ("tenant", b"x")], None),  # the first header counts
+    ({**GOOD, "amount": -0.01, "span": -3.5}, None, [("tenant", b" 5 "), ("tenant", b"x")], None),  # first header
+    ({**GOOD, "span": "P-1M2DT-3H-0.5S"}, b"k", [], None),  # a sign on each part, as Debezium writes them
+    ({**GOOD, "span": "PT36H"}, b"k", [], None),
+    ({**GOOD, "span": "1 day"}, b"k", [], _BAD_SPAN),
+    ({**GOOD, "span": "PT"}, b"k", [], _BAD_SPAN),
+    ({**GOOD, "span": "PT0.0000001S"}, b"k", [], "field 'span' is not a valid interval (more than 6 digits after the "
+                                                 "second: they would be lost)"),
     ({**GOOD, "amount": 1.005}, b"k", [], "field 'amount' is not a valid decimal(12,2) (it does not fit exactly: more "
                                          "than 2 digit(s) after the point or 10 before it)"),
     ({**GOOD, "amount": 12345678901.5}, b"k", [], "field 'amount' is not a valid decimal(12,2) (it does not fit "
@@ -208,13 +222,15 @@ def test_nested_fields_decimals_dates_jsonb_keys_and_headers_decode_exactly_on_b
     reasons = {offset: lean[offset]["error"] for offset in lean}
     assert reasons == {offset: case[3] for offset, case in enumerate(RICH_CASES)}
     first = dict(lean[0])
+    first.pop("span")
     assert first.pop("at").replace(tzinfo=None) == datetime(2026, 11, 21, 10)  # the session's zone is UTC
     assert first == {"kafka_offset": 0, "error": None, "id": "a", "city": "Lyon", "customer_id": 7,
                      "amount": Decimal("12.50"), "ordered_on": datetime(2026, 11, 26).date(),
                      "doc": '{"x":[1,2.5,{"y":null}]}', "order_key": "order-1", "tenant": 42, "trace": "t-1"}
     assert (lean[1]["amount"], lean[2]["amount"], lean[2]["tenant"], lean[2]["order_key"]) == (
         Decimal("12.50"), Decimal("-0.01"), 5, None)
-    assert lean[13]["doc"] == '{"s":"nul \\\\u0000"}'
+    assert lean[18]["doc"] == '{"s":"nul \\\\u0000"}'
+    assert {o: lean[o]["span"] for o in SPANS} == {o: lake for o, (_, lake) in SPANS.items()}
 
 
 def test_unexpected_fields_are_found_inside_the_objects_a_path_goes_through(spark):
@@ -370,9 +386,14 @@ def test_nested_fields_decimals_dates_jsonb_keys_and_headers_are_published_exact
         table = sink.table().scan().to_arrow().to_pylist()
         rows = {(r["kafka_partition"], r["kafka_offset"]): {n: r[n] for n in names} for r in table}
     else:
+        # An interval as Postgres prints it (psycopg2's timedelta would count a month as 30 days).
+        selected = ", ".join(f"{n}::text" if n == "span" else n for n in names)
         rows = {(p, o): dict(zip(names, rest, strict=True)) for p, o, *rest in query(
-            dsn, f"SELECT kafka_partition, kafka_offset, {', '.join(names)} FROM {pipeline.qualified_output_table}")}
+            dsn, f"SELECT kafka_partition, kafka_offset, {selected} FROM {pipeline.qualified_output_table}")}
+    held = 1 if pipeline.sink.type == "iceberg" else 0
+    assert {i: rows[landed[i][1:]]["span"] for i in SPANS} == {i: forms[held] for i, forms in SPANS.items()}
     first = rows[landed[0][1:]]
+    first.pop("span")
     at = first.pop("at")
     assert at == datetime(2026, 11, 21, 10, tzinfo=UTC)
     doc = first.pop("doc")
@@ -385,6 +406,6 @@ def test_nested_fields_decimals_dates_jsonb_keys_and_headers_are_published_exact
     if pipeline.sink.type == "postgres":
         [(column_types,)] = query(dsn, "SELECT string_agg(column_name || ' ' || data_type, ', ' ORDER BY "
                                        "ordinal_position) FROM information_schema.columns WHERE table_schema = %s "
-                                       "AND table_name = %s AND column_name IN ('amount', 'ordered_on', 'doc')",
+                                       "AND table_name = %s AND column_name IN ('amount', 'ordered_on', 'doc', 'span')",
                                   pipeline.output_schema, pipeline.output_table)
-        assert column_types == "amount numeric, ordered_on date, doc jsonb"
+        assert column_types == "amount numeric, ordered_on date, doc jsonb, span interval"

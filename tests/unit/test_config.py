@@ -144,7 +144,7 @@ def test_bad_column_type_is_rejected_with_its_path():
     message = config_error(pipeline_yaml(columns="[{name: a, type: varchar}]"))
     assert "pipelines.p.columns.0.type" in message
     assert ("unknown type 'varchar': one of string, long, int, double, boolean, timestamp, local_timestamp, date, "
-            "time, jsonb, uuid, bytes, decimal(p,s), local_timestamp(p), time(p)") in message
+            "time, jsonb, uuid, bytes, interval, decimal(p,s), local_timestamp(p), time(p)") in message
     assert "the precision must be 1 to 38" in config_error(pipeline_yaml(columns="[{name: a, type: 'decimal(40,2)'}]"))
     assert "the scale 0 to the precision" in config_error(pipeline_yaml(columns="[{name: a, type: 'decimal(4,5)'}]"))
 
@@ -718,3 +718,15 @@ def test_debeziums_json_readings_follow_its_settings():
     assert {name: how for name, how in readings(DebeziumChanges().reading(events)).items() if " " not in name} == {
         "id": "typed", "doc": "json text", "day": "epoch days", "at": "epoch micros", "at3": "epoch millis",
         "t": "epoch micros", "raw": "hex", "lsn": "typed", "ts": "timestamp"}
+
+
+def test_an_interval_of_a_change_event_needs_debeziums_exact_text():
+    entity = dict(write="upsert", key="[id]", columns="[{name: id, type: long}, {name: span, type: interval}]")
+    numeric = config_error(pipeline_yaml(**entity) + "    value: {envelope: debezium}\n")
+    assert ("column(s) span: Debezium's interval.handling.mode numeric (its default) writes an interval as "
+            "microseconds, a month counted as 30.4375 days") in numeric
+    assert "debezium: {interval.handling.mode: string}}`" in numeric
+    assert parse_pipelines(pipeline_yaml(**entity) + "    value: {envelope: debezium, debezium: "
+                                                     "{interval.handling.mode: string}}\n")["p"]
+    # Outside a change event's row image an interval is whatever text the producer writes.
+    assert parse_pipelines(pipeline_yaml(columns="[{name: span, type: interval}]"))["p"]

@@ -65,7 +65,7 @@ def test_only_exactly_comparable_kinds_can_name_an_entity():
     assert {str(k) for k in DECLARABLE if k.key_capable} == {"string", "long", "int", "uuid"}
     assert parse_kind("bytes") is kinds.BYTES and kinds.BYTES.postgres_type == "bytea"
     with pytest.raises(ValueError, match="unknown type 'blob': one of string, long, int, double, boolean, timestamp, "
-                                         "local_timestamp, date, time, jsonb, uuid, bytes, decimal"):
+                                         "local_timestamp, date, time, jsonb, uuid, bytes, interval, decimal"):
         parse_kind("blob")
 
 
@@ -92,3 +92,14 @@ def test_a_uuid_travels_to_copy_as_its_16_bytes():
     assert kinds.UUID.copy_array(values).to_pylist() == [bytes.fromhex("a0eebc999c0b4ef8bb6d6bb9bd380a11"), None]
     assert kinds.TIME.copy_array(pa.chunked_array([pa.array([1_000_001], pa.int64())])).to_pylist()[0].isoformat() \
         == "00:00:01.000001"
+
+
+def test_an_interval_travels_to_binary_copy_as_postgres_three_fields():
+    import struct
+
+    spans = pa.array(["P14M3DT14706.000007S", None, "P-1M2DT-10800.500000S", "P0M0DT0.000000S"])
+    wire = kinds.INTERVAL.copy_array(spans)
+    assert wire.type == pa.binary(16) and wire.null_count == 1
+    fields = [None if v is None else struct.unpack(">qii", v) for v in wire.to_pylist()]
+    assert fields == [(14706_000_007, 3, 14), None, (-10_800_500_000, 2, -1), (0, 0, 0)]
+    assert kinds.INTERVAL.from_staged('"span"') == '"span"::interval'

@@ -233,6 +233,10 @@ class DebeziumSettings(BaseModel):
         default="bytes", alias="binary.handling.mode",
         description="how a bytea is written: `bytes` (Debezium's default; base64 in JSON), `base64`, "
                     "`base64-url-safe`, `hex`")
+    interval_handling_mode: Literal["numeric", "string"] = Field(
+        default="numeric", alias="interval.handling.mode",
+        description="how an interval is written: `numeric` (Debezium's default: microseconds, a month counted as "
+                    "30.4375 days: not exact, an `interval` column refuses it), `string` (ISO-8601 text: exact)")
     value_converter_schemas_enable: bool = Field(
         default=True, alias="value.converter.schemas.enable",
         description="whether the connector's JsonConverter writes each value with its schema (Kafka Connect's "

@@ -117,7 +117,8 @@ def column_types_table() -> str:
 
 # How a column reads an Avro type (formats.avro.AVRO_READS), in words.
 _AVRO_HOW = {"same": "", "cast": " (widened)", "range": " (a value out of range is a dead letter)",
-             "fit": " (a value that does not fit exactly is a dead letter, never rounded)", "json": " (its JSON text)"}
+             "fit": " (a value that does not fit exactly is a dead letter, never rounded)", "json": " (its JSON text)",
+             "text": " (its text read as the type)"}
 
 
 def avro_types_table() -> str:

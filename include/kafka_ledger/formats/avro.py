@@ -52,7 +52,8 @@ _PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "st
 
 # How a column of each kind (by its word) reads a field of the reader schema, by the field's Avro type (`type_name`):
 # `same`, the value as Spark decodes it; `cast`, widened without loss; `range`, narrowed, a value out of the kind's
-# range a dead letter; `fit`, a decimal that must fit exactly; `json`, its JSON text. A type missing is one the kind
+# range a dead letter; `fit`, a decimal that must fit exactly; `json`, its JSON text; `text`, a string read by the
+# kind (`from_text`). A type missing is one the kind
 # cannot hold exactly (the plan refuses the reader schema).
 AVRO_READS: dict[str, Mapping[str, str]] = {
     "string": {"string": "same", "enum": "same", "uuid": "same"},
@@ -68,6 +69,7 @@ AVRO_READS: dict[str, Mapping[str, str]] = {
     "decimal": {"decimal": "fit", "int": "fit", "long": "fit"},
     "jsonb": {"record": "json", "array": "json", "map": "json"},
     "bytes": {"bytes": "same", "fixed": "same"},
+    "interval": {"string": "text"},
 }
 
 
@@ -409,7 +411,7 @@ class AvroFormat(RegistryFormat):
                 raw = F.col(_decoded_column(topic))
                 for key in column.field_path:
                     raw = raw.getField(key)
-                read, problem = _as_kind(raw, column.type, avro_type, column.label)
+                read, problem = _as_kind(raw, column, avro_type)
             is_topic = F.col("topic") == topic
             value = F.when(is_topic, read) if value is None else value.when(is_topic, read)
             problems = F.when(is_topic, problem) if problems is None else problems.when(is_topic, problem)
@@ -418,14 +420,18 @@ class AvroFormat(RegistryFormat):
                          [problems] if problems is not None else [])
 
 
-def _as_kind(raw: Column, kind: ColumnKind, avro_type: Any, label: str) -> tuple[Column, Column]:
+def _as_kind(raw: Column, column: DeclaredColumn, avro_type: Any) -> tuple[Column, Column]:
     """A decoded field as a value of the column's kind, and why it cannot be (NULL when it can)."""
     from pyspark.sql import functions as F
 
+    kind, label = column.type, column.label
     how = reading(kind, avro_type)
     nothing = F.lit(None).cast("string")
     if how == "same":
         return raw, nothing
+    if how == "text":
+        read = kind.from_text(raw, column, label)
+        return read.value, read.problem
     if how == "cast":
         return raw.cast(kind.spark_type()), nothing
     if how == "json":

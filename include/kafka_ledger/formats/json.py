@@ -58,7 +58,7 @@ def json_path(path: tuple[str, ...]) -> str:
 JSON_READS: dict[str, str] = {
     "string": "string", "long": "typed", "int": "typed", "double": "typed", "boolean": "typed",
     "timestamp": "timestamp", "local_timestamp": "timestamp", "date": "text", "time": "text", "uuid": "text",
-    "decimal": "exact number", "jsonb": "document", "bytes": "none",
+    "decimal": "exact number", "jsonb": "document", "bytes": "none", "interval": "text",
 }
 # How Debezium's change events write a row image's field of each kind, where that differs (its PostgreSQL
 # connector's settings, `value.debezium`, choose among them): `json text`, a string holding JSON text (json, jsonb,
@@ -236,7 +236,7 @@ class JsonFormat(ValueFormat):
     def declaration_problems(self, pipeline: DeclaredPipeline) -> list[str]:
         problems = super().declaration_problems(pipeline)
         settings = pipeline.value.debezium
-        in_json, imprecise, truncated = [], [], []
+        in_json, imprecise, truncated, approximate = [], [], [], []
         for c in pipeline.columns or []:
             if not c.field_path:
                 continue
@@ -251,6 +251,8 @@ class JsonFormat(ValueFormat):
             if in_row and c.type.word in ("local_timestamp", "time") and c.type.precision > 3 \
                     and settings.time_precision_mode not in ADAPTIVE_MODES:
                 truncated.append(f"{c.name} ({c.type})")
+            if in_row and c.type.word == "interval" and settings.interval_handling_mode != "string":
+                approximate.append(c.name)
         if in_json:
             problems.append(f"column(s) {', '.join(in_json)}: a bytes column reads an Avro bytes or fixed field, or a "
                             "whole Kafka key or header; a JSON document's field has no bytes (declare it as a string)")
@@ -266,6 +268,12 @@ class JsonFormat(ValueFormat):
                 f"column(s) {', '.join(truncated)}: Debezium's time.precision.mode connect writes milliseconds, losing "
                 "the digits after them: set time.precision.mode=adaptive on the connector (its default) and declare "
                 "it, or declare the columns' precision as 3")
+        if approximate:
+            problems.append(
+                f"column(s) {', '.join(approximate)}: Debezium's interval.handling.mode numeric (its default) writes "
+                "an interval as microseconds, a month counted as 30.4375 days (not the interval the source holds): set "
+                "interval.handling.mode=string on the connector (ISO-8601 text, exact) and declare it: `value: "
+                "{envelope: debezium, debezium: {interval.handling.mode: string}}`")
         return problems
 
     # --- hooks for a format whose values become JSON documents on their way in (protobuf.py) ---------------------

@@ -72,6 +72,7 @@ PROTOBUF_READS: dict[str, Mapping[str, str]] = {
     "jsonb": dict.fromkeys(("message", "repeated", "map", "google.protobuf.Struct", "google.protobuf.ListValue",
                             "google.protobuf.Value"), "document"),
     "bytes": {"bytes": "base64"},
+    "interval": {"string": "text", "google.protobuf.Duration": "text"},
 }
 # The well-known messages the decoder writes as a value of their own, and the wrappers as the type they wrap.
 _WELL_KNOWN = ("google.protobuf.Timestamp", "google.protobuf.Duration", "google.protobuf.Struct",

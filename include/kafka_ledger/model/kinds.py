@@ -889,12 +889,127 @@ class BytesKind(ColumnKind):
         return value.isin(*[F.lit(bytearray(text.encode())) for text in texts])
 
 
+class IntervalKind(ColumnKind):
+    """A span of time as Postgres keeps it (`interval`): months, days and microseconds, each its own (a month is not
+    a number of days, nor a day 24 hours across a clock change). Read from ISO-8601 text with designators
+    (`P1Y2M3DT4H5M6.5S`, a sign on any part, as Debezium's interval.handling.mode string writes it) or a number of
+    seconds; in Spark and the lake its canonical text `P<months>M<days>DT<seconds>S`, which Postgres reads back; in
+    binary COPY Postgres's own three fields. More than six digits after the second is a dead letter, never rounded."""
+
+    word = "interval"
+    description = ("a span of time (Postgres `interval`: months, days and microseconds), from ISO-8601 text with "
+                   "designators (`P1Y2M3DT4H5M6.5S`) or a number of seconds (in the lake: "
+                   "`P<months>M<days>DT<seconds>S`)")
+    postgres_type = "interval"
+    # ISO-8601's designators, a sign on each part as Postgres and Debezium write them; at most nine digits a part (the
+    # sums then fit a long), at most microseconds.
+    _ISO = (r"^P(?:([-+]?[0-9]{1,9})Y)?(?:([-+]?[0-9]{1,9})M)?(?:([-+]?[0-9]{1,9})W)?(?:([-+]?[0-9]{1,9})D)?"
+            r"(?:T(?:([-+]?[0-9]{1,9})H)?(?:([-+]?[0-9]{1,9})M)?(?:([-+]?)([0-9]{1,12})(?:\.([0-9]+))?S)?)?$")
+    _SECONDS = r"^([-+]?)([0-9]{1,12})(?:\.([0-9]+))?$"
+    _CANONICAL = r"^P(?P<months>-?[0-9]+)M(?P<days>-?[0-9]+)DT(?P<sign>-?)(?P<whole>[0-9]+)\.(?P<fraction>[0-9]{6})S$"
+    _INT32 = 2**31
+
+    def spark_type(self) -> DataType:
+        from pyspark.sql import types as T
+
+        return T.StringType()
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.binary(16)
+
+    def iceberg_type(self) -> Any:
+        from pyiceberg import types
+
+        return types.StringType()
+
+    @property
+    def staging_type(self) -> str:
+        return "text"
+
+    def from_staged(self, column: str) -> str:
+        return f"{column}::interval"
+
+    def copy_array(self, values: Any) -> Any:
+        """The canonical texts as Postgres's binary interval: microseconds (8 bytes), days and months (4 each),
+        big-endian."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        texts = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+        valid = texts.is_valid()
+        parts = pc.extract_regex(pc.if_else(valid, texts, "P0M0DT0.000000S"), self._CANONICAL)
+
+        def number(name: str) -> Any:
+            return pc.cast(parts.field(name), pa.int64()).to_numpy(zero_copy_only=False)
+
+        sign = np.where(pc.equal(parts.field("sign"), "-").to_numpy(zero_copy_only=False), -1, 1)
+        wire = np.empty(len(texts), dtype=[("micros", ">i8"), ("days", ">i4"), ("months", ">i4")])
+        wire["micros"] = sign * (number("whole") * 1_000_000 + number("fraction"))
+        wire["days"], wire["months"] = number("days"), number("months")
+        spans = pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), len(texts), [None, pa.py_buffer(wire.tobytes())])
+        return pc.if_else(valid, spans, pa.nulls(len(texts), pa.binary(16)))
+
+    def from_text(self, text: Column, column: DeclaredColumn, label: str) -> TextValue:
+        from pyspark.sql import functions as F
+
+        token = F.trim(text)
+        iso, seconds = token.rlike(self._ISO), token.rlike(self._SECONDS)
+
+        def part(pattern: str, index: int) -> Column:
+            return F.coalesce(F.regexp_extract(token, pattern, index).try_cast("long"), F.lit(0))
+
+        months = part(self._ISO, 1) * 12 + part(self._ISO, 2)
+        days = part(self._ISO, 3) * 7 + part(self._ISO, 4)
+        iso_seconds = F.when(iso, self._micros(F.regexp_extract(token, self._ISO, 7),
+                                               F.regexp_extract(token, self._ISO, 8),
+                                               F.regexp_extract(token, self._ISO, 9)))
+        clock = part(self._ISO, 5) * 3_600_000_000 + part(self._ISO, 6) * 60_000_000
+        micros = F.when(iso, clock + F.coalesce(iso_seconds, F.lit(0))).when(seconds, self._micros(
+            F.regexp_extract(token, self._SECONDS, 1), F.regexp_extract(token, self._SECONDS, 2),
+            F.regexp_extract(token, self._SECONDS, 3)))
+        months, days = F.when(iso, months).otherwise(F.lit(0)), F.when(iso, days).otherwise(F.lit(0))
+        fraction = F.when(iso, F.regexp_extract(token, self._ISO, 9)).otherwise(
+            F.regexp_extract(token, self._SECONDS, 3))
+        shaped = (iso & (token != F.lit("P")) & ~token.endswith("T")) | seconds
+        in_range = (F.abs(months) < F.lit(self._INT32)) & (F.abs(days) < F.lit(self._INT32))
+        valid = shaped & (F.length(fraction) <= MAX_SECOND_DIGITS) & in_range
+        problem = F.when(text.isNotNull() & ~shaped, F.lit(
+            f"{label} is not a valid {self} (ISO-8601 text with designators, e.g. P1Y2M3DT4H5M6.5S, or seconds)")) \
+            .when(text.isNotNull() & (F.length(fraction) > MAX_SECOND_DIGITS), F.lit(
+                f"{label} is not a valid {self} (more than {MAX_SECOND_DIGITS} digits after the second: they would "
+                "be lost)")) \
+            .when(text.isNotNull() & ~in_range, F.lit(f"{label} is not a valid {self} (out of range)"))
+        return TextValue(F.when(valid, self._canonical(months, days, micros)), problem)
+
+    @staticmethod
+    def _micros(sign: Column, whole: Column, fraction: Column) -> Column:
+        """Signed seconds (their sign, whole part and fraction as text) as microseconds."""
+        from pyspark.sql import functions as F
+
+        magnitude = whole.try_cast("long") * 1_000_000 + F.coalesce(
+            F.rpad(F.substring(fraction, 1, MAX_SECOND_DIGITS), MAX_SECOND_DIGITS, "0").try_cast("long"), F.lit(0))
+        return F.when(whole != F.lit(""), F.when(sign == F.lit("-"), -magnitude).otherwise(magnitude))
+
+    @staticmethod
+    def _canonical(months: Column, days: Column, micros: Column) -> Column:
+        """`P<months>M<days>DT<seconds>S`, the seconds signed with six digits after the point."""
+        from pyspark.sql import functions as F
+
+        magnitude = F.abs(micros)
+        return F.format_string("P%dM%dDT%s%d.%06dS", months, days, F.when(micros < 0, F.lit("-")).otherwise(
+            F.lit("")), F.floor(magnitude / 1_000_000).cast("long"), magnitude % 1_000_000)
+
+
 # One instance per kind without parameters (and of those with, at their defaults); others are made by parse_kind.
-STRING, LONG, INT, DOUBLE, BOOLEAN, TIMESTAMP, LOCAL_TIMESTAMP, DATE, TIME, JSONB, UUID, BYTES = (
+STRING, LONG, INT, DOUBLE, BOOLEAN, TIMESTAMP, LOCAL_TIMESTAMP, DATE, TIME, JSONB, UUID, BYTES, INTERVAL = (
     StringKind(), LongKind(), IntKind(), DoubleKind(), BooleanKind(), TimestampKind(), LocalTimestampKind(),
-    DateKind(), TimeKind(), JsonbKind(), UuidKind(), BytesKind())
+    DateKind(), TimeKind(), JsonbKind(), UuidKind(), BytesKind(), IntervalKind())
 SIMPLE_KINDS: dict[str, ColumnKind] = {k.word: k for k in (STRING, LONG, INT, DOUBLE, BOOLEAN, TIMESTAMP,
-                                                            LOCAL_TIMESTAMP, DATE, TIME, JSONB, UUID, BYTES)}
+                                                            LOCAL_TIMESTAMP, DATE, TIME, JSONB, UUID, BYTES,
+                                                            INTERVAL)}
 # Every kind a pipeline may declare, one example of each parameterised one (the docs and the mapping test use it).
 DECLARABLE: tuple[ColumnKind, ...] = (*SIMPLE_KINDS.values(), DecimalKind(18, 2))
 
