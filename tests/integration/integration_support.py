@@ -106,6 +106,7 @@ PROTOBUF_COLUMNS = [
     {"name": "digest", "type": "bytes"},
     {"name": "discount", "type": "long"},
     {"name": "took", "type": "decimal(30,9)"},
+    {"name": "waited", "type": "interval"},
     {"name": "big", "type": "decimal(20,0)"},
     {"name": "card", "type": "string"},
     {"name": "iban", "type": "string"},

@@ -46,6 +46,7 @@ message Order {
   google.protobuf.Duration took = 12;
   uint64 big = 13;
   oneof payment { string card = 14; string iban = 15; }
+  google.protobuf.Duration waited = 17;
   message Line { string sku = 1; }
 }
 enum Status { NEW = 0; PAID = 1; }
@@ -72,6 +73,7 @@ def order(cls, i: int, **changes):
     message.at.FromDatetime(datetime(2026, 11, 27, 10, 0, i % 60, 123456, tzinfo=UTC))
     message.address.city = "Lyon"
     message.took.FromMilliseconds(1500 + i)
+    message.waited.FromMicroseconds(-2_500_000 - i)
     return message
 
 
@@ -145,8 +147,8 @@ def test_values_decode_with_the_reader_schema_and_bad_ones_are_dead_letters(spar
         "kafka_offset": 0, "error": None, "order_id": "o1", "quantity": 2**53 + 1, "amount": Decimal("1.50"),
         "at": lean[0]["at"], "city": "Lyon", "zip": None, "status": "PAID", "tags": '["a","b"]',
         "counts": '{"x":1}', "total": -1, "digest": bytes([0, 0xFF, 1]), "discount": None,
-        "took": Decimal("1.501000000"), "big": Decimal(2**64 - 2), "card": "card1", "iban": None,
-        "customer": "c0"}
+        "took": Decimal("1.501000000"), "waited": "P0M0DT-2.500001S", "big": Decimal(2**64 - 2), "card": "card1",
+        "iban": None, "customer": "c0"}
     assert lean[0]["at"].astimezone(UTC) == datetime(2026, 11, 27, 10, 0, 1, 123456, tzinfo=UTC)
     assert (lean[1]["order_id"], lean[1]["quantity"]) == ("o2", 2**53 + 2)
     assert (lean[2]["card"], lean[2]["iban"]) == (None, "FR76")
@@ -154,9 +156,9 @@ def test_values_decode_with_the_reader_schema_and_bad_ones_are_dead_letters(spar
     # oneof member) as NULL.
     unset = lean[3]
     assert {n: unset[n] for n in ("quantity", "status", "tags", "counts", "total", "digest", "big", "city", "zip",
-                                  "discount", "card", "at", "took")} == {
+                                  "discount", "card", "at", "took", "waited")} == {
         "quantity": 0, "status": "NEW", "tags": "[]", "counts": "{}", "total": 0, "digest": b"", "big": Decimal(0),
-        "city": None, "zip": None, "discount": None, "card": None, "at": None, "took": None}
+        "city": None, "zip": None, "discount": None, "card": None, "at": None, "took": None, "waited": None}
 
 
 def _produce(servers: str, topic: str, values: list[tuple[bytes | None, bytes]]) -> list[tuple[str, int, int]]:
