@@ -20,10 +20,11 @@
 #     --doorbell N  then N impressions more, published by the run the pipeline's doorbell starts under the stack's
 #                 own Airflow (scripts/stack.sh airflow: scheduler and triggerer), with the seconds it took
 #     --cdc [N]   change data capture instead: Debezium's PostgreSQL connector on the stack's Kafka Connect worker
-#                 (scripts/stack.sh kafka-connect) captures the source table cdc.public.customers; two rounds of N
-#                 (default 2000) inserts, updates, deletes and key changes, each published into the entity table
-#                 public.customers by runs of pipeline customers; ends with "matches_source": true when the entity
-#                 table equals the source table row by row
+#                 (scripts/stack.sh kafka-connect) captures the source tables cdc.public.customers and
+#                 cdc.public.everyday_types (PostgreSQL's everyday types, with Debezium's defaults); two rounds of N
+#                 (default 2000) inserts, updates, deletes and key changes, each published into the entity tables
+#                 public.customers and public.everyday_types by runs of their pipelines; ends with
+#                 "matches_source": true when each entity table equals its source table row by row
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -43,8 +44,9 @@ for arg in "$@"; do
   # --format avro: Avro impressions through the stack's schema registry (tools/demo.py), verified below
   if [ "$previous" = --format ] && [ "$arg" = avro ] || [ "$arg" = --format=avro ]; then pipeline=impressions_avro; fi
   if [ "$previous" = --format ] && [ "$arg" = protobuf ] || [ "$arg" = --format=protobuf ]; then pipeline=impressions_protobuf; fi
-  # --cdc: Debezium's change events into the entity table of pipeline customers (tools/demo.py), verified below
-  case $arg in --cdc|--cdc=*) pipeline=customers ;; esac
+  # --cdc: Debezium's change events into the entity tables of pipelines customers and everyday_types (tools/demo.py),
+  # verified below
+  case $arg in --cdc|--cdc=*) pipeline="customers everyday_types" ;; esac
   previous=$arg
 done
 
@@ -56,4 +58,4 @@ if [ "$secure" = 1 ]; then shape="Kafka $KAFKA_LEDGER_BOOTSTRAP_SERVERS over SAS
 else shape="Kafka $KAFKA_LEDGER_BOOTSTRAP_SERVERS"; fi
 echo "[demo] $shape; Spark master $KAFKA_LEDGER_SPARK_MASTER (runtime $KAFKA_LEDGER_SPARK_RUNTIME)"
 python -m tools.demo "${demo_args[@]}"  # tools/demo.py; the working directory is the project root
-kafka-ledger verify "$pipeline"
+kafka-ledger verify $pipeline  # one pipeline, or the CDC demo's two

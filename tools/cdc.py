@@ -18,6 +18,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tools import stack_env
 from tools.stack import stack_command
 
@@ -473,19 +475,10 @@ TYPED_DDL = """
     tstz timestamptz, t3 time(3), t6 time, n numeric(12,2), nv numeric, m money, b bytea, u uuid,
     e kl_mood, ai int[], at text[], r real, dp double precision, sm smallint, bo boolean, vc varchar(20), ch char(3),
     ip inet, big numeric(38,10), iv interval, note text"""
-TYPED_DECLARED = [
-    {"name": "id", "type": "long"}, {"name": "j", "type": "jsonb"}, {"name": "jb", "type": "jsonb"},
-    {"name": "d", "type": "date"}, {"name": "ts0", "type": "local_timestamp(0)"},
-    {"name": "ts3", "type": "local_timestamp(3)"}, {"name": "ts6", "type": "local_timestamp"},
-    {"name": "tstz", "type": "timestamp"}, {"name": "t3", "type": "time(3)"}, {"name": "t6", "type": "time"},
-    {"name": "n", "type": "decimal(12,2)"}, {"name": "nv", "type": "decimal(38,20)"},
-    {"name": "m", "type": "decimal(14,2)"}, {"name": "b", "type": "bytes"}, {"name": "u", "type": "uuid"},
-    {"name": "e", "type": "string"}, {"name": "ai", "type": "jsonb"}, {"name": "at", "type": "jsonb"},
-    {"name": "r", "type": "double"}, {"name": "dp", "type": "double"}, {"name": "sm", "type": "int"},
-    {"name": "bo", "type": "boolean"}, {"name": "vc", "type": "string"}, {"name": "ch", "type": "string"},
-    {"name": "ip", "type": "string"}, {"name": "big", "type": "decimal(38,10)"}, {"name": "iv", "type": "interval"},
-    {"name": "note", "type": "string"},
-]
+# Declared as config/pipelines.yaml's everyday_types pipeline declares them (the demo's): one home for the list.
+TYPED_DECLARED: list[dict[str, Any]] = yaml.safe_load(
+    (Path(__file__).resolve().parents[1] / "config" / "pipelines.yaml").read_text())["pipelines"]["everyday_types"][
+    "columns"]
 TYPED_COLUMNS = tuple(c["name"] for c in TYPED_DECLARED)
 # The source's values as the entity table holds them (the same SELECT on both: jsonb for json and arrays, numeric for
 # money, double for real, the output form of inet and text of the enum).

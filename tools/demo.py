@@ -21,7 +21,8 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -376,29 +377,78 @@ def ring_the_doorbell(pipeline: PipelineConfig, records: int, seed: int) -> dict
             "doorbell_published_after_s": round(published_after, 1)}
 
 
-CDC_PIPELINE = "customers"
-CDC_TABLE = "customers"  # of the stack's source database, cdc
+@dataclass(frozen=True)
+class CapturedTable:
+    """A source table of the CDC demo (cdc.public.<table>), the pipeline of its entity table, and how Debezium's
+    connector writes it (tools/cdc.Capture's settings)."""
+
+    pipeline: str
+    table: str
+    connector: str
+    capture: dict[str, Any]
+    create: Callable[[Any, str], None]
+    # The rows its snapshot reads (made before the connector starts), then a round of changes: (made, next free id).
+    snapshot: Callable[[Any, str, random.Random, int], Counter]
+    change: Callable[[Any, str, random.Random, int, int], tuple[Counter, int]]
+    # Its rows by id as the source holds them, and as the entity table (schema-qualified) holds them.
+    source_rows: Callable[[Any, str], dict]
+    output_rows: Callable[[Any, str], dict]
+
+
+def _captured_tables() -> list[CapturedTable]:
+    from tools import cdc
+
+    def customers_snapshot(cur: Any, table: str, rng: random.Random, changes: int) -> Counter:
+        cdc.populate_source(cur, table, changes)
+        return Counter(insert=changes)
+
+    def typed_snapshot(cur: Any, table: str, rng: random.Random, changes: int) -> Counter:
+        return cdc.change_typed_source(cur, table, rng, changes, next_id=1)[0]
+
+    return [
+        # Numerics as text, no schemas: as many deployments set their connector.
+        CapturedTable("customers", "customers", "kafka-ledger-demo-customers", {}, cdc.create_source_table,
+                      customers_snapshot, cdc.change_source, cdc.source_rows,
+                      cdc.source_rows),
+        # Debezium's and the JsonConverter's defaults (schemas, numerics as unscaled bytes), intervals as text.
+        CapturedTable("everyday_types", "everyday_types", "kafka-ledger-demo-everyday-types",
+                      {"value_schemas": True, "decimal_handling_mode": "precise", "interval_handling_mode": "string"},
+                      cdc.create_typed_table, typed_snapshot, cdc.change_typed_source, cdc.typed_rows,
+                      lambda cur, table: cdc.typed_rows(cur, table, cdc.ENTITY_SELECT)),
+    ]
+
+
+CDC_PIPELINES = ("customers", "everyday_types")
 
 
 def change_data_capture(changes: int, seed: int) -> dict[str, object]:
-    """The CDC demo (`--cdc`): Debezium on the stack's Kafka Connect captures the source table cdc.public.customers
-    (`changes` rows when it starts, its snapshot); two rounds of `changes` inserts, updates, deletes and key changes,
-    each carried to Kafka and then published by runs of the customers pipeline's DAG; the entity table compared
-    with the source table row by row."""
+    """The CDC demo (`--cdc`): Debezium on the stack's Kafka Connect captures the source tables cdc.public.customers
+    and cdc.public.everyday_types (PostgreSQL's everyday types: `changes` rows or changes when it starts, its
+    snapshot); two rounds of `changes` inserts, updates (leaving TOASTed values unchanged), deletes and key changes,
+    each carried to Kafka and then published by runs of each table's pipeline DAG; each entity table compared with its
+    source table row by row."""
+    from tools import cdc
+
+    cdc.start_worker()
+    tables = {t.pipeline: _capture_table(t, changes, random.Random(f"{seed}-{t.table}")) for t in _captured_tables()}
+    return {"tables": tables, "matches_source": all(t["matches_source"] for t in tables.values()),
+            "exact": all(t.pop("exact") for t in tables.values())}
+
+
+def _capture_table(captured: CapturedTable, changes: int, rng: random.Random) -> dict[str, Any]:
+    """One source table of the CDC demo, captured, changed twice, published and compared (change_data_capture)."""
     import psycopg2
     from psycopg2 import sql as pg
 
     from kafka_ledger.sinks import remove_pipeline
     from tools import cdc
 
-    pipeline = get_pipeline(CDC_PIPELINE)
+    pipeline = get_pipeline(captured.pipeline)
     services = task_services()
     servers = kafka_client().servers
     topic = pipeline.topics[0]
-    capture = cdc.Capture(name="kafka-ledger-demo-customers", topic_prefix=topic.split(".")[0],
-                          tables=(f"public.{CDC_TABLE}",), partitions=6, keep_slot=True)
-    cdc.start_worker()
-    rng = random.Random(seed)
+    capture = cdc.Capture(name=captured.connector, topic_prefix=topic.split(".")[0],
+                          tables=(f"public.{captured.table}",), partitions=6, keep_slot=True, **captured.capture)
     source = psycopg2.connect(cdc.source_dsn())
     source.autocommit = True
     cur = source.cursor()
@@ -409,8 +459,8 @@ def change_data_capture(changes: int, seed: int) -> dict[str, object]:
     if fresh:
         # A first demo (or one whose capture is gone or failed): the source table, its topic and the pipeline start
         # afresh.
-        log.info("starting the capture afresh: source table cdc.public.%s, topic %s, pipeline %s", CDC_TABLE, topic,
-                 pipeline.name)
+        log.info("starting the capture afresh: source table cdc.public.%s, topic %s, pipeline %s", captured.table,
+                 topic, pipeline.name)
         capture.remove()  # its replication slot and publication, if a connector of that name left them
         admin = AdminClient(services.kafka.confluent())
         if topic in admin.list_topics(timeout=10).topics:
@@ -419,32 +469,28 @@ def change_data_capture(changes: int, seed: int) -> dict[str, object]:
         with psycopg2.connect(services.ledger.libpq()) as conn, conn.cursor() as ledger_cur:
             remove_pipeline(ledger_cur, pipeline)
         conn.close()
-        cdc.create_source_table(cur, CDC_TABLE)
-        cdc.populate_source(cur, CDC_TABLE, changes)
-        expected = changes  # Debezium's snapshot: a read event per row
-    else:
-        expected = cdc.records_in(servers, topic)
-    if fresh:
+        captured.create(cur, captured.table)
+        captured.snapshot(cur, captured.table, rng, changes)
+        expected = len(captured.source_rows(cur, captured.table))  # Debezium's snapshot: a read event per row
         capture.start_afresh()
     else:
+        expected = cdc.records_in(servers, topic)
         capture.register()
     dag_runs = 0
     for _ in range(2):
-        cur.execute(pg.SQL("SELECT coalesce(max(id), 0) + 1 FROM {}").format(pg.Identifier(CDC_TABLE)))
-        changed, _ = cdc.change_source(cur, CDC_TABLE, rng, changes, next_id=cur.fetchone()[0])
+        cur.execute(pg.SQL("SELECT coalesce(max(id), 0) + 1 FROM {}").format(pg.Identifier(captured.table)))
+        changed, _ = captured.change(cur, captured.table, rng, changes, cur.fetchone()[0])
         made.update(changed)
         expected += cdc.events_of(changed)
-        log.info("changed the source table (%s): waiting for Debezium's %d events on %s",
+        log.info("changed the source table %s (%s): waiting for Debezium's %d events on %s", captured.table,
                  ", ".join(f"{n} {kind}s" for kind, n in sorted(changed.items())), expected, topic)
         cdc.wait_for_records(servers, topic, expected, timeout=300)
         dag_runs += run_until_caught_up(pipeline)
     caught_up = time.time()
-    source_rows = cdc.source_rows(cur, CDC_TABLE)
+    source_rows = captured.source_rows(cur, captured.table)
     source.close()
     with psycopg2.connect(services.ledger.libpq()) as conn, conn.cursor() as out:
-        out.execute(pg.SQL("SELECT {} FROM {}").format(pg.SQL(", ").join(map(pg.Identifier, cdc.SOURCE_COLUMNS)),
-                                                       pg.SQL(pipeline.qualified_output_table)))
-        output_rows = {row[0]: tuple(row[1:]) for row in out.fetchall()}
+        output_rows = captured.output_rows(out, pipeline.qualified_output_table)
         out.execute("SELECT count(*) FROM kafka_ledger.dead_letters WHERE pipeline = %s", (pipeline.name,))
         dead_letters = out.fetchone()[0]
     conn.close()
@@ -454,7 +500,7 @@ def change_data_capture(changes: int, seed: int) -> dict[str, object]:
     differing = sorted(key for key in source_rows.keys() | output_rows.keys()
                        if source_rows.get(key) != output_rows.get(key))
     if differing:
-        log.error("the entity table differs from the source table at id(s) %s", differing[:20])
+        log.error("the entity table of %s differs from the source table at id(s) %s", pipeline.name, differing[:20])
     return {"events": expected, "changes": dict(sorted(made.items())), "source_rows": len(source_rows),
             "output_rows": len(output_rows), "dead_letters": dead_letters, "lag": remaining,
             "verify_ok": report.ok, "dag_runs": dag_runs, "matches_source": not differing, "prometheus_lag": seen_lag,
@@ -481,10 +527,11 @@ def main(argv: list[str] | None = None) -> int:
                              "stack's own Airflow (scheduler and triggerer; started for the while if it is not "
                              "running); 0: no doorbell (default 5000)")
     parser.add_argument("--cdc", type=int, nargs="?", const=2_000, default=None, metavar="CHANGES",
-                        help=f"instead: change data capture. Debezium (the stack's Kafka Connect) captures the source "
-                             f"table cdc.public.{CDC_TABLE}; two rounds of CHANGES (default 2000) inserts, updates, "
-                             f"deletes and key changes, each published by runs of pipeline {CDC_PIPELINE}; the entity "
-                             "table compared with the source table row by row (`matches_source`)")
+                        help="instead: change data capture. Debezium (the stack's Kafka Connect) captures the source "
+                             "tables cdc.public.customers and cdc.public.everyday_types (PostgreSQL's everyday types); "
+                             "two rounds of CHANGES (default 2000) inserts, updates, deletes and key changes, each "
+                             f"published by runs of pipelines {' and '.join(CDC_PIPELINES)}; each entity table "
+                             "compared with its source table row by row (`matches_source`)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
@@ -492,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = change_data_capture(args.cdc, seed)
         exact = summary.pop("exact")
         sys.stdout.flush()
-        print(json.dumps({**summary, "pipeline": CDC_PIPELINE, "seed": seed}), flush=True)
+        print(json.dumps({**summary, "seed": seed}, default=str), flush=True)
         return 0 if exact else 1
 
     if args.format != "json" and args.sink != "postgres":

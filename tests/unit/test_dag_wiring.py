@@ -127,7 +127,7 @@ def test_dags_folder_builds_a_dag_per_declared_pipeline(monkeypatch):
     assert set(bag.dag_ids) == {"kafka_ledger__impressions", "kafka_ledger__impressions_lake",
                                 "kafka_ledger__impressions_lake__maintenance", "kafka_ledger__impressions_avro",
                                 "kafka_ledger__impressions_protobuf",
-                                "kafka_ledger__customers"}
+                                "kafka_ledger__customers", "kafka_ledger__everyday_types"}
 
 
 @pytest.mark.parametrize("wanted", ["kafka_ledger__impressions_lake", "kafka_ledger__impressions_lake__maintenance"])
@@ -165,7 +165,7 @@ def test_an_invalid_pipeline_is_an_import_error_and_the_others_keep_their_dags(m
     assert set(bag.dag_ids) == {"kafka_ledger__impressions", "kafka_ledger__impressions_lake",
                                 "kafka_ledger__impressions_lake__maintenance", "kafka_ledger__impressions_avro",
                                 "kafka_ledger__impressions_protobuf",
-                                "kafka_ledger__customers"}
+                                "kafka_ledger__customers", "kafka_ledger__everyday_types"}
     assert list(bag.import_errors) == [str(REPO / "dags" / "kafka_ledger_invalid_pipelines.py")]
     (error,) = bag.import_errors.values()
     assert "pipeline 'orders' is invalid" in error
