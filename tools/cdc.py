@@ -570,6 +570,72 @@ def change_typed_source(cur: Any, table: str, rng: Any, changes: int, next_id: i
     return made, next_id
 
 
+# A table whose columns a pipeline leaves to the JsonConverter's schema (Debezium's defaults): the types a schema
+# names (no numeric without a declared scale: its schema has none), the derived columns its events give, and a
+# SELECT that holds each value alike in the source and in the entity table (text for an interval and money).
+DERIVED_DDL = """
+    id bigint PRIMARY KEY, d date, ts3 timestamp(3), ts6 timestamp, tstz timestamptz, t3 time(3), t6 time,
+    n numeric(12,2), m money, u uuid, jb jsonb, ai int[], iv interval, b bytea, e kl_mood, sm smallint, r real,
+    bo boolean, note text NOT NULL"""
+DERIVED_COLUMNS = [
+    {"name": "id", "type": "long", "required": True}, {"name": "d", "type": "date"},
+    {"name": "ts3", "type": "local_timestamp(3)"}, {"name": "ts6", "type": "local_timestamp"},
+    {"name": "tstz", "type": "timestamp"}, {"name": "t3", "type": "time(3)"}, {"name": "t6", "type": "time"},
+    {"name": "n", "type": "decimal(12,2)"}, {"name": "m", "type": "decimal(38,2)"}, {"name": "u", "type": "uuid"},
+    {"name": "jb", "type": "jsonb"}, {"name": "ai", "type": "jsonb"}, {"name": "iv", "type": "interval"},
+    {"name": "b", "type": "bytes"}, {"name": "e", "type": "string"}, {"name": "sm", "type": "int"},
+    {"name": "r", "type": "double"}, {"name": "bo", "type": "boolean"},
+    {"name": "note", "type": "string", "required": True},
+]
+DERIVED_SELECT = ("id, d, ts3, ts6, tstz, t3, t6, n, {m}, u, jb, {ai}, iv::text, b, {e}, sm, {r}, bo, note")
+
+
+def create_derived_table(cur: Any, table: str) -> None:
+    cur.execute("DO $$ BEGIN CREATE TYPE kl_mood AS ENUM ('sad', 'ok', 'happy'); "
+                "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+    cur.execute(f"DROP TABLE IF EXISTS {table}")
+    cur.execute(f"CREATE TABLE {table} ({DERIVED_DDL})")
+
+
+def change_derived_source(cur: Any, table: str, rng: Any, changes: int, next_id: int) -> tuple[Counter, int]:
+    """`changes` random inserts, updates, deletes and key changes on the derived table (values as the typed table's);
+    (the changes made by kind, the next free id)."""
+    import psycopg2
+
+    names = [c["name"] for c in DERIVED_COLUMNS[1:]]
+    cur.execute(f"SELECT id FROM {table}")
+    live = [row[0] for row in cur.fetchall()]
+    made: Counter = Counter()
+    for _ in range(changes):
+        values = {**_typed_values(rng), "note": f"note {rng.randrange(10**6)}"}
+        row = [psycopg2.Binary(values[n]) if n == "b" and values[n] is not None else values[n] for n in names]
+        roll = rng.random()
+        if not live or roll < 0.4:
+            cur.execute(f"INSERT INTO {table} (id, {', '.join(names)}) VALUES (%s{', %s' * len(names)})",
+                        (next_id, *row))
+            live.append(next_id)
+            next_id += 1
+            made["insert"] += 1
+        elif roll < 0.8:
+            cur.execute(f"UPDATE {table} SET {', '.join(f'{n} = %s' for n in names)} WHERE id = %s",
+                        (*row, rng.choice(live)))
+            made["update"] += 1
+        elif roll < 0.92:
+            cur.execute(f"DELETE FROM {table} WHERE id = %s", (live.pop(rng.randrange(len(live))),))
+            made["delete"] += 1
+        else:
+            next_id = change_key(cur, table, live, rng, next_id)
+            made["key change"] += 1
+    return made, next_id
+
+
+def derived_rows(cur: Any, table: str, source: bool) -> dict[int, tuple]:
+    """The derived table's rows by id, alike in the source (`source`) and in the entity table."""
+    select = DERIVED_SELECT.format(m="m::numeric" if source else "m", ai="to_jsonb(ai)" if source else "ai",
+                                   e="e::text" if source else "e", r="r::float8" if source else "r")
+    return typed_rows(cur, table, select)
+
+
 def typed_rows(cur: Any, table: str, select: str = TYPED_SELECT) -> dict[int, tuple]:
     """A typed table's rows by id, as `select` gives them (the source's: TYPED_SELECT; an entity table's:
     ENTITY_SELECT)."""

@@ -236,6 +236,10 @@ PIPELINES = {
        for runtime, cap, debezium in (
            ("connect", 25, {"debezium": {"interval.handling.mode": "string"}}),
            ("submit", 100, {"debezium": cdc.TYPED_DEBEZIUM}))},
+    # Columns left out, taken from the JsonConverter's schema of Debezium's events (test_debezium.py).
+    "derived": {"spark_runtime": "connect", "retries": 0, "write": "upsert", "key": ["id"], "columns": None,
+                "value": {"format": "json", "envelope": "debezium", "debezium": {"interval.handling.mode": "string"}},
+                "topics": [f"{topic_name('derived')}.public.derived"], "max_records_per_partition": 40},
     # Change events that lack values, made by hand and produced in the order a test needs (test_change_events.py).
     "lacking": {"spark_runtime": "connect", "retries": 0, "write": "upsert", "key": ["id"],
                 "value": {"format": "json", "envelope": "debezium"},

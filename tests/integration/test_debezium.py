@@ -265,3 +265,42 @@ def test_every_everyday_type_lands_as_the_source_had_it(kafka_connect, dsn, serv
             "ts0": "timestamp without time zone", "ts6": "timestamp without time zone",
             "tstz": "timestamp with time zone", "t3": "time without time zone", "u": "uuid", "b": "bytea",
             "jb": "jsonb", "n": "numeric", "iv": "interval"}
+
+
+def test_columns_left_out_are_taken_from_the_jsonconverters_schema(kafka_connect, dsn, servers):
+    """A pipeline of Debezium's events written with its defaults (the JsonConverter's schemas, precise numerics;
+    intervals as text) that leaves `columns:` out: its first plan takes them from the newest event's schema, types
+    included (a date, timestamps and times of their precision, numerics of their precision and scale, uuid, jsonb,
+    an array, an interval, bytea, an enum; NOT NULL fields required), `kafka-ledger columns --topic` prints the same,
+    and the entity table equals the source table value by value; a column added to the source table becomes a column
+    of the entity table with the next batch that reads it."""
+    table = "derived"
+    rng = random.Random(20261201)
+    with _captured("derived", table, cdc.create_derived_table, value_schemas=True, decimal_handling_mode="precise",
+                   interval_handling_mode="string") as (pipeline, capture, topic, cur):
+        made, next_id = cdc.change_derived_source(cur, table, rng, 20, next_id=1)
+        events = len(cdc.derived_rows(cur, table, source=True))
+        capture.register()
+        made, next_id = cdc.change_derived_source(cur, table, rng, 60, next_id)
+        events += cdc.events_of(made)
+        cdc.wait_for_records(servers, topic, events)
+        code, printed, err = cli("columns", "--topic", topic)
+        assert code == 0, err
+        assert printed["columns"] == cdc.DERIVED_COLUMNS
+        drain(dsn, servers, pipeline)
+        [(recorded,)] = query(dsn, "SELECT columns FROM kafka_ledger.pipeline_columns WHERE pipeline = %s",
+                              pipeline.name)
+        assert recorded == cdc.DERIVED_COLUMNS
+        entity = f"{pipeline.output_schema}.{pipeline.output_table}"
+        with psycopg2.connect(dsn) as out, out.cursor() as entity_cur:
+            assert cdc.derived_rows(entity_cur, entity, source=False) == cdc.derived_rows(cur, table, source=True)
+        out.close()
+        assert query(dsn, "SELECT count(*) FROM kafka_ledger.dead_letters WHERE pipeline = %s", pipeline.name) == [
+            (0,)]
+
+        # A column added at the source: Debezium's next events carry it in their schema.
+        cur.execute(f"ALTER TABLE {table} ADD COLUMN seen_on date")
+        cur.execute(f"UPDATE {table} SET seen_on = DATE '2026-11-29' WHERE id IN (SELECT id FROM {table} LIMIT 3)")
+        cdc.wait_for_records(servers, topic, events + 3)
+        drain(dsn, servers, pipeline)
+        assert query(dsn, f"SELECT count(*) FROM {entity} WHERE seen_on = DATE '2026-11-29'") == [(3,)]

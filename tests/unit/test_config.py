@@ -730,3 +730,14 @@ def test_an_interval_of_a_change_event_needs_debeziums_exact_text():
                                                      "{interval.handling.mode: string}}\n")["p"]
     # Outside a change event's row image an interval is whatever text the producer writes.
     assert parse_pipelines(pipeline_yaml(columns="[{name: span, type: interval}]"))["p"]
+
+
+def test_change_events_with_the_jsonconverters_schemas_may_leave_their_columns_out():
+    entity = "pipelines:\n  p:\n    topics: [t]\n    output_table: t\n    write: upsert\n    key: [id]\n"
+    derived = parse_pipelines(entity + "    value: {envelope: debezium}\n")["p"]
+    assert derived.columns_from_reader_schema
+    unschema = config_error(entity + "    value: {envelope: debezium, debezium: {value.converter.schemas.enable: "
+                                     "false}}\n")
+    assert ("columns is required: the fields of the record, one column each (format json has no schema to take them "
+            "from: only Debezium's change events written with the JsonConverter's schemas carry one") in unschema
+    assert "columns is required" in config_error("pipelines:\n  p:\n    topics: [t]\n    output_table: t\n")

@@ -1,6 +1,6 @@
-"""The columns of a pipeline that leaves `columns:` out (its format's values have their schemas in the registry): taken
-from its subject's newest schema at its first plan, recorded in the ledger, and extended by a later plan that finds
-a newer version with new fields.
+"""The columns of a pipeline that leaves `columns:` out (its format's values have their schemas in the registry, or
+carry them: the JsonConverter's): taken from its subject's newest schema (a topic's newest change event's) at its
+first plan, recorded in the ledger, and extended by a later plan that finds a newer version with new fields.
 
 Every entry point that reads, publishes or prepares a pipeline's table resolves its columns here first; a pipeline
 that declares its columns passes through unchanged. A field added to the subject becomes a column at the first plan
@@ -12,14 +12,41 @@ existed reads it as NULL (formats/avro.py).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from kafka_ledger.config.pipeline import ColumnsUnknownError, PipelineConfig
-from kafka_ledger.config.services import LedgerDatabase, Services
+from kafka_ledger.config.services import KafkaClient, LedgerDatabase, Services
 from kafka_ledger.formats.known import value_format
 from kafka_ledger.formats.schema_registry import SchemaRefused
+from kafka_ledger.kafka.offsets import newest_values
 from kafka_ledger.ledger import db as ledger
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ColumnSourcesOf:
+    """Where a format finds the schema of derived columns (formats.base.ColumnSources): the schema registry and Kafka,
+    each looked up when first asked (a JSON pipeline needs no registry; a registry format's derivation, no Kafka)."""
+
+    registry_of: Callable[[], Any]
+    kafka_of: Callable[[], KafkaClient]
+
+    def registry(self) -> Any:
+        return self.registry_of()
+
+    def newest_values(self, topic: str) -> list[bytes]:
+        return newest_values(self.kafka_of(), topic)
+
+
+def column_sources(services: Services) -> ColumnSourcesOf:
+    return ColumnSourcesOf(services.registry, lambda: services.kafka)
+
+
+def _origin(pipeline: PipelineConfig, recorded: ledger.RecordedColumns) -> str:
+    return value_format(pipeline).columns_origin(recorded.subject, recorded.schema_id, recorded.version)
 
 
 def _applied(pipeline: PipelineConfig, recorded: ledger.RecordedColumns) -> PipelineConfig:
@@ -27,9 +54,8 @@ def _applied(pipeline: PipelineConfig, recorded: ledger.RecordedColumns) -> Pipe
         return pipeline.with_columns(recorded.columns)
     except ValueError as exc:
         raise SchemaRefused(
-            f"pipeline {pipeline.name} takes its columns from version {recorded.version} of subject "
-            f"{recorded.subject} (schema id {recorded.schema_id}), and they do not fit its declaration: {exc}. "
-            "Declare its `columns:` (`kafka-ledger columns SUBJECT` prints them)") from None
+            f"pipeline {pipeline.name} takes its columns from {_origin(pipeline, recorded)}, and they do not fit its "
+            f"declaration: {exc}. Declare its `columns:` (`kafka-ledger columns` prints them)") from None
 
 
 def with_recorded_columns(cur: ledger.Cursor, pipeline: PipelineConfig) -> PipelineConfig:
@@ -78,16 +104,16 @@ def with_columns_taken(cur: ledger.Cursor, services: Services, pipeline: Pipelin
         raise SchemaRefused(
             f"pipeline {pipeline.name} takes its columns from its topics' reader schema, and none of its topics "
             "exists yet")
-    subject = found.subject if found else pipeline.value.subject or pipeline.value.subject_of(min(topics))
-    derived = value_format(pipeline).derived_columns(services.registry().client(), subject, pipeline.value.envelope)
+    fmt = value_format(pipeline)
+    subject = found.subject if found else fmt.columns_subject(pipeline, topics)
+    derived = fmt.derived_columns(column_sources(services), subject, pipeline.value.envelope)
     schema_id, version, columns = derived.schema_id, derived.version, derived.columns
     if found is not None and found.schema_id == schema_id:
         return _applied(pipeline, found)
     if found is None:
         found = ledger.record_pipeline_columns(cur, pipeline.name, ledger.RecordedColumns(
             subject, schema_id, version, columns))
-        log.info("pipeline %s takes its columns from version %s of subject %s (schema id %s): %s", pipeline.name,
-                 found.version, found.subject, found.schema_id,
+        log.info("pipeline %s takes its columns from %s: %s", pipeline.name, _origin(pipeline, found),
                  ", ".join(f"{c['name']} {c['type']}" for c in found.columns))
         return _applied(pipeline, found)
     # A newer version: its new fields become columns, added to the output by the commit of this batch (the first
@@ -97,7 +123,7 @@ def with_columns_taken(cur: ledger.Cursor, services: Services, pipeline: Pipelin
     found = ledger.extend_pipeline_columns(cur, pipeline.name, ledger.RecordedColumns(
         subject, schema_id, version, [*found.columns, *added]))
     if added:
-        log.info("pipeline %s takes the new field(s) of version %s of subject %s (schema id %s) as column(s): %s; "
-                 "the commit of this batch adds them to its output", pipeline.name, version, subject, schema_id,
-                 ", ".join(f"{c['name']} {c['type']}" for c in added))
+        log.info("pipeline %s takes the new field(s) of %s as column(s): %s; the commit of this batch adds them to "
+                 "its output", pipeline.name, _origin(pipeline, found), ", ".join(f"{c['name']} {c['type']}"
+                                                                                  for c in added))
     return _applied(pipeline, found)

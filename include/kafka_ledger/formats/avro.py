@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from kafka_ledger.formats import framing, sources
 from kafka_ledger.formats.base import (
+    ColumnSources,
     DeclaredColumn,
     DeclaredPipeline,
     DerivedColumns,
@@ -325,7 +326,8 @@ class AvroFormat(RegistryFormat):
     def topic_schemas(self, registry: Any, subject: str, reader_id: int) -> TopicSchemas:
         return topic_schemas(registry, subject, reader_id)
 
-    def derived_columns(self, registry: Any, subject: str, envelope: str) -> DerivedColumns:
+    def derived_columns(self, sources: ColumnSources, subject: str, envelope: str) -> DerivedColumns:
+        registry = sources.registry().client()
         schema_id, version, reader = newest_reader(registry, subject)
         try:
             columns = declared_columns(reader, envelope)

@@ -88,6 +88,15 @@ class DeclaredPipeline(Protocol):
     def model_copy(self, *, update: Mapping[str, Any] | None = None) -> Any: ...
 
 
+class ColumnSources(Protocol):
+    """Where a format finds the schema a pipeline's derived columns come from (batch/columns.py gives it): the schema
+    registry, or a topic's newest records (a format whose values carry their schema)."""
+
+    def registry(self) -> Any: ...
+
+    def newest_values(self, topic: str) -> list[bytes]: ...
+
+
 @dataclass(frozen=True)
 class SchemaPin:
     """The schema a topic of a batch is read with (a registry format's): a subject's version in the schema registry,
@@ -103,8 +112,9 @@ class SchemaPin:
 
 @dataclass(frozen=True)
 class DerivedColumns:
-    """The columns a format derived from a subject's newest version: the declarations (as a pipelines file writes
-    them) and the version they come from."""
+    """The columns a format derived from a subject's newest version (a registry format's; a format whose values
+    carry their schema: `subject` the topic, `schema_id` the schema's own hash, `version` 0): the declarations (as a
+    pipelines file writes them) and the version they come from."""
 
     subject: str
     schema_id: int
@@ -159,6 +169,8 @@ class ValueFormat(ABC):
     uses_registry: ClassVar[bool] = False
     # Whether a declaration may leave `columns:` out: the format derives them from the subject's newest schema.
     derives_columns: ClassVar[bool] = False
+    # When a format that derives columns for some declarations only does (a refusal says so); empty: always or never.
+    derives_when: ClassVar[str] = ""
     # How the format reads a column of each kind, by the kind's word (model.kinds): the one place a format decides by
     # kind. Every declarable kind has its entry in every format (a test keeps it so).
     kind_readings: ClassVar[Mapping[str, object]]
@@ -177,10 +189,14 @@ class ValueFormat(ABC):
     def declaration_problems(self, pipeline: DeclaredPipeline) -> list[str]:
         """Why the pipeline's declaration cannot be read in this format (columns it cannot fill, options of the
         pipeline it does not support); none: it can."""
-        if pipeline.columns is None and not self.derives_columns:
+        if pipeline.columns is None and not self.can_derive_columns(pipeline):
             return [f"columns is required: the fields of the record, one column each (format {self.name} has no "
-                    "schema to take them from)"]
+                    "schema to take them from" + (f": {self.derives_when}" if self.derives_when else "") + ")"]
         return []
+
+    def can_derive_columns(self, pipeline: DeclaredPipeline) -> bool:
+        """Whether the pipeline may leave its columns to the format (`derived_columns`)."""
+        return self.derives_columns
 
     # --- a batch's schemas --------------------------------------------------------------------------------------
 
@@ -207,9 +223,18 @@ class ValueFormat(ABC):
         pipelines' records."""
         return self.uses_registry
 
-    def derived_columns(self, registry: Any, subject: str, envelope: str) -> DerivedColumns:
+    def columns_subject(self, pipeline: DeclaredPipeline, topics: list[str]) -> str:
+        """Where a pipeline that leaves its columns out takes them from (`topics`: those it subscribes to): a subject
+        of the registry, or a topic; recorded with them."""
+        raise NotImplementedError(f"format {self.name} takes its columns from the declaration")
+
+    def derived_columns(self, sources: ColumnSources, subject: str, envelope: str) -> DerivedColumns:
         """The columns of every field of the subject's newest schema (of a change event's row image, envelope
         debezium), each of the column type that holds it."""
+        raise NotImplementedError(f"format {self.name} takes its columns from the declaration")
+
+    def columns_origin(self, subject: str, schema_id: int, version: int) -> str:
+        """Where derived columns came from, in words (a log line, a refusal)."""
         raise NotImplementedError(f"format {self.name} takes its columns from the declaration")
 
     # --- the decoding ---------------------------------------------------------------------------------------------

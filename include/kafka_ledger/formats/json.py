@@ -17,8 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kafka_ledger.formats import framing, sources
-from kafka_ledger.formats.base import FieldRead, Reading, ValueFormat
+from kafka_ledger.formats import framing, json_schemas, sources
+from kafka_ledger.formats.base import ColumnSources, DeclaredPipeline, DerivedColumns, FieldRead, Reading, ValueFormat
+from kafka_ledger.formats.schema_registry import SchemaRefused
 from kafka_ledger.model import debezium
 from kafka_ledger.model.kinds import ColumnKind, TimestampKind
 
@@ -232,6 +233,39 @@ class JsonFormat(ValueFormat):
     description = "a JSON document whose fields the columns name (by `path`)"
     options = frozenset({"framing"})
     kind_readings = JSON_READS
+    derives_when = ("only Debezium's change events written with the JsonConverter's schemas carry one (`envelope: "
+                    "debezium`, value.converter.schemas.enable true)")
+
+    # --- columns from the values' own schema (the JsonConverter's) -------------------------------------------------
+
+    def can_derive_columns(self, pipeline: DeclaredPipeline) -> bool:
+        return pipeline.value.envelope == "debezium" and pipeline.value.debezium.value_converter_schemas_enable
+
+    def columns_subject(self, pipeline: DeclaredPipeline, topics: list[str]) -> str:
+        return min(topics)
+
+    def derived_columns(self, sources: ColumnSources, subject: str, envelope: str) -> DerivedColumns:
+        """The columns of the row image's fields, as the newest change event of topic `subject` carrying the
+        JsonConverter's schema declares them."""
+        values = sources.newest_values(subject)
+        schema = next((found for value in values if (found := json_schemas.value_schema(value)) is not None), None)
+        if schema is None:
+            raise SchemaRefused(
+                f"no columns can be taken from topic {subject}: " + (
+                    "it holds no record yet (Debezium writes its snapshot when the connector starts)" if not values
+                    else "its newest records carry no JsonConverter schema (value.converter.schemas.enable false?)")
+                + "; declare the pipeline's `columns:`")
+        try:
+            row = json_schemas.row_schema(schema, envelope)
+            columns = json_schemas.declared_columns(row)
+        except ValueError as exc:
+            raise SchemaRefused(f"no columns can be taken from topic {subject}'s newest change event: {exc}; declare "
+                                "the pipeline's `columns:` (`kafka-ledger columns --topic` prints those it can take)"
+                                ) from None
+        return DerivedColumns(subject, json_schemas.schema_hash(row), 0, columns)
+
+    def columns_origin(self, subject: str, schema_id: int, version: int) -> str:
+        return f"the JsonConverter schema of topic {subject}'s newest change event (schema hash {schema_id})"
 
     def declaration_problems(self, pipeline: DeclaredPipeline) -> list[str]:
         problems = super().declaration_problems(pipeline)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from kafka_ledger.formats import framing
 from kafka_ledger.formats.base import (
+    ColumnSources,
     DeclaredColumn,
     DeclaredPipeline,
     DerivedColumns,
@@ -391,7 +392,8 @@ class ProtobufFormat(RegistryFormat, JsonFormat):
     def with_schemas(self, schemas: Mapping[str, TopicSchemas]) -> ProtobufFormat:
         return ProtobufFormat(schemas)
 
-    def derived_columns(self, registry: Any, subject: str, envelope: str) -> DerivedColumns:
+    def derived_columns(self, sources: ColumnSources, subject: str, envelope: str) -> DerivedColumns:
+        registry = sources.registry().client()
         schema_id, version, schema = newest_schema(registry, subject)
         what = f"version {version} of subject {subject}"
         message = message_named(descriptor_set(registry, schema, what), None, what)

@@ -89,6 +89,15 @@ class RegistryFormat(ValueFormat):
                             "whole key or header (no path)")
         return problems
 
+    def can_derive_columns(self, pipeline: DeclaredPipeline) -> bool:
+        return True  # every version in the registry has its schema (before JSON's rule, which Protobuf borrows)
+
+    def columns_subject(self, pipeline: DeclaredPipeline, topics: list[str]) -> str:
+        return pipeline.value.subject or pipeline.value.subject_of(min(topics))
+
+    def columns_origin(self, subject: str, schema_id: int, version: int) -> str:
+        return f"version {version} of subject {subject} (schema id {schema_id})"
+
     def check_reader(self, registry: Any, pipeline: DeclaredPipeline, columns: list[DeclaredColumn], subject: str,
                      schema_id: int, version: int) -> None:
         """Refuse a reader schema that cannot fill the columns (SchemaRefused naming each one)."""

@@ -329,6 +329,38 @@ def record_timestamps(
     return found
 
 
+def newest_values(kafka: KafkaClient, topic: str, last: int = 5, timeout: float = 10.0) -> list[bytes]:
+    """The values of up to `last` newest committed records of each partition of `topic` (not tombstones), newest
+    first by Kafka timestamp: what a format whose values carry their schema derives columns from. Empty for a topic
+    with no record (or none yet)."""
+    ends = partition_offsets(kafka, [topic], timeout)
+    wanted = {tp: max(o.log_start, o.end - last) for tp, o in ends.items() if o.end > o.log_start}
+    if not wanted:
+        return []
+    consumer = Consumer(kafka.confluent(**{
+        "group.id": f"kafka-ledger-newest-{uuid.uuid4().hex}", "enable.auto.commit": False,
+        "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "error",
+        "socket.timeout.ms": int(timeout * 1000),
+    }))
+    found: list[tuple[int, bytes]] = []
+    waiting = set(wanted)
+    deadline = time.monotonic() + timeout
+    try:
+        consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, offset) for tp, offset in wanted.items()])
+        while waiting and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=100, timeout=0.2):
+                if message.topic() is None:
+                    continue
+                tp = TopicPartition(message.topic(), message.partition())
+                if message.error() is not None:  # the partition's end (or its offset deleted meanwhile)
+                    waiting.discard(tp)
+                elif message.value() is not None:
+                    found.append((message.timestamp()[1], message.value()))
+    finally:
+        consumer.close()
+    return [value for _, value in sorted(found, key=lambda f: f[0], reverse=True)]
+
+
 def position_timestamps(kafka: KafkaClient, wanted: Iterable[tuple[TopicPartition, int]],
                         timeout: float = 10.0) -> dict[tuple[TopicPartition, int], int]:
     """record_timestamps of (partition, position) pairs, several pipelines' at once: one fetch for a position of each

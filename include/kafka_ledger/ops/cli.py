@@ -22,6 +22,7 @@ import psycopg2
 
 from kafka_ledger.batch import commit
 from kafka_ledger.batch import plan as planner
+from kafka_ledger.batch.columns import ColumnSourcesOf
 from kafka_ledger.batch.commit import CommitError
 from kafka_ledger.batch.requests import BatchRequest, RequestError, as_utc, parse_request
 from kafka_ledger.config import settings
@@ -409,19 +410,28 @@ def cmd_kafka(args: argparse.Namespace) -> int:
 
 
 def cmd_columns(args: argparse.Namespace) -> int:
-    client = settings.schema_registry().client()
-    _, _, schema = schema_registry.newest_schema(client, args.subject)
-    try:
-        fmt = known.for_schema_type(schema.schema_type)
-    except ValueError as exc:
-        raise schema_registry.SchemaRefused(f"subject {args.subject}: {exc}") from None
-    derived = fmt.derived_columns(client, args.subject, args.envelope)
+    if (args.subject is None) == (args.topic is None):
+        raise Failed("name a subject of the schema registry, or a topic (--topic) of change events written with the "
+                     "JsonConverter's schemas")
+    sources = ColumnSourcesOf(settings.schema_registry, settings.kafka_client)
+    if args.topic is not None:
+        # The JsonConverter's schema of the topic's newest change event.
+        fmt, subject, envelope = known.format_named("json"), args.topic, "debezium"
+    else:
+        _, _, schema = schema_registry.newest_schema(sources.registry().client(), args.subject)
+        try:
+            fmt = known.for_schema_type(schema.schema_type)
+        except ValueError as exc:
+            raise schema_registry.SchemaRefused(f"subject {args.subject}: {exc}") from None
+        subject, envelope = args.subject, args.envelope
+    derived = fmt.derived_columns(sources, subject, envelope)
     schema_id, version, columns = derived.schema_id, derived.version, derived.columns
-    fields = "every field of the row image (after)" if args.envelope == "debezium" else "every top-level field"
-    lines = [f"# {fields} of subject {args.subject}, version {version} (schema id {schema_id})",
+    fields = "every field of the row image (after)" if envelope == "debezium" else "every top-level field"
+    lines = [f"# {fields} of {fmt.columns_origin(subject, schema_id, version)}",
              "columns:", *("  - {" + ", ".join(f"{k}: {json.dumps(v) if k == 'type' else v}" for k, v in c.items())
                            + "}" for c in columns)]
-    _emit(args, {"subject": args.subject, "version": version, "schema_id": schema_id, "columns": columns},
+    _emit(args, {"subject" if args.topic is None else "topic": subject, "version": version, "schema_id": schema_id,
+                 "columns": columns},
           "\n".join(lines))
     return 0
 
@@ -596,11 +606,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_maintain)
 
     p = command("columns", "print a `columns:` declaration of every top-level field of a subject's newest version in "
-                           "the schema registry (Avro), each of the column type that holds it")
+                           "the schema registry (Avro, Protobuf), or of the row image of a topic's newest change event "
+                           "(--topic: Debezium's, with the JsonConverter's schemas), each of the column type that "
+                           "holds it")
     p.epilog = ("Paste it into a pipeline of the subject's format (`value: {format: avro}`) and edit it: drop the "
                 "fields you do not want, read nested ones by `path`, add `required`. A field no column type holds (a "
-                "union of several types, a local timestamp) is refused by name.")
-    p.add_argument("subject", help="e.g. orders-value")
+                "union of several types, a local timestamp; a numeric without a declared scale) is refused by name.")
+    p.add_argument("subject", nargs="?", help="e.g. orders-value")
+    p.add_argument("--topic", help="instead of a subject: a topic of Debezium's change events written with the "
+                                   "JsonConverter's schemas, e.g. shop.public.customers")
     p.add_argument("--envelope", choices=["none", "debezium"], default="none",
                    help="debezium: the subject holds change events; declare the fields of their row image (after)")
     p.set_defaults(run=cmd_columns)
