@@ -90,6 +90,11 @@ public final class ProtobufDocument implements UDF2<byte[], byte[], Row> {
         for (String name : file.getDependencyList()) {
           dependencies.add(built.get(name));
         }
+        // proto2 leaves a string field's UTF-8 unchecked: protobuf-java would decode invalid bytes into replacement
+        // characters, a value silently not the producer's. Checked, such a value does not decode: a dead letter.
+        if (file.getSyntax().isEmpty() || file.getSyntax().equals("proto2")) {
+          file = file.toBuilder().setOptions(file.getOptions().toBuilder().setJavaStringCheckUtf8(true)).build();
+        }
         last = FileDescriptor.buildFrom(file, dependencies.toArray(new FileDescriptor[0]));
         built.put(file.getName(), last);
       }

@@ -161,6 +161,36 @@ def test_values_decode_with_the_reader_schema_and_bad_ones_are_dead_letters(spar
         "city": None, "zip": None, "discount": None, "card": None, "at": None, "took": None, "waited": None}
 
 
+def test_a_proto2_string_that_is_not_utf8_is_a_dead_letter_never_replacement_characters(spark):
+    """proto2 does not check a string field's UTF-8 (proto3 does): protobuf-java would hand back replacement
+    characters, a value not the producer's. Such a value is a dead letter; a valid one is read as written."""
+    from kafka_ledger.formats.protobuf import ProtobufFormat, topic_schemas
+
+    client = settings.schema_registry().client()
+    topic = f"it-protobuf2-{uuid.uuid4().hex[:8]}"
+    schema_id = client.register_schema(f"{topic}-value", Schema(
+        'syntax = "proto2";\npackage p2;\nmessage Note { optional string text = 1; }\n', "PROTOBUF"))
+    # Field 1, length-delimited: valid UTF-8 (and a replacement character the producer did write), then bytes that
+    # are not UTF-8.
+    valid, invalid = "é \ufffd".encode(), b"\xff\xfe"
+    values = [b"\x00" + schema_id.to_bytes(4, "big") + b"\x00\x0a" + bytes([len(text)]) + text
+              for text in (valid, invalid)]
+    pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {
+        "topics": [topic], "output_table": "t", "columns": [{"name": "text", "type": "string"}],
+        "value": {"format": "protobuf"}}}}))["p"]
+    records = spark.createDataFrame(
+        [(topic, 0, offset, datetime(2026, 11, 29, tzinfo=UTC), None, value, [])
+         for offset, value in enumerate(values)],
+        "topic string, partition int, offset long, timestamp timestamp, key binary, value binary, "
+        "headers array<struct<key: string, value: binary>>")
+    fmt = ProtobufFormat({topic: topic_schemas(client, f"{topic}-value", schema_id)})
+    decoded = lean_decoded(records, pipeline, fmt, ["text"])
+    assert (decoded[0]["text"], decoded[0]["error"]) == ("é \ufffd", None)
+    assert decoded[1]["text"] is None
+    assert decoded[1]["error"] == (f"value does not decode as message p2.Note (writer schema id {schema_id}): Protocol "
+                                   "message had invalid UTF-8.")
+
+
 def _produce(servers: str, topic: str, values: list[tuple[bytes | None, bytes]]) -> list[tuple[str, int, int]]:
     from integration_support import RecordedProducer
 
