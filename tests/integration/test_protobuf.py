@@ -18,6 +18,7 @@ from kafka_ledger.config import settings
 from kafka_ledger.config.pipeline import parse_pipelines
 from kafka_ledger.formats.base import SchemaPin
 from kafka_ledger.formats.framing import NOT_FRAMED
+from kafka_ledger.formats.protobuf import message_class
 
 pytestmark = pytest.mark.integration
 
@@ -57,8 +58,6 @@ ORDER_V2 = ORDER.replace("oneof payment", "string channel = 16;\n  oneof payment
 
 def classes(text: str):
     """The Order and Order.Line message classes of a schema, built from its descriptors as a batch builds them."""
-    from kafka_ledger.formats.protobuf import message_class
-
     imports = {"address.proto": ADDRESS}
     return message_class(text, "shop.Order", imports), message_class(text, "shop.Order.Line", imports)
 
@@ -189,6 +188,32 @@ def test_a_proto2_string_that_is_not_utf8_is_a_dead_letter_never_replacement_cha
     assert decoded[1]["text"] is None
     assert decoded[1]["error"] == (f"value does not decode as message p2.Note (writer schema id {schema_id}): Protocol "
                                    "message had invalid UTF-8.")
+
+
+def test_a_pipeline_of_several_topics_decodes_each_with_its_own_subject(spark):
+    """Two topics of one pipeline, each its own subject and message (the same fields by name, other numbers),
+    their records interleaved in one frame: each decodes with its topic's schema."""
+    from kafka_ledger.formats.protobuf import ProtobufFormat, topic_schemas
+
+    client = settings.schema_registry().client()
+    texts = {"a": 'syntax = "proto3";\npackage pa;\nmessage Click { string id = 1; int64 n = 2; }\n',
+             "b": 'syntax = "proto3";\npackage pb;\nmessage Tap { int64 n = 1; string id = 2; }\n'}
+    topics = {side: f"it-protobuf-{side}-{uuid.uuid4().hex[:8]}" for side in texts}
+    ids = {side: client.register_schema(f"{topics[side]}-value", Schema(text, "PROTOBUF"))
+           for side, text in texts.items()}
+    messages = {"a": message_class(texts["a"], "pa.Click"), "b": message_class(texts["b"], "pb.Tap")}
+    rows = [(topics[side], 0, i, datetime(2026, 11, 29, tzinfo=UTC), None, b"\x00" + ids[side].to_bytes(4, "big")
+             + b"\x00" + messages[side](id=f"{side}{i}", n=i).SerializeToString(), [])
+            for i, side in enumerate("ababba")]
+    pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {
+        "topics": list(topics.values()), "output_table": "t", "value": {"format": "protobuf"},
+        "columns": [{"name": "id", "type": "string"}, {"name": "n", "type": "long"}]}}}))["p"]
+    records = spark.createDataFrame(rows, "topic string, partition int, offset long, timestamp timestamp, key binary, "
+                                          "value binary, headers array<struct<key: string, value: binary>>")
+    fmt = ProtobufFormat({topics[side]: topic_schemas(client, f"{topics[side]}-value", ids[side]) for side in texts})
+    decoded = lean_decoded(records, pipeline, fmt, ["id", "n"])
+    assert {o: (r["id"], r["n"], r["error"]) for o, r in decoded.items()} == {
+        i: (f"{side}{i}", i, None) for i, side in enumerate("ababba")}
 
 
 def _produce(servers: str, topic: str, values: list[tuple[bytes | None, bytes]]) -> list[tuple[str, int, int]]:
