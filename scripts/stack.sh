@@ -257,17 +257,25 @@ install_schema_registry() {
   stamp_set schema-registry "$key"
 }
 
-# Kafka Connect's worker and, on its plugin path, Debezium's PostgreSQL connector.
+# Kafka Connect's worker and, on its plugin path, Debezium's PostgreSQL connector and Apicurio's Avro converter.
 KAFKA_CONNECT_LIBS=$KL_CACHE/kafka-connect
 DEBEZIUM_PLUGINS=$KL_CACHE/debezium
 
 install_kafka_connect() {
-  local key; key=$(hash_files "$KL_HOME/stack/maven/kafka-connect/pom.xml" "$KL_HOME/stack/maven/debezium/pom.xml")
+  local key tmp; key=$(hash_files "$KL_HOME/stack/maven/kafka-connect/pom.xml" "$KL_HOME/stack/maven/debezium/pom.xml" \
+    "$KL_HOME/stack/maven/apicurio-converter/pom.xml" "$KL_HOME/stack/kafka-connect/converter-services.txt")
   stamp_ok kafka-connect "$key" && return
-  say "resolving Kafka Connect and Debezium's PostgreSQL connector from Maven Central"
+  say "resolving Kafka Connect, Debezium's PostgreSQL connector and Apicurio's Avro converter from Maven Central"
   rm -rf "$KAFKA_CONNECT_LIBS" "$DEBEZIUM_PLUGINS"
   mvn_copy "$KL_HOME/stack/maven/kafka-connect" "$KAFKA_CONNECT_LIBS"
   mvn_copy "$KL_HOME/stack/maven/debezium" "$DEBEZIUM_PLUGINS/debezium-connector-postgres"
+  mvn_copy "$KL_HOME/stack/maven/apicurio-converter" "$DEBEZIUM_PLUGINS/apicurio-converter"
+  # The converter's jar has no service manifest, which the worker's plugin.discovery=service_load finds plugins by.
+  tmp=$(mktemp -d); mkdir -p "$tmp/META-INF/services"
+  cp "$KL_HOME/stack/kafka-connect/converter-services.txt" "$tmp/META-INF/services/org.apache.kafka.connect.storage.Converter"
+  (cd "$tmp" && jar cf "$DEBEZIUM_PLUGINS/apicurio-converter/kafka-ledger-converter-services.jar" META-INF) \
+    || die "could not write the Avro converter's service manifest"
+  rm -rf "$tmp"
   stamp_set kafka-connect "$key"
 }
 

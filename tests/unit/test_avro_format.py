@@ -134,3 +134,46 @@ def test_every_kind_reads_in_every_format():
         assert set(fmt.kind_readings) == {kind.word for kind in DECLARABLE}, fmt.name
         for kind in DECLARABLE:
             assert fmt.kind_reading(kind) is not None
+
+
+def test_debeziums_avro_types_read_by_their_connect_names():
+    """An AvroConverter writes Debezium's types by Connect's semantic names, not Avro's logical types: a column of
+    the source's type reads each; another kind reads its Avro type; a decimal wider than Spark's is decoded from its
+    bytes."""
+    from kafka_ledger.formats import avro
+    from kafka_ledger.model.kinds import parse_kind
+
+    def named(kind: str, name: str) -> dict:
+        return {"type": kind, "connect.version": 1, "connect.name": name}
+
+    assert avro.type_name(named("int", "io.debezium.time.Date")) == "io.debezium.time.Date"
+    assert avro.type_name(named("string", "io.debezium.data.Enum")) == "string"  # a name no kind reads otherwise
+    cases = [("date", named("int", "io.debezium.time.Date"), "epoch days"),
+             ("local_timestamp(3)", named("long", "io.debezium.time.Timestamp"), "epoch millis"),
+             ("time", named("long", "io.debezium.time.MicroTime"), "epoch micros"),
+             ("timestamp", named("string", "io.debezium.time.ZonedTimestamp"), "text"),
+             ("jsonb", named("string", "io.debezium.data.Json"), "json text"),
+             ("uuid", named("string", "io.debezium.data.Uuid"), "text"),
+             ("interval", named("string", "io.debezium.time.Interval"), "text"),
+             ("string", named("string", "io.debezium.data.Uuid"), "same"),  # its Avro type
+             ("long", named("long", "io.debezium.time.Timestamp"), "same"),
+             ("date", named("long", "io.debezium.time.MicroDuration"), None),
+             ("decimal(38,10)", {"type": "record", "name": "VariableScaleDecimal", "fields": [],
+                                 "connect.name": "io.debezium.data.VariableScaleDecimal"}, "variable scale")]
+    assert [(kind, avro.reading(parse_kind(kind), avro_type)) for kind, avro_type, _ in cases] == [
+        (kind, how) for kind, _, how in cases]
+    row = {"type": "record", "name": "Value", "fields": [
+        {"name": "id", "type": "long"}, {"name": "d", "type": ["null", named("int", "io.debezium.time.Date")]},
+        {"name": "at", "type": ["null", named("long", "io.debezium.time.MicroTimestamp")]},
+        {"name": "doc", "type": ["null", named("string", "io.debezium.data.Json")]},
+        {"name": "span", "type": ["null", named("string", "io.debezium.time.Interval")]}]}
+    envelope = {"type": "record", "name": "Envelope", "fields": [
+        {"name": "before", "type": ["null", row]}, {"name": "after", "type": ["null", "Value"]}]}
+    assert avro.declared_columns(json.dumps(envelope), "debezium") == [
+        {"name": "id", "type": "long"}, {"name": "d", "type": "date"}, {"name": "at", "type": "local_timestamp"},
+        {"name": "doc", "type": "jsonb"}, {"name": "span", "type": "interval"}]
+    money = {"type": "bytes", "scale": 2, "precision": 64, "logicalType": "decimal",
+             "connect.name": "org.apache.kafka.connect.data.Decimal"}
+    wide = {"type": "record", "name": "R", "fields": [{"name": "m", "type": ["null", money]}]}
+    assert json.loads(avro._spark_decimals(json.dumps(wide)))["fields"][0]["type"][1] == {
+        k: v for k, v in money.items() if k != "logicalType"}

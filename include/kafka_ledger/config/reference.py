@@ -118,7 +118,10 @@ def column_types_table() -> str:
 # How a column reads an Avro type (formats.avro.AVRO_READS), in words.
 _AVRO_HOW = {"same": "", "cast": " (widened)", "range": " (a value out of range is a dead letter)",
              "fit": " (a value that does not fit exactly is a dead letter, never rounded)", "json": " (its JSON text)",
-             "text": " (its text read as the type)"}
+             "text": " (its text read as the type)", "json text": " (its JSON text: any JSON value)",
+             "epoch days": " (days since 1970-01-01)", "epoch millis": " (milliseconds since the epoch or midnight)",
+             "epoch micros": " (microseconds since the epoch or midnight)",
+             "variable scale": " (its scale and unscaled value)"}
 
 
 def avro_types_table() -> str:

@@ -41,7 +41,7 @@ from kafka_ledger.formats.schema_registry import (
     schema_of,
 )
 from kafka_ledger.model import debezium
-from kafka_ledger.model.kinds import DECLARABLE, ColumnKind, DecimalKind
+from kafka_ledger.model.kinds import DECLARABLE, MAX_DECIMAL_PRECISION, ColumnKind, DecimalKind
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -70,8 +70,30 @@ AVRO_READS: dict[str, Mapping[str, str]] = {
     "decimal": {"decimal": "fit", "int": "fit", "long": "fit"},
     "jsonb": {"record": "json", "array": "json", "map": "json"},
     "bytes": {"bytes": "same", "fixed": "same"},
-    "interval": {"string": "text"},
+    "interval": {"string": "text", "io.debezium.time.Interval": "text"},
 }
+# Debezium's change events as an AvroConverter writes them name their types by Connect's semantic names
+# (`connect.name`) rather than Avro's logical types: how a column reads each (`json text`, a string holding any JSON;
+# `epoch days`, `epoch millis`, `epoch micros`, a number since 1970-01-01 or midnight; `text`, a string read by the
+# kind; `variable scale`, a numeric without a declared scale, its scale and unscaled bytes). A kind not named here reads
+# such a field as its Avro type (a string column an enum's name, a long column a Timestamp's milliseconds).
+DEBEZIUM_READS: dict[str, Mapping[str, str]] = {
+    "jsonb": {"io.debezium.data.Json": "json text"},
+    "date": {"io.debezium.time.Date": "epoch days"},
+    "local_timestamp": {"io.debezium.time.Timestamp": "epoch millis", "io.debezium.time.MicroTimestamp":
+                        "epoch micros"},
+    "timestamp": {"io.debezium.time.ZonedTimestamp": "text"},
+    "time": {"io.debezium.time.Time": "epoch millis", "io.debezium.time.MicroTime": "epoch micros"},
+    "uuid": {"io.debezium.data.Uuid": "text"},
+    "decimal": {"io.debezium.data.VariableScaleDecimal": "variable scale"},
+    "interval": {"io.debezium.time.Interval": "text"},
+}
+for _word, _named in DEBEZIUM_READS.items():
+    AVRO_READS[_word] = {**AVRO_READS[_word], **_named}
+_CONNECT_NAMES = {name for named in DEBEZIUM_READS.values() for name in named}
+# The readings of a semantic name that give the source column's own type (a derived column's): a numeric without a
+# declared scale has none.
+_DEBEZIUM_HOWS = ("epoch days", "epoch millis", "epoch micros", "text", "json text")
 
 
 @dataclass(frozen=True)
@@ -157,6 +179,8 @@ def type_name(avro_type: Any) -> str:
     logical = avro_type.get("logicalType")
     if logical == "decimal":
         return f"decimal({avro_type.get('precision')},{avro_type.get('scale', 0)})"
+    if not logical and avro_type.get("connect.name") in _CONNECT_NAMES:
+        return avro_type["connect.name"]
     return logical or avro_type.get("type", "?")
 
 
@@ -169,7 +193,7 @@ def column_kind(avro_type: Any) -> ColumnKind | None:
             return DecimalKind(int(avro_type.get("precision", 0)), int(avro_type.get("scale", 0)))
         except ValueError:  # more digits than any column holds
             return None
-    return next((kind for how in ("same", "cast", "json") for kind in DECLARABLE
+    return next((kind for how in ("same", *_DEBEZIUM_HOWS, "cast", "json") for kind in DECLARABLE
                  if AVRO_READS[kind.word].get(name) == how),
                 None)
 
@@ -205,7 +229,10 @@ def reading(kind: ColumnKind, avro_type: Any) -> str | None:
     """How a column of `kind` reads a field of `avro_type` (AVRO_READS), or None when it cannot hold it
     exactly."""
     name = type_name(avro_type)
-    return AVRO_READS[kind.word].get("decimal" if name.startswith("decimal(") else name)
+    found = AVRO_READS[kind.word].get("decimal" if name.startswith("decimal(") else name)
+    if found is None and name in _CONNECT_NAMES:  # a semantic name the kind does not know: its Avro type
+        found = AVRO_READS[kind.word].get(avro_type["type"])
+    return found
 
 
 def columns_problems(columns: list[DeclaredColumn], schemas: TopicSchemas) -> list[str]:
@@ -289,6 +316,14 @@ def _decoded_column(topic: str) -> str:
     return f"avro decoded {topic}"
 
 
+def _named(name: str) -> Column:
+    """A column by its name, quoted: a topic in it may hold dots (Debezium's `<prefix>.<schema>.<table>`), which an
+    unquoted name would read as fields of a struct."""
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
 def _schema_id(value: Column) -> Column:
     from pyspark.sql import functions as F
 
@@ -342,13 +377,13 @@ class AvroFormat(RegistryFormat):
 
         payload = framing.payload(F.col("value"))
         schema_id = F.col(SCHEMA_ID_COLUMN)
-        reader = schemas.reader_with_marker()
+        reader = _spark_decimals(schemas.reader_with_marker())
         options = {"mode": "PERMISSIVE", "avroSchema": reader}
         decoded = None
         for writer_id, writer in sorted(schemas.writers.items()):
             if writer_id in schemas.unreadable:
                 continue
-            branch = from_avro(payload, writer, options)
+            branch = from_avro(payload, _spark_decimals(writer), options)
             decoded = F.when(schema_id == writer_id, branch) if decoded is None else decoded.when(
                 schema_id == writer_id, branch)
         nothing = from_avro(F.lit(None).cast("binary"), reader, options)  # a NULL of the reader's struct type
@@ -359,8 +394,36 @@ class AvroFormat(RegistryFormat):
 
         framed = records.select(*keep, F.when(framing.is_framed(F.col("value")), _schema_id(F.col("value")))
                                 .alias(SCHEMA_ID_COLUMN))
-        return framed.select("*", *[F.when(F.col("topic") == topic, self._decode(schemas)).alias(
+        decoded = framed.select("*", *[F.when(F.col("topic") == topic, self._decode(schemas)).alias(
             _decoded_column(topic)) for topic, schemas in sorted(self.schemas.items())])
+        # A numeric without a declared scale as decimal text, in a projection of its own: its expression is deep,
+        # and the reading refers to it twice.
+        unscaled = []
+        for topic, column, raw, avro_type in self._fields_read(pipeline):
+            if _wide_decimal(avro_type):  # its unscaled bytes (_spark_decimals), its scale in the schema
+                text, why = DecimalKind.unscaled_text(F.base64(raw), F.lit(int(avro_type.get("scale", 0))))
+            elif reading(column.type, avro_type) == "variable scale":
+                text, why = DecimalKind.unscaled_text(F.base64(raw["value"]), raw["scale"])
+            else:
+                continue
+            unscaled += [text.alias(_unscaled_column(topic, column, "text")),
+                         why.alias(_unscaled_column(topic, column, "why"))]
+        return decoded.select("*", *unscaled) if unscaled else decoded
+
+    def _fields_read(self, pipeline: DeclaredPipeline) -> list[tuple[str, DeclaredColumn, Column, Any]]:
+        """(topic, column, its field of the decoded struct, the field's Avro type) of every value column its topic's
+        reader schema has."""
+        found = []
+        for topic, schemas in sorted(self.schemas.items()):
+            for column in pipeline.columns or []:
+                if column.source != "value":
+                    continue
+                try:
+                    avro_type = field_type(schemas.reader, column.field_path)
+                except KeyError:
+                    continue
+                found.append((topic, column, _field_of(topic, column), avro_type))
+        return found
 
     def _topic_problem(self, topic: str, schemas: TopicSchemas) -> Column:
         """Why a value of `topic` cannot be decoded at all (NULL when it decoded)."""
@@ -373,7 +436,7 @@ class AvroFormat(RegistryFormat):
             problem = problem.when(schema_id == writer_id, F.lit(
                 f"the writer schema (id {writer_id}) cannot be read with the reader schema (id {schemas.reader_id}) "
                 f"of subject {schemas.subject}: {why}"))
-        return problem.when(F.col(_decoded_column(topic))[DECODED_FIELD].isNull(), F.concat(
+        return problem.when(_named(_decoded_column(topic))[DECODED_FIELD].isNull(), F.concat(
             F.lit("value does not decode with its writer schema (id "), schema_id.cast("string"), F.lit(")")))
 
     def read(self, pipeline: DeclaredPipeline) -> Reading:
@@ -389,7 +452,7 @@ class AvroFormat(RegistryFormat):
                  undecoded.otherwise(known) if undecoded is not None else known]
         decoded_ok = F.lit(False)
         for name in sorted(self.schemas):
-            decoded_ok = F.when(topic == name, F.col(_decoded_column(name))[DECODED_FIELD].isNotNull()).otherwise(
+            decoded_ok = F.when(topic == name, _named(_decoded_column(name))[DECODED_FIELD].isNotNull()).otherwise(
                 decoded_ok)
         fields = [self._field(column) if column.source == "value" else sources.whole_source(column)
                   for column in pipeline.columns]
@@ -410,10 +473,7 @@ class AvroFormat(RegistryFormat):
                 # its plan is refused (columns_problems).
                 read, problem = F.lit(None).cast(column.type.spark_type()), F.lit(None).cast("string")
             else:
-                raw = F.col(_decoded_column(topic))
-                for key in column.field_path:
-                    raw = raw.getField(key)
-                read, problem = _as_kind(raw, column, avro_type)
+                read, problem = _as_kind(_field_of(topic, column), column, avro_type, topic)
             is_topic = F.col("topic") == topic
             value = F.when(is_topic, read) if value is None else value.when(is_topic, read)
             problems = F.when(is_topic, problem) if problems is None else problems.when(is_topic, problem)
@@ -422,17 +482,65 @@ class AvroFormat(RegistryFormat):
                          [problems] if problems is not None else [])
 
 
-def _as_kind(raw: Column, column: DeclaredColumn, avro_type: Any) -> tuple[Column, Column]:
-    """A decoded field as a value of the column's kind, and why it cannot be (NULL when it can)."""
+def _field_of(topic: str, column: DeclaredColumn) -> Column:
+    """The column's field of its topic's decoded struct."""
+
+    raw = _named(_decoded_column(topic))
+    for key in column.field_path:
+        raw = raw.getField(key)
+    return raw
+
+
+def _wide_decimal(avro_type: Any) -> bool:
+    """A decimal of more digits than Spark's (Debezium's money: precision 64): Spark decodes its bytes."""
+    return (isinstance(avro_type, dict) and avro_type.get("logicalType") == "decimal"
+            and int(avro_type.get("precision", 0)) > MAX_DECIMAL_PRECISION)
+
+
+def _spark_decimals(schema: str) -> str:
+    """A schema as Spark decodes it: a decimal wider than Spark's without its logical type (its unscaled bytes, read
+    with their scale by the kind: a value that fits the column is exact, one that does not a dead letter)."""
+    def narrowed(node: Any) -> Any:
+        if isinstance(node, list):
+            return [narrowed(member) for member in node]
+        if not isinstance(node, dict):
+            return node
+        if _wide_decimal(node):
+            return {k: v for k, v in node.items() if k != "logicalType"}
+        return {k: narrowed(v) if k in ("fields", "type", "items", "values") else v for k, v in node.items()}
+
+    return json.dumps(narrowed(json.loads(schema)))
+
+
+def _unscaled_column(topic: str, column: DeclaredColumn, part: str) -> str:
+    return f"avro unscaled {part} {topic} {column.name}"
+
+
+def _as_kind(raw: Column, column: DeclaredColumn, avro_type: Any, topic: str) -> tuple[Column, Column]:
+    """A decoded field (of `topic`) as a value of the column's kind, and why it cannot be (NULL when it can)."""
     from pyspark.sql import functions as F
 
     kind, label = column.type, column.label
     how = reading(kind, avro_type)
     nothing = F.lit(None).cast("string")
+    if how is not None and _wide_decimal(avro_type):  # parse's projection made its text
+        how = "variable scale"
     if how == "same":
         return raw, nothing
     if how == "text":
         read = kind.from_text(raw, column, label)
+        return read.value, read.problem
+    if how in ("epoch days", "epoch millis", "epoch micros"):
+        read = kind.from_debezium(raw.cast("long"), how, column, label)
+        return read.value, read.problem
+    if how == "json text":
+        parsed = F.try_parse_json(raw)
+        read = kind.from_variant(parsed, raw.isNotNull(), label, scalars=True)
+        return read.value, F.when(raw.isNotNull() & parsed.isNull(), F.lit(
+            f"{label} is not a valid jsonb (its text is not JSON)")).otherwise(read.problem)
+    if how == "variable scale":  # parse's projection made its text
+        read = kind.from_unscaled(_named(_unscaled_column(topic, column, "text")),
+                                  _named(_unscaled_column(topic, column, "why")), column, label)
         return read.value, read.problem
     if how == "cast":
         return raw.cast(kind.spark_type()), nothing
