@@ -225,19 +225,19 @@ PIPELINES = {
     "toast": {"spark_runtime": "connect", "retries": 0, "write": "upsert", "key": ["id"],
               "value": {"format": "json", "envelope": "debezium"}, "columns": cdc.TOASTED_DECLARED,
               "topics": [f"{topic_name('toast')}.public.toasted"], "max_records_per_partition": 9},
-    # A source table of PostgreSQL's everyday types, each column declared as the source's (test_debezium.py): in
-    # the connect runtime as Debezium writes them by default (the JsonConverter's schemas, precise numerics), in
-    # submit without schemas (numerics as text), and as Avro through the registry (Apicurio's AvroConverter);
-    # intervals as ISO-8601 text (Debezium's default is not exact).
-    **{f"typed_{shape}": {"spark_runtime": runtime, "retries": 0, "write": "upsert", "key": ["id"],
-                          "value": {"format": fmt, "envelope": "debezium", **debezium},
-                          "columns": cdc.TYPED_DECLARED,
-                          "topics": [f"{topic_name(f'typed_{shape}')}.public.typed_{shape}"],
-                          "max_records_per_partition": cap}
-       for shape, runtime, fmt, cap, debezium in (
-           ("connect", "connect", "json", 25, {"debezium": {"interval.handling.mode": "string"}}),
-           ("submit", "submit", "json", 100, {"debezium": cdc.TYPED_DEBEZIUM}),
-           ("avro", "connect", "avro", 40, {}))},
+    # A source table of PostgreSQL's everyday types, each column declared as the source's (test_debezium.py), in
+    # each runtime: as Debezium writes them by default (the JsonConverter's schemas, precise numerics), without
+    # schemas (numerics as text), and as Avro through the registry (Apicurio's AvroConverter); intervals as ISO-8601
+    # text (Debezium's default is not exact).
+    **{f"typed_{shape}_{runtime}": {
+        "spark_runtime": runtime, "retries": 0, "write": "upsert", "key": ["id"],
+        "value": {"format": "avro" if shape == "avro" else "json", "envelope": "debezium", "debezium": debezium},
+        "columns": cdc.TYPED_DECLARED,
+        "topics": [f"{topic_name(f'typed_{shape}_{runtime}')}.public.typed_{shape}_{runtime}"],
+        "max_records_per_partition": 25 if runtime == "connect" else 100}
+       for shape, debezium in (("schemas", {"interval.handling.mode": "string"}), ("plain", cdc.TYPED_DEBEZIUM),
+                               ("avro", {"interval.handling.mode": "string"}))
+       for runtime in ("connect", "submit")},
     # Columns left out, taken from the JsonConverter's schema of Debezium's events (test_debezium.py).
     "derived": {"spark_runtime": "connect", "retries": 0, "write": "upsert", "key": ["id"], "columns": None,
                 "value": {"format": "json", "envelope": "debezium", "debezium": {"interval.handling.mode": "string"}},
