@@ -81,6 +81,8 @@ class Capture:
     decimal_handling_mode: str = "string"
     # Debezium's default, numeric, counts a month as 30.4375 days: string (ISO-8601 text) keeps an interval exact.
     interval_handling_mode: str = "numeric"
+    time_precision_mode: str = "adaptive"
+    binary_handling_mode: str = "bytes"
     # json: the JsonConverter; avro: Apicurio's AvroConverter, registering each table's schema in the stack's
     # registry and framing values as Confluent's serializers do (the id one the registry's Confluent API resolves).
     value_format: str = "json"
@@ -115,6 +117,8 @@ class Capture:
             "snapshot.mode": "initial",
             "decimal.handling.mode": self.decimal_handling_mode,
             "interval.handling.mode": self.interval_handling_mode,
+            "time.precision.mode": self.time_precision_mode,
+            "binary.handling.mode": self.binary_handling_mode,
             "key.converter": "org.apache.kafka.connect.json.JsonConverter",
             "key.converter.schemas.enable": "false",
             **(self._avro_values() if self.value_format == "avro" else {

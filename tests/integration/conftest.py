@@ -58,6 +58,10 @@ CARRIED_TRIGGER = {"type": "doorbell", "carrier": CARRIER, "poll_seconds": 1, "c
                    "ring_again_seconds": 60}
 
 # Every test that runs a DAG gets its own pipeline (and topic); overrides tune caps and retries.
+# The connector's common alternatives to its defaults that keep every value exact (the type matrix's `alternatives`).
+TYPED_ALTERNATIVES = {"decimal.handling.mode": "string", "time.precision.mode": "adaptive_time_microseconds",
+                      "binary.handling.mode": "hex", "interval.handling.mode": "string"}
+
 PIPELINES = {
     "exact": {},
     "drain": {"max_records_per_partition": 50},
@@ -236,7 +240,7 @@ PIPELINES = {
         "topics": [f"{topic_name(f'typed_{shape}_{runtime}')}.public.typed_{shape}_{runtime}"],
         "max_records_per_partition": 25 if runtime == "connect" else 100}
        for shape, debezium in (("schemas", {"interval.handling.mode": "string"}), ("plain", cdc.TYPED_DEBEZIUM),
-                               ("avro", {"interval.handling.mode": "string"}))
+                               ("avro", {"interval.handling.mode": "string"}), ("alternatives", TYPED_ALTERNATIVES))
        for runtime in ("connect", "submit")},
     # Columns left out, taken from the JsonConverter's schema of Debezium's events (test_debezium.py).
     "derived": {"spark_runtime": "connect", "retries": 0, "write": "upsert", "key": ["id"], "columns": None,

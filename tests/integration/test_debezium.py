@@ -227,21 +227,26 @@ def test_an_unchanged_toasted_value_keeps_the_entitys_value_never_the_placeholde
 @pytest.mark.parametrize(("shape", "runtime"), [
     ("schemas", "connect"), ("plain", "submit"), ("avro", "connect"),
     *(pytest.param(shape, runtime, marks=pytest.mark.long)
-      for shape, runtime in (("schemas", "submit"), ("plain", "connect"), ("avro", "submit")))])
+      for shape, runtime in (("schemas", "submit"), ("plain", "connect"), ("avro", "submit"),
+                             ("alternatives", "connect")))])
 def test_every_everyday_type_lands_as_the_source_had_it(kafka_connect, dsn, servers, shape, runtime):
     """A source table of PostgreSQL's everyday types (json and jsonb, date, timestamps with and without a zone and of
     three precisions, times, numerics fixed and unconstrained, money, bytea, uuid, an enum, arrays, real, smallint,
     char, inet, intervals, a TOASTed text its updates often leave unchanged), each column declared as the source's,
     captured by Debezium through inserts, updates, deletes and key changes, with its defaults and the JsonConverter's
     (schemas, precise numerics), without schemas (numerics as text), or as Avro through the registry (Apicurio's
-    AvroConverter: logical types and Connect's names), in either runtime; intervals as ISO-8601 text (its numeric
+    AvroConverter: logical types and Connect's names), in either runtime, and with its common alternatives (numerics
+    as text, times in microseconds, bytea in hex; the long lane); intervals as ISO-8601 text (its numeric
     default counts a month as 30.4375 days): the entity table equals the source table value by value, no dead
     letter."""
     table = f"typed_{shape}_{runtime}"
     defaults = shape != "plain"  # Debezium's and the JsonConverter's own defaults: schemas, precise numerics
     rng = random.Random(20261130)
+    alternatives = {"decimal_handling_mode": "string", "time_precision_mode": "adaptive_time_microseconds",
+                    "binary_handling_mode": "hex"} if shape == "alternatives" else {}
     with _captured(f"typed_{shape}_{runtime}", table, cdc.create_typed_table, value_schemas=defaults,
-                   decimal_handling_mode="precise" if defaults else "string", interval_handling_mode="string",
+                   **{"decimal_handling_mode": "precise" if defaults else "string", **alternatives},
+                   interval_handling_mode="string",
                    value_format="avro" if shape == "avro" else "json") as (pipeline, capture, topic, cur):
         made, next_id = cdc.change_typed_source(cur, table, rng, 20, next_id=1)
         events = len(cdc.typed_rows(cur, table))

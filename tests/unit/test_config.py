@@ -698,6 +698,8 @@ def test_debeziums_settings_decide_what_json_columns_can_read_exactly():
                                                      "{decimal.handling.mode: double, time.precision.mode: connect}}\n")
     assert "column(s) at (local_timestamp): Debezium's time.precision.mode connect writes milliseconds" in connect
     assert "seen" not in connect  # time(3): milliseconds lose nothing
+    assert ("column(s) amount (decimal(12,2)): Debezium's decimal.handling.mode double writes a numeric as a binary "
+            "float") in connect
     assert "pipelines.p.value.debezium.decimal.handling.mode" in config_error(
         pipeline_yaml(**entity) + "    value: {envelope: debezium, debezium: {decimal.handling.mode: exact}}\n")
     # Avro's decimals carry their scale: nothing to refuse.

@@ -223,7 +223,7 @@ class DebeziumSettings(BaseModel):
         default="precise", alias="decimal.handling.mode",
         description="how a numeric is written: `precise` (Debezium's default: its unscaled bytes, the scale in the "
                     "schema: exact, in JSON with the JsonConverter's schemas), `string` (its digits as text: exact), "
-                    "`double` (a binary float)")
+                    "`double` (a binary float: a `decimal` column refuses it)")
     time_precision_mode: Literal["adaptive", "adaptive_time_microseconds", "connect"] = Field(
         default="adaptive", alias="time.precision.mode",
         description="how a time or a timestamp without time zone is written: `adaptive` (Debezium's default: "

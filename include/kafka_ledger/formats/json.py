@@ -270,7 +270,7 @@ class JsonFormat(ValueFormat):
     def declaration_problems(self, pipeline: DeclaredPipeline) -> list[str]:
         problems = super().declaration_problems(pipeline)
         settings = pipeline.value.debezium
-        in_json, imprecise, truncated, approximate = [], [], [], []
+        in_json, imprecise, truncated, approximate, floating = [], [], [], [], []
         for c in pipeline.columns or []:
             if not c.field_path:
                 continue
@@ -287,6 +287,8 @@ class JsonFormat(ValueFormat):
                 truncated.append(f"{c.name} ({c.type})")
             if in_row and c.type.word == "interval" and settings.interval_handling_mode != "string":
                 approximate.append(c.name)
+            if in_row and c.type.word == "decimal" and settings.decimal_handling_mode == "double":
+                floating.append(f"{c.name} ({c.type})")
         if in_json:
             problems.append(f"column(s) {', '.join(in_json)}: a bytes column reads an Avro bytes or fixed field, or a "
                             "whole Kafka key or header; a JSON document's field has no bytes (declare it as a string)")
@@ -302,6 +304,11 @@ class JsonFormat(ValueFormat):
                 f"column(s) {', '.join(truncated)}: Debezium's time.precision.mode connect writes milliseconds, losing "
                 "the digits after them: set time.precision.mode=adaptive on the connector (its default) and declare "
                 "it, or declare the columns' precision as 3")
+        if floating:
+            problems.append(
+                f"column(s) {', '.join(floating)}: Debezium's decimal.handling.mode double writes a numeric as a "
+                "binary float, its digits past about 15 already lost: set decimal.handling.mode=string on the "
+                "connector (every digit, as text) and declare it, or declare the column(s) double")
         if approximate:
             problems.append(
                 f"column(s) {', '.join(approximate)}: Debezium's interval.handling.mode numeric (its default) writes "
