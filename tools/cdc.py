@@ -359,6 +359,17 @@ def change_source(cur: Any, table: str, rng: Any, changes: int, next_id: int) ->
     return made, next_id
 
 
+def _delete_or_change_key(cur: Any, table: str, live: list[int], rng: Any, next_id: int, made: Counter,
+                          delete: bool) -> int:
+    """Delete a random live row, or give one the next free id (counted in `made`); returns the next free id."""
+    if delete:
+        cur.execute(f"DELETE FROM {table} WHERE id = %s", (live.pop(rng.randrange(len(live))),))
+        made["delete"] += 1
+        return next_id
+    made["key change"] += 1
+    return change_key(cur, table, live, rng, next_id)
+
+
 def change_key(cur: Any, table: str, live: list[int], rng: Any, next_id: int) -> int:
     """Give a random live row the next free id (a primary-key change: Debezium's delete of the old key and create
     of the new one); returns the next free id."""
@@ -586,12 +597,8 @@ def change_typed_source(cur: Any, table: str, rng: Any, changes: int, next_id: i
             cur.execute(f"UPDATE {table} SET {', '.join(f'{n} = %s' for n in chosen)} WHERE id = %s",
                         (*[adapt(n, values[n]) for n in chosen], rng.choice(live)))
             made["update"] += 1
-        elif roll < 0.9:
-            cur.execute(f"DELETE FROM {table} WHERE id = %s", (live.pop(rng.randrange(len(live))),))
-            made["delete"] += 1
         else:
-            next_id = change_key(cur, table, live, rng, next_id)
-            made["key change"] += 1
+            next_id = _delete_or_change_key(cur, table, live, rng, next_id, made, delete=roll < 0.9)
     return made, next_id
 
 
@@ -645,12 +652,8 @@ def change_derived_source(cur: Any, table: str, rng: Any, changes: int, next_id:
             cur.execute(f"UPDATE {table} SET {', '.join(f'{n} = %s' for n in names)} WHERE id = %s",
                         (*row, rng.choice(live)))
             made["update"] += 1
-        elif roll < 0.92:
-            cur.execute(f"DELETE FROM {table} WHERE id = %s", (live.pop(rng.randrange(len(live))),))
-            made["delete"] += 1
         else:
-            next_id = change_key(cur, table, live, rng, next_id)
-            made["key change"] += 1
+            next_id = _delete_or_change_key(cur, table, live, rng, next_id, made, delete=roll < 0.92)
     return made, next_id
 
 

@@ -795,14 +795,9 @@ class JsonbKind(_Textual):
                        F.lit(f"{label} contains a NUL character, which Postgres jsonb cannot store"))]
 
 
-class UuidKind(_Textual):
-    """A UUID (Postgres `uuid`): in Spark, its canonical text (lower-case, hyphens); in binary COPY its 16 bytes."""
-
-    word = "uuid"
-    key_capable = True
-    description = "a UUID, from its text (`a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11`; in the lake as that text)"
-    postgres_type = "uuid"
-    _SHAPE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+class _SixteenBytes(ColumnKind):
+    """A kind held as text in Spark and the lake, and as its Postgres type's 16 bytes in binary COPY (`copy_array`
+    makes them)."""
 
     def spark_type(self) -> DataType:
         from pyspark.sql import types as T
@@ -818,6 +813,16 @@ class UuidKind(_Textual):
         from pyiceberg import types
 
         return types.StringType()
+
+
+class UuidKind(_Textual, _SixteenBytes):
+    """A UUID (Postgres `uuid`): in Spark, its canonical text (lower-case, hyphens); in binary COPY its 16 bytes."""
+
+    word = "uuid"
+    key_capable = True
+    description = "a UUID, from its text (`a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11`; in the lake as that text)"
+    postgres_type = "uuid"
+    _SHAPE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 
     def copy_array(self, values: Any) -> Any:
         """The canonical texts (lower-case, hyphens) as 16 bytes each, their hex digits decoded at once."""
@@ -889,7 +894,7 @@ class BytesKind(ColumnKind):
         return value.isin(*[F.lit(bytearray(text.encode())) for text in texts])
 
 
-class IntervalKind(ColumnKind):
+class IntervalKind(_SixteenBytes):
     """A span of time as Postgres keeps it (`interval`): months, days and microseconds, each its own (a month is not
     a number of days, nor a day 24 hours across a clock change). Read from ISO-8601 text with designators
     (`P1Y2M3DT4H5M6.5S`, a sign on any part, as Debezium's interval.handling.mode string writes it) or a number of
@@ -908,21 +913,6 @@ class IntervalKind(ColumnKind):
     _SECONDS = r"^([-+]?)([0-9]{1,12})(?:\.([0-9]+))?$"
     _CANONICAL = r"^P(?P<months>-?[0-9]+)M(?P<days>-?[0-9]+)DT(?P<sign>-?)(?P<whole>[0-9]+)\.(?P<fraction>[0-9]{6})S$"
     _INT32 = 2**31
-
-    def spark_type(self) -> DataType:
-        from pyspark.sql import types as T
-
-        return T.StringType()
-
-    def arrow_type(self) -> pa.DataType:
-        import pyarrow as pa
-
-        return pa.binary(16)
-
-    def iceberg_type(self) -> Any:
-        from pyiceberg import types
-
-        return types.StringType()
 
     @property
     def staging_type(self) -> str:
