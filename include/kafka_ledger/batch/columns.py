@@ -19,7 +19,7 @@ from typing import Any
 from kafka_ledger.config.pipeline import ColumnsUnknownError, PipelineConfig
 from kafka_ledger.config.services import KafkaClient, LedgerDatabase, Services
 from kafka_ledger.formats.known import value_format
-from kafka_ledger.formats.schema_registry import SchemaRefused
+from kafka_ledger.formats.schema_registry import SchemaNotSeen, SchemaRefused
 from kafka_ledger.kafka.offsets import newest_values
 from kafka_ledger.ledger import db as ledger
 
@@ -106,7 +106,12 @@ def with_columns_taken(cur: ledger.Cursor, services: Services, pipeline: Pipelin
             "exists yet")
     fmt = value_format(pipeline)
     subject = found.subject if found else fmt.columns_subject(pipeline, topics)
-    derived = fmt.derived_columns(column_sources(services), subject, pipeline.value.envelope)
+    try:
+        derived = fmt.derived_columns(column_sources(services), subject, pipeline.value.envelope)
+    except SchemaNotSeen:
+        if found is None:
+            raise
+        return _applied(pipeline, found)  # a topic emptied by retention: the columns taken before stand
     schema_id, version, columns = derived.schema_id, derived.version, derived.columns
     if found is not None and found.schema_id == schema_id:
         return _applied(pipeline, found)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kafka_ledger.formats import framing, json_schemas, sources
 from kafka_ledger.formats.base import ColumnSources, DeclaredPipeline, DerivedColumns, FieldRead, Reading, ValueFormat
-from kafka_ledger.formats.schema_registry import SchemaRefused
+from kafka_ledger.formats.schema_registry import SchemaNotSeen, SchemaRefused
 from kafka_ledger.model import debezium
 from kafka_ledger.model.kinds import ColumnKind, TimestampKind
 
@@ -249,12 +249,13 @@ class JsonFormat(ValueFormat):
         JsonConverter's schema declares them."""
         values = sources.newest_values(subject)
         schema = next((found for value in values if (found := json_schemas.value_schema(value)) is not None), None)
+        if not values:
+            raise SchemaNotSeen(f"no columns can be taken from topic {subject}: it holds no change event yet (Debezium "
+                                "writes its snapshot when the connector starts); declare the pipeline's `columns:`")
         if schema is None:
-            raise SchemaRefused(
-                f"no columns can be taken from topic {subject}: " + (
-                    "it holds no record yet (Debezium writes its snapshot when the connector starts)" if not values
-                    else "its newest records carry no JsonConverter schema (value.converter.schemas.enable false?)")
-                + "; declare the pipeline's `columns:`")
+            raise SchemaRefused(f"no columns can be taken from topic {subject}: its newest records carry no "
+                                "JsonConverter schema (value.converter.schemas.enable false?); declare the pipeline's "
+                                "`columns:`")
         try:
             row = json_schemas.row_schema(schema, envelope)
             columns = json_schemas.declared_columns(row)

@@ -29,6 +29,11 @@ class SchemaRefused(SchemaRegistryError, Refusal):
     format, columns it cannot fill): nothing is planned until the declaration or the subject changes."""
 
 
+class SchemaNotSeen(SchemaRefused):
+    """No schema to take columns from yet: a topic whose values carry their schema holds none (empty, or only
+    tombstones). Columns taken before stand."""
+
+
 @contextlib.contextmanager
 def asking(what: str, subject: str | None = None) -> Iterator[None]:
     """The registry's failures as SchemaRegistryError saying what was asked (a subject it does not know: refused)."""
