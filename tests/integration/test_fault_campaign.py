@@ -94,7 +94,9 @@ def test_every_kind_of_network_fault_loses_and_doubles_nothing(dsn, servers, pip
 BEFORE_THE_SINK = ("restart_kafka_in_read", "crash_after_plan")
 
 
-@pytest.mark.parametrize("runtime", ["connect", "submit"])
+# spark-submit's twin in the long lane: in either runtime the Spark work commits an Iceberg sink's batch, and the
+# default run strikes spark-submit's own faults on a Postgres sink.
+@pytest.mark.parametrize("runtime", ["connect", pytest.param("submit", marks=pytest.mark.long)])
 def test_every_kind_of_fault_on_an_iceberg_sink_loses_and_doubles_nothing(dsn, servers, pipeline_factory, tmp_path,
                                                                           runtime):
     """Each runtime publishing into the lake: its every fault where the sink has a part (the Spark work, which
