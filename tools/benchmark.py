@@ -15,7 +15,8 @@ per round, then a summary line (medians; ratios kafka-ledger / peer as medians o
 `--cdc KEYS` also writes `--records` Debezium change events over KEYS keys to a third topic (a snapshot, then 60 %
 updates, 10 % deletes, 10 % creates, then a second snapshot; tools/benchmark.cdc_events) and runs, each round, an entity
 table of them (`envelope: debezium`), checked for exactly KEYS rows, and a pipeline appending the same events as rows
-(their row images by path), checked for one row each: `ratio_cdc_vs_append`.
+(their row images by path), checked for one row each: `ratio_cdc_vs_append`. `--cdc-table typed`: the events of the
+type matrix's wide table instead (tools/cdc.py), appended with their fields as on the wire.
 `--format avro` also writes the records as Avro (confluent-kafka's AvroSerializer through the schema registry) to a
 second topic, and runs, each round, kafka-ledger on both topics (`ratio_avro_vs_json`) and, with `--peers`, the Python
 peer decoding the Avro values with AvroDeserializer (`ratio_avro_vs_python_avro`) instead of the other peers;
