@@ -523,8 +523,12 @@ def _as_kind(raw: Column, column: DeclaredColumn, avro_type: Any, topic: str) ->
     kind, label = column.type, column.label
     how = reading(kind, avro_type)
     nothing = F.lit(None).cast("string")
-    if how is not None and _wide_decimal(avro_type):  # parse's projection made its text
-        how = "variable scale"
+    if how == "variable scale" or (how is not None and _wide_decimal(avro_type)):
+        # Unscaled bytes with their scale (a numeric without a declared one; a decimal wider than Spark's): parse's
+        # projection made their text.
+        read = kind.from_unscaled(_named(_unscaled_column(topic, column, "text")),
+                                  _named(_unscaled_column(topic, column, "why")), column, label)
+        return read.value, read.problem
     if how == "same":
         return raw, nothing
     if how == "text":
@@ -538,10 +542,6 @@ def _as_kind(raw: Column, column: DeclaredColumn, avro_type: Any, topic: str) ->
         read = kind.from_variant(parsed, raw.isNotNull(), label, scalars=True)
         return read.value, F.when(raw.isNotNull() & parsed.isNull(), F.lit(
             f"{label} is not a valid jsonb (its text is not JSON)")).otherwise(read.problem)
-    if how == "variable scale":  # parse's projection made its text
-        read = kind.from_unscaled(_named(_unscaled_column(topic, column, "text")),
-                                  _named(_unscaled_column(topic, column, "why")), column, label)
-        return read.value, read.problem
     if how == "cast":
         return raw.cast(kind.spark_type()), nothing
     if how == "json":
