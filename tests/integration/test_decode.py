@@ -189,7 +189,14 @@ RICH_CASES: list[tuple[dict | bytes | None, bytes | None, list[tuple[str, bytes]
     (GOOD, b"k", [("trace", b'{"id": 5}')], None),  # a number's text in a string column, as from_json gives it
     (GOOD, b"\xff", [], "the Kafka key is not valid UTF-8"),
     ({**GOOD, "id": None}, b"k", [], "required field 'id' is missing or null"),
+    # A duplicate key elsewhere in the document leaves an exact column its value (a variant of the whole document
+    # could not hold it: every exact column read NULL, published).
+    (b'{"id": "dup", "amount": "12.50", "customer": {"id": 7, "id": 8}}', b"k", [], None),
+    # A duplicate key inside a jsonb field: no value Postgres would keep as sent (it keeps the last), never NULL.
+    (b'{"id": "dupdoc", "doc": {"a": 1, "a": 2}}', b"k", [], "value does not match the declared schema"),
 ]
+# The offset of the case whose exact column sits beside a duplicate key.
+_DUPLICATE_KEY_ELSEWHERE = len(RICH_CASES) - 2
 
 
 def _rich_records(spark):
@@ -231,6 +238,8 @@ def test_nested_fields_decimals_dates_jsonb_keys_and_headers_decode_exactly_on_b
         Decimal("12.50"), Decimal("-0.01"), 5, None)
     assert lean[18]["doc"] == '{"s":"nul \\\\u0000"}'
     assert {o: lean[o]["span"] for o in SPANS} == {o: lake for o, (_, lake) in SPANS.items()}
+    assert (lean[_DUPLICATE_KEY_ELSEWHERE]["amount"], lean[_DUPLICATE_KEY_ELSEWHERE]["customer_id"]) == (
+        Decimal("12.50"), 8)
 
 
 def test_unexpected_fields_are_found_inside_the_objects_a_path_goes_through(spark):

@@ -10,6 +10,7 @@ catch-all.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kafka_ledger.formats import validate
@@ -35,6 +36,27 @@ def _without_value(read: FieldRead, lacks: Column) -> FieldRead:
                      None if read.cheap_ok is None else lacks | read.cheap_ok, read.raw_text)
 
 
+def _projected(frame: DataFrame, reads: list[FieldRead]) -> tuple[DataFrame, list[FieldRead]]:
+    """The frame with each column's value in a column of its own, and the problems of a column without a cheap check
+    (the lean path computes them for every record anyway); the reads of those columns.
+
+    The reason, the envelope and the checks refer to a value several times, and Spark evaluates an expression again
+    wherever it sits under a condition: a wide table's values were each computed several times a record (measured:
+    docs/benchmark.md, the wide typed table)."""
+    from pyspark.sql import functions as F
+
+    def name(read: FieldRead, what: str) -> str:
+        return f"{what} {read.column.name}"  # not an identifier: no declared column can take it
+
+    eager = [read for read in reads if read.cheap_ok is None and read.problems]
+    frame = frame.select("*", *[read.value.alias(name(read, "decoded")) for read in reads],
+                         *[F.coalesce(*read.problems).alias(name(read, "problem")) for read in eager])
+    kept = {read.column.name for read in eager}
+    return frame, [replace(read, value=F.col(name(read, "decoded")),
+                           problems=[F.col(name(read, "problem"))] if read.column.name in kept else read.problems)
+                   for read in reads]
+
+
 def decode_records(records: DataFrame, pipeline: DeclaredPipeline, envelope: Envelope, *,
                    lean: bool = True, fmt: ValueFormat | None = None) -> DataFrame:
     """Kafka source rows -> Kafka coordinates, raw key and value, `error` (NULL: publishable), the declared columns
@@ -51,14 +73,17 @@ def decode_records(records: DataFrame, pipeline: DeclaredPipeline, envelope: Env
     read_as = envelope.reading(pipeline)
     frame = fmt.parse(records, read_as, keep)
     reading = fmt.read(read_as)
+    frame, projected = _projected(frame, reading.fields)
     unavailable: dict[str, Column] = {}
-    fields: list[FieldRead] = []
-    for read in reading.fields:
+    for read in projected:
         lacks = envelope.unavailable(pipeline, read)
         if lacks is not None:
             unavailable[read.column.name] = lacks
-            read = _without_value(read, lacks)
-        fields.append(read)
+    if unavailable:
+        frame = frame.select("*", *[lacks.alias(f"lacks {name}") for name, lacks in unavailable.items()])
+        unavailable = {name: F.col(f"lacks {name}") for name in unavailable}
+    fields = [_without_value(read, unavailable[read.column.name]) if read.column.name in unavailable else read
+              for read in projected]
     values = {read.column.name: read.value for read in fields}
     column_problems = [problem for read in fields for problem in (*read.problems, *validate.value_problems(read))]
     required = [check for read in fields if (check := validate.required(read)) is not None]

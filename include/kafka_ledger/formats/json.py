@@ -5,19 +5,20 @@ declared fields' schema) and a few cheap checks; only the records that fail them
 which parses them again. A column's `path` names its field inside the document (`user.address.city`); a column of the
 key or a header without a path reads the whole key or header as text. Numbers, booleans and strings are typed by
 `from_json`; the kinds read as text (timestamps, dates) take the token's text; decimals and jsonb values come from a
-Spark variant of the document, which keeps a JSON number of up to 38 digits exactly where `from_json` would go
-through a binary float. With `framing: confluent` the value's document is what follows Confluent's frame
-(framing.py), and a value without the frame is a dead letter.
+Spark variant of their field (parsed by the same `from_json`), which keeps a JSON number of up to 38 digits exactly
+where a typed field would go through a binary float. With `framing: confluent` the value's document is what follows
+Confluent's frame (framing.py), and a value without the frame is a dead letter.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kafka_ledger.formats import framing, json_schemas, sources
+from kafka_ledger.formats import framing, json_schemas, sources, validate
 from kafka_ledger.formats.base import ColumnSources, DeclaredPipeline, DerivedColumns, FieldRead, Reading, ValueFormat
 from kafka_ledger.formats.schema_registry import SchemaNotSeen, SchemaRefused
 from kafka_ledger.model import debezium
@@ -53,8 +54,8 @@ def json_path(path: tuple[str, ...]) -> str:
 # How a column of each kind (by its word) reads its field: `typed`, the token as from_json types it (a number, a
 # boolean); `string`, a string token (an object or array refused); `text`, the token's text read by the kind
 # (`from_text`); `timestamp`, the token's text parsed once as ISO-8601 and once as a number (`TimestampKind.parses`);
-# `exact number`, the token's text from a Spark variant of the document (a JSON number of up to 38 digits exactly,
-# where from_json would go through a binary float); `document`, a JSON object or array from the variant, kept whole;
+# `exact number`, the token's text from a Spark variant of the field (a JSON number of up to 38 digits exactly,
+# where a typed field would go through a binary float); `document`, a JSON object or array from the variant, kept whole;
 # `none`, no JSON token holds the kind (the declaration is refused).
 JSON_READS: dict[str, str] = {
     "string": "string", "long": "typed", "int": "typed", "double": "typed", "boolean": "typed",
@@ -91,8 +92,7 @@ def debezium_reads(settings: Any, kind: ColumnKind) -> str | None:
     return None
 
 
-# The readings whose field comes from the document's variant rather than from_json, those from_json gives as text,
-# and those it gives as a number.
+# The readings whose field from_json parses as a variant, those it gives as text, and those it gives as a number.
 _FROM_VARIANT = ("exact number", "document", "json text", "precise")
 _AS_TEXT = ("text", "timestamp", "base64", "base64-url-safe", "hex")
 _AS_LONG = ("epoch days", "epoch millis", "epoch micros")
@@ -122,10 +122,6 @@ class _Document:
     def reading(self, column: DeclaredColumn) -> str:
         return self.readings[column.name]
 
-    def from_variant(self, column: DeclaredColumn) -> bool:
-        """Whether the column's value is read from the document's variant (exactly) rather than by from_json."""
-        return self.reading(column) in _FROM_VARIANT
-
     @property
     def is_value(self) -> bool:
         return self.source == "value"
@@ -146,30 +142,96 @@ class _Document:
         return f"variant of {self.source}"
 
     @property
-    def needs_variant(self) -> bool:
-        return any(self.from_variant(c) for c in self.columns)
+    def parses(self) -> tuple[str, ...]:
+        """The frame's columns of the document's from_json parses: the one every document has, and a second one for
+        the variants the first cannot hold (`layout`)."""
+        return (self.parsed, self.variant) if self.layout[0][1] else (self.parsed,)
 
-    def schema(self) -> StructType:
-        """from_json's schema: every field a column reads, nested along its path, and the corrupt-record column."""
+    @functools.cached_property
+    def layout(self) -> tuple[tuple[dict[str, Any], ...], dict[str, _Placed]]:
+        """The fields of each from_json parse as a tree (object keys to sub-trees, or a leaf's Spark type), and where
+        each column's field is in them.
+
+        A column read exactly (_FROM_VARIANT) has its field parsed as a Spark variant by the same from_json that types
+        the other fields: one parse of the document, and only the fields' own variants to look into (a variant of
+        the whole document cost a second parse, and it cannot hold a document with a duplicate key anywhere, which
+        left every exact column NULL). A field inside another column's variant is read from that variant; one where
+        the first parse holds an object or a typed value (a column reading `doc` whole beside one reading
+        `doc.id`) goes to a second parse of variants only."""
         from pyspark.sql import types as T
 
-        tree: dict[str, object] = {}
+        first: dict[str, Any] = {}
+        placed: dict[str, _Placed] = {}
         for column in self.columns:
             reading = self.reading(column)
             if reading in _FROM_VARIANT:
                 continue
-            node = tree
+            node = first
             for key in column.field_path[:-1]:
-                node = node.setdefault(key, {})  # type: ignore[assignment]
+                node = node.setdefault(key, {})
             node[column.field_path[-1]] = (T.StringType() if reading in _AS_TEXT else T.LongType()
                                            if reading in _AS_LONG else column.type.spark_type())
+            placed[column.name] = _Placed(0, column.field_path)
+        second: dict[str, Any] = {}
+        exact = sorted((c for c in self.columns if self.reading(c) in _FROM_VARIANT), key=lambda c: len(c.field_path))
+        for column in exact:
+            placed[column.name] = _place(first, 0, column.field_path) or _place(second, 1, column.field_path)  # type: ignore[assignment]
+        return (first, second), placed
 
-        def struct(node: dict[str, object]) -> StructType:
-            return T.StructType([T.StructField(key, struct(sub) if isinstance(sub, dict) else sub)  # type: ignore[arg-type]
+    def schema(self, parse: int = 0) -> StructType:
+        """from_json's schema of one of the document's parses: every field a column reads there, nested along its
+        path, and the corrupt-record column."""
+        from pyspark.sql import types as T
+
+        def struct(node: dict[str, Any]) -> StructType:
+            return T.StructType([T.StructField(key, struct(sub) if isinstance(sub, dict) else sub)
                                  for key, sub in node.items()])
 
-        top = struct(tree)
+        top = struct(self.layout[0][parse])
         return T.StructType([*top.fields, T.StructField(CORRUPT_COLUMN, T.StringType())])
+
+    def field(self, column: DeclaredColumn) -> Column:
+        """The column's field as its parse holds it: a typed value, or a variant (NULL: the field is absent)."""
+        from pyspark.sql import functions as F
+
+        found = self.layout[1][column.name]
+        value = F.col(self.parses[found.parse])
+        for key in found.path:
+            value = value.getField(key)
+        return F.variant_get(value, json_path(found.inner), "variant") if found.inner else value
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """Where a column's field is: in which of its document's parses, at which path, and, for a field inside another
+    column's variant, its path inside that variant."""
+
+    parse: int
+    path: tuple[str, ...]
+    inner: tuple[str, ...] = ()
+
+
+def _place(tree: dict[str, Any], parse: int, path: tuple[str, ...]) -> _Placed | None:
+    """A variant field at `path` in a parse's tree: a leaf of its own, or inside a variant leaf on its way; None when
+    the tree holds an object or a typed value there."""
+    from pyspark.sql import types as T
+
+    node = tree
+    for depth, key in enumerate(path):
+        sub = node.get(key)
+        last = depth == len(path) - 1
+        if isinstance(sub, T.VariantType):
+            return _Placed(parse, path[:depth + 1], path[depth + 1:])
+        if sub is None and last:
+            node[key] = T.VariantType()
+            return _Placed(parse, path)
+        if sub is None:
+            node = node.setdefault(key, {})
+        elif isinstance(sub, dict) and not last:
+            node = sub
+        else:
+            return None
+    return None
 
 
 # A change event's row image's fields as the JsonConverter's schema declares them (with schemas enabled): each
@@ -369,11 +431,9 @@ class JsonFormat(ValueFormat):
             records = records.withColumn(ROW_SCHEMA, _row_schema(pipeline))
             keep = [*keep, ROW_SCHEMA]
         parsed = records.select(*keep, *[
-            F.from_json(self._raw(d.source, pipeline).cast("string"), d.schema(),
-                        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}).alias(d.parsed)
-            for d in documents], *[
-            F.try_parse_json(self._raw(d.source, pipeline).cast("string")).alias(d.variant)
-            for d in documents if d.needs_variant])
+            F.from_json(self._raw(d.source, pipeline).cast("string"), d.schema(parse),
+                        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}).alias(name)
+            for d in documents for parse, name in enumerate(d.parses)])
         timestamps = [(d, c) for d in documents for c in d.columns if d.reading(c) == "timestamp"]
         if timestamps:
             parsed = parsed.select("*", *[
@@ -429,6 +489,8 @@ class JsonFormat(ValueFormat):
             raw = self._raw(document.source, pipeline)
             text = raw.cast("string")
             parsed = F.col(document.parsed)
+            # Every parse of the document whole: a field that did not parse as declared (or as a variant) marks it.
+            whole = validate.every([F.col(name)[CORRUPT_COLUMN].isNull() for name in document.parses])
             if document.is_value:
                 keys = F.json_object_keys(text)
                 opening_brackets = F.length(text) - F.length(F.regexp_replace(text, r"[\[{]", ""))
@@ -441,11 +503,10 @@ class JsonFormat(ValueFormat):
                            F.lit(f"JSON nested too deeply to parse (over {MAX_JSON_DEPTH} levels)")),
                     F.when(keys.isNull(), F.lit("malformed JSON (not a JSON object)")),
                 ]
-                last.append(F.when(parsed[CORRUPT_COLUMN].isNotNull(),
-                                   F.lit("value does not match the declared schema")))
+                last.append(F.when(~whole, F.lit("value does not match the declared schema")))
                 # A document from_json parsed in full, every present field of its declared type, is a JSON object
                 # whose declared fields are all valid.
-                cheap += [F.is_valid_utf8(raw), parsed.isNotNull(), parsed[CORRUPT_COLUMN].isNull()]
+                cheap += [F.is_valid_utf8(raw), parsed.isNotNull(), whole]
             else:
                 present = raw.isNotNull()
                 first += [
@@ -453,9 +514,8 @@ class JsonFormat(ValueFormat):
                     F.when(present & F.json_object_keys(text).isNull(),
                            F.lit(f"{document.what} is not a JSON object")),
                 ]
-                last.append(F.when(present & parsed[CORRUPT_COLUMN].isNotNull(),
-                                   F.lit(f"{document.what} does not match the declared schema")))
-                cheap.append(~present | (F.is_valid_utf8(raw) & parsed.isNotNull() & parsed[CORRUPT_COLUMN].isNull()))
+                last.append(F.when(present & ~whole, F.lit(f"{document.what} does not match the declared schema")))
+                cheap.append(~present | (F.is_valid_utf8(raw) & parsed.isNotNull() & whole))
             for column in document.columns:
                 reads[column.name] = self._field(document, column, text)
         for column in pipeline.columns:
@@ -518,7 +578,9 @@ class JsonFormat(ValueFormat):
         typed = F.when(present & number.isNull(), F.lit(f"{label} is not a valid {column.type} (a whole number, as "
                                                         f"Debezium writes it: {reading})"))
         read = column.type.from_debezium(number, reading, column, label)
-        return FieldRead(column, read.value, [typed, read.problem])
+        # A present field from_json could not read as a number marks the document as not matching (a cheap check of
+        # the document's): `typed` needs no look at the text when the document passed.
+        return FieldRead(column, read.value, [typed, read.problem], read.problem.isNull())
 
     def _encoded(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
         """Bytes as a change event writes them: base64 (the JsonConverter's, and binary.handling.mode base64),
@@ -538,9 +600,7 @@ class JsonFormat(ValueFormat):
 
     @staticmethod
     def _variant(document: _Document, column: DeclaredColumn) -> Column:
-        from pyspark.sql import functions as F
-
-        return F.variant_get(F.col(document.variant), json_path(column.field_path), "variant")
+        return document.field(column)
 
     def _document(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
         from pyspark.sql import functions as F

@@ -949,7 +949,8 @@ class IntervalKind(_SixteenBytes):
         iso, seconds = token.rlike(self._ISO), token.rlike(self._SECONDS)
 
         def part(pattern: str, index: int) -> Column:
-            return F.coalesce(F.regexp_extract(token, pattern, index).try_cast("long"), F.lit(0))
+            # An absent part is "": never cast (a cast that fails costs a thrown exception per record).
+            return F.coalesce(F.nullif(F.regexp_extract(token, pattern, index), F.lit("")).try_cast("long"), F.lit(0))
 
         months = part(self._ISO, 1) * 12 + part(self._ISO, 2)
         days = part(self._ISO, 3) * 7 + part(self._ISO, 4)
