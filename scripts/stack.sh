@@ -488,7 +488,9 @@ start_spark_connect() {
   # their compiled query code: idle for a day and the server closes it, and the next batch replaces it.
   # The master is on the command line: a server asked for on another master is restarted there by apply_programs,
   # and so is one whose spark-defaults.conf changed (its fingerprint in the environment; the file holds secrets).
-  local conf_fingerprint; conf_fingerprint=$(hash_files "$SPARK_CONF_DIR/spark-defaults.conf" 2>/dev/null || echo none)
+  # So is one whose own Spark functions were rebuilt (a running server keeps the classes it loaded).
+  local conf_fingerprint; conf_fingerprint=$(hash_files "$SPARK_CONF_DIR/spark-defaults.conf" \
+    "$KAFKA_LEDGER_SPARK_JARS_DIR/kafka-ledger-spark-functions.jar" 2>/dev/null || echo none)
   write_program spark-connect 40 TERM 30 true "$KL_VENV/bin/spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer \
 --name kafka-ledger-spark-connect --master $KAFKA_LEDGER_SPARK_MASTER --driver-memory $KL_SPARK_CONNECT_MEMORY --jars $jars \
 --conf spark.connect.grpc.binding.address=127.0.0.1 --conf spark.connect.grpc.binding.port=$KL_SPARK_CONNECT_PORT \

@@ -190,6 +190,41 @@ def test_a_proto2_string_that_is_not_utf8_is_a_dead_letter_never_replacement_cha
                                    "message had invalid UTF-8.")
 
 
+def test_a_float_a_uint64_beyond_a_long_and_the_fields_no_column_reads(spark):
+    """The decoder hands Spark typed fields: a float as the double of its text (as JSON's reader of that text gets
+    it), a uint64 beyond a long a dead letter (never wrapped), and, with extra_fields dead_letter, the fields no column
+    reads that the message has (a proto3 scalar always; a message only when set, and then inside it)."""
+    from kafka_ledger.formats.protobuf import ProtobufFormat, topic_schemas
+
+    client = settings.schema_registry().client()
+    topic = f"it-protobuf3-{uuid.uuid4().hex[:8]}"
+    text = ('syntax = "proto3";\npackage t3;\nmessage M {\n  float f = 1;\n  uint64 u = 2;\n  string s = 3;\n'
+            '  Inner inner = 4;\n  message Inner { string a = 1; int32 b = 2; }\n}\n')
+    schema_id = client.register_schema(f"{topic}-value", Schema(text, "PROTOBUF"))
+    cls = message_class(text, "t3.M")
+    values = [cls(f=0.1, u=5, s="x", inner=cls.Inner(a="y", b=1)), cls(f=1.5, u=2**64 - 1), cls(f=float("-inf"))]
+    records = spark.createDataFrame(
+        [(topic, 0, offset, datetime(2026, 12, 2, tzinfo=UTC), None, framed(schema_id, value), [])
+         for offset, value in enumerate(values)],
+        "topic string, partition int, offset long, timestamp timestamp, key binary, value binary, "
+        "headers array<struct<key: string, value: binary>>")
+    fmt = ProtobufFormat({topic: topic_schemas(client, f"{topic}-value", schema_id)})
+
+    def decoded(extra_fields: str) -> dict[int, dict]:
+        pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {
+            "topics": [topic], "output_table": "t", "value": {"format": "protobuf"}, "extra_fields": extra_fields,
+            "columns": [{"name": "f", "type": "double"}, {"name": "u", "type": "long"},
+                        {"name": "a", "type": "string", "path": "inner.a"}]}}}))["p"]
+        return lean_decoded(records, pipeline, fmt, ["f", "u", "a"])
+
+    kept = decoded("ignore")
+    assert [(row["f"], row["u"], row["a"], row["error"]) for row in list(kept.values())[:2]] == [
+        (0.1, 5, "y", None), (1.5, None, None, "value does not match the declared schema")]
+    assert (kept[2]["f"], kept[2]["u"], kept[2]["a"], kept[2]["error"]) == (float("-inf"), 0, None, None)
+    assert {offset: row["error"] for offset, row in decoded("dead_letter").items()} == {
+        0: "unexpected field(s): inner.b, s", 1: "unexpected field(s): s", 2: "unexpected field(s): s"}
+
+
 def test_a_pipeline_of_several_topics_decodes_each_with_its_own_subject(spark):
     """Two topics of one pipeline, each its own subject and message (the same fields by name, other numbers),
     their records interleaved in one frame: each decodes with its topic's schema."""

@@ -141,10 +141,18 @@ def test_a_batch_binds_the_reader_and_every_version_and_hands_the_decoder_one_bl
     schemas = topic_schemas(registry, "t-value", first)
     assert (schemas.subject, schemas.reader_id, sorted(schemas.writers)) == ("t-value", first, sorted([first, second]))
     assert "note" not in schemas.reader_message(None).fields_by_name
-    blob = schemas.blob("shop.Order")
+    blob = schemas.blob("shop.Order", [(("order_id",), "S"), (("address", "city"), "S"), (("tags",), "V")], True)
     reader_id, length = struct.unpack(">iH", blob[:6])
     assert (reader_id, blob[6:6 + length]) == (first, b"shop.Order")
-    assert struct.unpack(">i", blob[6 + length:10 + length]) == (2,)
+    at = 6 + length
+    assert struct.unpack(">i", blob[at:at + 4]) == (3,)
+    asked, at = [], at + 4
+    for _ in range(3):
+        (size,) = struct.unpack(">H", blob[at:at + 2])
+        asked.append((blob[at + 2:at + 2 + size].decode(), blob[at + 2 + size:at + 3 + size].decode()))
+        at += 3 + size
+    assert asked == [("order_id", "S"), ("address.city", "S"), ("tags", "V")]
+    assert struct.unpack(">?i", blob[at:at + 5]) == (True, 2)
     assert descriptor_set(registry, registry.get_schema(second), "s") == schemas.writers[second]
     with pytest.raises(SchemaRefused, match="is a AVRO schema, not Protobuf"):
         descriptor_set(registry, Schema('{"type": "string"}', "AVRO"), "s")

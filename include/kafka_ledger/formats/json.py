@@ -380,7 +380,7 @@ class JsonFormat(ValueFormat):
                 "{envelope: debezium, debezium: {interval.handling.mode: string}}`")
         return problems
 
-    # --- hooks for a format whose values become JSON documents on their way in (protobuf.py) ---------------------
+    # --- hooks for a format whose values another decoder reads into the fields JSON's reading takes (protobuf.py) ---
 
     def column_readings(self, pipeline: DeclaredPipeline) -> dict[str, str]:
         """Each column's reading (JSON_READS' words)."""
@@ -390,9 +390,16 @@ class JsonFormat(ValueFormat):
         """Whether the value's document is not the value as it is (VALUE_DOCUMENT holds it)."""
         return _framed(pipeline) or pipeline.value.envelope == "debezium"
 
-    def _with_document(self, records: DataFrame, pipeline: DeclaredPipeline) -> DataFrame:
-        """The records with VALUE_DOCUMENT (when `_has_document`)."""
-        return records.withColumn(VALUE_DOCUMENT, _value_document(pipeline))
+    def _prepared(self, records: DataFrame, pipeline: DeclaredPipeline, keep: list[str]) -> tuple[DataFrame, list[str]]:
+        """The records with what the documents' parses read beside the Kafka source's columns (the value's document
+        when it is not the value itself, a change event's row schema), and the columns to keep."""
+        if self._has_document(pipeline):
+            records = records.withColumn(VALUE_DOCUMENT, _value_document(pipeline))
+            keep = [*keep, VALUE_DOCUMENT]
+        if "precise" in self.column_readings(pipeline).values():
+            records = records.withColumn(ROW_SCHEMA, _row_schema(pipeline))
+            keep = [*keep, ROW_SCHEMA]
+        return records, keep
 
     def _value_checks(self, pipeline: DeclaredPipeline, raw: Column) -> tuple[list[Column], list[Column]]:
         """The value's problems before it is a document (its frame), and cheap checks proving them NULL."""
@@ -420,20 +427,21 @@ class JsonFormat(ValueFormat):
         found = self.column_readings(pipeline)
         return [_Document(source, tuple(columns), found) for source, columns in by_source.items()]
 
+    def _document_parses(self, documents: list[_Document], pipeline: DeclaredPipeline) -> list[Column]:
+        """Each document's parses, named as the reading refers to them (`_Document.parses`): from_json's, each field
+        typed as its column reads it, and `_corrupt_record` set where one is not."""
+        from pyspark.sql import functions as F
+
+        return [F.from_json(self._raw(d.source, pipeline).cast("string"), d.schema(parse),
+                            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}).alias(name)
+                for d in documents for parse, name in enumerate(d.parses)]
+
     def parse(self, records: DataFrame, pipeline: DeclaredPipeline, keep: list[str]) -> DataFrame:
         from pyspark.sql import functions as F
 
         documents = self._documents(pipeline)
-        if self._has_document(pipeline):
-            records = self._with_document(records, pipeline)
-            keep = [*keep, VALUE_DOCUMENT]
-        if "precise" in self.column_readings(pipeline).values():
-            records = records.withColumn(ROW_SCHEMA, _row_schema(pipeline))
-            keep = [*keep, ROW_SCHEMA]
-        parsed = records.select(*keep, *[
-            F.from_json(self._raw(d.source, pipeline).cast("string"), d.schema(parse),
-                        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}).alias(name)
-            for d in documents for parse, name in enumerate(d.parses)])
+        records, keep = self._prepared(records, pipeline, keep)
+        parsed = records.select(*keep, *self._document_parses(documents, pipeline))
         timestamps = [(d, c) for d in documents for c in d.columns if d.reading(c) == "timestamp"]
         if timestamps:
             parsed = parsed.select("*", *[
@@ -477,6 +485,34 @@ class JsonFormat(ValueFormat):
             value = value.getField(key)
         return value
 
+    def _document_checks(self, pipeline: DeclaredPipeline, document: _Document, raw: Column, whole: Column
+                         ) -> tuple[list[Column], list[Column], list[Column]]:
+        """A document's own problems (before any field's), its catch-all (after them), and cheap checks proving both
+        NULL; `whole`: true where every parse of it read every field as declared."""
+        from pyspark.sql import functions as F
+
+        text = raw.cast("string")
+        parsed = F.col(document.parsed)
+        if not document.is_value:
+            present = raw.isNotNull()
+            return ([F.when(present & ~F.is_valid_utf8(text), F.lit(f"{document.what} is not valid UTF-8")),
+                     F.when(present & F.json_object_keys(text).isNull(),
+                            F.lit(f"{document.what} is not a JSON object"))],
+                    [F.when(present & ~whole, F.lit(f"{document.what} does not match the declared schema"))],
+                    [~present | (F.is_valid_utf8(raw) & parsed.isNotNull() & whole)])
+        keys = F.json_object_keys(text)
+        opening_brackets = F.length(text) - F.length(F.regexp_replace(text, r"[\[{]", ""))
+        frame_problems, frame_ok = self._value_checks(pipeline, raw)
+        first = [*frame_problems,
+                 F.when(~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
+                 F.when(keys.isNull() & (opening_brackets > MAX_JSON_DEPTH),
+                        F.lit(f"JSON nested too deeply to parse (over {MAX_JSON_DEPTH} levels)")),
+                 F.when(keys.isNull(), F.lit("malformed JSON (not a JSON object)"))]
+        # A document from_json parsed in full, every present field of its declared type, is a JSON object whose
+        # declared fields are all valid.
+        return (first, [F.when(~whole, F.lit("value does not match the declared schema"))],
+                [*frame_ok, F.is_valid_utf8(raw), parsed.isNotNull(), whole])
+
     def read(self, pipeline: DeclaredPipeline) -> Reading:
         from pyspark.sql import functions as F
 
@@ -488,34 +524,12 @@ class JsonFormat(ValueFormat):
         for document in documents:
             raw = self._raw(document.source, pipeline)
             text = raw.cast("string")
-            parsed = F.col(document.parsed)
             # Every parse of the document whole: a field that did not parse as declared (or as a variant) marks it.
             whole = validate.every([F.col(name)[CORRUPT_COLUMN].isNull() for name in document.parses])
-            if document.is_value:
-                keys = F.json_object_keys(text)
-                opening_brackets = F.length(text) - F.length(F.regexp_replace(text, r"[\[{]", ""))
-                frame_problems, frame_ok = self._value_checks(pipeline, raw)
-                first += frame_problems
-                cheap += frame_ok
-                first += [
-                    F.when(~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")),
-                    F.when(keys.isNull() & (opening_brackets > MAX_JSON_DEPTH),
-                           F.lit(f"JSON nested too deeply to parse (over {MAX_JSON_DEPTH} levels)")),
-                    F.when(keys.isNull(), F.lit("malformed JSON (not a JSON object)")),
-                ]
-                last.append(F.when(~whole, F.lit("value does not match the declared schema")))
-                # A document from_json parsed in full, every present field of its declared type, is a JSON object
-                # whose declared fields are all valid.
-                cheap += [F.is_valid_utf8(raw), parsed.isNotNull(), whole]
-            else:
-                present = raw.isNotNull()
-                first += [
-                    F.when(present & ~F.is_valid_utf8(text), F.lit(f"{document.what} is not valid UTF-8")),
-                    F.when(present & F.json_object_keys(text).isNull(),
-                           F.lit(f"{document.what} is not a JSON object")),
-                ]
-                last.append(F.when(present & ~whole, F.lit(f"{document.what} does not match the declared schema")))
-                cheap.append(~present | (F.is_valid_utf8(raw) & parsed.isNotNull() & whole))
+            problems, catch_all, proofs = self._document_checks(pipeline, document, raw, whole)
+            first += problems
+            last += catch_all
+            cheap += proofs
             for column in document.columns:
                 reads[column.name] = self._field(document, column, text)
         for column in pipeline.columns:

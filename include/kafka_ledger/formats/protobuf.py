@@ -1,21 +1,23 @@
 """The Protobuf format: values in Confluent's wire format with its message index, decoded in Spark with the batch's
-reader schema into a JSON document that the JSON format's reading takes field by field.
+reader schema into the fields the columns read, which the JSON format's reading takes as it takes a JSON document's.
 
 A schema is the registry's .proto text, which protoc (grpcio-tools' own) builds into descriptors on the driver with
 the files it imports (its registry references, and Protobuf's well-known types), or the base64 descriptor Confluent's
 Python serializer registers; once per text. A plan pins each topic's
 reader schema (the subject's newest version, or the replayed batch's) and refuses one that cannot fill the columns;
 the read binds the format to the reader and every version of the subject as writers. In Spark, kafka-ledger's decoder
-(stack/spark-jars/ProtobufDocument.java, on protobuf-java: Spark's own spark-protobuf is not on Maven Central here)
+(stack/spark-jars/ProtobufColumns.java, on protobuf-java: Spark's own spark-protobuf is not on Maven Central here)
 checks the frame, finds the writer's message by the message index (the one-byte `[0]` and the full form both), decodes
-the bytes with the reader schema's message of that name (Protobuf's evolution: fields by number) and writes it out as
-JSON: a field by its .proto name, 64-bit integers as numbers, bytes in base64, enums by name, repeated fields and maps
-as arrays and objects (jsonb), Timestamp as ISO-8601 text, Duration as its seconds, the wrappers as their values. A
-value is a dead letter, with its reason, when it is not framed, when its schema id is not a version of the subject,
-when its message index names no message, when it is another message than the pipeline reads (`value.message`), or
-when its bytes do not decode (a truncated payload). Protobuf writes no presence for a proto3 scalar: an unset one
-reads as its default (0, "", false), as every Protobuf reader sees it.
-"""
+the bytes with the reader schema's message of that name (Protobuf's evolution: fields by number) and gives each field
+a column reads (by its .proto name along the column's path) as JSON's reading takes it (json.py's `_Document.layout`):
+text, a long, an int, a double or a boolean, or, for a column read exactly (a decimal, a jsonb), its JSON text, which
+Spark parses into a variant: 64-bit integers as numbers, bytes in base64, enums by name, repeated/map as arrays/objects,
+Timestamp as ISO-8601 text, Duration as its seconds, the wrappers as their values. Typed fields cost no JSON text and
+no JSON parse (measured: docs/benchmark.md). A value is a dead letter, with its reason, when it is not framed, when its
+schema id is not a version of the subject, when its message index names no message, when it is another message than
+the pipeline reads (`value.message`), when its bytes do not decode (a truncated payload), or when a field does not fit
+its column's type (a uint64 beyond a long). Protobuf writes no presence for a proto3 scalar: an unset one reads as its
+default (0, "", false), as every Protobuf reader sees it."""
 
 from __future__ import annotations
 
@@ -38,19 +40,24 @@ from kafka_ledger.formats.base import (
     DeclaredPipeline,
     DerivedColumns,
 )
-from kafka_ledger.formats.json import VALUE_DOCUMENT, JsonFormat
+from kafka_ledger.formats.json import CORRUPT_COLUMN, JsonFormat
 from kafka_ledger.formats.schema_registry import RegistryFormat, SchemaRefused, asking, newest_schema, schema_of
 
 if TYPE_CHECKING:
     from google.protobuf.descriptor import Descriptor, FieldDescriptor
     from pyspark.sql import Column, DataFrame
 
-# The decoder in the Spark jars (scripts/stack.sh builds it), and the name it is registered under in a session.
-DECODER_CLASS = "io.kafkaledger.spark.ProtobufDocument"
-DECODER_FUNCTION = "kafka_ledger_protobuf_document"
-DECODED_TYPE = "struct<document:string,problem:string>"
+# The decoder in the Spark jars (scripts/stack.sh builds it), and the column of its fields of a record's value.
+DECODER_CLASS = "io.kafkaledger.spark.ProtobufColumns"
 DECODED_COLUMN = "protobuf decoded"
 NO_SCHEMAS = "the batch has no schemas for the record's topic"
+# How the decoder gives a field of each type JSON's reading takes (by the Spark type's name): its code in the blob
+# (ProtobufColumns.java) and the type it gives it as (a variant as its JSON text, which Spark parses).
+GIVEN = {"string": ("S", "string"), "bigint": ("J", "bigint"), "int": ("I", "int"), "double": ("D", "double"),
+         "boolean": ("B", "boolean"), "variant": ("V", "string")}
+# The decoder's own fields before those asked: a dead letter's reason, whether a field does not fit its column's type,
+# and the fields no column reads (extra_fields: dead_letter).
+_DECODER_OWN = [("problem", "string"), ("mismatch", "boolean"), ("unexpected", "array<string>")]
 
 # How a column of each kind (by its word) reads a field of the reader's message, by the field's type (`type_name`),
 # in the JSON format's readings (json.py's JSON_READS words) of the document the decoder writes. A type missing is one
@@ -58,7 +65,7 @@ NO_SCHEMAS = "the batch has no schemas for the record's topic"
 _INTEGERS_32 = ("int32", "sint32", "sfixed32")
 _INTEGERS_64 = ("int64", "sint64", "sfixed64", "uint32", "fixed32")
 PROTOBUF_READS: dict[str, Mapping[str, str]] = {
-    "string": {"string": "string", "enum": "string"},
+    "string": {"string": "typed", "enum": "typed"},
     "long": dict.fromkeys((*_INTEGERS_32, *_INTEGERS_64, "uint64", "fixed64"), "typed"),
     "int": dict.fromkeys(_INTEGERS_32, "typed"),
     "double": dict.fromkeys(("double", "float", *_INTEGERS_32, "uint32", "fixed32"), "typed"),
@@ -321,6 +328,28 @@ def declared_columns(message: Descriptor) -> list[dict[str, str]]:
              **({"path": field.name} if field.name != field.name.lower() else {})} for field in message.fields]
 
 
+def asked_fields(value: Any) -> list[tuple[int, tuple[str, ...], Any]]:
+    """The fields the decoder gives for the value's document (json.py's `_Document`): every leaf of each of its
+    parses' trees, as (the parse, the path, the Spark type JSON's reading takes it as)."""
+    found = []
+
+    def walk(parse: int, node: dict[str, Any], prefix: tuple[str, ...]) -> None:
+        for key, sub in node.items():
+            if isinstance(sub, dict):
+                walk(parse, sub, (*prefix, key))
+            else:
+                found.append((parse, (*prefix, key), sub))
+
+    for parse, tree in enumerate(value.layout[0]):
+        walk(parse, tree, ())
+    return found
+
+
+def decoded_fields(asked: list[tuple[int, tuple[str, ...], Any]]) -> list[tuple[str, str]]:
+    """The decoder's result, field by field (name, Spark type): its own, then those asked (f0, f1, ...)."""
+    return [*_DECODER_OWN, *[(f"f{i}", GIVEN[kind.simpleString()][1]) for i, (_, _, kind) in enumerate(asked)]]
+
+
 @dataclass(frozen=True)
 class TopicSchemas:
     """The schemas one topic's values are decoded with in a batch: the reader (`reader_id`) of `subject`, and every
@@ -334,11 +363,18 @@ class TopicSchemas:
         return message_named(self.writers[self.reader_id], name,
                              f"the reader schema (id {self.reader_id}) of subject {self.subject}")
 
-    def blob(self, message: str) -> bytes:
-        """The schemas as the decoder takes them: the reader's id and the message read, then each writer's id and
-        descriptor set (big-endian lengths; the message's name as Java's DataInput.readUTF reads it)."""
-        name = message.encode()
-        parts = [struct.pack(">iH", self.reader_id, len(name)), name, struct.pack(">i", len(self.writers))]
+    def blob(self, message: str, asked: list[tuple[tuple[str, ...], str]], unexpected: bool) -> bytes:
+        """The schemas and the fields asked as the decoder takes them: the reader's id and the message read, the fields
+        (each its path and its code, GIVEN), whether to list the fields no column reads, then each writer's id and
+        descriptor set (big-endian lengths; names as Java's DataInput.readUTF reads them)."""
+        def text(value: str) -> bytes:
+            encoded = value.encode()
+            return struct.pack(">H", len(encoded)) + encoded
+
+        parts = [struct.pack(">i", self.reader_id), text(message), struct.pack(">i", len(asked))]
+        for path, code in asked:
+            parts += [text(".".join(path)), code.encode()]
+        parts += [struct.pack(">?i", unexpected, len(self.writers))]
         for writer_id, built in sorted(self.writers.items()):
             parts += [struct.pack(">ii", writer_id, len(built)), built]
         return b"".join(parts)
@@ -420,27 +456,72 @@ class ProtobufFormat(RegistryFormat, JsonFormat):
             found[column.name] = reading
         return found
 
-    def _has_document(self, pipeline: DeclaredPipeline) -> bool:
-        return True
-
-    def _with_document(self, records: DataFrame, pipeline: DeclaredPipeline) -> DataFrame:
+    def _prepared(self, records: DataFrame, pipeline: DeclaredPipeline, keep: list[str]) -> tuple[DataFrame, list[str]]:
+        """The records with the decoder's fields of each value (DECODED_COLUMN), by its topic's schemas."""
         from pyspark.sql import functions as F
 
-        records.sparkSession.udf.registerJavaFunction(DECODER_FUNCTION, DECODER_CLASS, DECODED_TYPE)
-        decoded = F.struct(F.lit(None).cast("string").alias("document"), F.lit(NO_SCHEMAS).alias("problem"))
+        asked = asked_fields(self._documents(pipeline)[0])
+        fields = decoded_fields(asked)
+        decoded_type = f"struct<{','.join(f'{name}:{kind}' for name, kind in fields)}>"
+        # Registered under a name of its own per type: pipelines of other columns may share a session.
+        function = "kafka_ledger_protobuf_" + hashlib.sha256(decoded_type.encode()).hexdigest()[:12]
+        records.sparkSession.udf.registerJavaFunction(function, DECODER_CLASS, decoded_type)
+        decoded = F.struct(*[(F.lit(NO_SCHEMAS) if name == "problem" else F.lit(None)).cast(kind).alias(name)
+                             for name, kind in fields])
+        codes = [(path, GIVEN[kind.simpleString()][0]) for _, path, kind in asked]
         for topic, schemas in sorted(self.schemas.items(), reverse=True):
-            message = schemas.reader_message(pipeline.value.message).full_name
-            decoded = F.when(F.col("topic") == topic, F.call_function(
-                DECODER_FUNCTION, F.col("value"), F.lit(schemas.blob(message)))).otherwise(decoded)
-        return (records.withColumn(DECODED_COLUMN, decoded)
-                .withColumn(VALUE_DOCUMENT, F.col(DECODED_COLUMN)["document"]))
+            blob = schemas.blob(schemas.reader_message(pipeline.value.message).full_name, codes,
+                                pipeline.extra_fields == "dead_letter")
+            decoded = F.when(F.col("topic") == topic, F.call_function(function, F.col("value"), F.lit(blob))
+                             ).otherwise(decoded)
+        return records.withColumn(DECODED_COLUMN, decoded), [*keep, DECODED_COLUMN]
 
-    def _value_checks(self, pipeline: DeclaredPipeline, raw: Column) -> tuple[list[Column], list[Column]]:
+    def _raw(self, source: str, pipeline: DeclaredPipeline) -> Column:
+        from pyspark.sql import functions as F
+
+        # The value's fields are the decoder's (DECODED_COLUMN): no document text to read them from.
+        return F.lit(None).cast("binary") if source == "value" else super()._raw(source, pipeline)
+
+    def _document_parses(self, documents: list[Any], pipeline: DeclaredPipeline) -> list[Column]:
+        """The value's parses as JSON's reading takes them, each field the decoder's (a variant from its JSON text);
+        `_corrupt_record` set where a value does not fit its column's type. A registry format's key and header columns
+        read the whole key or header: the value is the one document."""
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        value = documents[0]
+        decoded = F.col(DECODED_COLUMN)
+        leaves = {(parse, path): decoded[f"f{i}"] for i, (parse, path, _) in enumerate(asked_fields(value))}
+
+        def fields(parse: int, node: dict[str, Any], prefix: tuple[str, ...]) -> list[Column]:
+            found = []
+            for key, sub in node.items():
+                path = (*prefix, key)
+                if isinstance(sub, dict):
+                    found.append(F.struct(*fields(parse, sub, path)).alias(key))
+                else:
+                    leaf = leaves[(parse, path)]
+                    found.append((F.try_parse_json(leaf) if isinstance(sub, T.VariantType) else leaf).alias(key))
+            return found
+
+        parses = []
+        for parse, name in enumerate(value.parses):
+            corrupt = (F.when(decoded["mismatch"], F.lit("a field's value does not fit its column's type"))
+                       if parse == 0 else F.lit(None).cast("string"))
+            parses.append(F.struct(*fields(parse, value.layout[0][parse], ()), corrupt.alias(CORRUPT_COLUMN))
+                          .alias(name))
+        return parses
+
+    def _document_checks(self, pipeline: DeclaredPipeline, document: Any, raw: Column, whole: Column
+                         ) -> tuple[list[Column], list[Column], list[Column]]:
         from pyspark.sql import functions as F
 
         framed = framing.is_framed(F.col("value"))
         problem = F.col(DECODED_COLUMN)["problem"]
-        return [F.when(~framed, F.lit(framing.NOT_FRAMED)), problem], [framed, problem.isNull()]
+        return ([F.when(~framed, F.lit(framing.NOT_FRAMED)), problem],
+                [F.when(~whole, F.lit("value does not match the declared schema"))], [framed, problem.isNull(), whole])
 
-    def parse(self, records: DataFrame, pipeline: DeclaredPipeline, keep: list[str]) -> DataFrame:
-        return super().parse(records, pipeline, [*keep, DECODED_COLUMN])
+    def _unexpected(self, value: Any, pipeline: DeclaredPipeline) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.array_sort(F.col(DECODED_COLUMN)["unexpected"])

@@ -21,44 +21,76 @@ import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Base64;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.api.java.UDF2;
 
 /**
  * kafka-ledger's Protobuf values (formats/protobuf.py): a value in Confluent's wire format (a magic byte 0, the writer
- * schema's id in 4 big-endian bytes, the message-index array, the message) decoded with the batch's reader schema and
- * written as a JSON document, which the JSON format's reading then takes field by field. Returns a struct of
- * (document, problem): exactly one of them is set for a non-NULL value.
+ * schema's id in 4 big-endian bytes, the message-index array, the message) decoded with the batch's reader schema into
+ * the fields the pipeline's columns read, typed as the JSON format's reading takes them (formats/json.py: a string, a
+ * long, an int, a double, a boolean, or the JSON text of a value read exactly, which Spark parses into a variant). Returns
+ * a struct of (problem, mismatch, unexpected, the fields in the order asked): `problem` is a dead letter's reason
+ * (then nothing else is set); `mismatch`, a field whose value its column's type cannot hold (a uint64 beyond a long);
+ * `unexpected`, the fields no column reads, when asked.
  *
- * <p>The second argument is the batch's schemas of the value's topic, as protobuf.py's `pins_blob` writes them: the
- * reader's id and the full name of the message the pipeline reads, then each version of the subject (its id and its
+ * <p>The second argument is the batch's schemas of the value's topic, as protobuf.py's `TopicSchemas.blob` writes them:
+ * the reader's id and the full name of the message the pipeline reads, the fields asked (each its path of field names
+ * and its type), whether to list the unexpected fields, then each version of the subject (its id and its
  * FileDescriptorSet, imports first, the schema's own file last). The message index names a message of the writer
  * schema; the reader schema's message of that name decodes the bytes (Protobuf's own evolution: fields by number).
  *
- * <p>The document: a field by its name in the .proto; a scalar without presence always (its default when unset), a
- * field with presence (a message, `optional`, a `oneof` member) only when set; 64-bit integers as JSON numbers (not
- * the text Protobuf's JSON mapping writes), bytes in base64, enums by their value's name (an unknown number as
- * itself), repeated fields as arrays, maps as objects; google.protobuf.Timestamp as ISO-8601 text, Duration as its
- * seconds (a decimal number), the wrappers as the value they wrap, Struct, Value and ListValue as the JSON they hold.
+ * <p>A field is set as Protobuf's JSON would have it: a scalar without presence always (its default when unset), a
+ * field with presence (a message, `optional`, a `oneof` member) only when set, NULL otherwise; a path through an unset
+ * message is NULL. As text: an enum by its value's name (an unknown number as itself), bytes in base64,
+ * google.protobuf.Timestamp as ISO-8601, Duration as its seconds (a decimal number), the wrappers as the value they
+ * wrap. As JSON: 64-bit integers as numbers (not the text Protobuf's JSON mapping writes), repeated fields as arrays,
+ * maps as objects, Struct, Value and ListValue as the JSON they hold. A float read as a double is the double of its
+ * shortest text (as a JSON reader of its text gets it), never its binary widening.
  */
-public final class ProtobufDocument implements UDF2<byte[], byte[], Row> {
+public final class ProtobufColumns implements UDF2<byte[], byte[], Row> {
   private static final long serialVersionUID = 1L;
 
-  /** A topic's schemas in a batch, built once per executor from the blob. */
+  /** A field asked for: its path of field names and how it is given ('S' text, 'J' long, 'I' int, 'D' double,
+   * 'B' boolean, 'V' JSON text). */
+  private static final class Asked {
+    final String[] path;
+    final char type;
+    // The path's fields in the reader's message, resolved once (null: the reader lacks it, read as NULL).
+    FieldDescriptor[] fields;
+
+    Asked(String path, char type) {
+      this.path = path.split("\\.");
+      this.type = type;
+    }
+  }
+
+  /** A topic's schemas in a batch and the fields asked, built once per executor from the blob. */
   private static final class Schemas {
     final int readerId;
     final String message;
+    final Asked[] asked;
+    final boolean listUnexpected;
     final Map<String, Descriptor> readerMessages = new HashMap<>();
     final Map<Integer, FileDescriptor> writers = new HashMap<>();
+    // The declared names inside each object a path goes through ("" the message itself, "a" its field a, ...).
+    final Map<String, Set<String>> declared = new HashMap<>();
 
     Schemas(byte[] blob) throws IOException, DescriptorValidationException {
       DataInputStream in = new DataInputStream(new ByteArrayInputStream(blob));
       readerId = in.readInt();
       message = in.readUTF();
+      asked = new Asked[in.readInt()];
+      for (int i = 0; i < asked.length; i++) {
+        String path = in.readUTF();
+        asked[i] = new Asked(path, (char) in.readByte());
+      }
+      listUnexpected = in.readBoolean();
       int count = in.readInt();
       for (int i = 0; i < count; i++) {
         int id = in.readInt();
@@ -73,6 +105,29 @@ public final class ProtobufDocument implements UDF2<byte[], byte[], Row> {
       for (Descriptor d : reader.getMessageTypes()) {
         index(d);
       }
+      Descriptor read = readerMessages.get(message);
+      for (Asked field : asked) {
+        field.fields = resolve(read, field.path);
+        String parent = "";
+        for (String name : field.path) {
+          declared.computeIfAbsent(parent, k -> new HashSet<>()).add(name);
+          parent = parent.isEmpty() ? name : parent + "." + name;
+        }
+      }
+    }
+
+    /** A path's fields, each inside the message the one before holds (null when the reader lacks one). */
+    private static FieldDescriptor[] resolve(Descriptor message, String[] path) {
+      FieldDescriptor[] fields = new FieldDescriptor[path.length];
+      Descriptor at = message;
+      for (int i = 0; i < path.length; i++) {
+        fields[i] = at == null ? null : at.findFieldByName(path[i]);
+        if (fields[i] == null) {
+          return null;
+        }
+        at = fields[i].getJavaType() == FieldDescriptor.JavaType.MESSAGE ? fields[i].getMessageType() : null;
+      }
+      return fields;
     }
 
     private void index(Descriptor d) {
@@ -144,19 +199,42 @@ public final class ProtobufDocument implements UDF2<byte[], byte[], Row> {
     return schemas;
   }
 
+  /** A field whose value its column's type cannot hold. */
+  private static final class Mismatch extends Exception {
+    private static final long serialVersionUID = 1L;
+
+    Mismatch() {
+      super(null, null, false, false);
+    }
+  }
+
   @Override
   public Row call(byte[] value, byte[] blob) {
     if (value == null) {
       return null;
     }
+    Schemas schemas = schemas(blob);
+    Object[] row = new Object[3 + schemas.asked.length];
+    Message message;
     try {
-      return RowFactory.create(document(value, schemas(blob)), null);
+      message = decoded(value, schemas);
+      boolean mismatch = false;
+      for (int i = 0; i < schemas.asked.length; i++) {
+        try {
+          row[3 + i] = field(message, schemas.asked[i]);
+        } catch (Mismatch e) {
+          mismatch = true;
+        }
+      }
+      row[1] = mismatch;
+      row[2] = schemas.listUnexpected ? unexpected(message, schemas) : null;
     } catch (Refused e) {
-      return RowFactory.create(null, e.getMessage());
+      row[0] = e.getMessage();
     }
+    return RowFactory.create(row);
   }
 
-  private static String document(byte[] value, Schemas schemas) throws Refused {
+  private static Message decoded(byte[] value, Schemas schemas) throws Refused {
     // formats/framing.py checks the frame first, in the same words: this one is never the reason given.
     if (value.length < 5 || value[0] != 0) {
       throw new Refused("value is not in Confluent's wire format (a magic byte 0 and a 4-byte schema id before the "
@@ -177,17 +255,136 @@ public final class ProtobufDocument implements UDF2<byte[], byte[], Row> {
     if (!reader.getFullName().equals(schemas.message)) {
       throw new Refused("value is a " + reader.getFullName() + " message, and the pipeline reads " + schemas.message);
     }
-    DynamicMessage message;
     try {
-      message = DynamicMessage.parseFrom(reader, in);
+      DynamicMessage message = DynamicMessage.parseFrom(reader, in);
       in.checkLastTagWas(0);
+      return message;
     } catch (IOException e) {
       throw new Refused("value does not decode as message " + reader.getFullName() + " (writer schema id " + id
           + "): " + e.getMessage());
     }
-    StringBuilder out = new StringBuilder(value.length * 2 + 16);
-    writeMessage(out, message);
-    return out.toString();
+  }
+
+  /** Whether a field is set as Protobuf's JSON would have it (see the class). */
+  private static boolean present(Message message, FieldDescriptor field) {
+    return field.isRepeated() || !field.hasPresence() || message.hasField(field);
+  }
+
+  /** An asked field's value, typed as asked; NULL where it is not set or the reader lacks it. */
+  private static Object field(Message message, Asked asked) throws Refused, Mismatch {
+    if (asked.fields == null) {
+      return null;
+    }
+    Message at = message;
+    int last = asked.fields.length - 1;
+    for (int i = 0; i < last; i++) {
+      if (!present(at, asked.fields[i])) {
+        return null;
+      }
+      at = (Message) at.getField(asked.fields[i]);
+    }
+    FieldDescriptor field = asked.fields[last];
+    if (!present(at, field)) {
+      return null;
+    }
+    Object value = at.getField(field);
+    if (asked.type == 'V') {
+      StringBuilder out = new StringBuilder(32);
+      writeField(out, field, value);
+      return out.toString();
+    }
+    // A wrapper (google.protobuf.Int64Value, ...) is the value it wraps.
+    if (field.getJavaType() == FieldDescriptor.JavaType.MESSAGE) {
+      Message inner = (Message) value;
+      Descriptor type = inner.getDescriptorForType();
+      switch (type.getFullName()) {
+        case "google.protobuf.Timestamp":
+          return timestamp(inner);
+        case "google.protobuf.Duration":
+          return seconds(inner);
+        default:
+          field = type.findFieldByName("value");
+          value = inner.getField(field);
+      }
+    }
+    return typed(field, value, asked.type);
+  }
+
+  private static Object typed(FieldDescriptor field, Object value, char type) throws Mismatch {
+    switch (type) {
+      case 'S':
+        switch (field.getType()) {
+          case STRING:
+            return value;
+          case BYTES:
+            return Base64.getEncoder().encodeToString(((ByteString) value).toByteArray());
+          case ENUM:
+            EnumValueDescriptor symbol = (EnumValueDescriptor) value;
+            return symbol.getIndex() < 0 ? Integer.toString(symbol.getNumber()) : symbol.getName();
+          default:
+            return scalarText(field, value);
+        }
+      case 'B':
+        return value;
+      case 'I':
+        return value;
+      case 'J':
+        switch (field.getType()) {
+          case UINT32:
+          case FIXED32:
+            return Integer.toUnsignedLong((Integer) value);
+          case UINT64:
+          case FIXED64:
+            if ((Long) value < 0) {
+              throw new Mismatch();  // beyond a long
+            }
+            return value;
+          default:
+            return ((Number) value).longValue();
+        }
+      case 'D':
+        switch (field.getType()) {
+          case FLOAT:
+            return Double.parseDouble(Float.toString((Float) value));
+          case UINT32:
+          case FIXED32:
+            return (double) Integer.toUnsignedLong((Integer) value);
+          default:
+            return ((Number) value).doubleValue();
+        }
+      default:
+        throw new IllegalStateException("unknown field type " + type);
+    }
+  }
+
+  /** The fields of the message, and of each message a declared path goes through, that no column reads and that
+   * Protobuf's JSON would have (their paths). */
+  private static List<String> unexpected(Message message, Schemas schemas) {
+    List<String> found = new ArrayList<>();
+    for (Map.Entry<String, Set<String>> parent : schemas.declared.entrySet()) {
+      Message at = message;
+      String prefix = parent.getKey();
+      if (!prefix.isEmpty()) {
+        for (String name : prefix.split("\\.")) {
+          FieldDescriptor step = at.getDescriptorForType().findFieldByName(name);
+          if (step == null || step.isRepeated() || step.getJavaType() != FieldDescriptor.JavaType.MESSAGE
+              || !present(at, step)) {
+            at = null;
+            break;
+          }
+          at = (Message) at.getField(step);
+        }
+      }
+      if (at == null) {
+        continue;
+      }
+      for (FieldDescriptor field : at.getDescriptorForType().getFields()) {
+        if (present(at, field) && !parent.getValue().contains(field.getName())) {
+          found.add(prefix.isEmpty() ? field.getName() : prefix + "." + field.getName());
+        }
+      }
+    }
+    return found;
   }
 
   /** The message the index array names: a count then the indexes (zig-zag varints), or a lone 0 for [0]. */
@@ -264,24 +461,28 @@ public final class ProtobufDocument implements UDF2<byte[], byte[], Row> {
       first = false;
       writeString(out, field.getName());
       out.append(':');
-      Object fieldValue = message.getField(field);
-      if (field.isMapField()) {
-        writeMap(out, field, (List<?>) fieldValue);
-      } else if (field.isRepeated()) {
-        out.append('[');
-        List<?> items = (List<?>) fieldValue;
-        for (int i = 0; i < items.size(); i++) {
-          if (i > 0) {
-            out.append(',');
-          }
-          writeSingle(out, field, items.get(i));
-        }
-        out.append(']');
-      } else {
-        writeSingle(out, field, fieldValue);
-      }
+      writeField(out, field, message.getField(field));
     }
     out.append('}');
+  }
+
+  /** A field's value as JSON: an array, an object (a map), a message or a scalar. */
+  private static void writeField(StringBuilder out, FieldDescriptor field, Object value) throws Refused {
+    if (field.isMapField()) {
+      writeMap(out, field, (List<?>) value);
+    } else if (field.isRepeated()) {
+      out.append('[');
+      List<?> items = (List<?>) value;
+      for (int i = 0; i < items.size(); i++) {
+        if (i > 0) {
+          out.append(',');
+        }
+        writeSingle(out, field, items.get(i));
+      }
+      out.append(']');
+    } else {
+      writeSingle(out, field, value);
+    }
   }
 
   private static void writeMap(StringBuilder out, FieldDescriptor field, List<?> entries) throws Refused {
@@ -369,6 +570,11 @@ public final class ProtobufDocument implements UDF2<byte[], byte[], Row> {
   }
 
   private static void writeTimestamp(StringBuilder out, Message message) throws Refused {
+    writeString(out, timestamp(message));
+  }
+
+  /** A google.protobuf.Timestamp as ISO-8601 text (UTC). */
+  private static String timestamp(Message message) throws Refused {
     Descriptor type = message.getDescriptorForType();
     long seconds = (Long) message.getField(type.findFieldByName("seconds"));
     int nanos = (Integer) message.getField(type.findFieldByName("nanos"));
@@ -377,7 +583,7 @@ public final class ProtobufDocument implements UDF2<byte[], byte[], Row> {
       throw new Refused("a google.protobuf.Timestamp is out of its range (seconds " + seconds + ", nanos " + nanos
           + ")");
     }
-    writeString(out, DateTimeFormatter.ISO_INSTANT.format(Instant.ofEpochSecond(seconds, nanos)));
+    return DateTimeFormatter.ISO_INSTANT.format(Instant.ofEpochSecond(seconds, nanos));
   }
 
   private static String seconds(Message message) throws Refused {
