@@ -74,6 +74,9 @@ public final class ProtobufColumns implements UDF2<byte[], byte[], Row> {
   private static final class Schemas {
     final int readerId;
     final String message;
+    // What the reasons call what is decoded ("value", "the Kafka key"), and the subject its schema ids belong to.
+    final String what;
+    final String of;
     final Asked[] asked;
     final boolean listUnexpected;
     final Map<String, Descriptor> readerMessages = new HashMap<>();
@@ -85,6 +88,8 @@ public final class ProtobufColumns implements UDF2<byte[], byte[], Row> {
       DataInputStream in = new DataInputStream(new ByteArrayInputStream(blob));
       readerId = in.readInt();
       message = in.readUTF();
+      what = in.readUTF();
+      of = in.readUTF();
       asked = new Asked[in.readInt()];
       for (int i = 0; i < asked.length; i++) {
         String path = in.readUTF();
@@ -114,6 +119,11 @@ public final class ProtobufColumns implements UDF2<byte[], byte[], Row> {
           parent = parent.isEmpty() ? name : parent + "." + name;
         }
       }
+    }
+
+    /** The prefix of a reason that does not name what was decoded: none for a value (its reasons' historic words). */
+    String inside() {
+      return what.equals("value") ? "" : what + ": ";
     }
 
     /** A path's fields, each inside the message the one before holds (null when the reader lacks one). */
@@ -224,11 +234,14 @@ public final class ProtobufColumns implements UDF2<byte[], byte[], Row> {
           row[3 + i] = field(message, schemas.asked[i]);
         } catch (Mismatch e) {
           mismatch = true;
+        } catch (Refused e) {
+          throw new Refused(schemas.inside() + e.getMessage());
         }
       }
       row[1] = mismatch;
       row[2] = schemas.listUnexpected ? unexpected(message, schemas) : null;
     } catch (Refused e) {
+      row = new Object[row.length];  // a dead letter's reason, and nothing else
       row[0] = e.getMessage();
     }
     return RowFactory.create(row);
@@ -237,31 +250,37 @@ public final class ProtobufColumns implements UDF2<byte[], byte[], Row> {
   private static Message decoded(byte[] value, Schemas schemas) throws Refused {
     // formats/framing.py checks the frame first, in the same words: this one is never the reason given.
     if (value.length < 5 || value[0] != 0) {
-      throw new Refused("value is not in Confluent's wire format (a magic byte 0 and a 4-byte schema id before the "
-          + "payload)");
+      throw new Refused(schemas.what + " is not in Confluent's wire format (a magic byte 0 and a 4-byte schema id "
+          + "before the payload)");
     }
     int id = ((value[1] & 0xff) << 24) | ((value[2] & 0xff) << 16) | ((value[3] & 0xff) << 8) | (value[4] & 0xff);
     FileDescriptor writer = schemas.writers.get(id);
     if (writer == null) {
-      throw new Refused("schema id " + id + " is not a version of the topic's subject");
+      throw new Refused(schemas.inside() + "schema id " + id + " is not a version of " + schemas.of);
     }
     CodedInputStream in = CodedInputStream.newInstance(value, 5, value.length - 5);
-    Descriptor written = writtenMessage(in, writer, id);
+    Descriptor written;
+    try {
+      written = writtenMessage(in, writer, id);
+    } catch (Refused e) {
+      throw new Refused(schemas.inside() + e.getMessage());
+    }
     Descriptor reader = schemas.readerMessages.get(written.getFullName());
     if (reader == null) {
-      throw new Refused("message " + written.getFullName() + " (writer schema id " + id + ") is not in the reader "
-          + "schema (id " + schemas.readerId + ")");
+      throw new Refused(schemas.inside() + "message " + written.getFullName() + " (writer schema id " + id + ") is "
+          + "not in the reader schema (id " + schemas.readerId + ")");
     }
     if (!reader.getFullName().equals(schemas.message)) {
-      throw new Refused("value is a " + reader.getFullName() + " message, and the pipeline reads " + schemas.message);
+      throw new Refused(schemas.what + " is a " + reader.getFullName() + " message, and the pipeline reads "
+          + schemas.message);
     }
     try {
       DynamicMessage message = DynamicMessage.parseFrom(reader, in);
       in.checkLastTagWas(0);
       return message;
     } catch (IOException e) {
-      throw new Refused("value does not decode as message " + reader.getFullName() + " (writer schema id " + id
-          + "): " + e.getMessage());
+      throw new Refused(schemas.what + " does not decode as message " + reader.getFullName() + " (writer schema id "
+          + id + "): " + e.getMessage());
     }
   }
 

@@ -24,6 +24,7 @@ from integration_support import (  # noqa: E402
     COLUMNS,
     LAKE_NAMESPACE,
     PROTOBUF_COLUMNS,
+    PROTOBUF_KEYED_COLUMNS,
     RICH_COLUMNS,
     RUN,
     RecordedProducer,
@@ -167,6 +168,10 @@ PIPELINES = {
            ("protobuf_connect", "connect", {}), ("protobuf_submit", "submit", {}),
            ("protobuf_iceberg", "connect", {"output_table": None, "sink": {
                "type": "iceberg", "namespace": LAKE_NAMESPACE, "table": pipeline_name("protobuf_iceberg")}}))},
+    # Protobuf keys too (key_format protobuf), naming an entity table's entities, in each runtime (test_protobuf.py).
+    **{key: {"spark_runtime": runtime, "value": {"format": "protobuf", "key_format": "protobuf"}, "write": "upsert",
+             "key": ["order_id"], "columns": PROTOBUF_KEYED_COLUMNS}
+       for key, runtime in (("protobuf_keys_connect", "connect"), ("protobuf_keys_submit", "submit"))},
     "avro_refused": {"value": {"format": "avro"}, "columns": [*AVRO_COLUMNS, {"name": "coupon", "type": "string"}]},
     "avro_registry_away": {"spark_runtime": "connect", "value": {"format": "avro"}, "columns": AVRO_COLUMNS},
     # No `columns:`: the first plan takes the reader schema's fields (None leaves the key out of the file).

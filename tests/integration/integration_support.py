@@ -112,6 +112,13 @@ PROTOBUF_COLUMNS = [
     {"name": "iban", "type": "string"},
     {"name": "customer", "type": "string", "source": "key"},
 ]
+# An entity table of Protobuf values whose keys are Protobuf too (shop.OrderKey: its id names the entity).
+PROTOBUF_KEYED_COLUMNS = [
+    {"name": "order_id", "type": "string", "source": "key", "path": "id", "required": True},
+    {"name": "region", "type": "long", "source": "key", "path": "region"},
+    {"name": "quantity", "type": "long"},
+    {"name": "amount", "type": "decimal(10,2)"},
+]
 
 
 def lean_decoded(records, pipeline, fmt, names: list[str]) -> dict[int, dict]:

@@ -103,7 +103,7 @@ def test_values_of_every_version_decode_into_the_reader_schema_and_bad_ones_are_
          for offset, (value, key, _) in enumerate(values)],
         "topic string, partition int, offset long, timestamp timestamp, key binary, value binary, "
         "headers array<struct<key: string, value: binary>>")
-    fmt = AvroFormat().with_schemas({topic: schemas})
+    fmt = AvroFormat({topic: schemas})
     lean = lean_decoded(records, pipeline, fmt, [c["name"] for c in AVRO_COLUMNS])
     reasons = {offset: row["error"] for offset, row in lean.items()}
     expected = {offset: reason for offset, (_, _, reason) in enumerate(values)}
@@ -180,7 +180,7 @@ def test_avro_values_are_published_exactly_and_a_replay_decodes_with_its_batchs_
     with ledger.session(services.ledger) as conn, conn.cursor() as cur:
         pinned = ledger.schema_pins(cur, first.batch_id)
     v2_id = int.from_bytes(values[10][0][1:5], "big")
-    assert pinned == {topic: SchemaPin(topic, f"{topic}-value", v2_id, 2, "newest")}
+    assert pinned == {("value", topic): SchemaPin(topic, f"{topic}-value", v2_id, 2, "newest")}
 
     # Version 3 (a field added with a default, which no column reads): the replay keeps version 2.
     v3 = {**V2, "fields": [*V2["fields"], {"name": "coupon", "type": ["null", "string"], "default": None}]}
@@ -190,7 +190,7 @@ def test_avro_values_are_published_exactly_and_a_replay_decodes_with_its_batchs_
     run_batch(pipeline, replay.batch_id, services)
     with ledger.session(services.ledger) as conn, conn.cursor() as cur:
         assert ledger.schema_pins(cur, replay.batch_id) == {
-            topic: SchemaPin(topic, f"{topic}-value", v2_id, 2, "pinned")}
+            ("value", topic): SchemaPin(topic, f"{topic}-value", v2_id, 2, "pinned")}
     assert _published(dsn, pipeline) == rows
     # Asked for, the newest version instead, recorded so; version 3's new field is read by no column.
     v3_id = newest(client, f"{topic}-value")[0]
@@ -199,7 +199,7 @@ def test_avro_values_are_published_exactly_and_a_replay_decodes_with_its_batchs_
     run_batch(pipeline, newer.batch_id, services)
     with ledger.session(services.ledger) as conn, conn.cursor() as cur:
         assert ledger.schema_pins(cur, newer.batch_id) == {
-            topic: SchemaPin(topic, f"{topic}-value", v3_id, 3, "newest")}
+            ("value", topic): SchemaPin(topic, f"{topic}-value", v3_id, 3, "newest")}
     assert _published(dsn, pipeline) == rows
 
 

@@ -161,7 +161,7 @@ def test_avro_change_events_through_the_registry_decode_to_their_changes(spark):
         "topics": [topic], "output_table": "t", "write": "upsert", "key": ["id"],
         "value": {"format": "avro", "envelope": "debezium"}, "columns": COLUMNS}}}))["p"]
     schema_id, _ = newest(client, f"{topic}-value")
-    fmt = AvroFormat().with_schemas({topic: topic_schemas(client, f"{topic}-value", schema_id)})
+    fmt = AvroFormat({topic: topic_schemas(client, f"{topic}-value", schema_id)})
     records = spark.createDataFrame(
         [(topic, 0, offset, datetime(2026, 11, 27, tzinfo=UTC), b"k", value, [])
          for offset, value in enumerate(values)], RECORDS)

@@ -52,6 +52,8 @@ message Order {
 }
 enum Status { NEW = 0; PAID = 1; }
 """
+# The keys of the entity table's orders (key_format protobuf).
+ORDER_KEY = 'syntax = "proto3";\npackage shop;\nmessage OrderKey { string id = 1; int64 region = 2; }\n'
 # Version 2 adds a field: values written with it are read with version 1 (the pinned reader), the field skipped.
 ORDER_V2 = ORDER.replace("oneof payment", "string channel = 16;\n  oneof payment")
 
@@ -305,8 +307,8 @@ def test_protobuf_values_are_published_exactly_and_a_replay_decodes_with_its_bat
     services = services_for(dsn, servers)
     v1_id = int.from_bytes(values[0][0][1:5], "big")
     with ledger.session(services.ledger) as conn, conn.cursor() as cur:
-        assert ledger.schema_pins(cur, first.batch_id) == {topic: SchemaPin(topic, f"{topic}-value", v1_id, 1,
-                                                                            "newest")}
+        assert ledger.schema_pins(cur, first.batch_id) == {
+            ("value", topic): SchemaPin(topic, f"{topic}-value", v1_id, 1, "newest")}
 
     # Version 2 (a field added): the replay keeps version 1 and publishes the same rows.
     order_v2, _ = classes(ORDER_V2)
@@ -316,5 +318,69 @@ def test_protobuf_values_are_published_exactly_and_a_replay_decodes_with_its_bat
     run_batch(pipeline, replay.batch_id, services)
     with ledger.session(services.ledger) as conn, conn.cursor() as cur:
         assert ledger.schema_pins(cur, replay.batch_id) == {
-            topic: SchemaPin(topic, f"{topic}-value", v1_id, 1, "pinned")}
+            ("value", topic): SchemaPin(topic, f"{topic}-value", v1_id, 1, "pinned")}
     assert _published(dsn, pipeline) == rows
+
+
+# spark-submit's twin in the long lane: its job binds the batch's key schemas as the connect runtime's task does.
+@pytest.mark.parametrize("key", ["protobuf_keys_connect", pytest.param("protobuf_keys_submit", marks=pytest.mark.long)])
+def test_protobuf_keys_name_an_entity_tables_entities_and_a_tombstone_deletes_one(dsn, servers, pipeline_factory, key):
+    """Keys written by Confluent's ProtobufSerializer (subject <topic>-key), pinned per batch beside the values: each
+    order's newest version is its entity's row, a tombstone deletes it, a key not in the wire format is a dead letter,
+    and a replay of every range as a new batch changes nothing."""
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from integration_support import batches, drain, positions_equal_end_offsets, query
+
+    from kafka_ledger.batch.plan import plan_batch
+    from kafka_ledger.batch.requests import BatchRequest
+    from kafka_ledger.config.settings import services_for
+    from kafka_ledger.formats.framing import KEY_NOT_FRAMED
+    from kafka_ledger.ledger import db as ledger
+    from kafka_ledger.runtimes import run_batch
+
+    pipeline = pipeline_factory(key, partitions=2)
+    topic = pipeline.topics[0]
+    client = settings.schema_registry().client()
+    order_v1, _ = classes(ORDER)
+    order_key = message_class(ORDER_KEY, "shop.OrderKey")
+    values = ProtobufSerializer(order_v1, client, conf={"auto.register.schemas": True})
+    keys = ProtobufSerializer(order_key, client, conf={"auto.register.schemas": True})
+    value_context = SerializationContext(topic, MessageField.VALUE)
+    key_context = SerializationContext(topic, MessageField.KEY)
+
+    def keyed(i: int) -> bytes:
+        return keys(order_key(id=f"o{i}", region=i % 3), key_context)
+
+    records = [(values(order(order_v1, i), value_context), keyed(i)) for i in range(6)]
+    records += [(values(order(order_v1, i, quantity=100 + i), value_context), keyed(i)) for i in (1, 2)]
+    records += [(None, keyed(2)), (values(order(order_v1, 7), value_context), b"plain"), (None, b"plain")]
+    landed = _produce(servers, topic, records)
+    services = services_for(dsn, servers)
+    drain(dsn, servers, pipeline)
+
+    def entities() -> dict[str, tuple]:
+        return {order_id: (region, quantity, (partition, offset)) for order_id, region, quantity, partition, offset
+                in query(dsn, f"SELECT order_id, region, quantity, kafka_partition, kafka_offset FROM "
+                              f"{pipeline.output_schema}.{pipeline.output_table}")}
+
+    newest = {f"o{i}": records.index((values(order(order_v1, i), value_context), keyed(i))) for i in (0, 3, 4, 5)}
+    expected = {f"o{i}": (i % 3, 2**53 + i, landed[newest[f"o{i}"]][1:]) for i in (0, 3, 4, 5)}
+    expected["o1"] = (1, 101, landed[6][1:])
+    assert entities() == expected
+    dead = {(t, p, o): error for t, p, o, error in query(
+        dsn, "SELECT kafka_topic, kafka_partition, kafka_offset, error FROM kafka_ledger.dead_letters "
+             "WHERE pipeline = %s", pipeline.name)}
+    assert dead == {landed[9]: KEY_NOT_FRAMED,
+                    landed[10]: "tombstone's Kafka key does not name its entity (field 'id' of the Kafka key is "
+                                "missing or null)"}
+    positions_equal_end_offsets(dsn, servers, pipeline)
+    key_id = int.from_bytes(records[0][1][1:5], "big")
+    batch_id = batches(dsn, pipeline)[0].batch_id
+    with ledger.session(services.ledger) as conn, conn.cursor() as cur:
+        pins = ledger.schema_pins(cur, batch_id)
+    assert pins[("key", topic)] == SchemaPin(topic, f"{topic}-key", key_id, 1, "newest", "key")
+
+    replay = plan_batch(services, pipeline, BatchRequest(mode="replay_batch", batch_id=batch_id, reason="test"))
+    run_batch(pipeline, replay.batch_id, services)
+    assert entities() == expected

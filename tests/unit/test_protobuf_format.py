@@ -142,9 +142,13 @@ def test_a_batch_binds_the_reader_and_every_version_and_hands_the_decoder_one_bl
     assert (schemas.subject, schemas.reader_id, sorted(schemas.writers)) == ("t-value", first, sorted([first, second]))
     assert "note" not in schemas.reader_message(None).fields_by_name
     blob = schemas.blob("shop.Order", [(("order_id",), "S"), (("address", "city"), "S"), (("tags",), "V")], True)
-    reader_id, length = struct.unpack(">iH", blob[:6])
-    assert (reader_id, blob[6:6 + length]) == (first, b"shop.Order")
-    at = 6 + length
+    (reader_id,) = struct.unpack(">i", blob[:4])
+    texts, at = [], 4
+    for _ in range(3):
+        (size,) = struct.unpack(">H", blob[at:at + 2])
+        texts.append(blob[at + 2:at + 2 + size].decode())
+        at += 2 + size
+    assert (reader_id, texts) == (first, ["shop.Order", "value", "the topic's subject"])
     assert struct.unpack(">i", blob[at:at + 4]) == (3,)
     asked, at = [], at + 4
     for _ in range(3):
@@ -178,3 +182,51 @@ def test_a_protobuf_declaration_takes_a_subject_and_a_message_and_refuses_what_i
     with pytest.raises(ConfigError, match="with format protobuf a key or header column reads the whole key"):
         parse_pipelines(json.dumps(keyed))
     assert ProtobufFormat().uses_registry and ProtobufFormat().derives_columns
+
+
+KEY = 'syntax = "proto3";\npackage shop;\nmessage OrderKey { string id = 1; int64 region = 2; }\n'
+
+
+def test_protobuf_keys_are_declared_with_key_format_and_pinned_beside_the_values():
+    def pipeline(value: dict, columns: list[dict]) -> dict:
+        return {"pipelines": {"p": {"topics": ["t"], "output_table": "t", "value": value, "columns": columns}}}
+
+    key_column = {"name": "id", "type": "string", "source": "key", "path": "id", "required": True}
+    declared = pipeline({"format": "protobuf", "key_format": "protobuf"},
+                        [key_column, {"name": "order_id", "type": "string"}])
+    parsed = parse_pipelines(json.dumps(declared))["p"]
+    assert (parsed.value.key_subject_of("t"), ProtobufFormat().parts(parsed)) == ("t-key", ("value", "key"))
+    for value, columns, problem in [
+        ({"format": "protobuf", "key_message": "shop.OrderKey"}, [key_column],
+         "key_message apply to key_format protobuf"),
+        ({"format": "protobuf"}, [key_column],
+         "a key or header column reads the whole key or header \\(no path\\) unless the keys are in the format too"),
+        ({"format": "protobuf", "key_format": "protobuf"}, [{"name": "id", "type": "string", "source": "key"}],
+         "with key_format protobuf a key column reads a field of the key \\(its path\\)"),
+        ({"format": "avro", "key_format": "protobuf"}, [{"name": "a", "type": "string"}],
+         "key_format applies to format protobuf, not avro"),
+    ]:
+        with pytest.raises(ConfigError, match=problem):
+            parse_pipelines(json.dumps(pipeline(value, columns)))
+
+    registry = SchemaRegistry("mock://protobuf-keys").client()
+    registry.register_schema("address.proto", Schema(ADDRESS, "PROTOBUF"))
+    value_id = registry.register_schema("t-value", Schema(ORDER, "PROTOBUF", [
+        SchemaReference("address.proto", "address.proto", 1)]))
+    key_id = registry.register_schema("t-key", Schema(KEY, "PROTOBUF"))
+    fmt = ProtobufFormat()
+    pins = fmt.pin(registry, parsed, parsed.columns, {"t"}, {})
+    assert [(p.part, p.subject, p.schema_id, p.chosen) for p in pins] == [
+        ("value", "t-value", value_id, "newest"), ("key", "t-key", key_id, "newest")]
+    # A replay keeps both; a batch planned before the keys were declared has no key pin: refused, never decoded
+    # without it (its keys would all be dead letters).
+    replayed = fmt.pin(registry, parsed, parsed.columns, {"t"}, {p.pinned: p for p in pins})
+    assert [p.chosen for p in replayed] == ["pinned", "pinned"]
+    bound = fmt.bound(registry, parsed, {p.pinned: p for p in pins}, {"t"}, 7)
+    assert (bound.schemas["t"].reader_id, bound.key_schemas["t"].reader_id) == (value_id, key_id)
+    with pytest.raises(SchemaRefused, match="batch 7 has no reader schema for the keys of topic\\(s\\) t"):
+        fmt.bound(registry, parsed, {("value", "t"): pins[0]}, {"t"}, 7)
+    wrong = parse_pipelines(json.dumps(pipeline({"format": "protobuf", "key_format": "protobuf"}, [
+        {**key_column, "path": "customer"}, {"name": "order_id", "type": "string"}])))["p"]
+    with pytest.raises(SchemaRefused, match="message shop.OrderKey of .* has no field customer"):
+        fmt.pin(registry, wrong, wrong.columns, {"t"}, {})

@@ -152,7 +152,8 @@ def begin(services: Services, pipeline: PipelineConfig, batch_id: int,
         if fmt.binds:
             with conn, conn.cursor() as cur:
                 pins = ledger.schema_pins(cur, batch_id)
-            bound = fmt.bound(services.registry().client(), pins, {r.topic for r in batch.ranges}, batch_id)
+            bound = fmt.bound(services.registry().client(), pipeline, pins, {r.topic for r in batch.ranges},
+                              batch_id)
         try:
             with conn, conn.cursor() as cur:
                 number = ledger.begin_attempt(cur, batch_id)

@@ -270,6 +270,20 @@ class ValueSpec(BaseModel):
         default=None,
         description="format `protobuf`: the full name of the message the values are (`shop.Order`; a value of "
                     "another message is a dead letter); default the reader schema's first message")
+    key_format: Literal["protobuf"] | None = Field(
+        default=None,
+        description="format `protobuf`: `protobuf` when the records' Kafka keys are Protobuf messages in Confluent's "
+                    "wire format too (its serializer's keys): a key column's `path` names a field of the key's "
+                    "message, decoded with a reader schema pinned per batch as the values' are; none: a key column "
+                    "reads the whole key ([Protobuf keys](#protobuf-keys))")
+    key_subject: str | None = Field(
+        default=None,
+        description="key_format `protobuf`: the subject of the keys' schemas; default `<topic>-key` (Confluent's "
+                    "TopicNameStrategy)")
+    key_message: str | None = Field(
+        default=None,
+        description="key_format `protobuf`: the full name of the message the keys are; default the key schema's "
+                    "first message")
     envelope: Literal["none", "debezium"] = Field(
         default="none",
         description="`none`: each value is a row (or, in an entity table, the entity's newest version); `debezium`: "
@@ -305,6 +319,10 @@ class ValueSpec(BaseModel):
     def subject_of(self, topic: str) -> str:
         """The registry subject of a topic's values (a registry format's)."""
         return self.subject or f"{topic}-value"
+
+    def key_subject_of(self, topic: str) -> str:
+        """The registry subject of a topic's keys (key_format protobuf)."""
+        return self.key_subject or f"{topic}-key"
 
 
 class AssignedPartition(BaseModel):

@@ -343,9 +343,8 @@ class AvroFormat(RegistryFormat):
     def __init__(self, schemas: Mapping[str, TopicSchemas] | None = None):
         self.schemas = dict(schemas or {})
 
-    def with_schemas(self, schemas: Mapping[str, TopicSchemas]) -> AvroFormat:
-        """The format with a batch's schemas."""
-        return AvroFormat(schemas)
+    def with_schemas(self, schemas: Mapping[tuple[str, str], TopicSchemas]) -> AvroFormat:
+        return AvroFormat({topic: found for (_, topic), found in schemas.items()})
 
     def declaration_problems(self, pipeline: DeclaredPipeline) -> list[str]:
         problems = super().declaration_problems(pipeline)
@@ -355,7 +354,7 @@ class AvroFormat(RegistryFormat):
         return problems
 
     def check_reader(self, registry: Any, pipeline: DeclaredPipeline, columns: list[DeclaredColumn], subject: str,
-                     schema_id: int, version: int) -> None:
+                     schema_id: int, version: int, part: str = "value") -> None:
         check_reader(registry, columns, subject, schema_id)
 
     def topic_schemas(self, registry: Any, subject: str, reader_id: int) -> TopicSchemas:

@@ -61,10 +61,15 @@ class DeclaredValue(Protocol):
     framing: str
     subject: str | None
     message: str | None
+    key_format: str | None
+    key_subject: str | None
+    key_message: str | None
     envelope: str
     debezium: Any  # the connector's settings (config.pipeline.DebeziumSettings)
 
     def subject_of(self, topic: str) -> str: ...
+
+    def key_subject_of(self, topic: str) -> str: ...
 
     def given(self) -> set[str]: ...
 
@@ -99,15 +104,25 @@ class ColumnSources(Protocol):
 
 @dataclass(frozen=True)
 class SchemaPin:
-    """The schema a topic of a batch is read with (a registry format's): a subject's version in the schema registry,
-    the newest when the batch was planned (`newest`) or its replayed batch's (`pinned`). Recorded in the ledger by the
-    plan, before anything is read; the read binds the format to it."""
+    """The schema a topic's values (`part` value) or keys (`key`) of a batch are read with (a registry format's): a
+    subject's version in the schema registry, the newest when the batch was planned (`newest`) or its replayed batch's
+    (`pinned`). Recorded in the ledger by the plan, before anything is read; the read binds the format to it."""
 
     topic: str
     subject: str
     schema_id: int
     version: int | None
     chosen: str
+    part: str = "value"
+
+    @property
+    def pinned(self) -> tuple[str, str]:
+        """What it is the pin of, as a batch's pins are keyed: (part, topic)."""
+        return self.part, self.topic
+
+
+# A batch's pins, by what each is the pin of: (part, topic).
+Pins = Mapping[tuple[str, str], SchemaPin]
 
 
 @dataclass(frozen=True)
@@ -201,13 +216,14 @@ class ValueFormat(ABC):
     # --- a batch's schemas --------------------------------------------------------------------------------------
 
     def pin(self, registry: Any, pipeline: DeclaredPipeline, columns: list[DeclaredColumn], topics: set[str],
-            replayed: Mapping[str, SchemaPin]) -> list[SchemaPin]:
+            replayed: Pins) -> list[SchemaPin]:
         """What a new batch of `topics` pins (its replayed batch's pins, `replayed`, where it has them), refused
         when its schema cannot fill `columns` (the columns as the format reads them); nothing for a format whose
         values carry no schema id."""
         return []
 
-    def bound(self, registry: Any, pins: Mapping[str, SchemaPin], topics: set[str], batch_id: int) -> ValueFormat:
+    def bound(self, registry: Any, pipeline: DeclaredPipeline, pins: Pins, topics: set[str], batch_id: int
+              ) -> ValueFormat:
         """The format bound to a batch's pins for its read (its schemas fetched from `registry`, before the attempt
         begins: a registry away fails it with nothing begun)."""
         return self

@@ -10,6 +10,8 @@ if TYPE_CHECKING:
 
 HEADER_BYTES = 5
 NOT_FRAMED = "value is not in Confluent's wire format (a magic byte 0 and a 4-byte schema id before the payload)"
+# The same of a record's Kafka key (keys in a registry format: protobuf.py's key_format).
+KEY_NOT_FRAMED = NOT_FRAMED.replace("value", "the Kafka key", 1)
 
 
 def is_framed(value: Column) -> Column:

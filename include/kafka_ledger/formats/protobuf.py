@@ -38,6 +38,7 @@ from kafka_ledger.formats.base import (
     ColumnSources,
     DeclaredColumn,
     DeclaredPipeline,
+    DeclaredValue,
     DerivedColumns,
 )
 from kafka_ledger.formats.json import CORRUPT_COLUMN, JsonFormat
@@ -50,7 +51,11 @@ if TYPE_CHECKING:
 # The decoder in the Spark jars (scripts/stack.sh builds it), and the column of its fields of a record's value.
 DECODER_CLASS = "io.kafkaledger.spark.ProtobufColumns"
 DECODED_COLUMN = "protobuf decoded"
+DECODED_KEY_COLUMN = "protobuf decoded key"
 NO_SCHEMAS = "the batch has no schemas for the record's topic"
+# What the decoder's reasons call what it decodes, and the subject its schema ids must be versions of.
+_DECODED_VALUE = ("value", "the topic's subject")
+_DECODED_KEY = ("the Kafka key", "the topic's key subject")
 # How the decoder gives a field of each type JSON's reading takes (by the Spark type's name): its code in the blob
 # (ProtobufColumns.java) and the type it gives it as (a variant as its JSON text, which Spark parses).
 GIVEN = {"string": ("S", "string"), "bigint": ("J", "bigint"), "int": ("I", "int"), "double": ("D", "double"),
@@ -301,12 +306,12 @@ def field_at(message: Descriptor, path: tuple[str, ...]) -> FieldDescriptor:
     return field
 
 
-def columns_problems(columns: list[DeclaredColumn], message: Descriptor, what: str) -> list[str]:
-    """Why `message` cannot fill the columns: a value column whose field it lacks, or whose type the column's kind
-    cannot hold exactly."""
+def columns_problems(columns: list[DeclaredColumn], message: Descriptor, what: str, source: str = "value") -> list[str]:
+    """Why `message` cannot fill the columns of `source` (the value, or the key): a column whose field it lacks, or
+    whose type the column's kind cannot hold exactly."""
     problems = []
     for column in columns:
-        if column.source != "value" or not column.field_path:
+        if column.source != source or not column.field_path:
             continue
         path = ".".join(column.field_path)
         try:
@@ -363,15 +368,17 @@ class TopicSchemas:
         return message_named(self.writers[self.reader_id], name,
                              f"the reader schema (id {self.reader_id}) of subject {self.subject}")
 
-    def blob(self, message: str, asked: list[tuple[tuple[str, ...], str]], unexpected: bool) -> bytes:
-        """The schemas and the fields asked as the decoder takes them: the reader's id and the message read, the fields
-        (each its path and its code, GIVEN), whether to list the fields no column reads, then each writer's id and
-        descriptor set (big-endian lengths; names as Java's DataInput.readUTF reads them)."""
+    def blob(self, message: str, asked: list[tuple[tuple[str, ...], str]], unexpected: bool,
+             what: str = "value", of: str = "the topic's subject") -> bytes:
+        """The schemas and the fields asked as the decoder takes them: the reader's id and the message read, what its
+        reasons call what it decodes and the subject of its schema ids, the fields (each its path and its code, GIVEN),
+        whether to list the fields no column reads, then each writer's id and descriptor set (big-endian lengths;
+        names as Java's DataInput.readUTF reads them)."""
         def text(value: str) -> bytes:
             encoded = value.encode()
             return struct.pack(">H", len(encoded)) + encoded
 
-        parts = [struct.pack(">i", self.reader_id), text(message), struct.pack(">i", len(asked))]
+        parts = [struct.pack(">i", self.reader_id), text(message), text(what), text(of), struct.pack(">i", len(asked))]
         for path, code in asked:
             parts += [text(".".join(path)), code.encode()]
         parts += [struct.pack(">?i", unexpected, len(self.writers))]
@@ -398,12 +405,20 @@ class ProtobufFormat(RegistryFormat, JsonFormat):
     name = "protobuf"
     description = ("Protobuf in Confluent's wire format, its schemas in the schema registry ([Protobuf values]"
                    "(#protobuf-values))")
-    options = frozenset({"subject", "message"})
+    options = frozenset({"subject", "message", "key_format", "key_subject", "key_message"})
     values_name = "Protobuf values"
     kind_readings = PROTOBUF_READS
 
-    def __init__(self, schemas: Mapping[str, TopicSchemas] | None = None):
+    def __init__(self, schemas: Mapping[str, TopicSchemas] | None = None,
+                 key_schemas: Mapping[str, TopicSchemas] | None = None):
         self.schemas = dict(schemas or {})
+        self.key_schemas = dict(key_schemas or {})
+
+    def value_problems(self, value: DeclaredValue) -> list[str]:
+        keyed = sorted(value.given() & {"key_subject", "key_message"})
+        if keyed and value.key_format is None:
+            return [f"{' and '.join(keyed)} apply to key_format protobuf"]
+        return []
 
     def declaration_problems(self, pipeline: DeclaredPipeline) -> list[str]:
         problems = RegistryFormat.declaration_problems(self, pipeline)
@@ -413,20 +428,28 @@ class ProtobufFormat(RegistryFormat, JsonFormat):
 
     # --- a batch's schemas --------------------------------------------------------------------------------------
 
+    def parts(self, pipeline: DeclaredPipeline) -> tuple[str, ...]:
+        return ("value", "key") if pipeline.value.key_format == self.name else ("value",)
+
+    def subject_of(self, pipeline: DeclaredPipeline, part: str, topic: str) -> str:
+        return pipeline.value.subject_of(topic) if part == "value" else pipeline.value.key_subject_of(topic)
+
     def check_reader(self, registry: Any, pipeline: DeclaredPipeline, columns: list[DeclaredColumn], subject: str,
-                     schema_id: int, version: int) -> None:
+                     schema_id: int, version: int, part: str = "value") -> None:
         what = f"version {version} of subject {subject} (schema id {schema_id})"
         with asking(f"schema id {schema_id}"):
             reader = descriptor_set(registry, registry.get_schema(schema_id), what)
-        problems = columns_problems(columns, message_named(reader, pipeline.value.message, what), what)
+        message = message_named(reader, _message_of(pipeline, part), what)
+        problems = columns_problems(columns, message, what, part)
         if problems:
             raise SchemaRefused("; ".join(problems))
 
     def topic_schemas(self, registry: Any, subject: str, reader_id: int) -> TopicSchemas:
         return topic_schemas(registry, subject, reader_id)
 
-    def with_schemas(self, schemas: Mapping[str, TopicSchemas]) -> ProtobufFormat:
-        return ProtobufFormat(schemas)
+    def with_schemas(self, schemas: Mapping[tuple[str, str], TopicSchemas]) -> ProtobufFormat:
+        return ProtobufFormat({topic: found for (part, topic), found in schemas.items() if part == "value"},
+                              {topic: found for (part, topic), found in schemas.items() if part == "key"})
 
     def derived_columns(self, sources: ColumnSources, subject: str, envelope: str) -> DerivedColumns:
         registry = sources.registry().client()
@@ -437,18 +460,21 @@ class ProtobufFormat(RegistryFormat, JsonFormat):
 
     # --- the decoding -------------------------------------------------------------------------------------------
 
+    def _by_part(self, part: str) -> dict[str, TopicSchemas]:
+        return self.schemas if part == "value" else self.key_schemas
+
     def column_readings(self, pipeline: DeclaredPipeline) -> dict[str, str]:
-        """Each value column's reading by its field's type in the reader's message (the first topic's: a kind
-        reads every type it holds alike); a column the reader lacks (declared after the batch was planned) reads
+        """Each value (or key) column's reading by its field's type in the reader's message (the first topic's: a
+        kind reads every type it holds alike); a column the reader lacks (declared after the batch was planned) reads
         nothing there."""
-        message = None
-        if self.schemas:
-            message = self.schemas[sorted(self.schemas)[0]].reader_message(pipeline.value.message)
+        messages = {part: found[min(found)].reader_message(_message_of(pipeline, part))
+                    for part in self.parts(pipeline) if (found := self._by_part(part))}
         found = {}
         for column in pipeline.columns:
             holds = PROTOBUF_READS[column.type.word]
             reading = next(iter(holds.values()))
-            if message is not None and column.source == "value" and column.field_path:
+            message = messages.get(column.source)
+            if message is not None and column.field_path:
                 try:
                     reading = holds.get(type_name(field_at(message, column.field_path)), reading)
                 except KeyError:
@@ -457,10 +483,18 @@ class ProtobufFormat(RegistryFormat, JsonFormat):
         return found
 
     def _prepared(self, records: DataFrame, pipeline: DeclaredPipeline, keep: list[str]) -> tuple[DataFrame, list[str]]:
-        """The records with the decoder's fields of each value (DECODED_COLUMN), by its topic's schemas."""
+        """The records with the decoder's fields of each value (and of each key, with key_format protobuf), by its
+        topic's schemas (DECODED_COLUMN, DECODED_KEY_COLUMN)."""
+        for document in self._documents(pipeline):
+            records = records.withColumn(_decoded_column(document.source), self._decoded(records, pipeline, document))
+            keep = [*keep, _decoded_column(document.source)]
+        return records, keep
+
+    def _decoded(self, records: DataFrame, pipeline: DeclaredPipeline, document: Any) -> Column:
+        """The decoder's fields of a document (the value, or the key) of each record."""
         from pyspark.sql import functions as F
 
-        asked = asked_fields(self._documents(pipeline)[0])
+        asked = asked_fields(document)
         fields = decoded_fields(asked)
         decoded_type = f"struct<{','.join(f'{name}:{kind}' for name, kind in fields)}>"
         # Registered under a name of its own per type: pipelines of other columns may share a session.
@@ -469,59 +503,78 @@ class ProtobufFormat(RegistryFormat, JsonFormat):
         decoded = F.struct(*[(F.lit(NO_SCHEMAS) if name == "problem" else F.lit(None)).cast(kind).alias(name)
                              for name, kind in fields])
         codes = [(path, GIVEN[kind.simpleString()][0]) for _, path, kind in asked]
-        for topic, schemas in sorted(self.schemas.items(), reverse=True):
-            blob = schemas.blob(schemas.reader_message(pipeline.value.message).full_name, codes,
-                                pipeline.extra_fields == "dead_letter")
-            decoded = F.when(F.col("topic") == topic, F.call_function(function, F.col("value"), F.lit(blob))
+        value = document.is_value
+        for topic, schemas in sorted(self._by_part("value" if value else "key").items(), reverse=True):
+            message = schemas.reader_message(_message_of(pipeline, "value" if value else "key")).full_name
+            blob = schemas.blob(message, codes, value and pipeline.extra_fields == "dead_letter",
+                                *(_DECODED_VALUE if value else _DECODED_KEY))
+            decoded = F.when(F.col("topic") == topic, F.call_function(function, F.col(document.source), F.lit(blob))
                              ).otherwise(decoded)
-        return records.withColumn(DECODED_COLUMN, decoded), [*keep, DECODED_COLUMN]
+        return decoded
 
     def _raw(self, source: str, pipeline: DeclaredPipeline) -> Column:
         from pyspark.sql import functions as F
 
-        # The value's fields are the decoder's (DECODED_COLUMN): no document text to read them from.
-        return F.lit(None).cast("binary") if source == "value" else super()._raw(source, pipeline)
+        # Those fields are the decoder's (`_decoded`): no document text to read them from.
+        return F.lit(None).cast("binary") if source in self.parts(pipeline) else super()._raw(source, pipeline)
 
     def _document_parses(self, documents: list[Any], pipeline: DeclaredPipeline) -> list[Column]:
-        """The value's parses as JSON's reading takes them, each field the decoder's (a variant from its JSON text);
-        `_corrupt_record` set where a value does not fit its column's type. A registry format's key and header columns
-        read the whole key or header: the value is the one document."""
+        """The value's (and the key's) parses as JSON's reading takes them, each field the decoder's (a variant from
+        its JSON text); `_corrupt_record` set where a value does not fit its column's type. A key or header column
+        that no schema reads reads the whole key or header: no other document is parsed."""
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
-        value = documents[0]
-        decoded = F.col(DECODED_COLUMN)
-        leaves = {(parse, path): decoded[f"f{i}"] for i, (parse, path, _) in enumerate(asked_fields(value))}
-
-        def fields(parse: int, node: dict[str, Any], prefix: tuple[str, ...]) -> list[Column]:
-            found = []
-            for key, sub in node.items():
-                path = (*prefix, key)
-                if isinstance(sub, dict):
-                    found.append(F.struct(*fields(parse, sub, path)).alias(key))
-                else:
-                    leaf = leaves[(parse, path)]
-                    found.append((F.try_parse_json(leaf) if isinstance(sub, T.VariantType) else leaf).alias(key))
-            return found
-
         parses = []
-        for parse, name in enumerate(value.parses):
-            corrupt = (F.when(decoded["mismatch"], F.lit("a field's value does not fit its column's type"))
-                       if parse == 0 else F.lit(None).cast("string"))
-            parses.append(F.struct(*fields(parse, value.layout[0][parse], ()), corrupt.alias(CORRUPT_COLUMN))
-                          .alias(name))
+        for document in documents:
+            decoded = F.col(_decoded_column(document.source))
+            leaves = {(parse, path): decoded[f"f{i}"] for i, (parse, path, _) in enumerate(asked_fields(document))}
+
+            def fields(parse: int, node: dict[str, Any], prefix: tuple[str, ...],
+                       leaves: dict[tuple[int, tuple[str, ...]], Column] = leaves) -> list[Column]:
+                found = []
+                for key, sub in node.items():
+                    path = (*prefix, key)
+                    if isinstance(sub, dict):
+                        found.append(F.struct(*fields(parse, sub, path)).alias(key))
+                    else:
+                        leaf = leaves[(parse, path)]
+                        found.append((F.try_parse_json(leaf) if isinstance(sub, T.VariantType) else leaf).alias(key))
+                return found
+
+            for parse, name in enumerate(document.parses):
+                corrupt = (F.when(decoded["mismatch"], F.lit("a field's value does not fit its column's type"))
+                           if parse == 0 else F.lit(None).cast("string"))
+                parses.append(F.struct(*fields(parse, document.layout[0][parse], ()), corrupt.alias(CORRUPT_COLUMN))
+                              .alias(name))
         return parses
 
     def _document_checks(self, pipeline: DeclaredPipeline, document: Any, raw: Column, whole: Column
                          ) -> tuple[list[Column], list[Column], list[Column]]:
         from pyspark.sql import functions as F
 
-        framed = framing.is_framed(F.col("value"))
-        problem = F.col(DECODED_COLUMN)["problem"]
-        return ([F.when(~framed, F.lit(framing.NOT_FRAMED)), problem],
-                [F.when(~whole, F.lit("value does not match the declared schema"))], [framed, problem.isNull(), whole])
+        source = F.col(document.source)
+        framed = framing.is_framed(source)
+        problem = F.col(_decoded_column(document.source))["problem"]
+        if document.is_value:
+            return ([F.when(~framed, F.lit(framing.NOT_FRAMED)), problem],
+                    [F.when(~whole, F.lit("value does not match the declared schema"))],
+                    [framed, problem.isNull(), whole])
+        present = source.isNotNull()
+        return ([F.when(present & ~framed, F.lit(framing.KEY_NOT_FRAMED)), F.when(present, problem)],
+                [F.when(present & ~whole, F.lit(f"{document.what} does not match the declared schema"))],
+                [~present | (framed & problem.isNull() & whole)])
 
     def _unexpected(self, value: Any, pipeline: DeclaredPipeline) -> Column:
         from pyspark.sql import functions as F
 
         return F.array_sort(F.col(DECODED_COLUMN)["unexpected"])
+
+
+def _decoded_column(source: str) -> str:
+    return DECODED_COLUMN if source == "value" else DECODED_KEY_COLUMN
+
+
+def _message_of(pipeline: DeclaredPipeline, part: str) -> str | None:
+    """The message a pipeline's values (or keys) are, as declared (None: the schema's first)."""
+    return pipeline.value.message if part == "value" else pipeline.value.key_message

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from kafka_ledger.formats.base import DeclaredColumn, DeclaredPipeline, SchemaPin, ValueFormat
+from kafka_ledger.formats.base import DeclaredColumn, DeclaredPipeline, Pins, SchemaPin, ValueFormat
 from kafka_ledger.model.refusals import Refusal
 
 log = logging.getLogger(__name__)
@@ -88,10 +88,16 @@ class RegistryFormat(ValueFormat):
     def declaration_problems(self, pipeline: DeclaredPipeline) -> list[str]:
         # Every format's rules, then the registry's: never another format's (Protobuf borrows JSON's reading only).
         problems = ValueFormat.declaration_problems(self, pipeline)
-        inside = [c.name for c in pipeline.columns or [] if c.source != "value" and c.field_path]
+        read = self.parts(pipeline)
+        inside = [c.name for c in pipeline.columns or [] if c.source not in read and c.field_path]
         if inside:
             problems.append(f"column(s) {', '.join(inside)}: with format {self.name} a key or header column reads the "
-                            "whole key or header (no path)")
+                            "whole key or header (no path)" + (" unless the keys are in the format too (key_format)"
+                                                               if "key_format" in self.options else ""))
+        whole = [c.name for c in pipeline.columns or [] if c.source in read and not c.field_path]
+        if whole:
+            problems.append(f"column(s) {', '.join(whole)}: with key_format {self.name} a key column reads a field of "
+                            "the key (its path)")
         return problems
 
     def can_derive_columns(self, pipeline: DeclaredPipeline) -> bool:
@@ -103,45 +109,60 @@ class RegistryFormat(ValueFormat):
     def columns_origin(self, subject: str, schema_id: int, version: int) -> str:
         return f"version {version} of subject {subject} (schema id {schema_id})"
 
+    def parts(self, pipeline: DeclaredPipeline) -> tuple[str, ...]:
+        """What of a topic's records the pipeline reads with the registry's schemas: its values, and its keys where
+        the declaration says they are in the format too (a pin each, per topic)."""
+        return ("value",)
+
+    def subject_of(self, pipeline: DeclaredPipeline, part: str, topic: str) -> str:
+        """The subject of a topic's values (or keys)."""
+        return pipeline.value.subject_of(topic)
+
     def check_reader(self, registry: Any, pipeline: DeclaredPipeline, columns: list[DeclaredColumn], subject: str,
-                     schema_id: int, version: int) -> None:
-        """Refuse a reader schema that cannot fill the columns (SchemaRefused naming each one)."""
+                     schema_id: int, version: int, part: str = "value") -> None:
+        """Refuse a reader schema that cannot fill the columns of the records' `part` (SchemaRefused naming each
+        one)."""
         raise NotImplementedError
 
     def topic_schemas(self, registry: Any, subject: str, reader_id: int) -> Any:
         """A topic's schemas in a batch: the reader `reader_id` and every version of `subject` as writers."""
         raise NotImplementedError
 
-    def with_schemas(self, schemas: Mapping[str, Any]) -> RegistryFormat:
-        """The format with a batch's schemas, by topic."""
+    def with_schemas(self, schemas: Mapping[tuple[str, str], Any]) -> RegistryFormat:
+        """The format with a batch's schemas, by (part, topic)."""
         raise NotImplementedError
 
     def pin(self, registry: Any, pipeline: DeclaredPipeline, columns: list[DeclaredColumn], topics: set[str],
-            replayed: Mapping[str, SchemaPin]) -> list[SchemaPin]:
+            replayed: Pins) -> list[SchemaPin]:
         pinned = []
         for topic in sorted(topics):
-            if topic in replayed:
-                pinned.append(replace(replayed[topic], chosen="pinned"))
-                continue
-            subject = pipeline.value.subject_of(topic)
-            schema_id, version = newest(registry, subject)
-            self.check_reader(registry, pipeline, columns, subject, schema_id, version)
-            pinned.append(SchemaPin(topic, subject, schema_id, version, "newest"))
-            log.info("topic %s: values read with version %s of subject %s (schema id %s)", topic, version, subject,
-                     schema_id)
+            for part in self.parts(pipeline):
+                if (part, topic) in replayed:
+                    pinned.append(replace(replayed[(part, topic)], chosen="pinned"))
+                    continue
+                subject = self.subject_of(pipeline, part, topic)
+                schema_id, version = newest(registry, subject)
+                self.check_reader(registry, pipeline, columns, subject, schema_id, version, part)
+                pinned.append(SchemaPin(topic, subject, schema_id, version, "newest", part))
+                log.info("topic %s: %ss read with version %s of subject %s (schema id %s)", topic, part, version,
+                         subject, schema_id)
         return pinned
 
-    def bound(self, registry: Any, pins: Mapping[str, SchemaPin], topics: set[str], batch_id: int
+    def bound(self, registry: Any, pipeline: DeclaredPipeline, pins: Pins, topics: set[str], batch_id: int
               ) -> RegistryFormat:
-        unpinned = sorted(topics - set(pins))
-        if unpinned:
-            raise SchemaRefused(
-                f"batch {batch_id} has no reader schema for topic(s) {', '.join(unpinned)}: it was planned before "
-                f"the pipeline declared {self.values_name}; replay its ranges as a new batch (`kafka-ledger replay`)")
-        return self.with_schemas({topic: self.topic_schemas(registry, pin.subject, pin.schema_id)
-                                  for topic, pin in pins.items()})
+        for part in self.parts(pipeline):
+            unpinned = sorted(topic for topic in topics if (part, topic) not in pins)
+            if unpinned:
+                what = self.values_name if part == "value" else f"{self.values_name.split()[0]} keys"
+                raise SchemaRefused(
+                    f"batch {batch_id} has no reader schema for the {part}s of topic(s) {', '.join(unpinned)}: it was "
+                    f"planned before the pipeline declared {what}; replay its ranges as a new batch "
+                    "(`kafka-ledger replay`)")
+        return self.with_schemas({pinned: self.topic_schemas(registry, pin.subject, pin.schema_id)
+                                  for pinned, pin in pins.items() if pinned[0] in self.parts(pipeline)})
 
     def newest(self, registry: Any, pipeline: DeclaredPipeline, topics: set[str]) -> RegistryFormat:
-        subjects = {topic: pipeline.value.subject_of(topic) for topic in sorted(topics)}
-        return self.with_schemas({topic: self.topic_schemas(registry, subject, newest(registry, subject)[0])
-                                  for topic, subject in subjects.items()})
+        subjects = {(part, topic): self.subject_of(pipeline, part, topic)
+                    for topic in sorted(topics) for part in self.parts(pipeline)}
+        return self.with_schemas({pinned: self.topic_schemas(registry, subject, newest(registry, subject)[0])
+                                  for pinned, subject in subjects.items()})

@@ -264,17 +264,18 @@ def create_batch(
 
 
 def record_schema_pins(cur: Cursor, batch_id: int, schemas: list[SchemaPin]) -> None:
-    """Pin the schemas of a batch's topics (a registry format's: in the plan's transaction, before anything is
-    read)."""
+    """Pin the schemas of a batch's topics' values and keys (a registry format's: in the plan's transaction, before
+    anything is read)."""
     psycopg2.extras.execute_batch(cur, sql.INSERT_BATCH_READER_SCHEMA, [
         {"batch_id": batch_id, "topic": s.topic, "subject": s.subject, "schema_id": s.schema_id,
-         "version": s.version, "chosen": s.chosen} for s in schemas])
+         "version": s.version, "chosen": s.chosen, "part": s.part} for s in schemas])
 
 
-def schema_pins(cur: Cursor, batch_id: int) -> dict[str, SchemaPin]:
-    """The schemas pinned for a batch, by topic (none for a format whose values carry no schema id)."""
+def schema_pins(cur: Cursor, batch_id: int) -> dict[tuple[str, str], SchemaPin]:
+    """The schemas pinned for a batch, by (part, topic): `value` and, where keys are read with a schema, `key` (none
+    for a format whose values carry no schema id)."""
     cur.execute(sql.SELECT_BATCH_READER_SCHEMAS, {"batch_id": batch_id})
-    return {row[0]: SchemaPin(*row) for row in cur.fetchall()}
+    return {(pin.part, pin.topic): pin for pin in (SchemaPin(*row) for row in cur.fetchall())}
 
 
 @dataclass(frozen=True)

@@ -103,14 +103,15 @@ INSERT_BATCH_RANGES = """
 """
 BATCH_RANGE_VALUES = "(%s::bigint, %s, %s, %s::int, %s::bigint, %s::bigint, %s::bigint, %s::bigint)"
 
-# The schema each topic of a batch is read with (a registry format's: formats/base.SchemaPin).
+# The schema each topic's values (and keys, where pinned) of a batch are read with (a registry format's:
+# formats/base.SchemaPin).
 INSERT_BATCH_READER_SCHEMA = """
-    INSERT INTO kafka_ledger.batch_reader_schemas (batch_id, topic, subject, schema_id, version, chosen)
-    VALUES (%(batch_id)s, %(topic)s, %(subject)s, %(schema_id)s, %(version)s, %(chosen)s)
+    INSERT INTO kafka_ledger.batch_reader_schemas (batch_id, topic, subject, schema_id, version, chosen, part)
+    VALUES (%(batch_id)s, %(topic)s, %(subject)s, %(schema_id)s, %(version)s, %(chosen)s, %(part)s)
 """
 SELECT_BATCH_READER_SCHEMAS = """
-    SELECT topic, subject, schema_id, version, chosen FROM kafka_ledger.batch_reader_schemas
-    WHERE batch_id = %(batch_id)s ORDER BY topic
+    SELECT topic, subject, schema_id, version, chosen, part FROM kafka_ledger.batch_reader_schemas
+    WHERE batch_id = %(batch_id)s ORDER BY part DESC, topic
 """
 
 # The columns an Avro pipeline without `columns:` took from its reader schema at its first plan (batch/columns.py):
