@@ -36,6 +36,11 @@ def _without_value(read: FieldRead, lacks: Column) -> FieldRead:
                      None if read.cheap_ok is None else lacks | read.cheap_ok, read.raw_text)
 
 
+def _projected_name(what: str, column: str) -> str:
+    """A column of the decode's own projections (not an identifier: no declared column can take it)."""
+    return f"{what} {column}"
+
+
 def _projected(frame: DataFrame, reads: list[FieldRead]) -> tuple[DataFrame, list[FieldRead]]:
     """The frame with each column's value in a column of its own, and the problems of a column without a cheap check
     (the lean path computes them for every record anyway); the reads of those columns.
@@ -45,15 +50,13 @@ def _projected(frame: DataFrame, reads: list[FieldRead]) -> tuple[DataFrame, lis
     docs/benchmark.md, the wide typed table)."""
     from pyspark.sql import functions as F
 
-    def name(read: FieldRead, what: str) -> str:
-        return f"{what} {read.column.name}"  # not an identifier: no declared column can take it
-
-    eager = [read for read in reads if read.cheap_ok is None and read.problems]
-    frame = frame.select("*", *[read.value.alias(name(read, "decoded")) for read in reads],
-                         *[F.coalesce(*read.problems).alias(name(read, "problem")) for read in eager])
-    kept = {read.column.name for read in eager}
-    return frame, [replace(read, value=F.col(name(read, "decoded")),
-                           problems=[F.col(name(read, "problem"))] if read.column.name in kept else read.problems)
+    eager = {read.column.name for read in reads if read.cheap_ok is None and read.problems}
+    frame = frame.select("*", *[read.value.alias(_projected_name("decoded", read.column.name)) for read in reads],
+                         *[F.coalesce(*read.problems).alias(_projected_name("problem", read.column.name))
+                           for read in reads if read.column.name in eager])
+    return frame, [replace(read, value=F.col(_projected_name("decoded", read.column.name)),
+                           problems=[F.col(_projected_name("problem", read.column.name))] if read.column.name in eager
+                           else read.problems)
                    for read in reads]
 
 
@@ -79,29 +82,47 @@ def decode_records(records: DataFrame, pipeline: DeclaredPipeline, envelope: Env
         lacks = envelope.unavailable(pipeline, read)
         if lacks is not None:
             unavailable[read.column.name] = lacks
-    if unavailable:
-        frame = frame.select("*", *[lacks.alias(f"lacks {name}") for name, lacks in unavailable.items()])
-        unavailable = {name: F.col(f"lacks {name}") for name in unavailable}
+    if unavailable:  # referred to several times too: a projection of their own
+        frame = frame.select("*", *[lacks.alias(_projected_name("lacks", name)) for name, lacks in unavailable.items()])
+        unavailable = {name: F.col(_projected_name("lacks", name)) for name in unavailable}
     fields = [_without_value(read, unavailable[read.column.name]) if read.column.name in unavailable else read
               for read in projected]
     values = {read.column.name: read.value for read in fields}
-    column_problems = [problem for read in fields for problem in (*read.problems, *validate.value_problems(read))]
-    required = [check for read in fields if (check := validate.required(read)) is not None]
     found = envelope.unexpected(reading.unexpected) if reading.unexpected is not None else None
     unexpected = [validate.unexpected_fields(found)] if found is not None else []
-    reason = F.coalesce(*reading.first, *column_problems, *required, *unexpected, *reading.last)
-    if lean:
-        cheap = [*envelope.cheap_ok(pipeline, values, unavailable), *reading.cheap_ok]
-        for read in fields:
-            cheap.append(read.cheap_ok if read.cheap_ok is not None
-                         else validate.every([p.isNull() for p in read.problems]))
-            cheap += [p.isNull() for p in validate.value_problems(read)]
-            if read.column.required:
-                cheap.append(read.value.isNotNull())
+    # Each column's part of the reason: its format's problems and its kind's; then, after every column's, its being
+    # required.
+    columns = [[*read.problems, *validate.value_problems(read)] for read in fields]
+    required = [validate.required(read) for read in fields]
+    if not lean:
+        reason = F.coalesce(*reading.first, *[p for part in columns for p in part],
+                            *[check for check in required if check is not None], *unexpected, *reading.last)
+    else:
+        # Cheap checks of the record as a whole (its documents', the envelope's, the unexpected fields') and of each
+        # column (its reading's, its kind's, its being required); a column's hold only beside the whole's.
+        whole = [*envelope.cheap_ok(pipeline, values, unavailable), *reading.cheap_ok]
         if found is not None:
-            cheap.append(validate.no_unexpected_fields(found))
-        # A record passing every cheap check has no reason: `reason` is worked out for the others only.
-        reason = F.when(~validate.every(cheap), reason)
+            whole.append(validate.no_unexpected_fields(found))
+        column_ok = []
+        for read in fields:
+            own = read.cheap_ok if read.cheap_ok is not None else validate.every([p.isNull() for p in read.problems])
+            checks = [own, *[p.isNull() for p in validate.value_problems(read)]]
+            if read.column.required:
+                checks.append(read.value.isNotNull())
+            column_ok.append(validate.every(checks))
+        # Each computed once, in a projection of its own: the reason below refers to them again.
+        oks = [validate.every(whole), *column_ok]
+        frame = frame.select("*", *[ok.alias(_projected_name("ok", str(i))) for i, ok in enumerate(oks)])
+        whole_ok, *column_ok = [F.col(_projected_name("ok", str(i))) for i in range(len(oks))]
+        column_ok = [whole_ok & ok for ok in column_ok]
+        # A record passing every cheap check has no reason; for the others, each part whose checks failed is worked
+        # out (a part whose checks passed is NULL: the first problem is the same, and one column's failure computes
+        # none of a wide table's other columns' problems).
+        reason = F.when(~validate.every([whole_ok, *column_ok]), F.coalesce(
+            *[F.when(~whole_ok, p) for p in reading.first],
+            *[F.when(~ok, p) for ok, part in zip(column_ok, columns, strict=True) for p in part],
+            *[F.when(~ok, check) for ok, check in zip(column_ok, required, strict=True) if check is not None],
+            *[F.when(~whole_ok, p) for p in [*unexpected, *reading.last]]))
     enveloped = envelope.apply(pipeline, reason, values, unavailable)
     return frame.select(
         F.col("topic").alias("kafka_topic"),

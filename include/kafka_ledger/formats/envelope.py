@@ -124,7 +124,7 @@ class KeyedChanges(Envelope):
         forms = (f"a JSON object with {names}" + (f" or the {single.name} itself" if single else "") if from_value
                  else " or ".join(f"{c.label} is missing or null" for c in pipeline.key_columns))
         problem = F.when(key.isNull(), F.lit("tombstone (null value) without a Kafka key"))
-        if from_value:  # the key's text names them (a key in another format: its columns read it, `source: key`)
+        if pipeline.value.key_format is None:  # a key in a format of its own is no text: its columns read it
             problem = problem.when(~F.is_valid_utf8(text), F.lit("tombstone's Kafka key is not valid UTF-8"))
         problem = problem.when(missing, F.lit(f"tombstone's Kafka key does not name its entity ({forms})"))
         keyed = {name: F.when(tombstone, named.get(name, values[name] if name in pipeline.key else F.lit(None)))

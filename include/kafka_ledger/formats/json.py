@@ -175,7 +175,11 @@ class _Document:
         second: dict[str, Any] = {}
         exact = sorted((c for c in self.columns if self.reading(c) in _FROM_VARIANT), key=lambda c: len(c.field_path))
         for column in exact:
-            placed[column.name] = _place(first, 0, column.field_path) or _place(second, 1, column.field_path)  # type: ignore[assignment]
+            # The second parse holds variants only, placed shortest path first: one always has room.
+            found = _place(first, 0, column.field_path) or _place(second, 1, column.field_path)
+            if found is None:
+                raise AssertionError(f"no place for column {column.name}'s variant")
+            placed[column.name] = found
         return (first, second), placed
 
     def schema(self, parse: int = 0) -> StructType:
@@ -278,6 +282,10 @@ def _prefixed(prefix: str) -> Callable[[Column], Column]:
 
 def _precise_column(column: DeclaredColumn, part: str) -> str:
     return f"precise {part} of {column.name}"
+
+
+def _kind_part_column(column: DeclaredColumn, part: str) -> str:
+    return f"{part} of the text of {column.name}"
 
 
 def _text_column(column: DeclaredColumn, how: str) -> str:
@@ -457,6 +465,11 @@ class JsonFormat(ValueFormat):
                 part.alias(_precise_column(c, name)) for _, c in precise
                 for name, part in zip(("text", "why"), c.type.unscaled_text(
                     F.col(_precise_column(c, "unscaled")), F.col(_precise_column(c, "scale"))), strict=True)])
+        parted = [(c, c.type.text_parts(text)) for d in documents for c in d.columns
+                  if (text := self._kind_text(d, c)) is not None]
+        if any(parts for _, parts in parted):
+            parsed = parsed.select("*", *[part.alias(_kind_part_column(c, name)) for c, parts in parted
+                                          for name, part in parts.items()])
         return parsed
 
     def _precise_parts(self, document: _Document, column: DeclaredColumn) -> dict[str, Column]:
@@ -558,7 +571,7 @@ class JsonFormat(ValueFormat):
         def part(name: str) -> Column:
             return F.col(_precise_column(column, name))
 
-        read = column.type.from_unscaled(part("text"), part("why"), column, label)
+        read = column.type.from_unscaled(part("text"), part("why"), column, label, self._kind_parts(column))
         shaped = F.when(part("present") & part("fixed").isNull() & ~part("object"), F.lit(
             f"{label} is not a valid {column.type} (Debezium's decimal.handling.mode precise writes a numeric as "
             "its unscaled value in base64)"))
@@ -627,11 +640,9 @@ class JsonFormat(ValueFormat):
         from pyspark.sql import functions as F
 
         kind, label = column.type, column.label
-        variant = self._variant(document, column)
-        shape = F.schema_of_variant(variant)
-        exact = (shape == F.lit("STRING")) | shape.startswith("DECIMAL") | shape.isin(*_EXACT_NUMBERS)
-        token = F.when(exact, F.variant_get(variant, "$", "string"))
-        read = kind.from_text(token, column, label)
+        variant, shape, exact = self._exact_shape(document, column)
+        read = kind.from_text_parts(F.when(exact, F.variant_get(variant, "$", "string")), self._kind_parts(column),
+                                    column, label)
         shaped = F.when(variant.isNotNull() & ~F.is_variant_null(variant) & ~exact, F.when(
             shape.isin("DOUBLE", "FLOAT"), F.lit(f"{label} is not a valid {kind} (a number in exponent notation "
                                                  "or of more than 38 digits cannot be kept exactly)"))
@@ -646,8 +657,38 @@ class JsonFormat(ValueFormat):
         return FieldRead(column, read.value, [read.problem])
 
     def _text(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
-        read = column.type.from_text(self._token(document, column), column, column.label)
+        read = column.type.from_text_parts(self._token(document, column), self._kind_parts(column), column,
+                                           column.label)
         return FieldRead(column, read.value, [read.problem])
+
+    def _exact_shape(self, document: _Document, column: DeclaredColumn) -> tuple[Column, Column, Column]:
+        """An exact number's field: its variant, the variant's shape, and whether that holds the number exactly (a
+        JSON string, an integer, a decimal)."""
+        from pyspark.sql import functions as F
+
+        variant = self._variant(document, column)
+        shape = F.schema_of_variant(variant)
+        return variant, shape, (shape == F.lit("STRING")) | shape.startswith("DECIMAL") | shape.isin(*_EXACT_NUMBERS)
+
+    def _kind_text(self, document: _Document, column: DeclaredColumn) -> Column | None:
+        """The text a column's kind reads (`from_text_parts`), where its reading gives it one."""
+        from pyspark.sql import functions as F
+
+        reading = document.reading(column)
+        if reading == "text":
+            return self._token(document, column)
+        if reading == "exact number":
+            variant, _, exact = self._exact_shape(document, column)
+            return F.when(exact, F.variant_get(variant, "$", "string"))
+        return F.col(_precise_column(column, "text")) if reading == "precise" else None
+
+    @staticmethod
+    def _kind_parts(column: DeclaredColumn) -> dict[str, Column]:
+        """The column's `text_parts`, as parse's projection holds them."""
+        from pyspark.sql import functions as F
+
+        # The parts' names, as the kind's text_parts gives them (of any text).
+        return {name: F.col(_kind_part_column(column, name)) for name in column.type.text_parts(F.lit(None))}
 
     def _typed(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
         from pyspark.sql import functions as F

@@ -407,6 +407,7 @@ class ProtobufFormat(RegistryFormat, JsonFormat):
                    "(#protobuf-values))")
     options = frozenset({"subject", "message", "key_format", "key_subject", "key_message"})
     values_name = "Protobuf values"
+    keys_name = "Protobuf keys"
     kind_readings = PROTOBUF_READS
 
     def __init__(self, schemas: Mapping[str, TopicSchemas] | None = None,
@@ -523,30 +524,16 @@ class ProtobufFormat(RegistryFormat, JsonFormat):
         its JSON text); `_corrupt_record` set where a value does not fit its column's type. A key or header column
         that no schema reads reads the whole key or header: no other document is parsed."""
         from pyspark.sql import functions as F
-        from pyspark.sql import types as T
 
         parses = []
         for document in documents:
             decoded = F.col(_decoded_column(document.source))
             leaves = {(parse, path): decoded[f"f{i}"] for i, (parse, path, _) in enumerate(asked_fields(document))}
-
-            def fields(parse: int, node: dict[str, Any], prefix: tuple[str, ...],
-                       leaves: dict[tuple[int, tuple[str, ...]], Column] = leaves) -> list[Column]:
-                found = []
-                for key, sub in node.items():
-                    path = (*prefix, key)
-                    if isinstance(sub, dict):
-                        found.append(F.struct(*fields(parse, sub, path)).alias(key))
-                    else:
-                        leaf = leaves[(parse, path)]
-                        found.append((F.try_parse_json(leaf) if isinstance(sub, T.VariantType) else leaf).alias(key))
-                return found
-
             for parse, name in enumerate(document.parses):
                 corrupt = (F.when(decoded["mismatch"], F.lit("a field's value does not fit its column's type"))
                            if parse == 0 else F.lit(None).cast("string"))
-                parses.append(F.struct(*fields(parse, document.layout[0][parse], ()), corrupt.alias(CORRUPT_COLUMN))
-                              .alias(name))
+                parses.append(F.struct(*_struct_fields(leaves, parse, document.layout[0][parse], ()),
+                                       corrupt.alias(CORRUPT_COLUMN)).alias(name))
         return parses
 
     def _document_checks(self, pipeline: DeclaredPipeline, document: Any, raw: Column, whole: Column
@@ -569,6 +556,24 @@ class ProtobufFormat(RegistryFormat, JsonFormat):
         from pyspark.sql import functions as F
 
         return F.array_sort(F.col(DECODED_COLUMN)["unexpected"])
+
+
+def _struct_fields(leaves: Mapping[tuple[int, tuple[str, ...]], Column], parse: int, node: Mapping[str, Any],
+                   prefix: tuple[str, ...]) -> list[Column]:
+    """A parse's tree (json.py's `_Document.layout`) as the fields of a struct: each leaf the decoder's field, a
+    variant parsed from its JSON text."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    found = []
+    for key, sub in node.items():
+        path = (*prefix, key)
+        if isinstance(sub, dict):
+            found.append(F.struct(*_struct_fields(leaves, parse, sub, path)).alias(key))
+        else:
+            leaf = leaves[(parse, path)]
+            found.append((F.try_parse_json(leaf) if isinstance(sub, T.VariantType) else leaf).alias(key))
+    return found
 
 
 def _decoded_column(source: str) -> str:

@@ -82,8 +82,9 @@ class RegistryFormat(ValueFormat):
 
     uses_registry = True
     derives_columns = True
-    # The values in a refusal ("Avro values").
+    # The values (and keys, where the format reads them: `parts`) in a refusal ("Avro values").
     values_name: ClassVar[str]
+    keys_name: ClassVar[str] = ""
 
     def declaration_problems(self, pipeline: DeclaredPipeline) -> list[str]:
         # Every format's rules, then the registry's: never another format's (Protobuf borrows JSON's reading only).
@@ -153,7 +154,7 @@ class RegistryFormat(ValueFormat):
         for part in self.parts(pipeline):
             unpinned = sorted(topic for topic in topics if (part, topic) not in pins)
             if unpinned:
-                what = self.values_name if part == "value" else f"{self.values_name.split()[0]} keys"
+                what = self.values_name if part == "value" else self.keys_name
                 raise SchemaRefused(
                     f"batch {batch_id} has no reader schema for the {part}s of topic(s) {', '.join(unpinned)}: it was "
                     f"planned before the pipeline declared {what}; replay its ranges as a new batch "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
@@ -142,6 +143,17 @@ class ColumnKind(ABC):
 
         value = F.trim(text).try_cast(self.spark_type())
         return TextValue(value, F.when(text.isNotNull() & value.isNull(), F.lit(f"{label} is not a valid {self}")))
+
+    def text_parts(self, text: Column) -> dict[str, Column]:
+        """What reading text of the kind parses (a regular expression's match, its groups), for a format to compute
+        once per record in a projection of its own and hand to `from_text_parts`: the value and its checks refer to
+        each several times, and Spark would match again for every reference. None for most kinds."""
+        return {}
+
+    def from_text_parts(self, text: Column, parts: Mapping[str, Column], column: DeclaredColumn,
+                        label: str) -> TextValue:
+        """`from_text`, with `text_parts` of the text computed already (their projection's columns)."""
+        return self.from_text(text, column, label)
 
     def from_bytes(self, raw: Column, column: DeclaredColumn, label: str) -> TextValue:
         """A value of the kind read from a whole Kafka key's or header's bytes: their UTF-8 text, read by
@@ -682,14 +694,24 @@ class DecimalKind(ColumnKind):
 
         return types.DecimalType(self.precision, self.scale)
 
+    def text_parts(self, text: Column) -> dict[str, Column]:
+        """Whether the text is plain decimal text, and how many digits follow its point, trailing zeros aside."""
+        from pyspark.sql import functions as F
+
+        return {"plain": text.rlike(r"^-?[0-9]+(\.[0-9]+)?$"),
+                "fraction": F.length(F.regexp_extract(text, r"\.([0-9]*?)0*$", 1))}
+
     def from_text(self, text: Column, column: DeclaredColumn, label: str) -> TextValue:
+        return self.from_text_parts(text, self.text_parts(text), column, label)
+
+    def from_text_parts(self, text: Column, parts: Mapping[str, Column], column: DeclaredColumn,
+                        label: str) -> TextValue:
         """Plain decimal text (`-12.50`, no exponent): exact if its digits after the point, trailing zeros aside, are
         at most the scale and its value fits the precision (Spark's cast would round the rest away)."""
         from pyspark.sql import functions as F
 
-        plain = text.rlike(r"^-?[0-9]+(\.[0-9]+)?$")
-        fraction = F.regexp_extract(text, r"\.([0-9]*?)0*$", 1)
-        value = F.when(plain & (F.length(fraction) <= F.lit(self.scale)), text.try_cast(self.spark_type()))
+        plain = parts["plain"]
+        value = F.when(plain & (parts["fraction"] <= F.lit(self.scale)), text.try_cast(self.spark_type()))
         problem = F.when(text.isNotNull(), F.when(~plain, F.lit(f"{label} is not a valid {self}"))
                          .when(value.isNull(), F.lit(f"{label} is not a valid {self} (it does not fit exactly: more "
                                                      f"than {self.scale} digit(s) after the point or "
@@ -726,11 +748,13 @@ class DecimalKind(ColumnKind):
                                                                           F.lit("size"))
         return F.when(shaped & magnitude.isNotNull(), text), why
 
-    def from_unscaled(self, text: Column, why: Column, column: DeclaredColumn, label: str) -> TextValue:
-        """A decimal from `unscaled_text`'s text and why (their projection's columns)."""
+    def from_unscaled(self, text: Column, why: Column, column: DeclaredColumn, label: str,
+                      parts: Mapping[str, Column] | None = None) -> TextValue:
+        """A decimal from `unscaled_text`'s text and why (their projection's columns), and the text's `text_parts`
+        where projected too."""
         from pyspark.sql import functions as F
 
-        read = self.from_text(text, column, label)
+        read = self.from_text_parts(text, parts if parts is not None else self.text_parts(text), column, label)
         return TextValue(read.value, F.when(why == F.lit("shape"), F.lit(
             f"{label} is not a valid {self} (an unscaled value in base64 of 1 to 16 bytes, and its scale)"))
             .when(why == F.lit("size"), F.lit(f"{label} is not a valid {self} (more than 38 digits)"))
@@ -778,7 +802,9 @@ class JsonbKind(_Textual):
 
         shape = F.schema_of_variant(variant)
         whole = F.lit(True) if scalars else shape.startswith("OBJECT") | shape.startswith("ARRAY")
-        inexact = shape.rlike(r"(^|<|, |: )(DOUBLE|FLOAT)(>|,|$)")
+        # The pattern only where the shape names one at all (a key of the name aside, it does not).
+        named = shape.contains("DOUBLE") | shape.contains("FLOAT")
+        inexact = named & shape.rlike(r"(^|<|, |: )(DOUBLE|FLOAT)(>|,|$)")
         text = F.to_json(variant)
         problem = F.when(present, F.when(~whole | variant.isNull(), F.lit(f"{label} is not a valid jsonb (a JSON "
                                                                           "object or array)"))
@@ -791,7 +817,7 @@ class JsonbKind(_Textual):
 
         # Postgres jsonb refuses the escaped NUL character in its strings (`\u0000`, not an escaped backslash
         # followed by `u0000`).
-        return [F.when(value.rlike(r"(^|[^\\])(\\\\)*\\u0000"),
+        return [F.when(value.contains("\\u0000") & value.rlike(r"(^|[^\\])(\\\\)*\\u0000"),
                        F.lit(f"{label} contains a NUL character, which Postgres jsonb cannot store"))]
 
 
@@ -911,6 +937,8 @@ class IntervalKind(_SixteenBytes):
     _ISO = (r"^P(?:([-+]?[0-9]{1,9})Y)?(?:([-+]?[0-9]{1,9})M)?(?:([-+]?[0-9]{1,9})W)?(?:([-+]?[0-9]{1,9})D)?"
             r"(?:T(?:([-+]?[0-9]{1,9})H)?(?:([-+]?[0-9]{1,9})M)?(?:([-+]?)([0-9]{1,12})(?:\.([0-9]+))?S)?)?$")
     _SECONDS = r"^([-+]?)([0-9]{1,12})(?:\.([0-9]+))?$"
+    # Either form, their groups in one match (ISO-8601's nine, then the seconds form's three).
+    _EITHER = f"^(?:{_ISO[1:-1]}|{_SECONDS[1:-1]})$"
     _CANONICAL = r"^P(?P<months>-?[0-9]+)M(?P<days>-?[0-9]+)DT(?P<sign>-?)(?P<whole>[0-9]+)\.(?P<fraction>[0-9]{6})S$"
     _INT32 = 2**31
 
@@ -942,28 +970,42 @@ class IntervalKind(_SixteenBytes):
         spans = pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), len(texts), [None, pa.py_buffer(wire.tobytes())])
         return pc.if_else(valid, spans, pa.nulls(len(texts), pa.binary(16)))
 
-    def from_text(self, text: Column, column: DeclaredColumn, label: str) -> TextValue:
+    def text_parts(self, text: Column) -> dict[str, Column]:
+        """The text's parts, by one match of either form: ISO-8601's nine groups (years, months, weeks, days, hours,
+        minutes, the seconds' sign, whole part and fraction), then the seconds form's three (sign, whole, fraction),
+        each "" where absent; NULL when the text is of neither form."""
         from pyspark.sql import functions as F
 
         token = F.trim(text)
-        iso, seconds = token.rlike(self._ISO), token.rlike(self._SECONDS)
+        template = ",".join(f"${group}" for group in range(1, 13))  # Java's groups; none holds a comma
+        return {"groups": F.when(token.rlike(self._EITHER), F.split(F.regexp_replace(token, self._EITHER, template),
+                                                                      ","))}
 
-        def part(pattern: str, index: int) -> Column:
+    def from_text(self, text: Column, column: DeclaredColumn, label: str) -> TextValue:
+        return self.from_text_parts(text, self.text_parts(text), column, label)
+
+    def from_text_parts(self, text: Column, parts: Mapping[str, Column], column: DeclaredColumn,
+                        label: str) -> TextValue:
+        from pyspark.sql import functions as F
+
+        token = F.trim(text)
+        groups = parts["groups"]
+
+        def group(index: int) -> Column:
+            return groups.getItem(index)
+
+        def number(index: int) -> Column:
             # An absent part is "": never cast (a cast that fails costs a thrown exception per record).
-            return F.coalesce(F.nullif(F.regexp_extract(token, pattern, index), F.lit("")).try_cast("long"), F.lit(0))
+            return F.coalesce(F.nullif(group(index), F.lit("")).try_cast("long"), F.lit(0))
 
-        months = part(self._ISO, 1) * 12 + part(self._ISO, 2)
-        days = part(self._ISO, 3) * 7 + part(self._ISO, 4)
-        iso_seconds = F.when(iso, self._micros(F.regexp_extract(token, self._ISO, 7),
-                                               F.regexp_extract(token, self._ISO, 8),
-                                               F.regexp_extract(token, self._ISO, 9)))
-        clock = part(self._ISO, 5) * 3_600_000_000 + part(self._ISO, 6) * 60_000_000
-        micros = F.when(iso, clock + F.coalesce(iso_seconds, F.lit(0))).when(seconds, self._micros(
-            F.regexp_extract(token, self._SECONDS, 1), F.regexp_extract(token, self._SECONDS, 2),
-            F.regexp_extract(token, self._SECONDS, 3)))
-        months, days = F.when(iso, months).otherwise(F.lit(0)), F.when(iso, days).otherwise(F.lit(0))
-        fraction = F.when(iso, F.regexp_extract(token, self._ISO, 9)).otherwise(
-            F.regexp_extract(token, self._SECONDS, 3))
+        iso = groups.isNotNull() & token.startswith("P")
+        seconds = groups.isNotNull() & ~token.startswith("P")
+        months = F.when(iso, number(0) * 12 + number(1)).otherwise(F.lit(0))
+        days = F.when(iso, number(2) * 7 + number(3)).otherwise(F.lit(0))
+        clock = number(4) * 3_600_000_000 + number(5) * 60_000_000
+        micros = F.when(iso, clock + F.coalesce(self._micros(group(6), group(7), group(8)), F.lit(0))).when(
+            seconds, self._micros(group(9), group(10), group(11)))
+        fraction = F.when(iso, group(8)).otherwise(group(11))
         shaped = (iso & (token != F.lit("P")) & ~token.endswith("T")) | seconds
         in_range = (F.abs(months) < F.lit(self._INT32)) & (F.abs(days) < F.lit(self._INT32))
         valid = shaped & (F.length(fraction) <= MAX_SECOND_DIGITS) & in_range
