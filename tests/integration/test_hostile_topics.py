@@ -258,17 +258,18 @@ def partition_status(pipeline) -> tuple[dict, str | None]:
 def test_retention_headroom_warns_before_retention_deletes_unread_offsets_and_the_loss_then_fails_the_plan(
     dsn, servers, pipeline_factory, producer
 ):
-    """A topic keeping records 240 s; records produced with timestamps 200 s old have 40 s left (17 % of the
-    window, under the default 25 %; 40 s so that a loaded machine's status call still comes before the deletion).
+    """A topic keeping records 480 s; records produced with timestamps 400 s old have 80 s left (17 % of the
+    window, under the default 25 %; 80 s so that a loaded machine's DAG run still plans before the deletion: CI's
+    took 31 s to parse the DAGs), then 440 s old, 40 s left (a status call comes well within them).
     The warning (status, the plan's check task) comes while nothing is lost; once retention has deleted unread
     offsets, on_data_loss (fail) fails the plan naming them."""
     from confluent_kafka import TopicPartition as KafkaTopicPartition
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
     pipeline = pipeline_factory("short_retention", partitions=1,
-                                topic_config={"retention.ms": "240000", "segment.ms": "100"})
+                                topic_config={"retention.ms": "480000", "segment.ms": "100"})
     topic = pipeline.topics[0]
-    aged = int(time.time() * 1000) - 200_000
+    aged = int(time.time() * 1000) - 400_000
     first = producer.send(topic, [good_value(i) for i in range(30)], timestamp_ms=aged)
     # The active segment is never deleted: this run reads everything in time, and its check task fails.
     outcome = run_pipeline_dag(pipeline)
@@ -279,14 +280,14 @@ def test_retention_headroom_warns_before_retention_deletes_unread_offsets_and_th
     assert partition["headroom"]["basis"] == "nothing unread" and warning is None
 
     # 20 more aged records, then a fresh one: a new segment holds the 20, and the next append closes it.
-    aged = int(time.time() * 1000) - 200_000
+    aged = int(time.time() * 1000) - 440_000
     producer.send(topic, [good_value(30 + i) for i in range(20)], timestamp_ms=aged)
     producer.send(topic, [good_value(50)])
     partition, warning = partition_status(pipeline)
     margin = partition["headroom"]
     assert partition["log_start"] <= 30 and margin["lost"] == 0, partition  # nothing unread is lost yet
     assert margin["low"] and margin["basis"] == "retention.ms" and 0 < margin["seconds"] <= 40, margin
-    assert margin["window_seconds"] == 240 and margin["unread"] == 21, margin
+    assert margin["window_seconds"] == 480 and margin["unread"] == 21, margin
     assert warning.startswith(f"RETENTION HEADROOM LOW for {pipeline.name}: 1 partition(s) under 25%"), warning
 
     admin = AdminClient({"bootstrap.servers": servers})
