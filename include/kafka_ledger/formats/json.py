@@ -641,8 +641,7 @@ class JsonFormat(ValueFormat):
 
         kind, label = column.type, column.label
         variant, shape, exact = self._exact_shape(document, column)
-        read = kind.from_text_parts(F.when(exact, F.variant_get(variant, "$", "string")), self._kind_parts(column),
-                                    column, label)
+        read = kind.from_text_parts(self._kind_text(document, column), self._kind_parts(column), column, label)
         shaped = F.when(variant.isNotNull() & ~F.is_variant_null(variant) & ~exact, F.when(
             shape.isin("DOUBLE", "FLOAT"), F.lit(f"{label} is not a valid {kind} (a number in exponent notation "
                                                  "or of more than 38 digits cannot be kept exactly)"))
@@ -657,7 +656,7 @@ class JsonFormat(ValueFormat):
         return FieldRead(column, read.value, [read.problem])
 
     def _text(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
-        read = column.type.from_text_parts(self._token(document, column), self._kind_parts(column), column,
+        read = column.type.from_text_parts(self._kind_text(document, column), self._kind_parts(column), column,
                                            column.label)
         return FieldRead(column, read.value, [read.problem])
 
@@ -671,7 +670,8 @@ class JsonFormat(ValueFormat):
         return variant, shape, (shape == F.lit("STRING")) | shape.startswith("DECIMAL") | shape.isin(*_EXACT_NUMBERS)
 
     def _kind_text(self, document: _Document, column: DeclaredColumn) -> Column | None:
-        """The text a column's kind reads (`from_text_parts`), where its reading gives it one."""
+        """The text a column's kind reads (`from_text_parts`), where its reading gives it one: one home for the
+        parts' projection in `parse` and for the readings that read it."""
         from pyspark.sql import functions as F
 
         reading = document.reading(column)
