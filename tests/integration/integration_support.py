@@ -492,18 +492,28 @@ def committed_group_offsets(servers: str, topic: str) -> dict[str, list[int]]:
     return found
 
 
-def recreate_topic(servers: str, topic: str) -> None:
-    """Delete `topic` and create it again under the same name (Kafka gives it a new topic id)."""
+def recreate_topic(servers: str, topic: str) -> RecordedProducer:
+    """Delete `topic` and create it again under the same name (Kafka gives it a new topic id); returns a producer
+    for the new topic, once the broker's metadata shows its partition led."""
     admin = AdminClient({"bootstrap.servers": servers})  # keep a reference until the futures resolve
     admin.delete_topics([topic])[topic].result(timeout=30)
     deadline = time.monotonic() + 60
     while True:  # the broker refuses the name while the old topic is still being deleted
         try:
             admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(timeout=30)
-            return
+            break
         except Exception:
             assert time.monotonic() < deadline, f"{topic} could not be created again"
             time.sleep(0.5)
+    while True:  # a producer sent to the name before its partition has a leader fails with "Unknown partition"
+        described = admin.list_topics(topic, timeout=10).topics.get(topic)
+        if described is not None and described.error is None and described.partitions \
+                and all(p.leader >= 0 for p in described.partitions.values()):
+            break
+        assert time.monotonic() < deadline, f"{topic}'s new partition got no leader"
+        time.sleep(0.5)
+    # A producer that sent to the old topic keeps its metadata and can fail the new topic's first records.
+    return RecordedProducer(servers)
 
 
 def stage_rows(cur, pipeline, batch_id: int, attempt: int, ranges: list[OffsetRange]) -> None:

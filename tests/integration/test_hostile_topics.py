@@ -154,8 +154,7 @@ def test_a_recreated_and_refilled_topic_is_refused_until_reset_re_anchors_it(
     assert run_pipeline_dag(pipeline).state == "success"
     (old_id,) = kafka_offsets.topic_ids(kafka_for(servers), [topic]).values()
 
-    recreate_topic(servers, topic)
-    landed = producer.send(topic, [good_value(1000 + i) for i in range(300)])
+    landed = recreate_topic(servers, topic).send(topic, [good_value(1000 + i) for i in range(300)])
     (new_id,) = kafka_offsets.topic_ids(kafka_for(servers), [topic]).values()
     assert new_id != old_id and landed == [(topic, 0, offset) for offset in range(300)]
 
@@ -213,8 +212,7 @@ def test_a_topic_recreated_while_its_batch_is_read_is_refused_at_commit_and_its_
     with ledger.connect(LedgerDatabase(dsn)) as conn, conn.cursor() as cur:  # read by the old topic's attempt
         stage_rows(cur, pipeline, planned.batch_id, ledger.begin_attempt(cur, planned.batch_id), planned.ranges)
 
-    recreate_topic(servers, topic)
-    landed = producer.send(topic, [good_value(1000 + i) for i in range(300)])
+    landed = recreate_topic(servers, topic).send(topic, [good_value(1000 + i) for i in range(300)])
     (new_id,) = kafka_offsets.topic_ids(kafka_for(servers), [topic]).values()
     with pytest.raises(TopicIdentityError) as refused:
         commit(services, pipeline, planned.batch_id, Written())
