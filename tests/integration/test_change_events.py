@@ -244,14 +244,17 @@ def test_the_merge_fills_what_change_events_lack_or_parks_them_or_dead_letters_t
     assert query(dsn, "SELECT count(*) FROM kafka_ledger.dead_letters WHERE pipeline = %s", pipeline.name) == [(0,)]
 
     # An update of an entity never seen: a dead letter saying why, the placeholder never stored.
-    send(1, [(7, _change("u", 7, {"n": 1, "note": PLACEHOLDER, "doc": "D7"}), None)])
+    # Its raw key and value are read again from Kafka by offset (the merge's rows do not carry them).
+    unknown = _change("u", 7, {"n": 1, "note": PLACEHOLDER, "doc": "D7"})
+    send(1, [(7, unknown, None)])
     drain(dsn, servers, pipeline)
     assert 7 not in entities()
-    assert query(dsn, "SELECT kafka_partition, error FROM kafka_ledger.dead_letters WHERE pipeline = %s",
-                 pipeline.name) == [(1, "field 'after.note' holds Debezium's unavailable-value placeholder (a value "
-                                        "the source did not log: unchanged and TOASTed), and no earlier value of the "
-                                        "entity is known to keep: the entity table has no row of it (with REPLICA "
-                                        "IDENTITY FULL on the source table, Debezium sends such values)")]
+    reason = ("field 'after.note' holds Debezium's unavailable-value placeholder (a value the source did not log: "
+              "unchanged and TOASTed), and no earlier value of the entity is known to keep: the entity table has no "
+              "row of it (with REPLICA IDENTITY FULL on the source table, Debezium sends such values)")
+    dead_letters = query(dsn, "SELECT kafka_partition, kafka_key, kafka_value, error FROM kafka_ledger.dead_letters "
+                              "WHERE pipeline = %s", pipeline.name)
+    assert [(p, bytes(k), bytes(v), e) for p, k, v, e in dead_letters] == [(1, b'{"id": 7}', unknown, reason)]
 
     # A replay of everything: the same entities, the same one dead letter.
     code, data, err = cli("replay", pipeline.name, f"--range={topic}:0:0:7", f"--range={topic}:1:0:3",

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg2
+import psycopg2.extras
 
 from kafka_ledger.batch.columns import with_columns
 from kafka_ledger.config.pipeline import PipelineConfig
@@ -45,11 +46,15 @@ from kafka_ledger.observe.events import BatchCommitted, BatchFailed, BatchRead
 from kafka_ledger.observe.observer import Observer
 from kafka_ledger.observe.stages import Stopwatch
 from kafka_ledger.sinks import Artifact, ArtifactSink, Sink, TransactionalSink, sink_for
+from kafka_ledger.sinks.base import SinkWrite
 
 log = logging.getLogger(__name__)
 
 # Bytes handed to COPY per read of a stream.
 COPY_CHUNK_BYTES = 1 << 20
+# Appended to the reason of a dead letter whose record Kafka no longer holds when the commit reads it again.
+RECORD_GONE = (" (its raw key and value are not kept: Kafka no longer held the record when the commit read it again, "
+               "e.g. deleted by the topic's retention)")
 
 
 class CommitError(ledger.LedgerError):
@@ -117,6 +122,20 @@ class _Publishing:
         self.cur.copy_expert(sql.COPY_DEAD_LETTERS, io.BytesIO(lines), size=COPY_CHUNK_BYTES)
         return self.cur.rowcount
 
+    def complete_dead_letters(self, wrote: SinkWrite) -> None:
+        """Give the dead letters the sink wrote without their record their raw key and value, read again from Kafka
+        by offset (those of a record Kafka no longer holds say so in their reason)."""
+        if not wrote.records_to_read:
+            return
+        records = kafka_offsets.records_at(self.services.kafka, wrote.records_to_read)
+        psycopg2.extras.execute_values(self.cur, sql.COMPLETE_DEAD_LETTERS, [
+            (self.pipeline.name, *record, *records.get(record, (None, None)),
+             None if record in records else RECORD_GONE) for record in wrote.records_to_read],
+            template=sql.DEAD_LETTER_RECORD_VALUES, page_size=1000)
+        gone = len(wrote.records_to_read) - len(records)
+        log.info("%d dead letter(s) given their record's key and value, read again from Kafka by offset%s",
+                 len(records), f"; {gone} record(s) Kafka no longer holds" if gone else "")
+
 
 @dataclass(frozen=True)
 class Published:
@@ -168,6 +187,7 @@ class Written(Publication):
                 raise CommitError(f"batch {batch.batch_id} staged rows do not match its ranges: " + "; ".join(problems))
             replaced = p.remove_published()
             wrote = p.sink.publish_staged(p.cur, batch, attempt)
+            p.complete_dead_letters(wrote)
             written, dead_in_sink = wrote.published, wrote.dead_letters
         p.cur.execute(sql.INSERT_DEAD_LETTERS.format(staging=sql.staging_table(pipeline)), params)
         dead = p.cur.rowcount + dead_in_sink
@@ -205,6 +225,7 @@ class Streamed(Publication):
             if stream.error is not None:  # the read failed: say why, not that COPY was cancelled
                 raise stream.error from None
             raise
+        p.complete_dead_letters(wrote)
         written = wrote.published
         dead = wrote.dead_letters + p.copy_dead_letters(stream.dead_letter_lines())
         copied = time.monotonic()

@@ -249,15 +249,12 @@ class DebeziumChanges(Envelope):
             any_lacking = validate.some([unavailable[name] for name in fillable])
             names = F.array_compact(F.array(*[F.when(unavailable[name], F.lit(name)) for name in fillable]))
             lacking = F.when(upserted & any_lacking, F.to_json(names))
-        held = lacking.isNotNull()
         return Enveloped(reason, changed, [
             (no_value | delete).alias(TOMBSTONE.name),
             lacking.alias(ledger_columns.UNAVAILABLE.name),
             F.when(upserted, self._header_key(pipeline, debezium.OLD_KEY_HEADER)).alias(ledger_columns.OLD_KEY.name),
             F.when(~no_value & delete, self._header_key(pipeline, debezium.NEW_KEY_HEADER))
             .alias(ledger_columns.NEW_KEY.name),
-            F.when(held, F.col("key")).alias(ledger_columns.HELD_KEY.name),
-            F.when(held, F.col("value")).alias(ledger_columns.HELD_VALUE.name),
         ])
 
     @staticmethod

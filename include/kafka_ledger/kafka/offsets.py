@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, 
 
 from kafka_ledger.config.pipeline import PipelineConfig
 from kafka_ledger.config.services import KafkaClient
-from kafka_ledger.model.ranges import PartitionOffsets, PlanError, TopicPartition
+from kafka_ledger.model.ranges import PartitionOffsets, PlanError, RecordId, TopicPartition
 
 
 class KafkaUnavailable(PlanError):
@@ -324,6 +324,53 @@ def record_timestamps(
                     found[tp] = message.timestamp()[1]
                 waiting.discard(tp)
                 consumer.pause([KafkaTopicPartition(tp.topic, tp.partition)])
+    finally:
+        consumer.close()
+    return found
+
+
+def records_at(kafka: KafkaClient, wanted: Iterable[RecordId],
+               timeout: float = 60.0) -> dict[RecordId, tuple[bytes | None, bytes | None]]:
+    """The raw key and value of the committed record at each (topic, partition, offset), read again from Kafka: one
+    read of each partition, from its first wanted offset to its last. An offset Kafka no longer holds (retention
+    deleted it, or a compaction) is left out; KafkaUnavailable when a partition gives no answer within `timeout`."""
+    offsets: dict[TopicPartition, set[int]] = {}
+    for topic, partition, offset in wanted:
+        offsets.setdefault(TopicPartition(topic, partition), set()).add(offset)
+    if not offsets:
+        return {}
+    consumer = Consumer(kafka.confluent(**{
+        "group.id": f"kafka-ledger-records-{uuid.uuid4().hex}", "enable.auto.commit": False,
+        "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "error",
+        "fetch.wait.max.ms": 0, "socket.timeout.ms": int(timeout * 1000),
+    }))
+    found: dict[RecordId, tuple[bytes | None, bytes | None]] = {}
+    last = {tp: max(wanted_offsets) for tp, wanted_offsets in offsets.items()}
+    # The partition's end, or its first wanted offset deleted meanwhile (auto.offset.reset: error), ends its read;
+    # another error (a broker moving, a connection lost) is waited out.
+    ending = {KafkaError._PARTITION_EOF, KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
+    deadline = time.monotonic() + timeout
+    try:
+        consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, min(o)) for tp, o in offsets.items()])
+        while last:
+            if time.monotonic() > deadline:
+                shown = ", ".join(str(tp) for tp in sorted(last)[:3])
+                raise KafkaUnavailable(f"Kafka at {kafka.servers} did not give the records of {len(last)} "
+                                       f"partition(s) ({shown}) within {timeout:.0f} s")
+            for message in consumer.consume(num_messages=10_000, timeout=0.2):
+                if message.topic() is None:
+                    continue  # a client-wide event, not a partition's answer
+                tp = TopicPartition(message.topic(), message.partition())
+                if tp not in last:
+                    continue
+                error = message.error()
+                if error is not None and error.code() not in ending:
+                    continue
+                if error is None and message.offset() in offsets[tp]:
+                    found[(tp.topic, tp.partition, message.offset())] = (message.key(), message.value())
+                if error is not None or message.offset() >= last[tp]:
+                    del last[tp]
+                    consumer.pause([KafkaTopicPartition(tp.topic, tp.partition)])
     finally:
         consumer.close()
     return found

@@ -468,6 +468,19 @@ def insert_dead_letters(rows: sql.Composable, with_: sql.Composable | None = Non
         with_ or sql.SQL(""), sql.SQL(", ").join(sql.Identifier(name) for name in DEAD_LETTER_COLUMNS), rows)
 
 
+# The dead letters an entity table's merge wrote without their record (sinks/postgres/sql.dead_letter_lacking), given
+# the record's key and value as read again from Kafka; `gone`, when Kafka no longer holds the record, is appended to
+# the reason (execute_values: rows of DEAD_LETTER_RECORD_VALUES).
+COMPLETE_DEAD_LETTERS = """
+    UPDATE kafka_ledger.dead_letters AS d
+    SET kafka_key = r.kafka_key, kafka_value = r.kafka_value, error = d.error || coalesce(r.gone, '')
+    FROM (VALUES %s) AS r (pipeline, kafka_topic, kafka_partition, kafka_offset, kafka_key, kafka_value, gone)
+    WHERE d.pipeline = r.pipeline AND d.kafka_topic = r.kafka_topic AND d.kafka_partition = r.kafka_partition
+      AND d.kafka_offset = r.kafka_offset
+"""
+DEAD_LETTER_RECORD_VALUES = "(%s, %s, %s::int, %s::bigint, %s::bytea, %s::bytea, %s)"
+
+
 # The direct publish (Spark Connect runtime): rows arrive as CSV lines and are copied straight into their
 # tables inside the commit's transaction, with no staging copy.
 COPY_DEAD_LETTERS = "COPY kafka_ledger.dead_letters ({}) FROM STDIN WITH (FORMAT csv)".format(

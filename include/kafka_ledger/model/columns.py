@@ -43,16 +43,14 @@ PIPELINE = Column("pipeline", STRING, required=True)
 # An entity table's incoming rows (write: upsert): whether the record is a tombstone, deleting its key.
 TOMBSTONE = Column("kafka_tombstone", BOOLEAN, required=True)
 # A change event's incoming rows (envelope: debezium; model/debezium.py): the columns whose value the event did not
-# carry (an unchanged TOASTed value), as a JSON array of their names, NULL when it carried every one; a primary-key
-# change's create, the key it had before (its delete, the key it has after), as a JSON object of the key columns; and
-# the raw key and value of a record with unavailable values (else NULL): the merge writes its dead letter when it finds
-# no value to keep (sinks/postgres/sql.py).
+# carry (an unchanged TOASTed value), as a JSON array of their names, NULL when it carried every one; and a primary-key
+# change's create, the key it had before (its delete, the key it has after), as a JSON object of the key columns. No
+# raw record rides along: a third of the updates may lack a value, but few find it nowhere; the dead letter of one that
+# does gets its key and value read again from Kafka by offset (batch/commit.py).
 UNAVAILABLE = Column("kafka_unavailable", JSONB)
 OLD_KEY = Column("kafka_old_key", JSONB)
 NEW_KEY = Column("kafka_new_key", JSONB)
-HELD_KEY = Column("kafka_held_key", BYTES)
-HELD_VALUE = Column("kafka_held_value", BYTES)
-CHANGE_EVENT_EXTRA: tuple[Column, ...] = (UNAVAILABLE, OLD_KEY, NEW_KEY, HELD_KEY, HELD_VALUE)
+CHANGE_EVENT_EXTRA: tuple[Column, ...] = (UNAVAILABLE, OLD_KEY, NEW_KEY)
 
 # A record's place in Kafka: the key of every output row (unless at_least_once) and of every dead letter.
 COORDINATES: tuple[Column, ...] = (KAFKA_TOPIC, KAFKA_PARTITION, KAFKA_OFFSET)

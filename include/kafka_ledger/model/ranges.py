@@ -9,6 +9,9 @@ from typing import Literal
 
 from kafka_ledger.model.refusals import Refusal
 
+# A record's place in Kafka: (topic, partition, offset).
+RecordId = tuple[str, int, int]
+
 
 @dataclass(frozen=True, order=True)
 class TopicPartition:

@@ -15,10 +15,8 @@ from kafka_ledger.config.services import KafkaClient, LedgerDatabase
 from kafka_ledger.kafka import offsets as kafka_offsets
 from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ledger import sql
-from kafka_ledger.model.ranges import OffsetRange, PartitionOffsets, TopicPartition, partition_lag
+from kafka_ledger.model.ranges import OffsetRange, PartitionOffsets, RecordId, TopicPartition, partition_lag
 from kafka_ledger.sinks import sink_for
-
-RecordId = tuple[str, int, int]  # (topic, partition, offset)
 
 
 class KafkaReadError(RuntimeError):

@@ -56,6 +56,7 @@ from kafka_ledger.model.ranges import (
     OffsetRange,
     PartitionOffsets,
     PlanError,
+    RecordId,
     TopicPartition,
     coverage_problems,
     earlier_incarnations,
@@ -67,7 +68,6 @@ from kafka_ledger.sinks.base import OutputView
 
 log = logging.getLogger(__name__)
 
-RecordId = tuple[str, int, int]
 Span = tuple[int, int]  # [from, until)
 
 # A deadline for the Kafka read that only a stalled read reaches: a floor, plus time at a rate far below

@@ -22,7 +22,7 @@ from kafka_ledger.formats.envelope import AppendRecords, Envelope
 from kafka_ledger.ledger.db import Cursor
 from kafka_ledger.model import columns
 from kafka_ledger.model.kinds import ColumnKind
-from kafka_ledger.model.ranges import OffsetRange, PartitionReadStats, TopicPartition
+from kafka_ledger.model.ranges import OffsetRange, PartitionReadStats, RecordId, TopicPartition
 
 if TYPE_CHECKING:
     from psycopg2.extensions import connection
@@ -136,10 +136,12 @@ class Sink(ABC):
 class SinkWrite:
     """What a transactional sink made of a batch's rows: how many it published, and how many it wrote as dead letters
     itself, finding only then that it cannot publish them (an entity table's change event lacking a value the entity
-    has no earlier copy of)."""
+    has no earlier copy of); `records_to_read`: the dead letters it wrote without their raw key and value (rows do not
+    carry them), which the commit reads again from Kafka, these and earlier batches' it took back."""
 
     published: int
     dead_letters: int = 0
+    records_to_read: tuple[RecordId, ...] = ()
 
 
 class TransactionalSink(Sink):

@@ -16,7 +16,7 @@ from kafka_ledger.ledger import db as ledger
 from kafka_ledger.ledger import sql as ledger_sql
 from kafka_ledger.ledger.db import Cursor
 from kafka_ledger.model.columns import COORDINATES, OUTPUT_TRAILER, names
-from kafka_ledger.model.ranges import OffsetRange, TopicPartition
+from kafka_ledger.model.ranges import OffsetRange, RecordId, TopicPartition
 from kafka_ledger.sinks.base import OutputView, SinkWrite, TransactionalSink
 from kafka_ledger.sinks.postgres import evolution, sql
 
@@ -265,7 +265,7 @@ class PostgresEntitySink(PostgresSink):
         return self._merge(cur, batch, cur.rowcount)
 
     def _merge(self, cur: Cursor, batch: ledger.Batch, records: int) -> SinkWrite:
-        dead = self._fill_lacking(cur, batch) if self._change_events else 0
+        dead, to_read = self._fill_lacking(cur, batch) if self._change_events else (0, ())
         counts = {}
         for name, statement in sql.merge_entities(self.pipeline):
             cur.execute(statement)
@@ -274,21 +274,22 @@ class PostgresEntitySink(PostgresSink):
                  "kept), %d tombstones lifted by newer records; older records than the table's left unchanged",
                  self.target, records - dead, counts["newest"], counts["upserted"], counts["deleted"],
                  counts["buried"], counts["revived"])
-        return SinkWrite(records - dead, dead)
+        return SinkWrite(records - dead, dead, to_read)
 
-    def _fill_lacking(self, cur: Cursor, batch: ledger.Batch) -> int:
+    def _fill_lacking(self, cur: Cursor, batch: ledger.Batch) -> tuple[int, tuple[RecordId, ...]]:
         """Fill the values the batch's change events lack (sql.fill_from_earlier and what follows it), with the
         parked rows taken back first, round after round while a round fills any (a value a primary-key change moved
         is found only once its old key's row is); then park the rows that wait for a change's delete (not in a
         rewrite of offsets behind the positions: their entities hold newer records already), and make those still
-        lacking a value dead letters. Returns how many of the batch's own records became dead letters."""
+        lacking a value dead letters. Returns how many of the batch's own records became dead letters, and every
+        dead letter's coordinates (written without the record's key and value)."""
         pipeline = self.pipeline
         cur.execute(sql.unpark(pipeline))
         unparked = {tuple(row) for row in cur.fetchall()}
         cur.execute(sql.SELECT_LACKING)
         lacking, moving = cur.fetchone()
         if not lacking and not moving:
-            return 0
+            return 0, ()
         names: set[str] = set()
         if lacking:
             cur.execute(sql.SELECT_LACKING_COLUMNS)
@@ -297,22 +298,25 @@ class PostgresEntitySink(PostgresSink):
         # A rewrite reads offsets behind the positions: its entities hold their newest records already, and the
         # moves it reads again were settled when first read. It records no move and parks nothing.
         records_moves = moving and batch.moves_positions
+        # A round fills from earlier rows, records the moved rows those complete, and fills from moved rows. Only a
+        # moved row recorded or a value filled from one gives the next round anything new: a value filled from an
+        # earlier row came from the row its group's others take theirs from, in the same round.
         filled = rounds = 0
         while True:
             rounds += 1
-            changed = 0
             for column in columns:
                 cur.execute(sql.fill_from_earlier(pipeline, column))
-                changed += cur.rowcount
+                filled += cur.rowcount
+            moved = 0
             if records_moves:
                 cur.execute(sql.record_moved(pipeline))
-                changed += cur.rowcount
+                moved += cur.rowcount
             if moving:
                 for column in columns:
                     cur.execute(sql.fill_from_moved(pipeline, column))
-                    changed += cur.rowcount
-            filled += changed
-            if not changed:
+                    moved += cur.rowcount
+            filled += moved
+            if not moved:
                 break
         parked = 0
         if records_moves:
@@ -321,20 +325,18 @@ class PostgresEntitySink(PostgresSink):
                 cur.execute(statement)
             cur.execute(sql.park_waiting(pipeline))
             parked = cur.rowcount
-        dead = dead_unparked = 0
+        dead_letters: list[RecordId] = []
         if columns:
             reading = self.envelope.reading(pipeline)
             labels = {c.name: c.label for c in reading.columns if c.name in names}
             cur.execute(sql.dead_letter_lacking(pipeline, labels), {"pipeline": pipeline.name})
-            for row in cur.fetchall():
-                if tuple(row) in unparked:
-                    dead_unparked += 1
-                else:
-                    dead += 1
+            dead_letters = [tuple(row) for row in cur.fetchall()]
+        dead_unparked = sum(1 for record in dead_letters if record in unparked)
+        dead = len(dead_letters) - dead_unparked
         log.info("%s: values the change events lacked (unchanged TOASTed values: %s) filled from the entities' earlier "
                  "rows and moved keys in %d round(s) (%d fills and moved rows recorded); %d record(s) parked until "
                  "their primary-key change's delete is read (%d taken back from earlier batches); %d record(s) "
                  "lacking a value found nowhere are dead letters (%d of them parked by earlier batches)", self.target,
                  ", ".join(c.name for c in columns) or "none", rounds, filled, parked, len(unparked),
                  dead + dead_unparked, dead_unparked)
-        return dead
+        return dead, tuple(dead_letters)

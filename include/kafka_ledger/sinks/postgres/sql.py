@@ -437,7 +437,9 @@ def fill_from_moved(pipeline: PipelineConfig, column: ColumnSpec) -> sql.Compose
 def dead_letter_lacking(pipeline: PipelineConfig, labels: dict[str, str]) -> sql.Composed:
     """Take the rows still lacking values out of the batch's incoming rows: each a dead letter saying which field and
     why (`labels`: each column's field, as reasons name it), unless the entity table or its tombstones already hold a
-    newer record of the key (the record changes nothing then: a rewrite of older offsets)."""
+    newer record of the key (the record changes nothing then: a rewrite of older offsets). The incoming rows carry no
+    raw record: the dead letters are written without their key and value, and return their coordinates for the
+    commit to read them again from Kafka (batch/commit.py)."""
     named = sql.SQL(", ").join(sql.SQL("({}, {})").format(sql.Literal(name), sql.Literal(label))
                                for name, label in labels.items())
     reason = sql.SQL(
@@ -456,8 +458,8 @@ def dead_letter_lacking(pipeline: PipelineConfig, labels: dict[str, str]) -> sql
         INCOMING)
     rows = sql.SQL(
         """
-        SELECT %(pipeline)s, f.kafka_topic, f.kafka_partition, f.kafka_offset, f.kafka_timestamp, f.kafka_held_key,
-               f.kafka_held_value, {reason}, f.batch_id
+        SELECT %(pipeline)s, f.kafka_topic, f.kafka_partition, f.kafka_offset, f.kafka_timestamp, NULL::bytea,
+               NULL::bytea, {reason}, f.batch_id
         FROM failed f
         WHERE NOT EXISTS (SELECT FROM {output} o WHERE {f_o} AND {o_supersedes_f})
           AND NOT EXISTS (SELECT FROM {tombstones} t WHERE {f_t} AND {t_supersedes_f})
