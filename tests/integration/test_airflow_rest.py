@@ -798,7 +798,7 @@ def test_a_downstream_dag_runs_after_a_commit_and_reads_the_batch_from_the_asset
 # --- the doorbell's faults (last: they kill this module's triggerer and scheduler, which airflow.sh restarts) ------
 
 
-@pytest.mark.parametrize("key", ["doorbell_faults", "carried_faults"])
+@pytest.mark.parametrize("key", ["doorbell_faults", pytest.param("carried_faults", marks=pytest.mark.long)])
 def test_the_doorbell_loses_and_doubles_nothing_when_its_triggerer_and_scheduler_are_killed(
     airflow: AirflowClient, dsn: str, servers: str, pipeline_factory, tmp_path: Path, key: str
 ):

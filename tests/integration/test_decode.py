@@ -127,7 +127,7 @@ def test_a_framed_value_decodes_as_its_document_and_an_unframed_one_is_a_dead_le
     assert {offset: row[0] for offset, row in plain.items()} == {0: FRAMED_LIKE_CONFLUENT, 1: FRAMED_LIKE_CONFLUENT}
 
 
-@pytest.mark.parametrize("runtime", ["connect", "submit"])
+@pytest.mark.parametrize("runtime", ["connect", pytest.param("submit", marks=pytest.mark.long)])
 def test_framed_values_are_published_exactly_and_unframed_ones_dead_lettered(
         dsn, servers, pipeline_factory, producer, runtime):
     from kafka_ledger.formats.framing import NOT_FRAMED
@@ -341,7 +341,7 @@ def test_a_column_can_narrow_its_years_to_catch_seconds_read_as_milliseconds(spa
     }
 
 
-@pytest.mark.parametrize("runtime", ["connect", "submit"])
+@pytest.mark.parametrize("runtime", ["connect", pytest.param("submit", marks=pytest.mark.long)])
 def test_every_type_edge_value_is_published_exactly(dsn, servers, pipeline_factory, producer, runtime):
     """Values whose text form is easy to get wrong (quotes, line breaks, an empty string, extreme numbers, the
     special doubles, microseconds) come out of Postgres as they went into Kafka."""

@@ -69,6 +69,11 @@ def test_only_exactly_comparable_kinds_can_name_an_entity():
         parse_kind("blob")
 
 
+def test_only_kinds_of_postgres_variable_length_values_may_hold_debeziums_placeholder():
+    """Postgres TOASTs only variable-length values: an unchanged one's placeholder is looked for in these kinds."""
+    assert {k.word for k in EVERY_KIND if k.toastable} == {"string", "jsonb", "bytes", "decimal"}
+
+
 def test_jsonb_is_copied_as_jsonb_and_kept_as_text_elsewhere():
     assert kinds.JSONB.postgres_type == "jsonb" and kinds.JSONB.arrow_type() == pa.string()
     assert kinds.JSONB.copy_encoder(pa.field("j", pa.string())) is not None

@@ -169,11 +169,13 @@ class DebeziumChanges(Envelope):
 
     def unavailable(self, pipeline: DeclaredPipeline, read: FieldRead) -> Column | None:
         """A row-image column holding the connector's placeholder (`unavailable.value.placeholder`) in any form Debezium
-        writes it (model/debezium.py), as the format carried it or as the column's kind read it."""
+        writes it (model/debezium.py), as the format carried it or as the column's kind read it; None for a kind
+        whose source values are never TOASTed (ColumnKind.toastable: those are always logged whole)."""
         from pyspark.sql import functions as F
 
         column = read.column
-        if column.source_kind != "value" or column.field_path[:1] != (debezium.ROW_IMAGE,):
+        if column.source_kind != "value" or column.field_path[:1] != (debezium.ROW_IMAGE,) \
+                or not column.type.toastable:
             return None
         texts = debezium.placeholder_texts(pipeline.value.debezium.unavailable_value_placeholder)
         checks = [check for check in (column.type.holds_one_of(read.value, texts),

@@ -74,6 +74,11 @@ class ColumnKind(ABC):
     key_capable: ClassVar[bool] = False
     # What the kind holds, in words, for the configuration reference.
     description: ClassVar[str] = ""
+    # Whether a source column of the kind may be stored out of line (TOASTed), so that a change event may carry
+    # Debezium's unavailable-value placeholder in its place: Postgres's variable-length types (text, json and jsonb,
+    # bytea, numeric; arrays, read as text or jsonb). A fixed-width value (an integer, float, boolean, date, time,
+    # timestamp, uuid, interval) is always logged whole.
+    toastable: ClassVar[bool] = False
 
     @property
     def declared(self) -> str:
@@ -189,6 +194,7 @@ class _Textual(ColumnKind):
 
 class StringKind(_Textual):
     word = "string"
+    toastable = True
     key_capable = True
     description = "text (no NUL character: Postgres text cannot hold it)"
     postgres_type = "text"
@@ -665,6 +671,7 @@ class DecimalKind(ColumnKind):
     description: ClassVar[str] = ("an exact number of p digits (1 to 38), s of them after the point: a value that "
                                   "does not fit exactly is a dead letter, never rounded")
     key_capable: ClassVar[bool] = False
+    toastable: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.precision <= MAX_DECIMAL_PRECISION or not 0 <= self.scale <= self.precision:
@@ -763,6 +770,7 @@ class DecimalKind(ColumnKind):
 
 class JsonbKind(_Textual):
     word = "jsonb"
+    toastable = True
     description = ("a JSON object or array kept whole (its JSON text in Iceberg); one holding a number Spark cannot "
                    "keep exactly (in exponent notation, over 38 digits) is a dead letter")
     postgres_type = "jsonb"
@@ -881,6 +889,7 @@ class BytesKind(ColumnKind):
     (config.pipeline)."""
 
     word = "bytes"
+    toastable = True
     description = "raw bytes as they are: an Avro `bytes` or `fixed` field, or a whole Kafka key or header"
     postgres_type = "bytea"
 
