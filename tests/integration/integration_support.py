@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg2
 import trustme
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from kafka_ledger.airflow.dags import SPARK_TASK
 from kafka_ledger.batch.plan import plan_next_batch
@@ -34,6 +34,7 @@ from kafka_ledger.runtimes import run_batch
 from tools.fault_campaign import launcher
 from tools.fault_campaign.runner import task_main
 from tools.fault_campaign.strikes import copying_into
+from tools.kafka_topics import create_topic
 
 # The columns of every test pipeline, and bad records with the reason the dead-letter table must give for each:
 # the fault campaign's too, so defined once, in tools/records.py.
@@ -499,19 +500,12 @@ def recreate_topic(servers: str, topic: str) -> RecordedProducer:
     admin.delete_topics([topic])[topic].result(timeout=30)
     deadline = time.monotonic() + 60
     while True:  # the broker refuses the name while the old topic is still being deleted
-        try:
-            admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(timeout=30)
+        try:  # create_topic returns once its partition has a leader (before, a send fails: "Unknown partition")
+            create_topic(admin, topic, partitions=1, timeout=30)
             break
         except Exception:
             assert time.monotonic() < deadline, f"{topic} could not be created again"
             time.sleep(0.5)
-    while True:  # a producer sent to the name before its partition has a leader fails with "Unknown partition"
-        described = admin.list_topics(topic, timeout=10).topics.get(topic)
-        if described is not None and described.error is None and described.partitions \
-                and all(p.leader >= 0 for p in described.partitions.values()):
-            break
-        assert time.monotonic() < deadline, f"{topic}'s new partition got no leader"
-        time.sleep(0.5)
     # A producer that sent to the old topic keeps its metadata and can fail the new topic's first records.
     return RecordedProducer(servers)
 

@@ -291,6 +291,24 @@ def compacted_topics(kafka: KafkaClient, topics: list[str], timeout: float = 30.
     return {topic for topic, config in configs.items() if "compact" in (config.get("cleanup.policy") or "")}
 
 
+def bounded_consumer(kafka: KafkaClient, purpose: str, **extra: object) -> Consumer:
+    """A read_committed consumer of its own (no group offsets: group `kafka-ledger-<purpose>-<random>`) for reads
+    bounded by offsets known beforehand, which reports reaching a partition's end; `extra`: more settings."""
+    return Consumer(kafka.confluent(**{
+        "group.id": f"kafka-ledger-{purpose}-{uuid.uuid4().hex}",
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+        "enable.partition.eof": True,
+        # A fetch that finds no data need not be held for more (the default 500 ms wait stalled each partition's
+        # switch; see docs/benchmark.md).
+        "fetch.wait.max.ms": 0,
+        # Retention deleting the offsets being read must fail the read, not jump to the end and make records look
+        # missing.
+        "auto.offset.reset": "error",
+        **extra,
+    }))
+
+
 def record_timestamps(
     kafka: KafkaClient, offsets: dict[TopicPartition, int], timeout: float = 10.0
 ) -> dict[TopicPartition, int]:
@@ -301,12 +319,8 @@ def record_timestamps(
     """
     if not offsets:
         return {}
-    consumer = Consumer(kafka.confluent(**{
-        "group.id": f"kafka-ledger-timestamps-{uuid.uuid4().hex}", "enable.auto.commit": False,
-        "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "error",
-        "fetch.wait.max.ms": 0, "max.partition.fetch.bytes": 1, "fetch.max.bytes": 1 << 20,
-        "socket.timeout.ms": int(timeout * 1000),
-    }))
+    consumer = bounded_consumer(kafka, "timestamps", **{
+        "max.partition.fetch.bytes": 1, "fetch.max.bytes": 1 << 20, "socket.timeout.ms": int(timeout * 1000)})
     found: dict[TopicPartition, int] = {}
     waiting = set(offsets)
     deadline = time.monotonic() + timeout
@@ -339,11 +353,7 @@ def records_at(kafka: KafkaClient, wanted: Iterable[RecordId],
         offsets.setdefault(TopicPartition(topic, partition), set()).add(offset)
     if not offsets:
         return {}
-    consumer = Consumer(kafka.confluent(**{
-        "group.id": f"kafka-ledger-records-{uuid.uuid4().hex}", "enable.auto.commit": False,
-        "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "error",
-        "fetch.wait.max.ms": 0, "socket.timeout.ms": int(timeout * 1000),
-    }))
+    consumer = bounded_consumer(kafka, "records", **{"socket.timeout.ms": int(timeout * 1000)})
     found: dict[RecordId, tuple[bytes | None, bytes | None]] = {}
     last = {tp: max(wanted_offsets) for tp, wanted_offsets in offsets.items()}
     # The partition's end, or its first wanted offset deleted meanwhile (auto.offset.reset: error), ends its read;
@@ -384,11 +394,7 @@ def newest_values(kafka: KafkaClient, topic: str, last: int = 5, timeout: float 
     wanted = {tp: max(o.log_start, o.end - last) for tp, o in ends.items() if o.end > o.log_start}
     if not wanted:
         return []
-    consumer = Consumer(kafka.confluent(**{
-        "group.id": f"kafka-ledger-newest-{uuid.uuid4().hex}", "enable.auto.commit": False,
-        "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "error",
-        "socket.timeout.ms": int(timeout * 1000),
-    }))
+    consumer = bounded_consumer(kafka, "newest", **{"socket.timeout.ms": int(timeout * 1000)})
     found: list[tuple[int, bytes]] = []
     waiting = set(wanted)
     deadline = time.monotonic() + timeout

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -31,19 +30,9 @@ ONE_PARTITION_FETCH = {"max.partition.fetch.bytes": 4 << 20, "queued.max.message
 
 
 def readback_consumer(kafka: KafkaClient, **extra: object) -> Consumer:
-    """A read_committed consumer of its own (no group offsets) that reports reaching a partition's end."""
-    return Consumer(kafka.confluent(**extra, **{
-        "group.id": f"kafka-ledger-readback-{uuid.uuid4().hex}",
-        "enable.auto.commit": False,
-        "isolation.level": "read_committed",
-        "enable.partition.eof": True,
-        # Every read here is bounded by offsets known beforehand: a fetch that finds no data need not be held
-        # for more (the default 500 ms wait stalled each partition's switch; see docs/benchmark.md).
-        "fetch.wait.max.ms": 0,
-        # Retention deleting the offsets being read must fail the read, not jump to the end and make records
-        # look missing.
-        "auto.offset.reset": "error",
-    }))
+    """A read_committed consumer of its own (no group offsets) that reports reaching a partition's end: every read
+    here is bounded by offsets known beforehand (kafka_offsets.bounded_consumer)."""
+    return kafka_offsets.bounded_consumer(kafka, "readback", **extra)
 
 
 def partition_record_offsets(

@@ -136,8 +136,9 @@ class Sink(ABC):
 class SinkWrite:
     """What a transactional sink made of a batch's rows: how many it published, and how many it wrote as dead letters
     itself, finding only then that it cannot publish them (an entity table's change event lacking a value the entity
-    has no earlier copy of); `records_to_read`: the dead letters it wrote without their raw key and value (rows do not
-    carry them), which the commit reads again from Kafka, these and earlier batches' it took back."""
+    has no earlier copy of); `records_to_read`: the coordinates of the dead letters it wrote without their raw key and
+    value (its rows do not carry them; some may be of records earlier batches parked), which the commit reads again
+    from Kafka."""
 
     published: int
     dead_letters: int = 0
