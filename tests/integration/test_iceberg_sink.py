@@ -309,6 +309,9 @@ def test_maintenance_compacts_and_expires_but_keeps_the_snapshot_an_unfinished_b
     assert rows_by_offset(sink) == rows_before
 
 
+# In the long lane: its crash between the snapshot and the ledger's commit is the long lane's Iceberg campaign in
+# spark-submit too, and the default run has the connect runtime's adoption and replay above.
+@pytest.mark.long
 def test_the_submit_runtime_publishes_one_snapshot_per_batch_adopts_after_a_crash_and_replays(
         dsn, servers, pipeline_factory, producer, tmp_path, monkeypatch, services):
     pipeline = pipeline_factory("iceberg_submit", partitions=2)
