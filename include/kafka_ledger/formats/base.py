@@ -151,6 +151,11 @@ class FieldRead:
     # The field as the record carried it, where it was text the value's kind does not read as it is (a JSON string
     # in a jsonb column): what an envelope compares with a producer's placeholder. None: `value` tells.
     raw_text: Column | None = None
+    # Where the record carries the field (present, not JSON null), for a reading whose value is NULL exactly where a
+    # present field has a problem: the lean path's proof is then the value itself (`~present | value IS NOT NULL`, on
+    # the decode's projection of the value), and the problems are worked out for the records failing it only. None:
+    # `cheap_ok`, or the problems themselves, for every record.
+    present: Column | None = None
 
 
 @dataclass(frozen=True)

@@ -43,18 +43,24 @@ def _projected_name(what: str, column: str) -> str:
 
 def _projected(frame: DataFrame, reads: list[FieldRead]) -> tuple[DataFrame, list[FieldRead]]:
     """The frame with each column's value in a column of its own, and the problems of a column without a cheap check
-    (the lean path computes them for every record anyway); the reads of those columns.
+    (the lean path computes them for every record anyway); the reads of those columns (a read giving `present` is
+    proven by its projected value).
 
     The reason, the envelope and the checks refer to a value several times, and Spark evaluates an expression again
     wherever it sits under a condition: a wide table's values were each computed several times a record (measured:
     docs/benchmark.md, the wide typed table)."""
     from pyspark.sql import functions as F
 
-    eager = {read.column.name for read in reads if read.cheap_ok is None and read.problems}
+    def proof(read: FieldRead) -> Column | None:
+        if read.cheap_ok is not None or read.present is None:
+            return read.cheap_ok
+        return ~read.present | F.col(_projected_name("decoded", read.column.name)).isNotNull()
+
+    eager = {read.column.name for read in reads if proof(read) is None and read.problems}
     frame = frame.select("*", *[read.value.alias(_projected_name("decoded", read.column.name)) for read in reads],
                          *[F.coalesce(*read.problems).alias(_projected_name("problem", read.column.name))
                            for read in reads if read.column.name in eager])
-    return frame, [replace(read, value=F.col(_projected_name("decoded", read.column.name)),
+    return frame, [replace(read, value=F.col(_projected_name("decoded", read.column.name)), cheap_ok=proof(read),
                            problems=[F.col(_projected_name("problem", read.column.name))] if read.column.name in eager
                            else read.problems)
                    for read in reads]

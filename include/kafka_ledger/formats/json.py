@@ -593,7 +593,7 @@ class JsonFormat(ValueFormat):
         read = column.type.from_variant(parsed, present, column.label, scalars=True)
         unparsed = F.when(as_text.isNotNull() & F.try_parse_json(as_text).isNull(), F.lit(
             f"{column.label} is not a valid jsonb (its text is not JSON)"))
-        return FieldRead(column, read.value, [unparsed, read.problem], raw_text=as_text)
+        return FieldRead(column, read.value, [unparsed, read.problem], raw_text=as_text, present=present)
 
     def _epoch(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
         """A number a change event writes a date, a time or a timestamp without time zone as."""
@@ -623,7 +623,7 @@ class JsonFormat(ValueFormat):
             shaped = standard.rlike(r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$")
             value = F.when(shaped, F.try_to_binary(standard, F.lit("base64")))
         return FieldRead(column, value, [F.when(token.isNotNull() & value.isNull(), F.lit(
-            f"{label} is not valid {reading} (Debezium's binary.handling.mode)"))])
+            f"{label} is not valid {reading} (Debezium's binary.handling.mode)"))], present=token.isNotNull())
 
     @staticmethod
     def _variant(document: _Document, column: DeclaredColumn) -> Column:
@@ -633,8 +633,10 @@ class JsonFormat(ValueFormat):
         from pyspark.sql import functions as F
 
         variant = self._variant(document, column)
-        read = column.type.from_variant(variant, variant.isNotNull() & ~F.is_variant_null(variant), column.label)
-        return FieldRead(column, read.value, [read.problem], raw_text=F.try_variant_get(variant, "$", "string"))
+        present = variant.isNotNull() & ~F.is_variant_null(variant)
+        read = column.type.from_variant(variant, present, column.label)
+        return FieldRead(column, read.value, [read.problem], raw_text=F.try_variant_get(variant, "$", "string"),
+                         present=present)
 
     def _exact_number(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
         from pyspark.sql import functions as F
@@ -646,7 +648,8 @@ class JsonFormat(ValueFormat):
             shape.isin("DOUBLE", "FLOAT"), F.lit(f"{label} is not a valid {kind} (a number in exponent notation "
                                                  "or of more than 38 digits cannot be kept exactly)"))
             .otherwise(F.lit(f"{label} is not a valid {kind}")))
-        return FieldRead(column, read.value, [shaped, read.problem])
+        return FieldRead(column, read.value, [shaped, read.problem],
+                         present=variant.isNotNull() & ~F.is_variant_null(variant))
 
     def _timestamp(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
         from pyspark.sql import functions as F
@@ -656,9 +659,10 @@ class JsonFormat(ValueFormat):
         return FieldRead(column, read.value, [read.problem])
 
     def _text(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
-        read = column.type.from_text_parts(self._kind_text(document, column), self._kind_parts(column), column,
-                                           column.label)
-        return FieldRead(column, read.value, [read.problem])
+        token = self._kind_text(document, column)
+        read = column.type.from_text_parts(token, self._kind_parts(column), column, column.label)
+        return FieldRead(column, read.value, [read.problem],
+                         present=token.isNotNull() if column.type.text_problem_nulls_value else None)
 
     def _exact_shape(self, document: _Document, column: DeclaredColumn) -> tuple[Column, Column, Column]:
         """An exact number's field: its variant, the variant's shape, and whether that holds the number exactly (a

@@ -79,6 +79,10 @@ class ColumnKind(ABC):
     # bytea, numeric; arrays, read as text or jsonb). A fixed-width value (an integer, float, boolean, date, time,
     # timestamp, uuid, interval) is always logged whole.
     toastable: ClassVar[bool] = False
+    # Whether `from_text_parts` gives a NULL value wherever it gives a problem (a value it reads is always valid): then
+    # the lean decode proves a text's column by its value alone (formats/base.FieldRead.present). Not a timestamp's
+    # or a time's: they read a value, then refuse its digits or years.
+    text_problem_nulls_value: ClassVar[bool] = False
 
     @property
     def declared(self) -> str:
@@ -616,6 +620,7 @@ class TimeKind(ColumnKind):
 
 class DateKind(ColumnKind):
     word = "date"
+    text_problem_nulls_value = True
     description = "a calendar date written `YYYY-MM-DD`, in `years`"
     postgres_type = "date"
 
@@ -671,6 +676,7 @@ class DecimalKind(ColumnKind):
     description: ClassVar[str] = ("an exact number of p digits (1 to 38), s of them after the point: a value that "
                                   "does not fit exactly is a dead letter, never rounded")
     key_capable: ClassVar[bool] = False
+    text_problem_nulls_value: ClassVar[bool] = True
     toastable: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
@@ -853,6 +859,7 @@ class UuidKind(_Textual, _SixteenBytes):
     """A UUID (Postgres `uuid`): in Spark, its canonical text (lower-case, hyphens); in binary COPY its 16 bytes."""
 
     word = "uuid"
+    text_problem_nulls_value = True
     key_capable = True
     description = "a UUID, from its text (`a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11`; in the lake as that text)"
     postgres_type = "uuid"
@@ -937,6 +944,7 @@ class IntervalKind(_SixteenBytes):
     binary COPY Postgres's own three fields. More than six digits after the second is a dead letter, never rounded."""
 
     word = "interval"
+    text_problem_nulls_value = True
     description = ("a span of time (Postgres `interval`: months, days and microseconds), from ISO-8601 text with "
                    "designators (`P1Y2M3DT4H5M6.5S`) or a number of seconds (in the lake: "
                    "`P<months>M<days>DT<seconds>S`)")
