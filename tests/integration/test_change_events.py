@@ -333,3 +333,64 @@ def test_precise_numerics_read_their_scale_from_the_records_schema_or_their_own_
         7: "field 'after.var' is not a valid decimal(38,20) (it does not fit exactly: more than 20 digit(s) after the "
            "point or 18 before it)",
     }
+
+
+def test_the_typed_tables_events_get_the_same_reason_and_values_on_both_paths(spark):
+    """The wide typed table's change events as Debezium writes them without schemas (tools/cdc.py), each column in
+    turn holding a value it cannot take, JSON null, or Debezium's placeholder: the lean path (each column proven by
+    its value where FieldRead.present says so) gives every record the full path's reason and values."""
+    import base64
+
+    from kafka_ledger.formats.decode import decode_records
+    from kafka_ledger.model.columns import UNAVAILABLE
+    from kafka_ledger.model.debezium import UNAVAILABLE_PLACEHOLDER
+    from tools.benchmark import TYPED_CDC_COLUMNS, cdc_value
+    from tools.cdc import TYPED_DEBEZIUM
+
+    pipeline = parse_pipelines(json.dumps({"pipelines": {"p": {
+        "topics": ["t"], "output_table": "t", "write": "upsert", "key": ["id"],
+        "value": {"format": "json", "envelope": "debezium", "debezium": TYPED_DEBEZIUM},
+        "columns": TYPED_CDC_COLUMNS}}}))["p"]
+    bad = {"j": ["{not json", "[1e400]", 7, {"a": 1}], "jb": ["[1, 2", '{"n": 1e400}'], "d": ["2026-01-01", 1.5],
+           "ts0": ["soon"], "ts6": [10**20], "tstz": ["yesterday", "0001-01-01T00:00:00Z", 5], "t3": [-1],
+           "t6": [86_400_000_001], "n": ["1.005", "abc", 12.5, "12345678901.5"], "nv": ["1e5", True],
+           "m": [True, "1.1.1"], "big": [1.5e3, "x"], "b": ["***", "QUJD", 5], "u": ["not-a-uuid", 5],
+           "ai": ["x", "[1, 2]", {"a": 1}], "at": ["[\"a\"", 5], "sm": [70000], "bo": ["yes"],
+           "iv": ["1 day", "PT0.0000001S", "PT", "P99999999999Y", 5], "note": [5, {"a": 1}]}
+    values = [cdc_value(op, 7, lsn, "typed") for op, lsn in (("c", 1), ("u", 3), ("r", 4), ("d", 5))]
+    changed = [(name, w) for name, ws in bad.items() for w in ws] + [
+        (c["name"], None) for c in TYPED_CDC_COLUMNS if c["name"] not in ("id", "source_lsn", "op")] + [
+        (name, UNAVAILABLE_PLACEHOLDER) for name in ("j", "jb", "ai", "iv", "u")] + [
+        ("b", base64.b64encode(UNAVAILABLE_PLACEHOLDER.encode()).decode())]  # a bytea column's, in base64
+    for name, wrong in changed:
+        event = json.loads(cdc_value("u", 7, 1, "typed"))
+        event["after"][name] = wrong
+        values.append(json.dumps(event).encode())
+    names = [c["name"] for c in TYPED_CDC_COLUMNS]
+    records = spark.createDataFrame(
+        [("t", 0, offset, datetime(2026, 11, 27, tzinfo=UTC), b'{"id": 7}', value, [])
+         for offset, value in enumerate(values)], RECORDS)
+    lean, full = ({row["kafka_offset"]: row.asDict() for row in decode_records(
+        records, pipeline, sink_for(pipeline).envelope, lean=lean).select("kafka_offset", "error", UNAVAILABLE.name,
+                                                                           *names).collect()}
+        for lean in (True, False))
+    assert len(lean) == len(values)
+    assert {o: (lean[o], full[o]) for o in lean if lean[o] != full[o]} == {}
+    # By (column, the value as JSON text): a value may be an object.
+    reason = {(name, json.dumps(wrong)): lean[offset]["error"] for offset, (name, wrong) in enumerate(changed, start=4)}
+    assert [lean[o]["error"] for o in range(4)] == [None] * 4
+    refused = [("j", "{not json"), ("j", "[1e400]"), ("jb", "[1, 2"), ("jb", '{"n": 1e400}'), ("d", "2026-01-01"),
+               ("tstz", "yesterday"), ("n", "1.005"), ("n", "abc"), ("n", "12345678901.5"), ("nv", "1e5"),
+               ("m", "1.1.1"), ("big", "x"), ("b", "***"), ("u", "not-a-uuid"), ("ai", "x"),
+               ("at", '["a"'), ("iv", "1 day"), ("iv", "PT0.0000001S"), ("iv", "PT"),
+               ("iv", UNAVAILABLE_PLACEHOLDER), ("u", UNAVAILABLE_PLACEHOLDER)]
+    assert {(n, w): reason[n, json.dumps(w)] for n, w in refused if reason[n, json.dumps(w)] is None} == {}
+    # A TOASTed kind's placeholder is no value and no problem: the merge keeps the entity's.
+    kept = {offset: name for offset, (name, wrong) in enumerate(changed, start=4)
+            if wrong in (UNAVAILABLE_PLACEHOLDER, base64.b64encode(UNAVAILABLE_PLACEHOLDER.encode()).decode())
+            and name not in ("iv", "u")}
+    assert sorted(kept.values()) == ["ai", "b", "j", "jb"]
+    assert {name: (lean[offset]["error"], lean[offset][UNAVAILABLE.name]) for offset, name in kept.items()} == {
+        name: (None, json.dumps([name])) for name in kept.values()}
+    # JSON null is no value and no problem (no column of the table is required).
+    assert {name: reason[name, "null"] for name in bad if reason[name, "null"] is not None} == {}
