@@ -56,11 +56,13 @@ def _projected(frame: DataFrame, reads: list[FieldRead]) -> tuple[DataFrame, lis
             return read.cheap_ok
         return ~read.present | F.col(_projected_name("decoded", read.column.name)).isNotNull()
 
-    eager = {read.column.name for read in reads if proof(read) is None and read.problems}
+    proofs = {read.column.name: proof(read) for read in reads}
+    eager = {read.column.name for read in reads if proofs[read.column.name] is None and read.problems}
     frame = frame.select("*", *[read.value.alias(_projected_name("decoded", read.column.name)) for read in reads],
                          *[F.coalesce(*read.problems).alias(_projected_name("problem", read.column.name))
                            for read in reads if read.column.name in eager])
-    return frame, [replace(read, value=F.col(_projected_name("decoded", read.column.name)), cheap_ok=proof(read),
+    return frame, [replace(read, value=F.col(_projected_name("decoded", read.column.name)),
+                           cheap_ok=proofs[read.column.name],
                            problems=[F.col(_projected_name("problem", read.column.name))] if read.column.name in eager
                            else read.problems)
                    for read in reads]

@@ -485,7 +485,7 @@ class JsonFormat(ValueFormat):
         declared = F.try_element_at(F.filter(F.col(ROW_SCHEMA), lambda f: f["field"] == F.lit(column.field_path[-1])),
                                     F.lit(1))["parameters"]["scale"].try_cast("int")
         return {"fixed": fixed, "object": is_object, "declared": declared,
-                "present": variant.isNotNull() & ~F.is_variant_null(variant),
+                "present": self._carried(variant),
                 "unscaled": F.coalesce(fixed, F.when(is_object, F.try_variant_get(variant, "$.value", "string"))),
                 "scale": F.when(fixed.isNotNull(), declared).otherwise(F.try_variant_get(variant, "$.scale", "int"))}
 
@@ -589,7 +589,7 @@ class JsonFormat(ValueFormat):
         variant = self._variant(document, column)
         as_text = F.when(F.schema_of_variant(variant) == F.lit("STRING"), F.variant_get(variant, "$", "string"))
         parsed = F.coalesce(F.try_parse_json(as_text), F.when(as_text.isNull(), variant))
-        present = variant.isNotNull() & ~F.is_variant_null(variant)
+        present = self._carried(variant)
         read = column.type.from_variant(parsed, present, column.label, scalars=True)
         unparsed = F.when(as_text.isNotNull() & F.try_parse_json(as_text).isNull(), F.lit(
             f"{column.label} is not a valid jsonb (its text is not JSON)"))
@@ -629,11 +629,18 @@ class JsonFormat(ValueFormat):
     def _variant(document: _Document, column: DeclaredColumn) -> Column:
         return document.field(column)
 
+    @staticmethod
+    def _carried(variant: Column) -> Column:
+        """Whether a field's variant carries a value: the field present, and not JSON null."""
+        from pyspark.sql import functions as F
+
+        return variant.isNotNull() & ~F.is_variant_null(variant)
+
     def _document(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
         from pyspark.sql import functions as F
 
         variant = self._variant(document, column)
-        present = variant.isNotNull() & ~F.is_variant_null(variant)
+        present = self._carried(variant)
         read = column.type.from_variant(variant, present, column.label)
         return FieldRead(column, read.value, [read.problem], raw_text=F.try_variant_get(variant, "$", "string"),
                          present=present)
@@ -644,12 +651,12 @@ class JsonFormat(ValueFormat):
         kind, label = column.type, column.label
         variant, shape, exact = self._exact_shape(document, column)
         read = kind.from_text_parts(self._kind_text(document, column), self._kind_parts(column), column, label)
-        shaped = F.when(variant.isNotNull() & ~F.is_variant_null(variant) & ~exact, F.when(
+        present = self._carried(variant)
+        shaped = F.when(present & ~exact, F.when(
             shape.isin("DOUBLE", "FLOAT"), F.lit(f"{label} is not a valid {kind} (a number in exponent notation "
                                                  "or of more than 38 digits cannot be kept exactly)"))
             .otherwise(F.lit(f"{label} is not a valid {kind}")))
-        return FieldRead(column, read.value, [shaped, read.problem],
-                         present=variant.isNotNull() & ~F.is_variant_null(variant))
+        return FieldRead(column, read.value, [shaped, read.problem], present=present)
 
     def _timestamp(self, document: _Document, column: DeclaredColumn, text: Column) -> FieldRead:
         from pyspark.sql import functions as F
